@@ -1,0 +1,7 @@
+//! oato: operator-aware tensor offloading for GGUF language models.
+
+pub mod error;
+pub mod gguf;
+pub mod quant;
+
+pub use error::{Error, Result};
