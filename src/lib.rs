@@ -3,5 +3,6 @@
 pub mod error;
 pub mod gguf;
 pub mod quant;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,9 @@
+//! GGUF files: a checked reader over a memory map, and a writer.
+
+pub mod reader;
+pub mod value;
+pub mod writer;
+
+pub use reader::{GgufFile, TensorInfo};
+pub use value::{Value, ValueType};
+pub use writer::GgufWriter;
