@@ -2,7 +2,10 @@
 
 pub mod error;
 pub mod gguf;
+pub mod kernels;
+pub mod model;
 pub mod quant;
+pub mod runtime;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

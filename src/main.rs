@@ -1,3 +1,39 @@
+//! The `oato` command line: one subcommand per stage of the pipeline.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "oato",
+    version,
+    about = "Operator-aware tensor offloading for GGUF language models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what is in a GGUF file: architecture, hyper-parameters, tokenizer, tensors.
+    Inspect(cli::inspect::InspectArgs),
+    /// Generate text and report load time, TTFT, TPOT and tokens/s.
+    Run(cli::run::RunArgs),
+    /// Perplexity over a text file, as llama.cpp's llama-perplexity computes it.
+    Perplexity(cli::perplexity::PerplexityArgs),
+}
+
 fn main() {
-    println!("Hello, world!");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Run(a) => cli::run::run(a),
+        Command::Perplexity(a) => cli::perplexity::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }

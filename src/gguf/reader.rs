@@ -69,7 +69,10 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err(&self, msg: impl Into<String>) -> Error {
-        Error::Gguf { path: self.path.to_path_buf(), msg: msg.into() }
+        Error::Gguf {
+            path: self.path.to_path_buf(),
+            msg: msg.into(),
+        }
     }
 
     fn remaining(&self) -> u64 {
@@ -90,7 +93,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        Ok(self.take(N as u64, what)?.try_into().expect("take returned N bytes"))
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("take returned N bytes"))
     }
     fn u8(&mut self, what: &str) -> Result<u8> {
         Ok(self.array::<1>(what)?[0])
@@ -146,7 +152,9 @@ impl<'a> Cursor<'a> {
                 let at = self.pos;
                 let tid = self.u32(what)?;
                 let ety = ValueType::from_id(tid).ok_or_else(|| {
-                    self.err(format!("{what}: unknown array element type {tid} at offset {at}"))
+                    self.err(format!(
+                        "{what}: unknown array element type {tid} at offset {at}"
+                    ))
                 })?;
                 let n = self.u64(what)?;
                 let need = n.checked_mul(ety.min_size());
@@ -179,7 +187,11 @@ impl GgufFile {
     }
 
     fn parse(path: PathBuf, mmap: Mmap) -> Result<Self> {
-        let mut c = Cursor { buf: &mmap[..], pos: 0, path: &path };
+        let mut c = Cursor {
+            buf: &mmap[..],
+            pos: 0,
+            path: &path,
+        };
         let magic = c.take(4, "magic")?;
         if magic != GGUF_MAGIC {
             return Err(c.err(format!(
@@ -223,7 +235,9 @@ impl GgufFile {
             let at = c.pos;
             let tid = c.u32(&key)?;
             let ty = ValueType::from_id(tid).ok_or_else(|| {
-                c.err(format!("metadata {key:?}: unknown value type {tid} at offset {at}"))
+                c.err(format!(
+                    "metadata {key:?}: unknown value type {tid} at offset {at}"
+                ))
             })?;
             let value = c.value(ty, &format!("metadata {key:?}"), 0)?;
             if meta_index.insert(key.clone(), metadata.len()).is_some() {
@@ -261,9 +275,14 @@ impl GgufFile {
             for _ in 0..n_dims {
                 let d = c.u64(&name)?;
                 dims.push(d);
-                n_elements = n_elements.checked_mul(d).filter(|&n| n < (1 << 62)).ok_or_else(|| {
-                    c.err(format!("tensor {name:?}: shape {dims:?} has too many elements"))
-                })?;
+                n_elements = n_elements
+                    .checked_mul(d)
+                    .filter(|&n| n < (1 << 62))
+                    .ok_or_else(|| {
+                        c.err(format!(
+                            "tensor {name:?}: shape {dims:?} has too many elements"
+                        ))
+                    })?;
             }
             let tid = c.u32(&name)?;
             let ty = GgmlType::from_id(tid).map_err(|e| c.err(format!("tensor {name:?}: {e}")))?;
@@ -284,13 +303,22 @@ impl GgufFile {
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(c.err(format!("tensor name {name:?} appears twice")));
             }
-            tensors.push(TensorInfo { name, dims, ty, offset, n_elements, n_bytes });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+                n_elements,
+                n_bytes,
+            });
         }
 
         let data_offset = c.pos.div_ceil(alignment) * alignment;
         let file_len = c.buf.len() as u64;
         for t in &tensors {
-            let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
+            let end = data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(t.n_bytes));
             if end.is_none_or(|end| end > file_len) {
                 return Err(c.err(format!(
                     "tensor {:?} ({} {}, {} bytes at data offset {}) runs past the end of the file \
@@ -318,7 +346,10 @@ impl GgufFile {
     }
 
     fn meta_err(&self, msg: String) -> Error {
-        Error::Gguf { path: self.path.clone(), msg }
+        Error::Gguf {
+            path: self.path.clone(),
+            msg,
+        }
     }
 
     pub fn file_size(&self) -> u64 {
@@ -357,7 +388,10 @@ impl GgufFile {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                self.meta_err(format!("metadata {key:?} should be a number, found {}", v.summary()))
+                self.meta_err(format!(
+                    "metadata {key:?} should be a number, found {}",
+                    v.summary()
+                ))
             }),
         }
     }
@@ -366,7 +400,10 @@ impl GgufFile {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-                self.meta_err(format!("metadata {key:?} should be a bool, found {}", v.summary()))
+                self.meta_err(format!(
+                    "metadata {key:?} should be a bool, found {}",
+                    v.summary()
+                ))
             }),
         }
     }

@@ -31,7 +31,12 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> Self {
-        GgufWriter { version: 3, alignment: 32, metadata: Vec::new(), tensors: Vec::new() }
+        GgufWriter {
+            version: 3,
+            alignment: 32,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     /// Adds (or replaces) a metadata entry. `general.alignment` also sets the data alignment.
@@ -51,10 +56,17 @@ impl GgufWriter {
     }
 
     /// Adds a tensor; `dims` in ggml order (row length first). Checks the byte count.
-    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Result<()> {
         let n: u64 = dims.iter().product();
         let want = n / ty.block_size() as u64 * ty.type_size() as u64;
-        if dims.first().is_none_or(|d| d % ty.block_size() as u64 != 0) || want != data.len() as u64 {
+        if dims.first().is_none_or(|d| d % ty.block_size() as u64 != 0) || want != data.len() as u64
+        {
             return Err(Error::Msg(format!(
                 "tensor {name:?}: {ty} {dims:?} needs {want} bytes, got {}",
                 data.len()
@@ -66,7 +78,12 @@ impl GgufWriter {
 
     /// Adds a tensor without any check (for making malformed files in tests).
     pub fn add_tensor_raw(&mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) {
-        self.tensors.push(PendingTensor { name: name.to_string(), dims: dims.to_vec(), type_id, data });
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            type_id,
+            data,
+        });
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -107,7 +124,8 @@ impl GgufWriter {
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        f.write_all(&self.to_bytes()).map_err(|e| Error::io(path, e))
+        f.write_all(&self.to_bytes())
+            .map_err(|e| Error::io(path, e))
     }
 }
 

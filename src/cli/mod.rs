@@ -1,0 +1,45 @@
+//! Subcommand implementations and the options they share.
+
+pub mod inspect;
+pub mod perplexity;
+pub mod run;
+
+use std::path::PathBuf;
+
+use oato::error::{Error, Result};
+
+/// The model `oato run` uses when none is named.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The model path to use: the one given, else `$OATO_MODEL`, else the default test model.
+pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    if let Some(p) = std::env::var_os("OATO_MODEL") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = PathBuf::from(DEFAULT_MODEL);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(Error::Usage(format!(
+            "no model given and the default model {DEFAULT_MODEL} is missing: fetch it with \
+             scripts/fetch-models.sh, or pass a GGUF file"
+        )))
+    }
+}
+
+/// Sets up the thread pool: `threads` workers, or every core when 0.
+pub fn init_threads(threads: usize) -> Result<usize> {
+    let n = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| Error::Msg(format!("cannot start {n} threads: {e}")))?;
+    Ok(n)
+}

@@ -1,0 +1,3 @@
+//! Compute kernels per backend.
+
+pub mod cpu;

@@ -1,0 +1,207 @@
+//! A loaded model: hyper-parameters, and every tensor the forward pass uses, checked against the
+//! shapes the architecture needs. Weights stay in the GGUF memory map.
+
+pub mod hparams;
+
+use std::path::Path;
+
+pub use hparams::{Arch, HParams, RopeParams};
+
+use crate::error::{Error, Result};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{GgmlType, dequantize_row};
+
+/// A weight matrix in its GGUF format: `n` rows of `k` elements (`y = W x` maps k to n).
+#[derive(Debug, Clone)]
+pub struct WeightRef {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Row length (input features).
+    pub k: usize,
+    /// Number of rows (output features).
+    pub n: usize,
+    /// Byte range in the file's data section.
+    pub offset: usize,
+    pub n_bytes: usize,
+}
+
+impl WeightRef {
+    pub fn row_bytes(&self) -> usize {
+        self.n_bytes / self.n
+    }
+}
+
+/// The tensors of one transformer block.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: WeightRef,
+    pub wk: WeightRef,
+    pub wv: WeightRef,
+    pub wo: WeightRef,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: WeightRef,
+    pub w_up: WeightRef,
+    pub w_down: WeightRef,
+}
+
+/// A model ready to run: the open file, its hyper-parameters and its tensors.
+pub struct Model {
+    pub file: GgufFile,
+    pub hp: HParams,
+    pub token_embd: WeightRef,
+    pub output_norm: Vec<f32>,
+    /// The output head: `output.weight`, or `token_embd.weight` when tied.
+    pub output: WeightRef,
+    pub layers: Vec<LayerWeights>,
+    /// Llama 3.1 style per-dimension RoPE frequency divisors (`rope_freqs.weight`).
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+impl Model {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_gguf(GgufFile::open(path)?)
+    }
+
+    pub fn from_gguf(file: GgufFile) -> Result<Self> {
+        let mut hp = HParams::from_gguf(&file)?;
+        let (q, kv, e, ff) = (hp.q_dim(), hp.kv_dim(), hp.n_embd, hp.n_ff);
+        let token_embd = {
+            let t = need(&file, "token_embd.weight")?;
+            if t.dims.len() != 2 || t.dims[0] as usize != e {
+                return Err(shape_err(t, &format!("[{e}, n_vocab]")));
+            }
+            weight_ref(t)
+        };
+        if hp.n_vocab != 0 && hp.n_vocab != token_embd.n {
+            return Err(Error::Model(format!(
+                "vocab_size {} does not match token_embd.weight's {} rows",
+                hp.n_vocab, token_embd.n
+            )));
+        }
+        hp.n_vocab = token_embd.n;
+        let output = match file.tensor("output.weight") {
+            Some(_) => matrix(&file, "output.weight", e, hp.n_vocab)?,
+            None => token_embd.clone(),
+        };
+        let output_norm = vector(&file, "output_norm.weight", e)?;
+        let bias = |name: &str, n: usize| -> Result<Option<Vec<f32>>> {
+            match file.tensor(name) {
+                Some(_) => vector(&file, name, n).map(Some),
+                None => Ok(None),
+            }
+        };
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for i in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: vector(&file, &n("attn_norm.weight"), e)?,
+                wq: matrix(&file, &n("attn_q.weight"), e, q)?,
+                wk: matrix(&file, &n("attn_k.weight"), e, kv)?,
+                wv: matrix(&file, &n("attn_v.weight"), e, kv)?,
+                wo: matrix(&file, &n("attn_output.weight"), q, e)?,
+                bq: bias(&n("attn_q.bias"), q)?,
+                bk: bias(&n("attn_k.bias"), kv)?,
+                bv: bias(&n("attn_v.bias"), kv)?,
+                ffn_norm: vector(&file, &n("ffn_norm.weight"), e)?,
+                w_gate: matrix(&file, &n("ffn_gate.weight"), e, ff)?,
+                w_up: matrix(&file, &n("ffn_up.weight"), e, ff)?,
+                w_down: matrix(&file, &n("ffn_down.weight"), ff, e)?,
+            });
+        }
+        if hp.arch == Arch::Qwen2 && layers.iter().any(|l| l.bq.is_none()) {
+            return Err(Error::Model(
+                "qwen2 model without attn_q.bias tensors".into(),
+            ));
+        }
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(&file, "rope_freqs.weight", hp.rope.n_dims / 2)?),
+            None => None,
+        };
+        Ok(Model {
+            file,
+            hp,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            rope_freqs,
+        })
+    }
+
+    /// The bytes of a weight, from the memory map.
+    pub fn data(&self, w: &WeightRef) -> &[u8] {
+        let base = self.file.data_offset as usize;
+        &self.file.bytes()[base + w.offset..base + w.offset + w.n_bytes]
+    }
+
+    /// One row of the token embedding as f32.
+    pub fn embedding_row(&self, token: u32, out: &mut [f32]) -> Result<()> {
+        let w = &self.token_embd;
+        if token as usize >= w.n {
+            return Err(Error::Model(format!(
+                "token id {token} is outside the vocabulary ({})",
+                w.n
+            )));
+        }
+        let rb = w.row_bytes();
+        let row = &self.data(w)[token as usize * rb..(token as usize + 1) * rb];
+        dequantize_row(w.ty, row, out)
+    }
+}
+
+fn need<'a>(f: &'a GgufFile, name: &str) -> Result<&'a TensorInfo> {
+    f.tensor(name)
+        .ok_or_else(|| Error::Model(format!("{}: tensor {name:?} is missing", f.path.display())))
+}
+
+fn shape_err(t: &TensorInfo, want: &str) -> Error {
+    Error::Model(format!(
+        "tensor {:?} has shape {}, expected {want}",
+        t.name,
+        t.shape_string()
+    ))
+}
+
+fn weight_ref(t: &TensorInfo) -> WeightRef {
+    WeightRef {
+        name: t.name.clone(),
+        ty: t.ty,
+        k: t.dims[0] as usize,
+        n: t.n_rows(),
+        offset: t.offset as usize,
+        n_bytes: t.n_bytes as usize,
+    }
+}
+
+/// A 2-D weight of `n` rows of `k`, in a type the matmul can read.
+fn matrix(f: &GgufFile, name: &str, k: usize, n: usize) -> Result<WeightRef> {
+    let t = need(f, name)?;
+    if t.dims.len() != 2 || t.dims[0] as usize != k || t.dims[1] as usize != n {
+        return Err(shape_err(t, &format!("[{k}, {n}]")));
+    }
+    if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::F64)
+        || t.ty.id() >= 24 && t.ty != GgmlType::BF16
+    {
+        return Err(Error::UnsupportedType(format!(
+            "{} as the type of weight {name:?}",
+            t.ty
+        )));
+    }
+    Ok(weight_ref(t))
+}
+
+/// A 1-D f32-convertible vector of length `n` (norm weights, biases).
+fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = need(f, name)?;
+    if t.n_elements as usize != n || t.dims[0] as usize != n {
+        return Err(shape_err(t, &format!("[{n}]")));
+    }
+    let mut out = vec![0f32; n];
+    dequantize_row(t.ty, f.data_of(t), &mut out)
+        .map_err(|e| Error::Model(format!("tensor {name:?}: {e}")))?;
+    Ok(out)
+}
