@@ -9,7 +9,9 @@ Usage: scripts/tokenizer-llamacpp-reference.py [BIN_DIR] [MODEL]
   MODEL    default models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 Each string goes to llama-tokenize through a file (-f, --no-escape), so its bytes arrive unchanged;
-the model's add_bos_token is false, so no BOS is added. Rerun after changing CASES.
+the model's add_bos_token is false, so no BOS is added. Besides the model's own pre-tokenizer (smollm),
+the same vocabulary is run under the other pre-tokenizers in PRES, through metadata-only copies of the
+model with tokenizer.ggml.pre changed (needs gguf-py: pip install gguf). Rerun after changing CASES.
 """
 import json
 import os
@@ -63,6 +65,13 @@ CASES = [
     ("https://example.com/path?q=1&r=two#frag", False),
     ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", False),
     ("==========", False),
+    # where the pre-tokenizers disagree
+    (".Hello $var #tag @user 'quote", False),
+    ("end!!\n\nnext ...\r\n\tx", False),
+    (" \n \n x  \n  y \n", False),
+    ("a+b==c<=d>>e ^_^ ~~ || &&", False),
+    ("don't DON'T Don'T y'all ma'am", False),
+    ("\u00e0\u00e9\u00ee 中\u00e9 \u0400\u0401", False),
     ("<|im_start|>user\nhi<|im_end|>", True),
     ("<|im_start|>user\nhi<|im_end|>", False),
     ("<|im_start|><|im_start|>x<|im_end|>\n<|endoftext|>", True),
@@ -72,6 +81,45 @@ CASES = [
     ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", True),
 ]
+
+
+PRES = ["smollm", "llama-bpe", "qwen2", "gpt-2", "default", "falcon"]
+
+
+def vocab_file(model, pre, dest):
+    """A metadata-only copy of MODEL with tokenizer.ggml.pre set to PRE (llama-tokenize loads only
+    the vocabulary, so the tensors are not needed)."""
+    import gguf  # gguf-py (pip install gguf)
+
+    r = gguf.GGUFReader(model)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dest, arch=arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        val = pre if k == "tokenizer.ggml.pre" else f.contents()
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, val, f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, val, f.types[0])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tokenize(exe, model, text, parse_special, tmp):
+    if not text:
+        # llama-tokenize refuses an empty prompt; llama.cpp's tokenizer gives no tokens for it
+        return []
+    path = os.path.join(tmp, "prompt.txt")
+    with open(path, "wb") as f:
+        f.write(text.encode("utf-8"))
+    cmd = [exe, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"]
+    if not parse_special:  # llama-tokenize parses special tokens by default
+        cmd.append("--no-parse-special")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads([l for l in out.splitlines() if l.startswith("[")][-1])
 
 
 def main():
@@ -85,35 +133,35 @@ def main():
     exe = os.path.join(bin_dir, "llama-tokenize")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True)
     version = (version.stdout + version.stderr).strip().splitlines()
-    results = []
+    version.append(os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(bin_dir)))))
+    results = [{"text": t, "parse_special": p, "ids": {}} for t, p in CASES]
     with tempfile.TemporaryDirectory() as tmp:
-        for text, parse_special in CASES:
-            path = os.path.join(tmp, "prompt.txt")
-            with open(path, "wb") as f:
-                f.write(text.encode("utf-8"))
-            cmd = [exe, "-m", model, "-f", path, "--ids", "--no-escape", "--log-disable"]
-            if not parse_special:  # llama-tokenize parses special tokens by default
-                cmd.append("--no-parse-special")
-            if not text:
-                # llama-tokenize refuses an empty prompt; llama.cpp's tokenizer gives no tokens for it
-                results.append({"text": text, "parse_special": parse_special, "ids": []})
-                continue
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            line = [l for l in out.splitlines() if l.startswith("[")][-1]
-            results.append({"text": text, "parse_special": parse_special, "ids": json.loads(line)})
-    doc = {
-        "about": "Token ids from llama.cpp's llama-tokenize for SmolLM2-135M-Instruct.Q4_1.gguf "
-                 "(no BOS: add_bos_token is false), made by scripts/tokenizer-llamacpp-reference.py",
-        "llama_cpp": version + [os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(bin_dir))))],
-        "model": os.path.basename(model),
-        "cases": results,
-    }
+        for pre in PRES:
+            vocab = model if pre == "smollm" else os.path.join(tmp, f"vocab-{pre}.gguf")
+            if pre != "smollm":
+                vocab_file(model, pre, vocab)
+            for r in results:
+                r["ids"][pre] = tokenize(exe, vocab, r["text"], r["parse_special"], tmp)
+    lines = ["{"]
+    lines.append(' "about": ' + json.dumps(
+        "Token ids from llama.cpp's llama-tokenize for SmolLM2-135M-Instruct.Q4_1.gguf's vocabulary (no BOS: "
+        "add_bos_token is false), under its own pre-tokenizer (smollm) and, in metadata-only copies, under "
+        "others; made by scripts/tokenizer-llamacpp-reference.py") + ",")
+    lines.append(' "llama_cpp": ' + json.dumps(version) + ",")
+    lines.append(' "model": ' + json.dumps(os.path.basename(model)) + ",")
+    lines.append(' "cases": [')
+    for i, r in enumerate(results):
+        lines.append('  {"text": %s, "parse_special": %s, "ids": {' % (json.dumps(r["text"]), json.dumps(r["parse_special"])))
+        items = [f'   {json.dumps(pre)}: {json.dumps(ids)}' for pre, ids in r["ids"].items()]
+        lines.append(",\n".join(items) + "}}" + ("," if i + 1 < len(results) else ""))
+    lines.append(" ]")
+    lines.append("}")
     dest = os.path.join(ROOT, "tests", "data", "tokenizer", "llama-cpp-smollm2.json")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"{dest}: {len(results)} cases")
+        f.write("\n".join(lines) + "\n")
+    json.load(open(dest))  # check it parses
+    print(f"{dest}: {len(results)} cases x {len(PRES)} pre-tokenizers")
 
 
 if __name__ == "__main__":

@@ -18,13 +18,15 @@ use oato::runtime::forward::{Logits, Session};
 
 /// Largest |engine - exact reference| allowed on any logit (see the module comment).
 const TOL_EXACT: f64 = 1e-2;
-/// Largest |engine - reference with the engine's f16 rounding emulated| allowed: what is left is f32
-/// accumulation order and the odd f16 rounding that falls the other way (one f16 ulp, 5e-4 relative,
-/// of one element of a 16-element head), diluted by the layers after it.
-const TOL_F16_EMULATED: f64 = 2e-3;
+/// Largest |engine - reference with the engine's f16 rounding emulated| allowed. What is left is f32
+/// arithmetic (~1e-5 on these logits) and the rare value that rounds to the other f16 neighbour in
+/// f32 than in f64: one f16 ulp (5e-4 relative) in one element of a 16-element head, diluted by the
+/// softmax and the layers after it, ~1e-4. (Measured when written: 1.1e-6.)
+const TOL_F16_EMULATED: f64 = 5e-4;
 /// Largest difference between a batched prefill and the same tokens decoded one at a time: both
-/// round the same values to f16 and differ at most in f32 summation order.
-const TOL_BATCH_VS_STEP: f64 = 1e-3;
+/// round the same values to f16 and may differ only in f32 summation order (and so, rarely, in an
+/// f16 rounding). (Measured when written: 0, bit-identical.)
+const TOL_BATCH_VS_STEP: f64 = 5e-4;
 
 struct Reference {
     prompt: Vec<u32>,
@@ -122,8 +124,8 @@ fn max_abs_err(ours: &[f32], theirs: &[Vec<f64>], n_vocab: usize) -> (f64, usize
         assert_eq!(row.len(), n_vocab);
         for (id, &want) in row.iter().enumerate() {
             let err = (ours[pos * n_vocab + id] as f64 - want).abs();
-            if !(err <= worst.0) {
-                // `!(<=)` so that a NaN is reported, not skipped.
+            // A NaN is reported, not skipped.
+            if err > worst.0 || (err.is_nan() && !worst.0.is_nan()) {
                 worst = (err, pos, id);
             }
         }

@@ -22,5 +22,5 @@ pub use blocks::{
 };
 pub use dequantize::dequantize_row;
 pub use dot::{has_vec_dot, vec_dot, vec_dot_checked, vec_dot_f32_ref};
-pub use quantize::quantize_row;
+pub use quantize::{quantize_act_row, quantize_row};
 pub use types::GgmlType;

@@ -237,3 +237,51 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K], y: &mut BlockQ8K) {
     }
     y.d = F32Le::new(1.0 / iscale);
 }
+
+/// Quantise activations for a dot product as ggml's x86 SIMD path does (`quantize_row_q8_0` /
+/// `quantize_row_q8_1` under AVX2 and AVX-512, which llama.cpp runs on such CPUs): for Q8_0 and
+/// Q8_1 the multiplier is `127 / amax` (not `1 / (amax / 127)`) and rounding is half to even.
+/// Other types as [`quantize_row`]. The engine quantises activations with this so that its int8
+/// activations equal llama.cpp's on the same inputs.
+pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            let want = ty.row_bytes(src.len())?;
+            if dst.len() != want {
+                return Err(Error::Model(format!(
+                    "quantize: a {ty} row of {} elements is {want} bytes, the output has {} bytes",
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            if ty == GgmlType::Q8_0 {
+                let blocks = as_blocks_mut::<BlockQ8_0>(dst)?;
+                for (x, y) in src.as_chunks::<QK>().0.iter().zip(blocks) {
+                    y.d = F16Le::from_f32(quantize_q8_simd(x, &mut y.qs));
+                }
+            } else {
+                let blocks = as_blocks_mut::<BlockQ8_1>(dst)?;
+                for (x, y) in src.as_chunks::<QK>().0.iter().zip(blocks) {
+                    let d = quantize_q8_simd(x, &mut y.qs);
+                    let sum: i32 = y.qs.iter().map(|&q| q as i32).sum();
+                    y.d = F16Le::from_f32(d);
+                    y.s = F16Le::from_f32(d * sum as f32);
+                }
+            }
+            Ok(())
+        }
+        _ => quantize_row(ty, src, dst),
+    }
+}
+
+/// The x86 SIMD variant of the Q8 block quantiser; returns `d`.
+#[inline]
+fn quantize_q8_simd(x: &[f32; QK], qs: &mut [i8; QK]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    d
+}

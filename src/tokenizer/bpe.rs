@@ -53,9 +53,12 @@ pub(crate) struct Bpe {
 #[derive(Default)]
 pub(crate) struct Scratch {
     syms: Vec<Symbol>,
-    heap: BinaryHeap<Reverse<(u32, u32, u32, u32, u32)>>,
+    heap: BinaryHeap<Reverse<Candidate>>,
     text: String,
 }
+
+/// A queued merge: (rank, left index, right index, merged symbol, right symbol when queued).
+type Candidate = (u32, u32, u32, u32, u32);
 
 #[derive(Clone, Copy)]
 struct Symbol {

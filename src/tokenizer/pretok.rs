@@ -122,7 +122,7 @@ pub(crate) fn split(text: &str, splits: &[Split]) -> Vec<Range<usize>> {
         offsets.push(i);
     }
     offsets.push(text.len());
-    let mut pieces = vec![0..chars.len()];
+    let mut pieces: Vec<Range<usize>> = std::iter::once(0..chars.len()).collect();
     for &s in splits {
         let mut out = Vec::with_capacity(pieces.len() * 2);
         for p in pieces {

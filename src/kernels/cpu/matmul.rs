@@ -4,7 +4,8 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::quant::{GgmlType, quantize_row, vec_dot};
+use crate::kernels::cpu::scalar::vec_dot;
+use crate::quant::{GgmlType, quantize_act_row};
 
 /// A weight matrix view: `n` rows of `k` elements of type `ty`, rows contiguous.
 #[derive(Clone, Copy)]
@@ -33,7 +34,7 @@ impl QuantizedActs {
         let mut data = vec![0u8; row_bytes * n_tok];
         data.par_chunks_mut(row_bytes)
             .zip(x.par_chunks(k))
-            .try_for_each(|(dst, src)| quantize_row(ty, src, dst))?;
+            .try_for_each(|(dst, src)| quantize_act_row(ty, src, dst))?;
         Ok(QuantizedActs {
             ty,
             k,

@@ -3,3 +3,4 @@
 pub mod attention;
 pub mod matmul;
 pub mod ops;
+pub mod scalar;
