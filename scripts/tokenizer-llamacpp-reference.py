@@ -3,6 +3,9 @@
 the corners of the smollm pre-tokeniser and of special-token parsing (whitespace runs, digits,
 contractions, punctuation, scripts, emoji, control characters, chat markup).
 
+Also writes tests/data/tokenizer/llama-cpp-spm-tiny.json: a tiny SentencePiece vocabulary (in a copy of
+the model's metadata) and llama.cpp's ids for a few strings under it.
+
 Usage: scripts/tokenizer-llamacpp-reference.py [BIN_DIR] [MODEL]
   BIN_DIR  llama.cpp's build/bin with llama-tokenize (default: the last line printed by
            ../shared/peers/build-llamacpp.sh, which builds it when needed)
@@ -122,6 +125,79 @@ def tokenize(exe, model, text, parse_special, tmp):
     return json.loads([l for l in out.splitlines() if l.startswith("[")][-1])
 
 
+# A tiny SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens <0xNN> (ids 3 + byte), pieces
+# with scores, a user-defined and a control token. tests/tokenizer.rs builds the same vocabulary from
+# the JSON this writes.
+SPM_PIECES = [
+    ("▁", -1.0, 1), ("h", -3.0, 1), ("e", -3.0, 1), ("l", -3.0, 1), ("o", -3.0, 1), ("he", -2.0, 1),
+    ("ll", -1.5, 1), ("llo", -1.2, 1), ("hello", -1.1, 1), ("▁hello", -0.5, 1), ("▁▁", -2.0, 1),
+    ("日", -3.0, 1), ("本", -3.0, 1), ("日本", -0.7, 1), ("▁日本", -4.0, 1), ("▁h", -2.5, 1),
+    ("<|user|>", 0.0, 4), ("<ctl>", 0.0, 3),
+]
+
+SPM_CASES = [
+    ("", False),
+    ("hello", False),
+    ("hello  日本!", False),
+    (" hello", False),
+    ("  hello", False),
+    ("hello hello\nhello", False),
+    ("日本 本日", False),
+    ("héllo wörld", False),
+    ("a<|user|>b hello", False),
+    ("<ctl>hello<ctl>", True),
+    ("<ctl>hello<ctl>", False),
+    ("\n\t", False),
+]
+
+
+def spm_vocab():
+    tokens, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
+    for b in range(256):
+        tokens.append("<0x%02X>" % b)
+        scores.append(0.0)
+        types.append(6)
+    for t, sc, ty in SPM_PIECES:
+        tokens.append(t)
+        scores.append(sc)
+        types.append(ty)
+    return tokens, scores, types
+
+
+def spm_vocab_file(model, dest):
+    """MODEL's hyper-parameters with the tiny SentencePiece vocabulary in place of its tokenizer."""
+    import gguf
+
+    r = gguf.GGUFReader(model)
+    w = gguf.GGUFWriter(dest, arch=r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k.startswith("tokenizer.") or k == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, f.contents(), f.types[0])
+    tokens, scores, types = spm_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tokenize_with_bos(exe, model, text, parse_special, tmp):
+    """Like tokenize(), with the model's BOS; an empty text gives just BOS (llama.cpp's SPM rule)."""
+    if not text:
+        return [1]
+    return tokenize(exe, model, text, parse_special, tmp)
+
+
 def main():
     if len(sys.argv) > 1:
         bin_dir = sys.argv[1]
@@ -162,6 +238,29 @@ def main():
         f.write("\n".join(lines) + "\n")
     json.load(open(dest))  # check it parses
     print(f"{dest}: {len(results)} cases x {len(PRES)} pre-tokenizers")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = os.path.join(tmp, "vocab-spm.gguf")
+        spm_vocab_file(model, vocab)
+        spm = [{"text": t, "parse_special": p, "ids": tokenize_with_bos(exe, vocab, t, p, tmp)} for t, p in SPM_CASES]
+    tokens, scores, types = spm_vocab()
+    lines = ["{"]
+    lines.append(' "about": ' + json.dumps(
+        "Token ids (with BOS, which SentencePiece vocabularies add by default) from llama.cpp's llama-tokenize "
+        "for a tiny SentencePiece vocabulary; made by scripts/tokenizer-llamacpp-reference.py") + ",")
+    lines.append(' "llama_cpp": ' + json.dumps(version) + ",")
+    lines.append(' "tokens": ' + json.dumps(tokens, ensure_ascii=False) + ",")
+    lines.append(' "scores": ' + json.dumps(scores) + ",")
+    lines.append(' "types": ' + json.dumps(types) + ",")
+    lines.append(' "cases": [')
+    lines.append(",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in spm))
+    lines.append(" ]")
+    lines.append("}")
+    dest = os.path.join(ROOT, "tests", "data", "tokenizer", "llama-cpp-spm-tiny.json")
+    with open(dest, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    json.load(open(dest))
+    print(f"{dest}: {len(spm)} cases")
 
 
 if __name__ == "__main__":

@@ -229,30 +229,15 @@ fn write_json(
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if let Some(f) = v
-                .as_i64()
-                .map(|i| i as f64)
-                .or_else(|| f64::try_from(v.clone()).ok())
-            {
-                if v.as_i64().is_some() {
-                    out.push_str(&v.to_string());
-                } else if f.is_finite() {
-                    let s = format!("{f:?}");
-                    out.push_str(&s);
-                } else {
-                    out.push_str(if f.is_nan() {
-                        "NaN"
-                    } else if f > 0.0 {
-                        "Infinity"
-                    } else {
-                        "-Infinity"
-                    });
-                }
-            } else {
-                out.push_str(&v.to_string());
+        ValueKind::Number => match (v.as_i64(), f64::try_from(v.clone())) {
+            (Some(i), _) => out.push_str(&i.to_string()),
+            (None, Ok(f)) if f.is_nan() => out.push_str("NaN"),
+            (None, Ok(f)) if f.is_infinite() => {
+                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" })
             }
-        }
+            (None, Ok(f)) => out.push_str(&format!("{f:?}")),
+            (None, Err(_)) => out.push_str(&v.to_string()),
+        },
         ValueKind::String => {
             out.push_str(&serde_json::to_string(v.as_str().unwrap_or_default()).unwrap_or_default())
         }
