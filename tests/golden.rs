@@ -14,6 +14,7 @@ use common::{golden, golden_dir, ids, model_path};
 
 /// How a greedy continuation compares with llama.cpp's under the parity rule.
 #[derive(Debug)]
+#[allow(dead_code)] // the fields are printed through Debug
 enum Parity {
     Equal,
     /// Diverged at step `d` at an allowed near-tie.

@@ -35,7 +35,7 @@ pub struct RunArgs {
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
@@ -72,7 +72,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?,
         (None, None) => return Err(Error::Usage("give a prompt with -p TEXT or -f FILE".into())),
     };
-    if !(a.temp >= 0.0)
+    if a.temp.is_nan()
+        || a.temp < 0.0
         || a.top_p <= 0.0
         || a.top_p > 1.0
         || a.min_p < 0.0

@@ -41,12 +41,11 @@ impl GgufWriter {
 
     /// Adds (or replaces) a metadata entry. `general.alignment` also sets the data alignment.
     pub fn set(&mut self, key: &str, value: Value) -> &mut Self {
-        if key == "general.alignment" {
-            if let Value::U32(a) = value {
-                if a > 0 {
-                    self.alignment = a as u64;
-                }
-            }
+        if key == "general.alignment"
+            && let Value::U32(a) = value
+            && a > 0
+        {
+            self.alignment = a as u64;
         }
         match self.metadata.iter_mut().find(|(k, _)| k == key) {
             Some(slot) => slot.1 = value,

@@ -73,7 +73,10 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
 
 impl GgmlType {
     fn entry(self) -> &'static (u32, GgmlType, &'static str, usize, usize) {
-        TABLE.iter().find(|e| e.1 == self).expect("every GgmlType is in TABLE")
+        TABLE
+            .iter()
+            .find(|e| e.1 == self)
+            .expect("every GgmlType is in TABLE")
     }
 
     /// The type with GGUF id `id`, or an error naming the id (and the type, when ggml has one).
@@ -82,7 +85,9 @@ impl GgmlType {
             return Ok(e.1);
         }
         match KNOWN_UNSUPPORTED.iter().find(|e| e.0 == id) {
-            Some((_, name)) => Err(Error::UnsupportedType(format!("{name} (ggml type id {id})"))),
+            Some((_, name)) => Err(Error::UnsupportedType(format!(
+                "{name} (ggml type id {id})"
+            ))),
             None => Err(Error::UnsupportedType(format!("unknown ggml type id {id}"))),
         }
     }
@@ -116,7 +121,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements; an error when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(Error::Model(format!(
                 "a row of {n} elements is not a whole number of {}-element {} blocks",
                 bs,

@@ -95,14 +95,14 @@ impl Sampler {
             let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
             let mut seen = std::collections::HashSet::new();
             for &t in recent {
-                if seen.insert(t) {
-                    if let Some(e) = cand.get_mut(t as usize) {
-                        e.1 = if e.1 <= 0.0 {
-                            e.1 * c.repeat_penalty
-                        } else {
-                            e.1 / c.repeat_penalty
-                        };
-                    }
+                if seen.insert(t)
+                    && let Some(e) = cand.get_mut(t as usize)
+                {
+                    e.1 = if e.1 <= 0.0 {
+                        e.1 * c.repeat_penalty
+                    } else {
+                        e.1 / c.repeat_penalty
+                    };
                 }
             }
         }

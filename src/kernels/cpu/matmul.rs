@@ -68,7 +68,7 @@ fn rows_per_task(w: &MatRef, n_tok: usize) -> usize {
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
 pub fn matmul(w: &MatRef, x: &[f32], y: &mut [f32]) -> Result<()> {
-    if x.len() % w.k != 0 {
+    if !x.len().is_multiple_of(w.k) {
         return Err(Error::Msg(format!(
             "matmul: input of {} is not a multiple of k={}",
             x.len(),

@@ -135,7 +135,9 @@ mod tests {
 
     /// ggml's test pattern.
     fn pattern(n: usize, offset: f32) -> Vec<f32> {
-        (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
+        (0..n)
+            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
+            .collect()
     }
 
     #[test]
@@ -143,7 +145,13 @@ mod tests {
         let n = 32 * 37;
         let w = pattern(n, 0.0);
         let x = pattern(n, 1.3);
-        for wty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for wty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+        ] {
             let mut wq = vec![0u8; wty.row_bytes(n).unwrap()];
             quantize_row(wty, &w, &mut wq).unwrap();
             let aty = wty.vec_dot_type();
@@ -153,7 +161,10 @@ mod tests {
             let reference = vec_dot_checked(wty, &wq, &xq, n).unwrap();
             let scale: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
             let err = (ours - reference).abs() / scale;
-            assert!(err < 1e-6, "{wty}: lane order {ours} vs reference {reference} (normalised {err:e})");
+            assert!(
+                err < 1e-6,
+                "{wty}: lane order {ours} vs reference {reference} (normalised {err:e})"
+            );
             assert_ne!(ours, 0.0);
         }
     }
