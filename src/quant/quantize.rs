@@ -27,14 +27,7 @@ use crate::quant::blocks::*;
 /// formats (Q2_K..Q6_K) are read-only here and give `Error::UnsupportedType`, as do the others.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     use GgmlType::*;
-    let want = ty.row_bytes(src.len())?;
-    if dst.len() != want {
-        return Err(Error::Model(format!(
-            "quantize: a {ty} row of {} elements is {want} bytes, the output has {} bytes",
-            src.len(),
-            dst.len()
-        )));
-    }
+    check_output(ty, src.len(), dst.len())?;
     match ty {
         F32 => {
             for (b, x) in dst.as_chunks_mut::<4>().0.iter_mut().zip(src) {
@@ -246,14 +239,7 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K], y: &mut BlockQ8K) {
 pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q8_1 => {
-            let want = ty.row_bytes(src.len())?;
-            if dst.len() != want {
-                return Err(Error::Model(format!(
-                    "quantize: a {ty} row of {} elements is {want} bytes, the output has {} bytes",
-                    src.len(),
-                    dst.len()
-                )));
-            }
+            check_output(ty, src.len(), dst.len())?;
             if ty == GgmlType::Q8_0 {
                 let blocks = as_blocks_mut::<BlockQ8_0>(dst)?;
                 for (x, y) in src.as_chunks::<QK>().0.iter().zip(blocks) {
@@ -274,6 +260,17 @@ pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()>
     }
 }
 
+/// An error unless `dst_len` is the size of a `ty` row of `n` elements.
+fn check_output(ty: GgmlType, n: usize, dst_len: usize) -> Result<()> {
+    let want = ty.row_bytes(n)?;
+    if dst_len != want {
+        return Err(Error::Model(format!(
+            "quantize: a {ty} row of {n} elements is {want} bytes, the output has {dst_len} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// The x86 SIMD variant of the Q8 block quantiser; returns `d`.
 #[inline]
 fn quantize_q8_simd(x: &[f32; QK], qs: &mut [i8; QK]) -> f32 {
@@ -284,4 +281,60 @@ fn quantize_q8_simd(x: &[f32; QK], qs: &mut [i8; QK]) -> f32 {
         *q = (v * id).round_ties_even() as i8;
     }
     d
+}
+
+#[cfg(test)]
+mod act_tests {
+    use super::*;
+
+    #[test]
+    fn activation_quantiser_rounds_ties_to_even_like_ggml_x86() {
+        // amax 127 makes the multiplier exactly 1, so 2.5 and -3.5 are exact ties.
+        let mut x = [0.0f32; QK];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[3] = 1.49;
+        let mut act = vec![0u8; 36];
+        let mut reference = vec![0u8; 36];
+        quantize_act_row(GgmlType::Q8_1, &x, &mut act).unwrap();
+        quantize_row(GgmlType::Q8_1, &x, &mut reference).unwrap();
+        let a = &as_blocks::<BlockQ8_1>(&act).unwrap()[0];
+        let r = &as_blocks::<BlockQ8_1>(&reference).unwrap()[0];
+        assert_eq!(&a.qs[..4], &[127, 2, -4, 1]);
+        assert_eq!(
+            &r.qs[..4],
+            &[127, 3, -4, 1],
+            "ggml's reference rounds half away from zero"
+        );
+        assert_eq!(a.d.to_f32(), 1.0);
+        // s = d * sum(q) = 127 + 2 - 4 + 1.
+        assert_eq!(a.s.to_f32(), 126.0);
+    }
+
+    #[test]
+    fn activation_quantiser_matches_the_reference_away_from_ties() {
+        let x: Vec<f32> = (0..QK * 9)
+            .map(|i| 0.1 + 2.0 * (i as f32 * 0.37).cos())
+            .collect();
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q8_1,
+            GgmlType::Q8_K,
+            GgmlType::F16,
+        ] {
+            let n = ty
+                .row_bytes(if ty == GgmlType::Q8_K { 256 } else { x.len() })
+                .unwrap();
+            let len = if ty == GgmlType::Q8_K { 256 } else { x.len() };
+            let (mut a, mut r) = (vec![0u8; n], vec![0u8; n]);
+            quantize_act_row(ty, &x[..len], &mut a).unwrap();
+            quantize_row(ty, &x[..len], &mut r).unwrap();
+            let differing = a.iter().zip(&r).filter(|(p, q)| p != q).count();
+            assert!(
+                differing <= n / 100,
+                "{ty}: {differing} of {n} bytes differ"
+            );
+        }
+    }
 }
