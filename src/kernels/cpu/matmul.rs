@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::kernels::cpu::scalar::vec_dot;
+use crate::kernels::cpu::{dot_fn, isa};
 use crate::quant::{GgmlType, quantize_act_row};
 
 /// A weight matrix view: `n` rows of `k` elements of type `ty`, rows contiguous.
@@ -100,6 +100,7 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
             y.len()
         )));
     }
+    let dot = dot_fn(isa(), w.ty);
     let chunk = rows_per_task(w, n_tok);
     let out = SharedOut(y.as_mut_ptr());
     let n = w.n;
@@ -111,7 +112,8 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
         for r in r0..r1 {
             let wrow = &w.data[r * wrb..(r + 1) * wrb];
             for t in 0..n_tok {
-                let v = vec_dot(w.ty, wrow, acts.row(t), w.k);
+                // SAFETY: dot_fn returns only variants this CPU supports.
+                let v = unsafe { dot(wrow, acts.row(t), w.k) };
                 // SAFETY: t < n_tok and r < n, so the index is inside y (checked above); each (t, r)
                 // is written by exactly one task because r ranges are disjoint.
                 unsafe { *out.0.add(t * n + r) = v };

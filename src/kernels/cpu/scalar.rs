@@ -5,6 +5,10 @@
 //! lanes are summed pairwise at the end (`(l0+l4 + l2+l6) + (l1+l5 + l3+l7)`), then the
 //! `m_x * s_y` terms of Q4_1/Q5_1, summed in block order, are added.
 //!
+//! The plain-float formats (F32, F16, BF16; activations in the same format) widen to f32 and
+//! accumulate in 4 x 8 lanes: lane (c, l) takes elements `i` with `i % 32 == 8c + l` by FMA;
+//! then `(c0 + c1) + (c2 + c3)` lane-wise, [`hsum8`], and the `n % 32` tail elements by FMA in order.
+//!
 //! `src/quant` keeps ggml's generic reference order; the two differ by rounding only.
 
 use crate::quant::blocks::*;
@@ -111,8 +115,58 @@ pub fn vec_dot_q8_0_q8_0(xs: &[BlockQ8_0], ys: &[BlockQ8_0]) -> f32 {
     hsum8(&acc)
 }
 
+/// Dot product of two plain-float rows in the 4 x 8 lane order; `get(i)` widens element i of each.
+#[inline(always)]
+pub fn dot_wide(n: usize, get: impl Fn(usize) -> (f32, f32)) -> f32 {
+    let mut acc = [[0f32; 8]; 4];
+    let full = n / 32 * 32;
+    for i in (0..full).step_by(32) {
+        for (c, lanes) in acc.iter_mut().enumerate() {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                let (x, y) = get(i + 8 * c + l);
+                *a = x.mul_add(y, *a);
+            }
+        }
+    }
+    let mut s = [0f32; 8];
+    for l in 0..8 {
+        s[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    }
+    let mut total = hsum8(&s);
+    for i in full..n {
+        let (x, y) = get(i);
+        total = x.mul_add(y, total);
+    }
+    total
+}
+
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+}
+
+fn bf16_at(b: &[u8], i: usize) -> f32 {
+    bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+}
+
+pub fn vec_dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_wide(n, |i| (f32_at(w, i), f32_at(a, i)))
+}
+
+pub fn vec_dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_wide(n, |i| (f16_at(w, i), f16_at(a, i)))
+}
+
+pub fn vec_dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_wide(n, |i| (bf16_at(w, i), bf16_at(a, i)))
+}
+
 /// The engine's dot product of a weight row with an activation row in `wty.vec_dot_type()`:
-/// the lane order above for the 32-element formats, the reference order for the others.
+/// the lane orders above for the 32-element and plain-float formats, the reference order for the
+/// K-quants.
 /// Lengths are the caller's to check (see `quant::vec_dot_checked`).
 pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     fn blocks<B: Block>(b: &[u8]) -> &[B] {
@@ -124,6 +178,9 @@ pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q5_0 => vec_dot_q5_0_q8_0(blocks(w), blocks(a)),
         GgmlType::Q5_1 => vec_dot_q5_1_q8_1(blocks(w), blocks(a)),
         GgmlType::Q8_0 => vec_dot_q8_0_q8_0(blocks(w), blocks(a)),
+        GgmlType::F32 => vec_dot_f32(w, a, n),
+        GgmlType::F16 => vec_dot_f16(w, a, n),
+        GgmlType::BF16 => vec_dot_bf16(w, a, n),
         _ => vec_dot_reference(wty, w, a, n),
     }
 }
