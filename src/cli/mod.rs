@@ -1,5 +1,6 @@
 //! Subcommand implementations and the options they share.
 
+pub mod bench;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;
@@ -30,16 +31,10 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// Sets up the thread pool: `threads` workers, or every core when 0.
+/// Sets up the CPU thread pool: `threads` threads, or every core when 0. Also checks
+/// `OATO_CPU_ISA`, so a bad value is an error before any work.
 pub fn init_threads(threads: usize) -> Result<usize> {
-    let n = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .map_err(|e| Error::Msg(format!("cannot start {n} threads: {e}")))?;
-    Ok(n)
+    oato::kernels::cpu::check_isa_env().map_err(Error::Usage)?;
+    let n = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+    Ok(oato::kernels::cpu::pool::set_threads(n))
 }

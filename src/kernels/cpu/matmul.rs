@@ -1,9 +1,8 @@
 //! Matrix multiplication with a weight in its GGUF format: activations are quantised once per
 //! operator to the weight type's dot-product format, then rows are split over the thread pool.
 
-use rayon::prelude::*;
-
 use crate::error::{Error, Result};
+use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{dot_fn, isa};
 use crate::quant::{GgmlType, quantize_act_row};
 
@@ -32,9 +31,29 @@ impl QuantizedActs {
         let row_bytes = ty.row_bytes(k)?;
         let n_tok = x.len() / k;
         let mut data = vec![0u8; row_bytes * n_tok];
-        data.par_chunks_mut(row_bytes)
-            .zip(x.par_chunks(k))
-            .try_for_each(|(dst, src)| quantize_act_row(ty, src, dst))?;
+        if n_tok < 8 {
+            for (dst, src) in data.chunks_mut(row_bytes).zip(x.chunks(k)) {
+                quantize_act_row(ty, src, dst)?;
+            }
+        } else {
+            let out = SharedOut(data.as_mut_ptr().cast());
+            let failed = std::sync::Mutex::new(None);
+            pool::global().for_chunks(n_tok, 4, |toks| {
+                let out = &out;
+                for t in toks {
+                    // SAFETY: token rows are disjoint and inside `data`, which outlives the job.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.cast::<u8>().add(t * row_bytes), row_bytes)
+                    };
+                    if let Err(e) = quantize_act_row(ty, &x[t * k..(t + 1) * k], dst) {
+                        *failed.lock().unwrap() = Some(e);
+                    }
+                }
+            });
+            if let Some(e) = failed.into_inner().unwrap() {
+                return Err(e);
+            }
+        }
         Ok(QuantizedActs {
             ty,
             k,
@@ -50,15 +69,15 @@ impl QuantizedActs {
 }
 
 /// Output pointer shared by tasks that write disjoint elements.
-struct SharedOut(*mut f32);
-// SAFETY: tasks write disjoint indices of the buffer (each owns a distinct range of weight rows) and
-// the buffer outlives the parallel loop, which joins before `matmul` returns.
+pub(crate) struct SharedOut(pub *mut f32);
+// SAFETY: tasks write disjoint indices of the buffer (each owns a distinct range of rows) and the
+// buffer outlives the parallel loop, which joins before the caller returns.
 unsafe impl Sync for SharedOut {}
 unsafe impl Send for SharedOut {}
 
 /// Rows handed to one task: enough work that scheduling does not dominate.
 fn rows_per_task(w: &MatRef, n_tok: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::global().n_threads();
     let by_threads = w.n.div_ceil(threads * 4);
     // Aim for at least ~64 KiB of weight bytes x tokens per task.
     let row_bytes = w.data.len() / w.n.max(1);
@@ -104,12 +123,9 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
     let chunk = rows_per_task(w, n_tok);
     let out = SharedOut(y.as_mut_ptr());
     let n = w.n;
-    let n_chunks = n.div_ceil(chunk);
-    (0..n_chunks).into_par_iter().for_each(|c| {
-        let r0 = c * chunk;
-        let r1 = (r0 + chunk).min(n);
+    pool::global().for_chunks(n, chunk, |rows| {
         let out = &out;
-        for r in r0..r1 {
+        for r in rows {
             let wrow = &w.data[r * wrb..(r + 1) * wrb];
             for t in 0..n_tok {
                 // SAFETY: dot_fn returns only variants this CPU supports.
