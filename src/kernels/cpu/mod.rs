@@ -11,6 +11,7 @@ pub mod avx2;
 pub mod avx512;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod scalar;
 
 use std::sync::OnceLock;
