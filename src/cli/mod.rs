@@ -1,6 +1,5 @@
 //! Subcommand implementations and the options they share.
 
-pub mod bench;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;
