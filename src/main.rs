@@ -23,6 +23,8 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Perplexity over a text file, as llama.cpp's llama-perplexity computes it.
     Perplexity(cli::perplexity::PerplexityArgs),
+    /// Prompt and generation throughput, as llama.cpp's llama-bench measures and reports it.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() {
@@ -31,6 +33,7 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Run(a) => cli::run::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),
+        Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -1,5 +1,6 @@
 //! Subcommand implementations and the options they share.
 
+pub mod bench;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;

@@ -1,25 +1,36 @@
-//! One persistent thread pool for the CPU kernels. Workers spin briefly between jobs (a decode step
-//! is hundreds of small back-to-back operators, where waking sleeping threads would dominate),
-//! then yield, then park. The calling thread takes part in every job, so `n` threads means `n - 1`
-//! workers. Work is handed out in chunks from an atomic counter.
+//! One persistent thread pool for the CPU kernels. A decode step is hundreds of small back-to-back
+//! operators, so workers spin briefly between jobs (waking sleeping threads would dominate), then
+//! yield, then park.
+//!
+//! Work is handed out in chunks from an atomic counter, and the calling thread works too. A job is
+//! open until the caller has run out of chunks; a worker that arrives after that does not join,
+//! so a worker the OS has descheduled (a busy machine) never holds the caller up beyond the chunk
+//! it is already running.
 
 use std::cell::Cell;
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::{self, JoinHandle, Thread};
 
-/// A job: called once on every thread with that thread's index.
-type Job<'a> = dyn Fn(usize) + Sync + 'a;
+/// The chunk loop of the current job, run by every thread that joins it.
+type Job<'a> = dyn Fn() + Sync + 'a;
+
+/// `state` packs the job generation (high 32 bits), a closed flag, and the number of workers
+/// inside the job (low 31 bits).
+const CLOSED: u64 = 1 << 31;
+const ACTIVE: u64 = CLOSED - 1;
+
+fn generation(state: u64) -> u64 {
+    state >> 32
+}
 
 struct Shared {
-    /// Incremented to publish a job.
-    generation: AtomicUsize,
-    /// The current job: a thin pointer to a `&Job` on the caller's stack, valid while
-    /// `pending > 0`.
+    state: AtomicU64,
+    /// A thin pointer to the current `&Job` on the caller's stack; valid while the job's
+    /// generation is current and either open or has active workers.
     job: AtomicPtr<()>,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleeping: Vec<AtomicBool>,
@@ -30,12 +41,12 @@ pub struct Pool {
     shared: Arc<Shared>,
     n_threads: usize,
     handles: Vec<JoinHandle<()>>,
-    /// Serialises `run` calls from different threads.
+    /// Serialises jobs submitted from different threads.
     lock: Mutex<()>,
 }
 
 thread_local! {
-    /// Set while this thread runs a pool job: nested `run` calls then run inline.
+    /// Set while this thread runs a pool job: nested jobs then run inline.
     static IN_JOB: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -47,9 +58,8 @@ impl Pool {
     pub fn new(n_threads: usize) -> Pool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            generation: AtomicUsize::new(0),
+            state: AtomicU64::new(CLOSED),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleeping: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
@@ -72,39 +82,58 @@ impl Pool {
         self.n_threads
     }
 
-    /// Runs `f(thread_index)` on every thread of the pool and returns when all are done.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.n_threads == 1 || IN_JOB.with(|j| j.get()) {
-            for i in 0..self.n_threads {
-                f(i);
+    /// Splits `0..n` into chunks of `chunk` and runs `f(range)` for each, spread over the pool.
+    pub fn for_chunks(&self, n: usize, chunk: usize, f: impl Fn(Range<usize>) + Sync) {
+        let chunk = chunk.max(1);
+        let n_chunks = n.div_ceil(chunk);
+        if n_chunks <= 1 || self.n_threads == 1 || IN_JOB.with(|j| j.get()) {
+            if n > 0 {
+                f(0..n);
             }
             return;
         }
+        let next = AtomicUsize::new(0);
+        let body = || {
+            loop {
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= n_chunks {
+                    break;
+                }
+                f(c * chunk..((c + 1) * chunk).min(n));
+            }
+        };
+        self.run(&body);
+    }
+
+    fn run(&self, body: &Job<'_>) {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // Workers dereference this pointer only between the generation bump below and their
-        // decrement of `pending`; this function does not return (so `f` and `fat` outlive every
-        // use) until `pending` is back to 0.
-        let fat: &Job<'_> = f;
+        // Workers dereference this pointer only after joining the job (state open, same
+        // generation) and before leaving it; this function returns only once the job is closed
+        // and no worker is inside, so `body` and `fat` outlive every use.
+        let fat: &Job<'_> = body;
         s.job.store(&fat as *const &Job<'_> as *mut (), Ordering::Relaxed);
-        s.pending.store(self.n_threads - 1, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::Release);
+        let g = generation(s.state.load(Ordering::Relaxed)) + 1;
+        s.state.store(g << 32, Ordering::Release);
         for (i, t) in s.threads.lock().unwrap().iter().enumerate() {
             if s.sleeping[i + 1].load(Ordering::Acquire) {
                 t.unpark();
             }
         }
         IN_JOB.with(|j| j.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let mine = catch_unwind(AssertUnwindSafe(body));
         IN_JOB.with(|j| j.set(false));
+        // Close the job: late workers stay out; wait for those inside.
+        let mut state = s.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
         let mut spins = 0usize;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while state & ACTIVE != 0 {
             spins += 1;
             if spins < SPINS {
                 std::hint::spin_loop();
             } else {
                 thread::yield_now();
             }
+            state = s.state.load(Ordering::Acquire);
         }
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
@@ -113,39 +142,30 @@ impl Pool {
             panic!("a CPU pool worker panicked");
         }
     }
+}
 
-    /// Splits `0..n` into chunks of `chunk` and runs `f(range)` for each, spread over the pool.
-    pub fn for_chunks(&self, n: usize, chunk: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
-        let chunk = chunk.max(1);
-        let n_chunks = n.div_ceil(chunk);
-        if n_chunks <= 1 || self.n_threads == 1 {
-            if n > 0 {
-                f(0..n);
-            }
-            return;
+/// Joins the job of generation `g` if it is still open.
+fn try_join(s: &Shared, g: u64) -> bool {
+    let mut cur = s.state.load(Ordering::Acquire);
+    loop {
+        if generation(cur) != g || cur & CLOSED != 0 {
+            return false;
         }
-        let next = AtomicUsize::new(0);
-        self.run(&|_| {
-            loop {
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= n_chunks {
-                    break;
-                }
-                f(c * chunk..((c + 1) * chunk).min(n));
-            }
-        });
+        match s.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
     }
 }
 
 fn worker(s: Arc<Shared>, idx: usize) {
-    let mut seen = 0usize;
+    let mut seen = 0u64;
     loop {
         let mut waited = 0usize;
-        loop {
-            let g = s.generation.load(Ordering::Acquire);
+        let g = loop {
+            let g = generation(s.state.load(Ordering::Acquire));
             if g != seen {
-                seen = g;
-                break;
+                break g;
             }
             if s.shutdown.load(Ordering::Acquire) {
                 return;
@@ -157,25 +177,29 @@ fn worker(s: Arc<Shared>, idx: usize) {
                 thread::yield_now();
             } else {
                 s.sleeping[idx].store(true, Ordering::Release);
-                // Re-check after announcing sleep: `run` unparks sleepers after bumping the
-                // generation, and an unpark before this park makes it return at once.
-                if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+                // Re-check after announcing sleep: a job published meanwhile unparks us, and an
+                // unpark before this park makes it return at once.
+                if generation(s.state.load(Ordering::Acquire)) == seen && !s.shutdown.load(Ordering::Acquire) {
                     thread::park();
                 }
                 s.sleeping[idx].store(false, Ordering::Release);
                 waited = 0;
             }
+        };
+        seen = g;
+        if !try_join(&s, g) {
+            continue;
         }
         let job = s.job.load(Ordering::Relaxed) as *const &Job<'_>;
         IN_JOB.with(|j| j.set(true));
-        // SAFETY: `run` stored a pointer to a live `&Job` and keeps it alive until `pending`
-        // reaches 0, which happens only after this call returns and we decrement below.
-        let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(idx) }));
+        // SAFETY: we joined generation g while it was open, so its caller is still inside `run`
+        // and keeps the job alive until we leave (the decrement below).
+        let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)() }));
         IN_JOB.with(|j| j.set(false));
         if r.is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.pending.fetch_sub(1, Ordering::Release);
+        s.state.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -220,57 +244,59 @@ pub fn global() -> Arc<Pool> {
 mod tests {
     use super::*;
 
+    fn count_once(pool: &Pool, n: usize, chunk: usize) {
+        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        pool.for_chunks(n, chunk, |r| {
+            for i in r {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n} chunk={chunk}");
+    }
+
     #[test]
     fn every_item_is_done_once_across_many_jobs() {
         let pool = Pool::new(3);
         for n in [0usize, 1, 7, 100, 1001] {
-            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-            pool.for_chunks(n, 16, |r| {
-                for i in r {
-                    hits[i].fetch_add(1, Ordering::Relaxed);
-                }
-            });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n}");
+            count_once(&pool, n, 16);
         }
-        let seen = Mutex::new(Vec::new());
-        pool.run(&|i| seen.lock().unwrap().push(i));
-        let mut seen = seen.into_inner().unwrap();
-        seen.sort();
-        assert_eq!(seen, vec![0, 1, 2]);
+        for _ in 0..2000 {
+            count_once(&pool, 64, 1);
+        }
     }
 
     #[test]
-    fn nested_runs_complete_inline() {
+    fn more_threads_than_cores_still_complete() {
+        let pool = Pool::new(16);
+        for _ in 0..200 {
+            count_once(&pool, 1000, 3);
+        }
+    }
+
+    #[test]
+    fn nested_jobs_run_inline() {
         let pool = Pool::new(2);
         let count = AtomicUsize::new(0);
-        pool.run(&|_| {
-            pool.run(&|_| {
-                count.fetch_add(1, Ordering::Relaxed);
+        pool.for_chunks(4, 1, |_| {
+            pool.for_chunks(10, 1, |r| {
+                count.fetch_add(r.len(), Ordering::Relaxed);
             })
         });
-        assert_eq!(count.load(Ordering::Relaxed), 4);
+        assert_eq!(count.load(Ordering::Relaxed), 40);
     }
 
     #[test]
     fn workers_wake_after_parking() {
         let pool = Pool::new(2);
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let count = AtomicUsize::new(0);
-        pool.run(&|_| {
-            count.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(count.load(Ordering::Relaxed), 2);
+        count_once(&pool, 100, 1);
     }
 
     #[test]
     fn a_panicking_job_panics_the_caller_not_the_pool() {
         let pool = Pool::new(2);
-        let r = catch_unwind(AssertUnwindSafe(|| pool.run(&|i| assert!(i == 0, "worker fails"))));
+        let r = catch_unwind(AssertUnwindSafe(|| pool.for_chunks(8, 1, |r| assert!(r.start != 5))));
         assert!(r.is_err());
-        let count = AtomicUsize::new(0);
-        pool.run(&|_| {
-            count.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(count.load(Ordering::Relaxed), 2);
+        count_once(&pool, 100, 1);
     }
 }

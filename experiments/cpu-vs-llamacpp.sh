@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# oato vs llama.cpp on the CPU, with llama-bench's own tests on both engines: pp64, pp512 (prompt
+# of N tokens in one batch) and tg32, tg128 (N tokens one at a time), on the test model in four
+# weight types (Q4_1 as shipped, and Q4_0, Q8_0, F16 made from it with llama-quantize).
+#
+# Writes results/cpu-vs-llamacpp.csv (date, commit, cpu, threads, model, type, test, engine,
+# avg_ts, stddev_ts; one row per type x test x engine) and results/cpu-vs-llamacpp.md (a table
+# per type: both engines' t/s and the ratio oato / llama.cpp).
+#
+# Usage: experiments/cpu-vs-llamacpp.sh
+# Env:   THREADS (or T, default 2), REPS (or R, default 5),
+#        LLAMACPP_BUILD (default ../shared/peers/build-llamacpp.sh; builds llama.cpp's CPU tools
+#        once into ~/.cache/oato-peers and prints their bin directory),
+#        LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
+#        target/release/oato), RAW_DIR (keep every raw JSON there; default: a temporary folder).
+# The requantised models are written to models/ (git-ignored) and reused when present. Both
+# engines run the same file with the same threads, one after the other; nothing else should run
+# on the machine meanwhile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+threads=${THREADS:-${T:-2}}
+reps=${REPS:-${R:-5}}
+prompts=64,512
+gens=32,128
+src=models/SmolLM2-135M-Instruct.Q4_1.gguf
+for v in "$threads" "$reps"; do
+  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "error: THREADS and REPS must be positive whole numbers (got $v)" >&2; exit 1; }
+done
+
+[ -f "$src" ] || scripts/fetch-models.sh
+
+if [ -n "${LLAMACPP_BIN:-}" ]; then
+  bin=$LLAMACPP_BIN
+else
+  build=${LLAMACPP_BUILD:-../shared/peers/build-llamacpp.sh}
+  [ -f "$build" ] || { echo "error: $build not found: set LLAMACPP_BUILD or LLAMACPP_BIN" >&2; exit 1; }
+  bin=$(bash "$build" | tail -n 1)
+fi
+for tool in llama-bench llama-quantize; do
+  [ -x "$bin/$tool" ] || { echo "error: $bin/$tool is missing" >&2; exit 1; }
+done
+
+if [ -n "${OATO_BIN:-}" ]; then
+  oato=$OATO_BIN
+else
+  cargo build --release --quiet
+  oato=target/release/oato
+fi
+
+raw=${RAW_DIR:-}
+if [ -z "$raw" ]; then
+  raw=$(mktemp -d)
+  trap 'rm -rf "$raw"' EXIT
+fi
+mkdir -p "$raw" results
+
+# The other types, made from the shipped Q4_1 file (requantised: the timing is what matters).
+for ty in Q4_0 Q8_0 F16; do
+  out=models/SmolLM2-135M-Instruct.$ty.gguf
+  if [ ! -f "$out" ]; then
+    echo "== llama-quantize $src -> $out ($ty)" >&2
+    "$bin/llama-quantize" --allow-requantize "$src" "$out.tmp" "$ty" >"$raw/quantize-$ty.log" 2>&1 \
+      || { cat "$raw/quantize-$ty.log" >&2; rm -f "$out.tmp"; exit 1; }
+    mv "$out.tmp" "$out"
+  fi
+done
+
+runs=()
+for ty in Q4_1 Q4_0 Q8_0 F16; do
+  model=models/SmolLM2-135M-Instruct.$ty.gguf
+  echo "== $ty: llama-bench" >&2
+  "$bin/llama-bench" -m "$model" -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
+    >"$raw/llamacpp-$ty.json" 2>"$raw/llamacpp-$ty.log" \
+    || { cat "$raw/llamacpp-$ty.log" >&2; exit 1; }
+  echo "== $ty: oato bench" >&2
+  "$oato" bench "$model" -t "$threads" -p "$prompts" -n "$gens" -r "$reps" --json \
+    >"$raw/oato-$ty.json"
+  runs+=(--run "$ty" "$(basename "$model")" "$raw/llamacpp-$ty.json" "$raw/oato-$ty.json")
+done
+
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- src Cargo.toml Cargo.lock build.rs 2>/dev/null || commit="$commit-dirty"
+llamacpp=$(basename "$(dirname "$(dirname "$bin")")")
+python3 experiments/bench_merge.py \
+  --csv results/cpu-vs-llamacpp.csv --md results/cpu-vs-llamacpp.md \
+  --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
+  --llamacpp "$llamacpp" "${runs[@]}"
+echo "wrote results/cpu-vs-llamacpp.csv and results/cpu-vs-llamacpp.md" >&2
+cat results/cpu-vs-llamacpp.md

@@ -1,0 +1,697 @@
+//! `oato bench [MODEL…] -p 512 -n 128 -r 5 -t N`: prompt-processing and generation throughput as
+//! llama.cpp's llama-bench measures and reports it, so the two can be put side by side.
+//!
+//! What is measured, as llama-bench (tools/llama-bench/llama-bench.cpp) does it:
+//! - `ppN`: N token ids (the first BOS when the model adds one, the rest random in 0..n_vocab)
+//!   run as one batch from an empty cache, last token's logits only; t/s = N / time.
+//! - `tgN`: N single-token forward passes from an empty cache (the first token BOS or random, each
+//!   later one random; nothing sampled); t/s = N / time of all N.
+//! - Per test: one warm-up run (the whole prompt for pp, a single token for tg), then `-r` timed
+//!   repetitions, the cache emptied before each. Models, then thread counts, then pp tests, then tg
+//!   tests are walked in llama-bench's order.
+//! - `avg_ns`/`stddev_ns` are the mean and sample standard deviation of the repetitions' times,
+//!   `avg_ts`/`stddev_ts` those of the per-repetition rates (so avg_ts is not n / avg_ns).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde_json::{Value, json};
+
+use oato::error::{Error, Result};
+use oato::gguf::GgufFile;
+use oato::model::Model;
+use oato::quant::GgmlType;
+use oato::runtime::forward::{Logits, Session};
+use oato::tokenizer::Tokenizer;
+
+/// Largest prompt or generation length accepted: beyond this the cache and activations would not
+/// fit in any machine's memory.
+const MAX_TOKENS: usize = 1 << 20;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// GGUF models (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
+    pub models: Vec<PathBuf>,
+    /// Prompt lengths to test, comma-separated (repeatable; 0 skips prompt tests) [default: 512].
+    #[arg(short = 'p', long = "n-prompt", value_name = "N,…")]
+    pub n_prompt: Vec<String>,
+    /// Generation lengths to test, comma-separated (repeatable; 0 skips generation tests)
+    /// [default: 128].
+    #[arg(short = 'n', long = "n-gen", value_name = "N,…")]
+    pub n_gen: Vec<String>,
+    /// Timed repetitions of each test, after one warm-up run.
+    #[arg(
+        short = 'r',
+        long = "repetitions",
+        default_value = "5",
+        value_name = "N"
+    )]
+    pub reps: String,
+    /// Thread counts, comma-separated (repeatable; 0: all cores) [default: 0].
+    #[arg(short = 't', long = "threads", value_name = "N,…")]
+    pub threads: Vec<String>,
+    /// Seed of the random token ids.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Print CSV (one row per test, llama-bench's columns) instead of a markdown table.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// Print a JSON array (one object per test, llama-bench's field names).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The flags, checked.
+struct Plan {
+    models: Vec<PathBuf>,
+    n_prompt: Vec<usize>,
+    n_gen: Vec<usize>,
+    reps: usize,
+    threads: Vec<usize>,
+}
+
+/// Parses `-p 64,512 -p 1024` style values: every item a whole number, no empty list or item.
+fn parse_list(flag: &str, given: &[String], default: usize) -> Result<Vec<usize>> {
+    let example = if flag == "-t" { "1,2" } else { "64,512" };
+    if given.is_empty() {
+        return Ok(vec![default]);
+    }
+    let mut out = Vec::new();
+    for s in given {
+        for item in s.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                return Err(Error::Usage(format!(
+                    "{flag} {s:?}: empty item; give comma-separated whole numbers, e.g. {flag} {example}"
+                )));
+            }
+            let v: usize = item.parse().map_err(|_| {
+                Error::Usage(format!(
+                    "{flag} {s:?}: {item:?} is not a whole number; give e.g. {flag} {example}"
+                ))
+            })?;
+            if v > MAX_TOKENS {
+                return Err(Error::Usage(format!(
+                    "{flag} {v}: more than the {MAX_TOKENS} this command accepts"
+                )));
+            }
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+impl Plan {
+    fn from_args(a: &BenchArgs) -> Result<Plan> {
+        let n_prompt = parse_list("-p", &a.n_prompt, 512)?;
+        let n_gen = parse_list("-n", &a.n_gen, 128)?;
+        let threads = parse_list("-t", &a.threads, 0)?;
+        let reps: usize = a.reps.trim().parse().map_err(|_| {
+            Error::Usage(format!(
+                "-r {:?}: not a whole number of repetitions",
+                a.reps
+            ))
+        })?;
+        if reps == 0 {
+            return Err(Error::Usage(
+                "-r 0: at least one repetition is needed".into(),
+            ));
+        }
+        if n_prompt.iter().chain(&n_gen).all(|&n| n == 0) {
+            return Err(Error::Usage(
+                "nothing to run: every -p and -n value is 0".into(),
+            ));
+        }
+        let all_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = threads
+            .into_iter()
+            .map(|t| if t == 0 { all_cores } else { t })
+            .collect();
+        let models = if a.models.is_empty() {
+            vec![super::model_path(None)?]
+        } else {
+            a.models.clone()
+        };
+        // Refuse a missing file before spending minutes on the ones before it.
+        for m in &models {
+            if !m.is_file() {
+                return Err(Error::Usage(format!("{}: no such model file", m.display())));
+            }
+        }
+        Ok(Plan {
+            models,
+            n_prompt,
+            n_gen,
+            reps,
+            threads,
+        })
+    }
+}
+
+/// What the host and the build say about themselves, once per run.
+struct Host {
+    build_commit: &'static str,
+    build_number: u64,
+    cpu_info: String,
+    isa: &'static str,
+}
+
+/// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// A model as llama-bench describes it.
+struct ModelInfo {
+    filename: String,
+    /// "arch size-label file-type", e.g. "llama 135M Q4_1".
+    model_type: String,
+    /// Bytes of all tensors (llama_model_size), not of the file.
+    size: u64,
+    /// Elements of all tensors (llama_model_n_params).
+    n_params: u64,
+}
+
+impl ModelInfo {
+    fn of(path: &Path, model: &Model) -> ModelInfo {
+        let f = &model.file;
+        let size = f.tensors.iter().map(|t| t.n_bytes).sum();
+        let n_params = f.tensors.iter().map(|t| t.n_elements).sum();
+        let label = f
+            .get_str("general.size_label")
+            .map(str::to_string)
+            .unwrap_or_else(|| params_label(n_params));
+        ModelInfo {
+            filename: path.display().to_string(),
+            model_type: format!("{} {label} {}", model.hp.arch.name(), ftype_name(f)),
+            size,
+            n_params,
+        }
+    }
+}
+
+/// "135M", "8B", "1.5B": a parameter count as model names write it.
+fn params_label(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        let b = format!("{:.1}", n as f64 / 1e9);
+        format!("{}B", b.strip_suffix(".0").unwrap_or(&b))
+    } else {
+        format!("{}M", (n as f64 / 1e6).round())
+    }
+}
+
+/// llama.cpp's name for a `general.file_type` value (llama_ftype_name), for the file types whose
+/// tensors oato can read.
+fn llama_ftype_name(ftype: u64) -> Option<&'static str> {
+    Some(match ftype {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        21 => "Q2_K - Small",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+/// The file type: `general.file_type` when the file has it, else guessed as llama.cpp guesses it
+/// (the type most tensors have, ties to the first in name order), marked "(guessed)".
+fn ftype_name(f: &GgufFile) -> String {
+    if let Ok(Some(v)) = f.get_u64("general.file_type") {
+        return llama_ftype_name(v)
+            .map(str::to_string)
+            .unwrap_or_else(|| "unknown, may not work".into());
+    }
+    let mut tensors: Vec<_> = f.tensors.iter().collect();
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+    let (mut best, mut best_n) = (GgmlType::F32, 0);
+    for t in tensors {
+        let n = match counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                counts.push((t.ty, 1));
+                1
+            }
+        };
+        if n > best_n {
+            (best, best_n) = (t.ty, n);
+        }
+    }
+    use GgmlType::*;
+    let ftype = match best {
+        F16 => 1,
+        BF16 => 32,
+        Q4_0 => 2,
+        Q4_1 => 3,
+        Q5_0 => 8,
+        Q5_1 => 9,
+        Q8_0 => 7,
+        Q2_K => 10,
+        Q3_K => 12,
+        Q4_K => 15,
+        Q5_K => 17,
+        Q6_K => 18,
+        _ => 0,
+    };
+    format!(
+        "(guessed) {}",
+        llama_ftype_name(ftype).expect("every guessed file type has a name")
+    )
+}
+
+/// splitmix64: a small seeded generator for the token ids (their values do not affect timing).
+struct TokenRng(u64);
+
+impl TokenRng {
+    fn below(&mut self, n: usize) -> u32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n.max(1) as u64) as u32
+    }
+
+    /// `n` ids: the first `bos` when given, the rest random in 0..n_vocab.
+    fn tokens(&mut self, n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
+        (0..n)
+            .map(|i| match bos {
+                Some(b) if i == 0 => b,
+                _ => self.below(n_vocab),
+            })
+            .collect()
+    }
+}
+
+/// One test's settings and timings.
+struct TestResult<'a> {
+    model: &'a ModelInfo,
+    n_threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    /// RFC 3339, UTC, when the test started.
+    test_time: String,
+    samples_ns: Vec<u64>,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Sample standard deviation (n - 1), 0 for fewer than two values, as llama-bench.
+fn stdev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+}
+
+impl TestResult<'_> {
+    fn name(&self) -> String {
+        match (self.n_prompt, self.n_gen) {
+            (p, 0) => format!("pp{p}"),
+            (0, g) => format!("tg{g}"),
+            (p, g) => format!("pp{p}+tg{g}"),
+        }
+    }
+
+    fn samples_ts(&self) -> Vec<f64> {
+        let n = (self.n_prompt + self.n_gen) as f64;
+        self.samples_ns
+            .iter()
+            .map(|&t| 1e9 * n / t.max(1) as f64)
+            .collect()
+    }
+
+    fn avg_ns(&self) -> u64 {
+        self.samples_ns.iter().sum::<u64>() / self.samples_ns.len().max(1) as u64
+    }
+
+    fn stddev_ns(&self) -> u64 {
+        let ns: Vec<f64> = self.samples_ns.iter().map(|&t| t as f64).collect();
+        stdev(&ns) as u64
+    }
+
+    /// The fields in llama-bench's order and meaning, then oato's own (`isa`, `device`), then the
+    /// samples (JSON only, as in llama-bench).
+    fn fields(&self, host: &Host) -> Vec<(&'static str, Value)> {
+        let ts = self.samples_ts();
+        vec![
+            ("build_commit", json!(host.build_commit)),
+            ("build_number", json!(host.build_number)),
+            ("cpu_info", json!(host.cpu_info)),
+            ("gpu_info", json!("")),
+            ("backends", json!("CPU")),
+            ("model_filename", json!(self.model.filename)),
+            ("model_type", json!(self.model.model_type)),
+            ("model_size", json!(self.model.size)),
+            ("model_n_params", json!(self.model.n_params)),
+            ("n_threads", json!(self.n_threads)),
+            ("n_prompt", json!(self.n_prompt)),
+            ("n_gen", json!(self.n_gen)),
+            ("n_depth", json!(0)),
+            ("test_time", json!(self.test_time)),
+            ("avg_ns", json!(self.avg_ns())),
+            ("stddev_ns", json!(self.stddev_ns())),
+            ("avg_ts", json!(mean(&ts))),
+            ("stddev_ts", json!(stdev(&ts))),
+            ("isa", json!(host.isa)),
+            ("device", json!("cpu")),
+            ("samples_ns", json!(self.samples_ns)),
+            ("samples_ts", json!(ts)),
+        ]
+    }
+}
+
+/// Seconds since the epoch as RFC 3339 UTC ("2025-01-31T12:00:00Z").
+fn rfc3339(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn now_rfc3339() -> String {
+    rfc3339(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    )
+}
+
+/// Runs one test on the kernels' thread pool as it is set: a warm-up, then `reps` timed runs.
+fn time_test(
+    model: &Model,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+    bos: Option<u32>,
+    rng: &mut TokenRng,
+) -> Result<Vec<u64>> {
+    let n_vocab = model.hp.n_vocab;
+    let mut session = Session::new(model, n_prompt + n_gen);
+    let mut run = |session: &mut Session, n_prompt: usize, n_gen: usize| -> Result<u64> {
+        let prompt = rng.tokens(n_prompt, n_vocab, bos);
+        let gen_tokens = rng.tokens(n_gen, n_vocab, bos);
+        session.reset();
+        let t0 = Instant::now();
+        if n_prompt > 0 {
+            session.forward(&prompt, Logits::Last)?;
+        }
+        for tok in &gen_tokens {
+            session.forward(std::slice::from_ref(tok), Logits::Last)?;
+        }
+        Ok(t0.elapsed().as_nanos().max(1) as u64)
+    };
+    // Warm-up, as llama-bench: the whole prompt, or one generated token.
+    run(&mut session, n_prompt, n_gen.min(1))?;
+    (0..reps)
+        .map(|_| run(&mut session, n_prompt, n_gen))
+        .collect()
+}
+
+/// Where the results go: a markdown table or CSV row by row, or one JSON array at the end.
+enum Printer {
+    Markdown,
+    Csv { header_done: bool },
+    Json(Vec<String>),
+}
+
+/// (column, width): negative widths are left-aligned, as llama-bench's markdown printer.
+const MD_COLUMNS: &[(&str, i32)] = &[
+    ("model", -30),
+    ("size", 10),
+    ("params", 10),
+    ("backend", -10),
+    ("isa", -10),
+    ("threads", 7),
+    ("test", 15),
+    ("t/s", 20),
+];
+
+fn pad(s: &str, width: i32) -> String {
+    let w = width.unsigned_abs() as usize;
+    if width < 0 {
+        format!("{s:<w$}")
+    } else {
+        format!("{s:>w$}")
+    }
+}
+
+fn csv_quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A JSON value as CSV text: strings bare, numbers as JSON writes them.
+fn csv_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Printer {
+    fn header(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        if let Printer::Markdown = self {
+            let names: Vec<String> = MD_COLUMNS.iter().map(|&(c, w)| pad(c, w)).collect();
+            let rules: Vec<String> = MD_COLUMNS
+                .iter()
+                .map(|&(_, w)| {
+                    let dashes = "-".repeat(w.unsigned_abs() as usize - 1);
+                    format!("{dashes}{}", if w > 0 { ':' } else { '-' })
+                })
+                .collect();
+            writeln!(out, "| {} |", names.join(" | "))?;
+            writeln!(out, "| {} |", rules.join(" | "))?;
+        }
+        out.flush()
+    }
+
+    fn row(&mut self, out: &mut impl Write, t: &TestResult, host: &Host) -> std::io::Result<()> {
+        match self {
+            Printer::Markdown => {
+                let size = if t.model.size < 1 << 30 {
+                    format!("{:.2} MiB", t.model.size as f64 / (1u64 << 20) as f64)
+                } else {
+                    format!("{:.2} GiB", t.model.size as f64 / (1u64 << 30) as f64)
+                };
+                let params = if t.model.n_params < 1_000_000_000 {
+                    format!("{:.2} M", t.model.n_params as f64 / 1e6)
+                } else {
+                    format!("{:.2} B", t.model.n_params as f64 / 1e9)
+                };
+                let ts = t.samples_ts();
+                let cells = [
+                    t.model.model_type.clone(),
+                    size,
+                    params,
+                    "CPU".into(),
+                    host.isa.into(),
+                    t.n_threads.to_string(),
+                    t.name(),
+                    format!("{:.2} ± {:.2}", mean(&ts), stdev(&ts)),
+                ];
+                let cells: Vec<String> = cells
+                    .iter()
+                    .zip(MD_COLUMNS)
+                    .map(|(c, &(_, w))| pad(c, w))
+                    .collect();
+                writeln!(out, "| {} |", cells.join(" | "))?;
+            }
+            Printer::Csv { header_done } => {
+                let fields: Vec<_> = t
+                    .fields(host)
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with("samples_"))
+                    .collect();
+                if !*header_done {
+                    let names: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+                    writeln!(out, "{}", names.join(","))?;
+                    *header_done = true;
+                }
+                let values: Vec<String> = fields
+                    .iter()
+                    .map(|(_, v)| csv_quote(&csv_text(v)))
+                    .collect();
+                writeln!(out, "{}", values.join(","))?;
+            }
+            Printer::Json(objects) => {
+                let lines: Vec<String> = t
+                    .fields(host)
+                    .iter()
+                    .map(|(k, v)| format!("    \"{k}\": {v}"))
+                    .collect();
+                objects.push(format!("  {{\n{}\n  }}", lines.join(",\n")));
+            }
+        }
+        out.flush()
+    }
+
+    fn footer(&mut self, out: &mut impl Write, host: &Host) -> std::io::Result<()> {
+        match self {
+            Printer::Markdown => writeln!(
+                out,
+                "\nbuild: {} ({})",
+                host.build_commit, host.build_number
+            )?,
+            Printer::Csv { .. } => {}
+            Printer::Json(objects) => writeln!(out, "[\n{}\n]", objects.join(",\n"))?,
+        }
+        out.flush()
+    }
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let plan = Plan::from_args(&a)?;
+    let isa = oato::kernels::cpu::check_isa_env().map_err(Error::Usage)?;
+    let host = Host {
+        build_commit: env!("OATO_BUILD_COMMIT"),
+        build_number: env!("OATO_BUILD_NUMBER").parse().unwrap_or(0),
+        cpu_info: cpu_name(),
+        isa: isa.name(),
+    };
+    let mut printer = if a.json {
+        Printer::Json(Vec::new())
+    } else if a.csv {
+        Printer::Csv { header_done: false }
+    } else {
+        Printer::Markdown
+    };
+    let stdout_err = |e: std::io::Error| Error::Msg(format!("writing the results: {e}"));
+
+    let tests: Vec<(usize, usize)> = (plan.n_prompt.iter().map(|&p| (p, 0)))
+        .chain(plan.n_gen.iter().map(|&g| (0, g)))
+        .filter(|&(p, g)| p + g > 0)
+        .collect();
+    let total = plan.models.len() * plan.threads.len() * tests.len();
+    let mut rng = TokenRng(a.seed);
+    let mut done = 0;
+    // Open every model first, so a bad file fails before any timing (they are memory-mapped).
+    let models = plan
+        .models
+        .iter()
+        .map(|p| Model::open(p).map(|m| (ModelInfo::of(p, &m), m)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut stdout = std::io::stdout().lock();
+    printer.header(&mut stdout).map_err(stdout_err)?;
+    for (info, model) in &models {
+        // The BOS id llama-bench puts first, when the model's tokenizer adds one.
+        let bos = Tokenizer::from_gguf(&model.file)
+            .ok()
+            .filter(|t| t.add_bos())
+            .and_then(|t| t.bos());
+        for &n_threads in &plan.threads {
+            // The kernels' thread pool, resized for this thread count.
+            let n_threads = super::init_threads(n_threads)?;
+            for &(n_prompt, n_gen) in &tests {
+                done += 1;
+                let mut t = TestResult {
+                    model: info,
+                    n_threads,
+                    n_prompt,
+                    n_gen,
+                    test_time: now_rfc3339(),
+                    samples_ns: Vec::new(),
+                };
+                eprintln!(
+                    "oato bench {done}/{total}: {} {}, {n_threads} threads, {isa}: warm-up + {} runs",
+                    info.filename,
+                    t.name(),
+                    plan.reps,
+                    isa = host.isa,
+                );
+                t.samples_ns = time_test(model, n_prompt, n_gen, plan.reps, bos, &mut rng)?;
+                let ts = t.samples_ts();
+                eprintln!(
+                    "oato bench {done}/{total}: {} {:.2} ± {:.2} t/s",
+                    t.name(),
+                    mean(&ts),
+                    stdev(&ts)
+                );
+                printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
+            }
+        }
+    }
+    printer.footer(&mut stdout, &host).map_err(stdout_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_and_refuse_bad_items() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_list("-p", &s(&[]), 512).unwrap(), vec![512]);
+        assert_eq!(
+            parse_list("-p", &s(&["64,512", "0"]), 1).unwrap(),
+            vec![64, 512, 0]
+        );
+        for bad in ["abc", "", "64,", ",", "-1", "1.5"] {
+            let e = parse_list("-p", &s(&[bad]), 1).unwrap_err().to_string();
+            assert!(e.contains("-p"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn stats_match_llama_bench() {
+        // Sample standard deviation (n - 1): of 2, 4, 4, 4, 5, 5, 7, 9 it is sqrt(32 / 7).
+        let v = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
+        assert_eq!(mean(&v), 5.0);
+        assert!((stdev(&v) - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+        assert_eq!(stdev(&[3.0]), 0.0);
+    }
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_735_689_599), "2024-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn params_labels_read_like_model_names() {
+        assert_eq!(params_label(134_515_008), "135M");
+        assert_eq!(params_label(8_030_261_248), "8B");
+        assert_eq!(params_label(1_543_714_304), "1.5B");
+    }
+}

@@ -1,0 +1,203 @@
+//! `oato bench` end to end on the real model with tiny settings: the markdown table, CSV and
+//! JSON (llama-bench's field names and arithmetic), and clean failures on bad flags.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{model_path, repo};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oato"))
+        .arg("bench")
+        .args(args)
+        .current_dir(repo())
+        .env_remove("OATO_MODEL")
+        .env_remove("OATO_CPU_ISA")
+        .output()
+        .expect("the oato binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const TINY: &[&str] = &["-p", "8", "-n", "4", "-r", "2", "-t", "1"];
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "failed: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn markdown_table_has_one_row_per_test() {
+    // No model argument: the default model, as `oato run`.
+    let s = ok(&bench(TINY));
+    let rows: Vec<&str> = s.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 4, "header, rule, pp8, tg4:\n{s}");
+    for col in [
+        "model", "size", "params", "backend", "isa", "threads", "test", "t/s",
+    ] {
+        assert!(rows[0].contains(col), "header lacks {col}: {}", rows[0]);
+    }
+    assert!(
+        rows[2].contains("llama 135M Q4_1") && rows[2].contains(" pp8 "),
+        "{}",
+        rows[2]
+    );
+    assert!(
+        rows[2].contains("92.10 MiB") && rows[2].contains("134.52 M"),
+        "{}",
+        rows[2]
+    );
+    assert!(
+        rows[3].contains(" tg4 ") && rows[3].contains(" ± "),
+        "{}",
+        rows[3]
+    );
+    assert!(s.contains("\nbuild: "), "{s}");
+}
+
+#[test]
+fn csv_has_a_header_and_one_row_per_test() {
+    let m = model_path();
+    let mut args = vec![m.to_str().unwrap(), "--csv"];
+    args.extend(TINY);
+    let s = ok(&bench(&args));
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.len(), 3, "{s}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    for f in [
+        "build_commit",
+        "model_type",
+        "n_prompt",
+        "n_gen",
+        "avg_ts",
+        "isa",
+        "device",
+    ] {
+        assert!(header.contains(&f), "no {f} in {}", lines[0]);
+    }
+    let col = |name: &str, line: &str| {
+        let i = header.iter().position(|h| *h == name).unwrap();
+        line.split(',')
+            .nth(i)
+            .unwrap()
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(
+        (col("n_prompt", lines[1]), col("n_gen", lines[1])),
+        ("8".into(), "0".into())
+    );
+    assert_eq!(
+        (col("n_prompt", lines[2]), col("n_gen", lines[2])),
+        ("0".into(), "4".into())
+    );
+    assert_eq!(col("device", lines[1]), "cpu");
+}
+
+#[test]
+fn json_uses_llama_bench_fields_and_arithmetic() {
+    let m = model_path();
+    let mut args = vec![m.to_str().unwrap(), "--json"];
+    args.extend(TINY);
+    let s = ok(&bench(&args));
+    let v: serde_json::Value = serde_json::from_str(&s).expect("one JSON document");
+    let tests = v.as_array().expect("an array");
+    assert_eq!(tests.len(), 2);
+    for t in tests {
+        for f in [
+            "build_commit",
+            "build_number",
+            "cpu_info",
+            "gpu_info",
+            "backends",
+            "model_filename",
+            "model_type",
+            "model_size",
+            "model_n_params",
+            "n_threads",
+            "n_prompt",
+            "n_gen",
+            "n_depth",
+            "test_time",
+            "avg_ns",
+            "stddev_ns",
+            "avg_ts",
+            "stddev_ts",
+            "samples_ns",
+            "samples_ts",
+            "isa",
+            "device",
+        ] {
+            assert!(t.get(f).is_some(), "no {f} in {t}");
+        }
+        assert_eq!(t["model_type"], "llama 135M Q4_1");
+        assert_eq!(
+            t["model_size"], 96_576_768,
+            "bytes of all tensors, as llama-bench"
+        );
+        assert_eq!(t["model_n_params"], 134_515_008);
+        assert_eq!(t["n_threads"], 1);
+        assert_eq!(t["backends"], "CPU");
+        assert_eq!(t["device"], "cpu");
+        let n = (t["n_prompt"].as_u64().unwrap() + t["n_gen"].as_u64().unwrap()) as f64;
+        let ns: Vec<u64> = t["samples_ns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        let ts: Vec<f64> = t["samples_ts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(ns.len(), 2, "one sample per repetition");
+        assert_eq!(ts.len(), 2);
+        for (&t_ns, &r) in ns.iter().zip(&ts) {
+            assert!(
+                (r - n * 1e9 / t_ns as f64).abs() <= 1e-9 * r,
+                "{r} vs {t_ns} ns"
+            );
+        }
+        let avg_ns = t["avg_ns"].as_u64().unwrap();
+        assert_eq!(avg_ns, ns.iter().sum::<u64>() / 2);
+        let avg_ts = t["avg_ts"].as_f64().unwrap();
+        assert!((avg_ts - (ts[0] + ts[1]) / 2.0).abs() <= 1e-9 * avg_ts);
+        // The mean of rates is at least the rate of the mean time (AM-HM), and close to it.
+        let rate_of_mean = n / (avg_ns as f64 / 1e9);
+        assert!(
+            avg_ts >= rate_of_mean * (1.0 - 1e-9) && avg_ts < rate_of_mean * 2.0,
+            "avg_ts {avg_ts} vs n / avg_ns {rate_of_mean}"
+        );
+        let sd = t["stddev_ts"].as_f64().unwrap();
+        assert!((sd - (ts[0] - ts[1]).abs() / 2f64.sqrt()).abs() <= 1e-9 * sd.max(1.0));
+    }
+    assert_eq!(tests[0]["n_prompt"], 8);
+    assert_eq!(tests[0]["n_gen"], 0);
+    assert_eq!(tests[1]["n_prompt"], 0);
+    assert_eq!(tests[1]["n_gen"], 4);
+}
+
+#[test]
+fn bad_flags_fail_cleanly() {
+    for (args, want) in [
+        (&["-r", "0"][..], "-r 0"),
+        (&["-p", "abc"], "\"abc\" is not a whole number"),
+        (&["-n", "4,"], "empty item"),
+        (&["-t", ""], "empty item"),
+        (&["-p", "0", "-n", "0"], "nothing to run"),
+        (&["no-such-model.gguf", "-p", "8"], "no-such-model.gguf"),
+        (&["Cargo.toml", "-p", "8"], "not a GGUF file"),
+    ] {
+        let out = bench(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: stderr lacks {want:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed results");
+    }
+}
