@@ -35,6 +35,10 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 /// `OATO_CPU_ISA`, so a bad value is an error before any work.
 pub fn init_threads(threads: usize) -> Result<usize> {
     oato::kernels::cpu::check_isa_env().map_err(Error::Usage)?;
-    let n = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+    let n = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
     Ok(oato::kernels::cpu::pool::set_threads(n))
 }

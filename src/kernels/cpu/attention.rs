@@ -62,7 +62,14 @@ mod simd {
 /// `q`: [n_tok, n_head * head_dim] (after RoPE); `k_cache`, `v_cache`: [n_ctx, n_head_kv * head_dim] f16
 /// holding positions 0..pos0 + n_tok; token t sits at `pos0 + t` and sees positions 0..=pos0 + t.
 /// Writes `out`: [n_tok, n_head * head_dim].
-pub fn attention(s: AttnShape, q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, out: &mut [f32]) {
+pub fn attention(
+    s: AttnShape,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    out: &mut [f32],
+) {
     let isa = isa();
     let dot = dot_fn(isa, GgmlType::F16);
     let hd = s.head_dim;
@@ -81,7 +88,10 @@ pub fn attention(s: AttnShape, q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0
             let (t, h) = (idx / s.n_head, idx % s.n_head);
             let kvh = h / group;
             let n_kv = pos0 + t + 1;
-            for (d, &v) in qh.iter_mut().zip(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]) {
+            for (d, &v) in qh
+                .iter_mut()
+                .zip(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd])
+            {
                 *d = f16::from_f32(v);
             }
             scores.clear();

@@ -1,11 +1,17 @@
 //! AVX2 + FMA + F16C dot products, bit-identical with `scalar`'s lane order: per 32-element block
 //! the integer products are summed into eight i32 lanes of four consecutive elements
-//! (`maddubs` then `madd`), converted to f32 and accumulated with one FMA per block.
+//! (`maddubs` then `madd`), converted to f32 and accumulated with one FMA per block. The K-quants
+//! compute `kquants`' exact per-super-block integer sums and its float step.
+//!
+//! Every `unsafe fn` here is unsafe only because it needs the CPU to have AVX2, FMA and F16C
+//! (`Isa::Avx2.supported()`); slices are indexed safely.
 
 #![allow(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
 
+use crate::kernels::cpu::kquants;
 use crate::quant::blocks::*;
 
 /// ggml's `hsum_float_8`: `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`.
@@ -206,3 +212,323 @@ fn bf16_elem(b: &[u8], i: usize) -> f32 {
 wide_dot!(vec_dot_f32, load_f32x8, f32_elem);
 wide_dot!(vec_dot_f16, load_f16x8, f16_elem);
 wide_dot!(vec_dot_bf16, load_bf16x8, bf16_elem);
+
+// ---------------------------------------------------------------------------------------------
+// K-quants: the exact integer sums of `kquants`, 32 elements per register. Each 32-element slice t
+// of a super-block (elements 32t..32t + 32) becomes unsigned quant bytes; `maddubs` with the
+// activations gives 16 i16 pair sums (exact: quants ≤ 63, so |pair| ≤ 16128), `madd` with the
+// 16-element groups' i16 scales widens them to eight i32 lanes. The lanes are summed to `isum`
+// (and `imin`) per super-block, then the float step of `kquants` follows.
+
+/// `vpshufb` masks spreading eight i16 group scales (the same in both lanes) to
+/// `[s_{2i} x 8 | s_{2i+1} x 8]` for i in 0..4: the scales of 32-element slice `4h + i` when the
+/// register holds groups `8h..8h + 8`.
+static SCALE_PAIR: [[u8; 32]; 4] = {
+    let mut m = [[0u8; 32]; 4];
+    let mut i = 0;
+    while i < 4 {
+        let mut b = 0;
+        while b < 32 {
+            let word = if b < 16 { 2 * i } else { 2 * i + 1 };
+            m[i][b] = (2 * word + b % 2) as u8;
+            b += 1;
+        }
+        i += 1;
+    }
+    m
+};
+
+/// The two halves of 16 group scales (i16), each broadcast to both lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scale_halves(groups: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256::<0x00>(groups, groups),
+        _mm256_permute2x128_si256::<0x11>(groups, groups),
+    ]
+}
+
+/// The i16 scales of 32-element slice t: `[s_{2t} x 8 | s_{2t+1} x 8]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn slice_scales(halves: &[__m256i; 2], t: usize) -> __m256i {
+    let mask = _mm256_loadu_si256(SCALE_PAIR[t % 4].as_ptr().cast());
+    _mm256_shuffle_epi8(halves[t / 4], mask)
+}
+
+/// `[Σ a, Σ b, Σ a, Σ b]` over the i32 lanes of `a` and `b` (exact: wrapping adds of sums that
+/// fit).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn hsum_i32_pair(a: __m256i, b: __m256i) -> __m128i {
+    let s = _mm256_hadd_epi32(a, b); // [a01 a23 b01 b23 | a45 a67 b45 b67]
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    _mm_hadd_epi32(s, s)
+}
+
+/// Two f16 super-block scales, exactly widened, in lanes 0 and 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_pair(d: F16Le, dmin: F16Le) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+        d.0[0], d.0[1], dmin.0[0], dmin.0[1],
+    ])))
+}
+
+/// `kquants`' float step for a type with mins: `isum`, `imin` in lanes 0, 1 of `sums`,
+/// `d_x`, `dmin_x` in lanes 0, 1 of `d`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn finish_with_mins(sumf: f32, d_y: f32, d: __m128, sums: __m128i) -> f32 {
+    let f = _mm_cvtepi32_ps(sums); // round to nearest even, as `as f32`
+    let s = _mm_mul_ps(_mm_set1_ps(d_y), d); // [d_y * d_x, d_y * dmin_x]
+    let acc = _mm_fmadd_ss(s, f, _mm_set_ss(sumf));
+    // fnmadd: -(a * b) + c with one rounding, i.e. fma(-(d_y * dmin_x), imin, acc)
+    _mm_cvtss_f32(_mm_fnmadd_ss(_mm_movehdup_ps(s), _mm_movehdup_ps(f), acc))
+}
+
+/// `kquants`' float step for a type without mins: `isum` in lane 0 of `sums`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn finish(sumf: f32, d_y: f32, d_x: f32, sums: __m128i) -> f32 {
+    // (d_x comes widened by the scalar `to_f32`: for a lone f16, `vcvtph2ps` from a 16-bit
+    // insert lets LLVM merge into whatever register is live, here `sumf`, lengthening its chain)
+    let s = _mm_set_ss(d_y * d_x);
+    _mm_cvtss_f32(_mm_fmadd_ss(s, _mm_cvtepi32_ps(sums), _mm_set_ss(sumf)))
+}
+
+/// The activations' 16 group sums as i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn load_bsums(y: &BlockQ8K) -> __m256i {
+    // 16 two-byte little-endian fields, 32 contiguous bytes.
+    _mm256_loadu_si256(y.bsums.as_ptr().cast())
+}
+
+/// The activations of 32-element slice t.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn y_slice(y: &BlockQ8K, t: usize) -> __m256i {
+    load32(&y.qs.as_chunks::<32>().0[t])
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_u8x32(q: &[u8; 32]) -> __m256i {
+    _mm256_loadu_si256(q.as_ptr().cast())
+}
+
+/// The first 16 bytes of a Q4_K / Q5_K block (`d`, `dmin`, the 12 packed scale bytes) unpacked:
+/// the eight 6-bit scales then the eight 6-bit mins as bytes (as `kquants::k4_scales`), and
+/// `[d, dmin]` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn k4_head(head: &[u8; 16]) -> (__m128i, __m128) {
+    let raw = _mm_loadu_si128(head.as_ptr().cast()); // scale byte r_i at 4 + i
+    // low bits: r0..4 & 63 | r8..12 & 15 | r4..8 & 63 | r8..12 >> 4
+    let p = _mm_shuffle_epi8(
+        raw,
+        _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15),
+    );
+    let p = _mm_blend_epi32::<0b1000>(p, _mm_srli_epi16::<4>(p));
+    let low = _mm_and_si128(
+        p,
+        _mm_setr_epi8(
+            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+        ),
+    );
+    // high 2 bits of scales / mins 4..8: the top bits of r0..4 / r4..8 moved to bits 4..6
+    // (16-bit shift: the 0x30 mask drops what crosses from the neighbouring byte)
+    let q = _mm_shuffle_epi8(
+        raw,
+        _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11),
+    );
+    let high = _mm_and_si128(_mm_srli_epi16::<2>(q), _mm_set1_epi8(0x30));
+    (_mm_or_si128(low, high), _mm_cvtph_ps(raw))
+}
+
+/// A Q4_K / Q5_K block's first 16 bytes: `d`, `dmin` and `scales`.
+#[inline(always)]
+pub fn k4_head_bytes<B: Block>(x: &B) -> &[u8; 16] {
+    let bytes = blocks_as_bytes(std::slice::from_ref(x));
+    bytes
+        .first_chunk::<16>()
+        .expect("a K-quant block is longer than 16 bytes")
+}
+
+/// Q4_K / Q5_K's 16 group scales (sub-block s covers groups 2s, 2s + 1) as i16, the mins term
+/// `Σ_g m_{g/2} · bsum_g` in eight i32 lanes, and `[d, dmin]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn k4_groups_and_mins(head: &[u8; 16], y: &BlockQ8K) -> (__m256i, __m256i, __m128) {
+    let (sm, d) = k4_head(head);
+    let groups = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm));
+    let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+    (groups, _mm256_madd_epi16(mins, load_bsums(y)), d)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_q2_k_q8_k(xs: &[BlockQ2K], ys: &[BlockQ8K]) -> f32 {
+    let (m2, m4) = (_mm256_set1_epi8(3), _mm_set1_epi8(0x0F));
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let raw = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let groups = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+        let imin = _mm256_madd_epi16(mins, load_bsums(y));
+        let halves = scale_halves(groups);
+        let mut acc = _mm256_setzero_si256();
+        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+            let q = load_u8x32(q);
+            for p in 0..4 {
+                // slice 4h + p is 2-bit plane p of qs[32h..32h + 32]
+                let t = 4 * h + p;
+                let qt = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * p as i32)), m2);
+                let prod = _mm256_maddubs_epi16(qt, y_slice(y, t));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, slice_scales(&halves, t)));
+            }
+        }
+        let sums = hsum_i32_pair(acc, imin);
+        sumf = finish_with_mins(sumf, y.d.get(), f16_pair(x.d, x.dmin), sums);
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_q3_k_q8_k(xs: &[BlockQ3K], ys: &[BlockQ8K]) -> f32 {
+    let (m2, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let sc = kquants::q3_scales(&x.scales);
+        let halves = scale_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast())));
+        let hmask = load_u8x32(&x.hmask);
+        let mut acc = _mm256_setzero_si256();
+        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+            let q = load_u8x32(q);
+            for p in 0..4 {
+                // slice t = group 4h + p: q + 4 = plane p of qs, plus 4 where bit t of hmask is set
+                let t = 4 * h + p;
+                let low =
+                    _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * p as i32)), m2);
+                let bit = _mm256_set1_epi8((1u8 << t) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit);
+                let qt = _mm256_or_si256(low, _mm256_and_si256(set, four));
+                let yt = y_slice(y, t);
+                // Σ (q + 4)·y − Σ 4·y, each pair sum exact in i16 (≤ 1792 and ≤ 1024)
+                let prod =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(qt, yt), _mm256_maddubs_epi16(four, yt));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, slice_scales(&halves, t)));
+            }
+        }
+        let sums = hsum_i32_pair(acc, _mm256_setzero_si256());
+        sumf = finish(sumf, y.d.get(), x.d.to_f32(), sums);
+    }
+    sumf
+}
+
+/// Integer sums of one Q4_K / Q5_K super-block: sub-block s = slice t is the low (even t) or high
+/// (odd t) nibbles of `qs[32 · (t / 2)..]`, plus 16 where bit t of `qh` is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_isum(
+    qs: &[u8; QK_K / 2],
+    qh: Option<&[u8; QK_K / 8]>,
+    halves: &[__m256i; 2],
+    y: &BlockQ8K,
+) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    let qh = qh.map(|qh| load_u8x32(qh));
+    let mut acc = _mm256_setzero_si256();
+    for (c, q) in qs.as_chunks::<32>().0.iter().enumerate() {
+        let q = load_u8x32(q);
+        let nibbles = [
+            _mm256_and_si256(q, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
+        ];
+        for (i, mut qt) in nibbles.into_iter().enumerate() {
+            let t = 2 * c + i;
+            if let Some(qh) = qh {
+                let bit = _mm256_set1_epi8((1u8 << t) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                qt = _mm256_or_si256(qt, _mm256_and_si256(set, sixteen));
+            }
+            let prod = _mm256_maddubs_epi16(qt, y_slice(y, t));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, slice_scales(halves, t)));
+        }
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_q4_k_q8_k(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let (groups, imin, d) = k4_groups_and_mins(k4_head_bytes(x), y);
+        let acc = k4_isum(&x.qs, None, &scale_halves(groups), y);
+        sumf = finish_with_mins(sumf, y.d.get(), d, hsum_i32_pair(acc, imin));
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_q5_k_q8_k(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let (groups, imin, d) = k4_groups_and_mins(k4_head_bytes(x), y);
+        let acc = k4_isum(&x.qs, Some(&x.qh), &scale_halves(groups), y);
+        sumf = finish_with_mins(sumf, y.d.get(), d, hsum_i32_pair(acc, imin));
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+    let (m4, m30, off) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x30),
+        _mm256_set1_epi8(32),
+    );
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let halves = scale_halves(_mm256_cvtepi8_epi16(scales));
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql = x.ql[64 * h..].as_chunks::<32>().0;
+            let (ql0, ql1) = (load_u8x32(&ql[0]), load_u8x32(&ql[1]));
+            let qh = load_u8x32(&x.qh.as_chunks::<32>().0[h]);
+            // slice 4h + k: a nibble of ql0 / ql1 with bits 2k..2k + 2 of qh moved to bits 4..6
+            // (16-bit shifts: the 0x30 mask drops what crosses from the neighbouring byte)
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                ),
+            ];
+            for (k, qk) in q.into_iter().enumerate() {
+                let t = 4 * h + k;
+                let yt = y_slice(y, t);
+                // Σ q·y − Σ 32·y: (q − 32)·y pair sums, exact in i16 (|·| ≤ 8192)
+                let prod =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(qk, yt), _mm256_maddubs_epi16(off, yt));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, slice_scales(&halves, t)));
+            }
+        }
+        let sums = hsum_i32_pair(acc, _mm256_setzero_si256());
+        sumf = finish(sumf, y.d.get(), x.d.to_f32(), sums);
+    }
+    sumf
+}

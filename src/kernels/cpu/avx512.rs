@@ -1,11 +1,17 @@
 //! AVX-512 variant: the AVX2 kernels with their integer dot products done by VNNI
 //! (`vpdpbusd` on 256-bit registers), which sums the same four consecutive products into each i32
-//! lane, so results stay bit-identical with `scalar` and `avx2`.
+//! lane, so results stay bit-identical with `scalar` and `avx2`. The K-quants use 512-bit
+//! registers and `vpdpwssd` for `kquants`' exact integer sums, then its float step.
+//!
+//! Every `unsafe fn` here is unsafe only because it needs the CPU to have the instruction sets of
+//! `Isa::Avx512`; slices are indexed safely.
 
 #![allow(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
 
+use crate::kernels::cpu::{avx2, kquants};
 use crate::quant::blocks::*;
 
 /// Eight i32 lanes of four consecutive unsigned x signed byte products, by VNNI.
@@ -27,3 +33,231 @@ super::avx2::block_kernels!(
     dot_us8,
     dot_ss8
 );
+
+// ---------------------------------------------------------------------------------------------
+// K-quants: the exact integer sums of `kquants`, 64 elements per 512-bit register. Quarter u of a
+// super-block (elements 64u..64u + 64, groups 4u..4u + 4, one 16-element group per 128-bit lane)
+// becomes unsigned quant bytes; `maddubs` with the activations gives 32 exact i16 pair sums and
+// VNNI `dpwssd` multiplies them by the groups' i16 scales and adds into 16 i32 lanes. The lanes
+// are summed to `isum` (and `imin`) per super-block, then the float step of `kquants` follows.
+
+/// `vpermw` indices spreading 16 group scales (i16) to quarter u's lanes: word w takes group
+/// `4u + w / 8`.
+static QUARTER_IDX: [[u16; 32]; 4] = {
+    let mut m = [[0u16; 32]; 4];
+    let mut u = 0;
+    while u < 4 {
+        let mut w = 0;
+        while w < 32 {
+            m[u][w] = (4 * u + w / 8) as u16;
+            w += 1;
+        }
+        u += 1;
+    }
+    m
+};
+
+/// The i16 scales of quarter u, from the 16 group scales in the low 256 bits of `groups`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quarter_scales(groups: __m512i, u: usize) -> __m512i {
+    let idx = _mm512_loadu_si512(QUARTER_IDX[u].as_ptr().cast());
+    _mm512_permutexvar_epi16(idx, groups)
+}
+
+/// 16 group scales (i16) widened to a 512-bit register (upper half zero).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn groups512(groups: __m256i) -> __m512i {
+    _mm512_zextsi256_si512(groups)
+}
+
+/// Sixteen i32 lanes folded to eight (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fold(acc: __m512i) -> __m256i {
+    _mm256_add_epi32(
+        _mm512_castsi512_si256(acc),
+        _mm512_extracti64x4_epi64::<1>(acc),
+    )
+}
+
+/// 32 bytes in both 256-bit halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn broadcast32(q: &[u8; 32]) -> __m512i {
+    _mm512_broadcast_i64x4(_mm256_loadu_si256(q.as_ptr().cast()))
+}
+
+/// The activations of quarter u.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn y_quarter(y: &BlockQ8K, u: usize) -> __m512i {
+    _mm512_loadu_si512(y.qs.as_chunks::<64>().0[u].as_ptr().cast())
+}
+
+/// `lo` in the 16-bit words of the low 256 bits, `hi` in the high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn split_epi16(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
+}
+
+/// `lo` in the bytes of the low 256 bits, `hi` in the high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn split_epi8(lo: u8, hi: u8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi8(lo as i8), _mm256_set1_epi8(hi as i8))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q2_k_q8_k(xs: &[BlockQ2K], ys: &[BlockQ8K]) -> f32 {
+    let (m2, m4) = (_mm512_set1_epi8(3), _mm_set1_epi8(0x0F));
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let raw = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let groups = groups512(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+        let imin = _mm256_madd_epi16(mins, avx2::load_bsums(y));
+        let mut acc = _mm512_setzero_si512();
+        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+            let q = broadcast32(q);
+            for s in 0..2 {
+                // quarter 2h + s: 2-bit planes 2s (low half) and 2s + 1 (high half) of qs[32h..]
+                let u = 2 * h + s;
+                let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
+                let z = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
+                let prod = _mm512_maddubs_epi16(z, y_quarter(y, u));
+                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
+            }
+        }
+        let sums = avx2::hsum_i32_pair(fold(acc), imin);
+        sumf = avx2::finish_with_mins(sumf, y.d.get(), avx2::f16_pair(x.d, x.dmin), sums);
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q3_k_q8_k(xs: &[BlockQ3K], ys: &[BlockQ8K]) -> f32 {
+    let (m2, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let sc = kquants::q3_scales(&x.scales);
+        let groups = groups512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast())));
+        let hmask = broadcast32(&x.hmask);
+        let mut acc = _mm512_setzero_si512();
+        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+            let q = broadcast32(q);
+            for s in 0..2 {
+                // quarter u = 2h + s holds 32-element groups 2u and 2u + 1: q + 4 = the 2-bit
+                // plane, plus 4 where the group's bit of hmask is set
+                let u = 2 * h + s;
+                let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
+                let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
+                let set = _mm512_test_epi8_mask(hmask, split_epi8(1 << (2 * u), 1 << (2 * u + 1)));
+                let z = _mm512_mask_add_epi8(low, set, low, four);
+                let yu = y_quarter(y, u);
+                // Σ (q + 4)·y − Σ 4·y, each pair sum exact in i16
+                let prod =
+                    _mm512_sub_epi16(_mm512_maddubs_epi16(z, yu), _mm512_maddubs_epi16(four, yu));
+                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
+            }
+        }
+        let sums = avx2::hsum_i32_pair(fold(acc), _mm256_setzero_si256());
+        sumf = avx2::finish(sumf, y.d.get(), x.d.to_f32(), sums);
+    }
+    sumf
+}
+
+/// Integer sums of one Q4_K / Q5_K super-block: quarter c is sub-blocks 2c (low nibbles of
+/// `qs[32c..]`) and 2c + 1 (high nibbles), plus 16 where bit 2c / 2c + 1 of `qh` is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_isum(
+    qs: &[u8; QK_K / 2],
+    qh: Option<&[u8; QK_K / 8]>,
+    groups: __m512i,
+    y: &BlockQ8K,
+) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    let nibble_shifts = split_epi16(0, 4);
+    let qh = qh.map(|qh| broadcast32(qh));
+    let mut acc = _mm512_setzero_si512();
+    for (c, q) in qs.as_chunks::<32>().0.iter().enumerate() {
+        let mut z = _mm512_and_si512(_mm512_srlv_epi16(broadcast32(q), nibble_shifts), m4);
+        if let Some(qh) = qh {
+            let set = _mm512_test_epi8_mask(qh, split_epi8(1 << (2 * c), 1 << (2 * c + 1)));
+            z = _mm512_mask_add_epi8(z, set, z, sixteen);
+        }
+        let prod = _mm512_maddubs_epi16(z, y_quarter(y, c));
+        acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, c));
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q4_k_q8_k(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let (groups, imin, d) = avx2::k4_groups_and_mins(avx2::k4_head_bytes(x), y);
+        let acc = k4_isum(&x.qs, None, groups512(groups), y);
+        sumf = avx2::finish_with_mins(sumf, y.d.get(), d, avx2::hsum_i32_pair(fold(acc), imin));
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q5_k_q8_k(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let (groups, imin, d) = avx2::k4_groups_and_mins(avx2::k4_head_bytes(x), y);
+        let acc = k4_isum(&x.qs, Some(&x.qh), groups512(groups), y);
+        sumf = avx2::finish_with_mins(sumf, y.d.get(), d, avx2::hsum_i32_pair(fold(acc), imin));
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+    let (m4, m30, off) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x30),
+        _mm512_set1_epi8(32),
+    );
+    // qh bits 2k..2k + 2 to bits 4..6: left 4 / 2 for k = 0 / 1, right 0 / 2 for k = 2 / 3
+    // (16-bit shifts: the 0x30 mask drops what crosses from the neighbouring byte)
+    let (shl, shr) = (split_epi16(4, 2), split_epi16(0, 2));
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let groups = groups512(_mm256_cvtepi8_epi16(scales));
+        let mut acc = _mm512_setzero_si512();
+        for h in 0..2 {
+            // quarter 2h: low nibbles of ql[64h..][..64] (k = 0 | 1); 2h + 1: the high (k = 2 | 3)
+            let ql = _mm512_loadu_si512(x.ql.as_chunks::<64>().0[h].as_ptr().cast());
+            let qh = broadcast32(&x.qh.as_chunks::<32>().0[h]);
+            let z = [
+                _mm512_or_si512(
+                    _mm512_and_si512(ql, m4),
+                    _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                    _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30),
+                ),
+            ];
+            for (i, z) in z.into_iter().enumerate() {
+                let u = 2 * h + i;
+                let yu = y_quarter(y, u);
+                // Σ q·y − Σ 32·y: (q − 32)·y pair sums, exact in i16 (|·| ≤ 8192)
+                let prod =
+                    _mm512_sub_epi16(_mm512_maddubs_epi16(z, yu), _mm512_maddubs_epi16(off, yu));
+                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
+            }
+        }
+        let sums = avx2::hsum_i32_pair(fold(acc), _mm256_setzero_si256());
+        sumf = avx2::finish(sumf, y.d.get(), x.d.to_f32(), sums);
+    }
+    sumf
+}

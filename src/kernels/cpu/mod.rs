@@ -9,10 +9,13 @@ pub mod attention;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+pub mod kquants;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod tile;
 
 use std::sync::OnceLock;
 
@@ -150,11 +153,11 @@ fn scalar_dot(wty: GgmlType) -> DotFn {
         GgmlType::F32 => scalar::vec_dot_f32,
         GgmlType::F16 => scalar::vec_dot_f16,
         GgmlType::BF16 => scalar::vec_dot_bf16,
-        GgmlType::Q2_K => |w, a, n| scalar::vec_dot(GgmlType::Q2_K, w, a, n),
-        GgmlType::Q3_K => |w, a, n| scalar::vec_dot(GgmlType::Q3_K, w, a, n),
-        GgmlType::Q4_K => |w, a, n| scalar::vec_dot(GgmlType::Q4_K, w, a, n),
-        GgmlType::Q5_K => |w, a, n| scalar::vec_dot(GgmlType::Q5_K, w, a, n),
-        GgmlType::Q6_K => |w, a, n| scalar::vec_dot(GgmlType::Q6_K, w, a, n),
+        GgmlType::Q2_K => |w, a, _| kquants::vec_dot_q2_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q3_K => |w, a, _| kquants::vec_dot_q3_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q4_K => |w, a, _| kquants::vec_dot_q4_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q5_K => |w, a, _| kquants::vec_dot_q5_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q6_K => |w, a, _| kquants::vec_dot_q6_k_q8_k(blocks(w), blocks(a)),
         _ => |_, _, _| f32::NAN,
     }
 }
@@ -175,6 +178,11 @@ macro_rules! simd_dots {
                 GgmlType::F32 => |w, a, n| unsafe { avx2::vec_dot_f32(w, a, n) },
                 GgmlType::F16 => |w, a, n| unsafe { avx2::vec_dot_f16(w, a, n) },
                 GgmlType::BF16 => |w, a, n| unsafe { avx2::vec_dot_bf16(w, a, n) },
+                GgmlType::Q2_K => |w, a, _| unsafe { $m::vec_dot_q2_k_q8_k(blocks(w), blocks(a)) },
+                GgmlType::Q3_K => |w, a, _| unsafe { $m::vec_dot_q3_k_q8_k(blocks(w), blocks(a)) },
+                GgmlType::Q4_K => |w, a, _| unsafe { $m::vec_dot_q4_k_q8_k(blocks(w), blocks(a)) },
+                GgmlType::Q5_K => |w, a, _| unsafe { $m::vec_dot_q5_k_q8_k(blocks(w), blocks(a)) },
+                GgmlType::Q6_K => |w, a, _| unsafe { $m::vec_dot_q6_k_q8_k(blocks(w), blocks(a)) },
                 other => scalar_dot(other),
             }
         }
@@ -256,6 +264,160 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The K-quants: every supported variant gives exactly the canonical scalar result on random
+    /// valid blocks, and that result agrees with ggml's reference order to rounding.
+    #[test]
+    fn k_quants_every_variant_is_bit_identical_to_scalar() {
+        use crate::quant::{dequantize_row, vec_dot as vec_dot_reference};
+        use kquants::testdata::*;
+        let mut rng = Rng(0x0DDB_A11C_AFE5_EED5);
+        for wty in K_TYPES {
+            for n in [256usize, 512, 256 * 6] {
+                for (row, offset) in [0.0f32, 2.1, 5.3].into_iter().enumerate() {
+                    let w = random_k_row(wty, n, &mut rng);
+                    let a = q8_k_row(n, offset);
+                    // SAFETY: dot_fn checks support.
+                    let scalar = unsafe { dot_fn(Isa::Scalar, wty)(&w, &a, n) };
+                    assert!(scalar.is_finite() && scalar != 0.0, "{wty} n={n}: {scalar}");
+                    for isa in Isa::all_supported() {
+                        // SAFETY: as above.
+                        let got = unsafe { dot_fn(isa, wty)(&w, &a, n) };
+                        assert_eq!(
+                            got.to_bits(),
+                            scalar.to_bits(),
+                            "{wty} n={n} row {row} {}: {got} vs scalar {scalar}",
+                            isa.name()
+                        );
+                    }
+                    let (mut wf, mut af) = (vec![0f32; n], vec![0f32; n]);
+                    dequantize_row(wty, &w, &mut wf).unwrap();
+                    dequantize_row(GgmlType::Q8_K, &a, &mut af).unwrap();
+                    let scale: f64 = wf.iter().zip(&af).map(|(x, y)| (x * y).abs() as f64).sum();
+                    let reference = vec_dot_reference(wty, &w, &a, n);
+                    let err = (scalar as f64 - reference as f64).abs() / scale;
+                    assert!(
+                        err < 1e-6,
+                        "{wty} n={n}: {scalar} vs reference {reference} (normalised {err:e})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Extreme bytes (quants and scales at their largest, Q6_K scales at -128, activations at -128
+    /// and 127) must not saturate any variant's 16-bit intermediates.
+    #[test]
+    fn k_quants_extremes_are_bit_identical() {
+        use crate::quant::{BlockQ8K, F32Le, I16Le, as_blocks_mut};
+        use kquants::testdata::*;
+        let n = 512;
+        let mut rng = Rng(99);
+        let mut activations = Vec::new();
+        for fill in [Some(-128i8), Some(127), None] {
+            let mut a = vec![0u8; GgmlType::Q8_K.row_bytes(n).unwrap()];
+            for y in as_blocks_mut::<BlockQ8K>(&mut a).unwrap() {
+                y.d = F32Le::new(0.5);
+                for q in y.qs.iter_mut() {
+                    *q = fill.unwrap_or((rng.next() >> 56) as i8);
+                }
+                for (b, q16) in y.bsums.iter_mut().zip(y.qs.as_chunks::<16>().0) {
+                    *b = I16Le::new(q16.iter().map(|&q| q as i16).sum());
+                }
+            }
+            activations.push(a);
+        }
+        for wty in K_TYPES {
+            for fill in [0xFFu8, 0x80, 0x00, 0xAA] {
+                // every byte `fill` but the f16 super-block scales, taken from a valid row
+                let filled = vec![fill; wty.row_bytes(n).unwrap()];
+                let w = restore_scales(wty, &filled, &random_k_row(wty, n, &mut rng));
+                for a in &activations {
+                    // SAFETY: dot_fn checks support.
+                    let scalar = unsafe { dot_fn(Isa::Scalar, wty)(&w, a, n) };
+                    assert!(scalar.is_finite(), "{wty} fill {fill:#x}: {scalar}");
+                    for isa in Isa::all_supported() {
+                        // SAFETY: as above.
+                        let got = unsafe { dot_fn(isa, wty)(&w, a, n) };
+                        assert_eq!(
+                            got.to_bits(),
+                            scalar.to_bits(),
+                            "{wty} fill {fill:#x} {}: {got} vs scalar {scalar}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `w` with the f16 super-block scales of `from` (same type and length).
+    fn restore_scales(wty: GgmlType, w: &[u8], from: &[u8]) -> Vec<u8> {
+        use crate::quant::*;
+        let mut w = w.to_vec();
+        macro_rules! copy {
+            ($b:ty, $($f:ident),+) => {{
+                let src = as_blocks::<$b>(from).unwrap();
+                for (x, s) in as_blocks_mut::<$b>(&mut w).unwrap().iter_mut().zip(src) {
+                    $(x.$f = s.$f;)+
+                }
+            }};
+        }
+        match wty {
+            GgmlType::Q2_K => copy!(BlockQ2K, d, dmin),
+            GgmlType::Q3_K => copy!(BlockQ3K, d),
+            GgmlType::Q4_K => copy!(BlockQ4K, d, dmin),
+            GgmlType::Q5_K => copy!(BlockQ5K, d, dmin),
+            GgmlType::Q6_K => copy!(BlockQ6K, d),
+            _ => unreachable!(),
+        }
+        w
+    }
+
+    /// A Q4_K super-block computed by hand: scales and mins (two of each above 16, so their high
+    /// bits are packed apart), low nibbles 1 and high nibbles 2, activations 1 in the first half
+    /// and 2 in the second.
+    #[test]
+    fn q4_k_dot_by_hand() {
+        use crate::quant::{BlockQ4K, BlockQ8K, F16Le, F32Le, I16Le, blocks_as_bytes};
+        let sc: [u8; 8] = [1, 2, 3, 4, 21, 6, 7, 40];
+        let m: [u8; 8] = [0, 1, 2, 3, 4, 37, 6, 7];
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            scales[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            scales[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+        }
+        assert_eq!(crate::quant::blocks::k4_scales_mins(&scales), (sc, m));
+        let x = BlockQ4K {
+            d: F16Le::from_f32(0.5),
+            dmin: F16Le::from_f32(0.25),
+            scales,
+            qs: [0x21; 128],
+        };
+        let mut y = BlockQ8K {
+            d: F32Le::new(2.0),
+            qs: [1; 256],
+            bsums: [I16Le::new(16); 16],
+        };
+        y.qs[128..].fill(2);
+        y.bsums[8..].fill(I16Le::new(32));
+        // isum: chunk c pairs sub-blocks 2c (q = 1) and 2c + 1 (q = 2), 32 elements each:
+        //   32·[(1·1 + 2·2)·1 + (3·1 + 4·2)·1 + (21·1 + 6·2)·2 + (7·1 + 40·2)·2]
+        //   = 32·(5 + 11 + 66 + 174) = 8192
+        // imin = Σ_g m_{g/2}·bsum_g = 2·16·(0 + 1 + 2 + 3) + 2·32·(4 + 37 + 6 + 7) = 3648
+        // sumf = (2·0.5)·8192 − (2·0.25)·3648 = 6368
+        let (w, a) = (
+            blocks_as_bytes(&[x]).to_vec(),
+            blocks_as_bytes(&[y]).to_vec(),
+        );
+        for isa in Isa::all_supported() {
+            // SAFETY: dot_fn checks support.
+            let got = unsafe { dot_fn(isa, GgmlType::Q4_K)(&w, &a, 256) };
+            assert_eq!(got, 6368.0, "{}", isa.name());
+        }
+        assert_eq!(crate::quant::vec_dot(GgmlType::Q4_K, &w, &a, 256), 6368.0);
     }
 
     #[test]

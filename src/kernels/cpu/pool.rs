@@ -75,7 +75,12 @@ impl Pool {
             })
             .collect();
         *shared.threads.lock().unwrap() = handles.iter().map(|h| h.thread().clone()).collect();
-        Pool { shared, n_threads, handles, lock: Mutex::new(()) }
+        Pool {
+            shared,
+            n_threads,
+            handles,
+            lock: Mutex::new(()),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -112,7 +117,8 @@ impl Pool {
         // generation) and before leaving it; this function returns only once the job is closed
         // and no worker is inside, so `body` and `fat` outlive every use.
         let fat: &Job<'_> = body;
-        s.job.store(&fat as *const &Job<'_> as *mut (), Ordering::Relaxed);
+        s.job
+            .store(&fat as *const &Job<'_> as *mut (), Ordering::Relaxed);
         let g = generation(s.state.load(Ordering::Relaxed)) + 1;
         s.state.store(g << 32, Ordering::Release);
         for (i, t) in s.threads.lock().unwrap().iter().enumerate() {
@@ -151,7 +157,10 @@ fn try_join(s: &Shared, g: u64) -> bool {
         if generation(cur) != g || cur & CLOSED != 0 {
             return false;
         }
-        match s.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+        match s
+            .state
+            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
             Ok(_) => return true,
             Err(now) => cur = now,
         }
@@ -179,7 +188,9 @@ fn worker(s: Arc<Shared>, idx: usize) {
                 s.sleeping[idx].store(true, Ordering::Release);
                 // Re-check after announcing sleep: a job published meanwhile unparks us, and an
                 // unpark before this park makes it return at once.
-                if generation(s.state.load(Ordering::Acquire)) == seen && !s.shutdown.load(Ordering::Acquire) {
+                if generation(s.state.load(Ordering::Acquire)) == seen
+                    && !s.shutdown.load(Ordering::Acquire)
+                {
                     thread::park();
                 }
                 s.sleeping[idx].store(false, Ordering::Release);
@@ -237,7 +248,8 @@ pub fn global() -> Arc<Pool> {
         return p.clone();
     }
     let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());
-    g.get_or_insert_with(|| Arc::new(Pool::new(default_threads()))).clone()
+    g.get_or_insert_with(|| Arc::new(Pool::new(default_threads())))
+        .clone()
 }
 
 #[cfg(test)]
@@ -251,7 +263,10 @@ mod tests {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             }
         });
-        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n} chunk={chunk}");
+        assert!(
+            hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+            "n={n} chunk={chunk}"
+        );
     }
 
     #[test]
@@ -295,7 +310,9 @@ mod tests {
     #[test]
     fn a_panicking_job_panics_the_caller_not_the_pool() {
         let pool = Pool::new(2);
-        let r = catch_unwind(AssertUnwindSafe(|| pool.for_chunks(8, 1, |r| assert!(r.start != 5))));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.for_chunks(8, 1, |r| assert!(r.start != 5))
+        }));
         assert!(r.is_err());
         count_once(&pool, 100, 1);
     }

@@ -9,8 +9,12 @@
 //! accumulate in 4 x 8 lanes: lane (c, l) takes elements `i` with `i % 32 == 8c + l` by FMA;
 //! then `(c0 + c1) + (c2 + c3)` lane-wise, [`hsum8`], and the `n % 32` tail elements by FMA in order.
 //!
+//! The K-quants (Q2_K..Q6_K with Q8_K activations) follow [`super::kquants`]: exact i32 sums per
+//! super-block, then a fixed chain of FMAs.
+//!
 //! `src/quant` keeps ggml's generic reference order; the two differ by rounding only.
 
+use super::kquants;
 use crate::quant::blocks::*;
 use crate::quant::{GgmlType, as_blocks, vec_dot as vec_dot_reference};
 
@@ -165,8 +169,8 @@ pub fn vec_dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// The engine's dot product of a weight row with an activation row in `wty.vec_dot_type()`:
-/// the lane orders above for the 32-element and plain-float formats, the reference order for the
-/// K-quants.
+/// the lane orders above for the 32-element and plain-float formats, [`super::kquants`]'s order
+/// for the K-quants.
 /// Lengths are the caller's to check (see `quant::vec_dot_checked`).
 pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     fn blocks<B: Block>(b: &[u8]) -> &[B] {
@@ -181,6 +185,11 @@ pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::F32 => vec_dot_f32(w, a, n),
         GgmlType::F16 => vec_dot_f16(w, a, n),
         GgmlType::BF16 => vec_dot_bf16(w, a, n),
+        GgmlType::Q2_K => kquants::vec_dot_q2_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q3_K => kquants::vec_dot_q3_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q4_K => kquants::vec_dot_q4_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q5_K => kquants::vec_dot_q5_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::Q6_K => kquants::vec_dot_q6_k_q8_k(blocks(w), blocks(a)),
         _ => vec_dot_reference(wty, w, a, n),
     }
 }
