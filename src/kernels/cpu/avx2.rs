@@ -24,6 +24,28 @@ pub unsafe fn hsum8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// An f16 scale to f32 with F16C (exact, as the portable conversion).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn h2f(h: F16Le) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+        u16::from_le_bytes(h.0) as i32
+    )))
+}
+
+/// Every f16 bit pattern as f32 (256 KiB): one load per scale in the hot loops, cheaper there
+/// than `vcvtph2ps` on a lone value, and exactly the same numbers.
+pub fn f16_table() -> &'static [f32; 65536] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 65536]);
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = f16_bits_to_f32(i as u16);
+        }
+        t
+    })
+}
+
 /// 32 nibbles as bytes: elements 0..16 (low nibbles) then 16..32 (high nibbles).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -76,10 +98,11 @@ macro_rules! block_kernels {
     ($feat:literal, $us:path, $ss:path) => {
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
+            let tab = $crate::kernels::cpu::avx2::f16_table();
             let mut acc = _mm256_setzero_ps();
             let off = _mm256_set1_epi8(8);
             for (x, y) in xs.iter().zip(ys) {
-                let d = _mm256_set1_ps(x.d.to_f32() * y.d.to_f32());
+                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
                 let qx = _mm256_sub_epi8($crate::kernels::cpu::avx2::nibbles32(&x.qs), off);
                 let xy = _mm256_cvtepi32_ps($ss(qx, $crate::kernels::cpu::avx2::load32(&y.qs)));
                 acc = _mm256_fmadd_ps(d, xy, acc);
@@ -89,11 +112,12 @@ macro_rules! block_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q4_1_q8_1(xs: &[BlockQ4_1], ys: &[BlockQ8_1]) -> f32 {
+            let tab = $crate::kernels::cpu::avx2::f16_table();
             let mut acc = _mm256_setzero_ps();
             let mut summs = 0f32;
             for (x, y) in xs.iter().zip(ys) {
-                summs += x.m.to_f32() * y.s.to_f32();
-                let d = _mm256_set1_ps(x.d.to_f32() * y.d.to_f32());
+                summs += tab[x.m.bits() as usize] * tab[y.s.bits() as usize];
+                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
                 let qx = $crate::kernels::cpu::avx2::nibbles32(&x.qs);
                 let xy = _mm256_cvtepi32_ps($us(qx, $crate::kernels::cpu::avx2::load32(&y.qs)));
                 acc = _mm256_fmadd_ps(d, xy, acc);
@@ -103,10 +127,11 @@ macro_rules! block_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q5_0_q8_0(xs: &[BlockQ5_0], ys: &[BlockQ8_0]) -> f32 {
+            let tab = $crate::kernels::cpu::avx2::f16_table();
             let mut acc = _mm256_setzero_ps();
             let off = _mm256_set1_epi8(16);
             for (x, y) in xs.iter().zip(ys) {
-                let d = _mm256_set1_ps(x.d.to_f32() * y.d.to_f32());
+                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
                 let qx = _mm256_or_si256(
                     $crate::kernels::cpu::avx2::nibbles32(&x.qs),
                     $crate::kernels::cpu::avx2::high_bits32(&x.qh),
@@ -120,11 +145,12 @@ macro_rules! block_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q5_1_q8_1(xs: &[BlockQ5_1], ys: &[BlockQ8_1]) -> f32 {
+            let tab = $crate::kernels::cpu::avx2::f16_table();
             let mut acc = _mm256_setzero_ps();
             let mut summs = 0f32;
             for (x, y) in xs.iter().zip(ys) {
-                summs += x.m.to_f32() * y.s.to_f32();
-                let d = _mm256_set1_ps(x.d.to_f32() * y.d.to_f32());
+                summs += tab[x.m.bits() as usize] * tab[y.s.bits() as usize];
+                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
                 let qx = _mm256_or_si256(
                     $crate::kernels::cpu::avx2::nibbles32(&x.qs),
                     $crate::kernels::cpu::avx2::high_bits32(&x.qh),
@@ -137,9 +163,10 @@ macro_rules! block_kernels {
 
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q8_0_q8_0(xs: &[BlockQ8_0], ys: &[BlockQ8_0]) -> f32 {
+            let tab = $crate::kernels::cpu::avx2::f16_table();
             let mut acc = _mm256_setzero_ps();
             for (x, y) in xs.iter().zip(ys) {
-                let d = _mm256_set1_ps(x.d.to_f32() * y.d.to_f32());
+                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
                 let qx = $crate::kernels::cpu::avx2::load32(&x.qs);
                 let xy = _mm256_cvtepi32_ps($ss(qx, $crate::kernels::cpu::avx2::load32(&y.qs)));
                 acc = _mm256_fmadd_ps(d, xy, acc);

@@ -78,14 +78,28 @@ pub(crate) struct SharedOut(pub *mut f32);
 unsafe impl Sync for SharedOut {}
 unsafe impl Send for SharedOut {}
 
-/// Rows handed to one task: enough work that scheduling does not dominate.
-fn rows_per_task(w: &MatRef, n_tok: usize) -> usize {
-    let threads = pool::global().n_threads();
-    let by_threads = w.n.div_ceil(threads * 4);
-    // Aim for at least ~64 KiB of weight bytes x tokens per task.
-    let row_bytes = w.data.len() / w.n.max(1);
-    let min_rows = (65536 / (row_bytes * n_tok).max(1)).max(1);
-    by_threads.max(min_rows).min(w.n).max(1)
+impl SharedOut {
+    /// # Safety
+    /// `i` must be inside the buffer and written by no other task.
+    #[inline(always)]
+    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.0.add(i) = v }
+    }
+}
+
+/// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
+/// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens.
+fn rows_per_task(w: &MatRef, n_tok: usize, threads: usize) -> usize {
+    let work = w.data.len() * n_tok;
+    let by_size = (work / 16384).max(1);
+    let n_chunks = if by_size < threads {
+        by_size
+    } else {
+        by_size.min(threads * 4) / threads * threads
+    };
+    // Even row counts keep the prefill tiles whole.
+    w.n.div_ceil(n_chunks.max(1)).next_multiple_of(2)
 }
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
@@ -124,22 +138,55 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
     }
     let isa = isa();
     let dot = dot_fn(isa, w.ty);
-    #[cfg(target_arch = "x86_64")]
-    let tile = if n_tok >= 4 {
-        super::tile::tile_fn(isa, w.ty)
-    } else {
-        None
-    };
-    let chunk = rows_per_task(w, n_tok);
+    let pool = pool::global();
+    let chunk = rows_per_task(w, n_tok, pool.n_threads());
     let out = SharedOut(y.as_mut_ptr());
     let n = w.n;
-    pool::global().for_chunks(n, chunk, |rows| {
-        let out = &out;
-        for r in rows {
-            let wrow = &w.data[r * wrb..(r + 1) * wrb];
+    let row = |r: usize| &w.data[r * wrb..(r + 1) * wrb];
+    // SAFETY (all writes below): (t, r) has t < n_tok and r < n, so t * n + r is inside y (checked
+    // above), and each (t, r) is written by exactly one task because row ranges are disjoint.
+    let put = |t: usize, r: usize, v: f32| unsafe { out.write(t * n + r, v) };
+    #[cfg(target_arch = "x86_64")]
+    let (tile24, tile14) = (
+        super::tile::tile_fn::<2, 4>(isa, w.ty),
+        super::tile::tile_fn::<1, 4>(isa, w.ty),
+    );
+    pool.for_chunks(n, chunk, |rows| {
+        let mut r = rows.start;
+        // SAFETY (tile calls): tile_fn returns only kernels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        if n_tok >= 4 {
+            if let Some(tile) = tile24 {
+                while r + 2 <= rows.end {
+                    let mut t = 0;
+                    while t + 4 <= n_tok {
+                        let a = [
+                            acts.row(t),
+                            acts.row(t + 1),
+                            acts.row(t + 2),
+                            acts.row(t + 3),
+                        ];
+                        let v = unsafe { tile([row(r), row(r + 1)], a) };
+                        for (i, vr) in v.iter().enumerate() {
+                            for (j, &x) in vr.iter().enumerate() {
+                                put(t + j, r + i, x);
+                            }
+                        }
+                        t += 4;
+                    }
+                    for t in t..n_tok {
+                        for i in 0..2 {
+                            put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
+                        }
+                    }
+                    r += 2;
+                }
+            }
+        }
+        for r in r..rows.end {
             let mut t0 = 0;
             #[cfg(target_arch = "x86_64")]
-            if let Some(tile) = tile {
+            if let Some(tile) = tile14 {
                 while t0 + 4 <= n_tok {
                     let a = [
                         acts.row(t0),
@@ -147,21 +194,16 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
                         acts.row(t0 + 2),
                         acts.row(t0 + 3),
                     ];
-                    // SAFETY: tile_fn returns only kernels this CPU supports.
-                    let v = unsafe { tile(wrow, a) };
-                    for (j, v) in v.into_iter().enumerate() {
-                        // SAFETY: as below, (t0 + j, r) is inside y and owned by this task.
-                        unsafe { *out.0.add((t0 + j) * n + r) = v };
+                    let v = unsafe { tile([row(r)], a) };
+                    for (j, &x) in v[0].iter().enumerate() {
+                        put(t0 + j, r, x);
                     }
                     t0 += 4;
                 }
             }
             for t in t0..n_tok {
                 // SAFETY: dot_fn returns only variants this CPU supports.
-                let v = unsafe { dot(wrow, acts.row(t), w.k) };
-                // SAFETY: t < n_tok and r < n, so the index is inside y (checked above); each (t, r)
-                // is written by exactly one task because r ranges are disjoint.
-                unsafe { *out.0.add(t * n + r) = v };
+                put(t, r, unsafe { dot(row(r), acts.row(t), w.k) });
             }
         }
     });
@@ -184,6 +226,7 @@ mod tests {
     #[test]
     fn batched_equals_token_by_token() {
         let (k, n, n_tok) = (96, 37, 9);
+        // 37 rows: pairs and quads of rows with one left over; 9 tokens: two quads and one left.
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q4_1,

@@ -1,16 +1,25 @@
-//! Prefill tiles: one weight row against four tokens at once, so each weight block is unpacked
-//! once per four dot products. Every output is accumulated exactly as the single-row kernels do
-//! (same per-block FMA chain, same horizontal sum), so tiled and untiled results are identical.
+//! Register tiles for the 32-element formats: `R` weight rows against `T` tokens at once, so each
+//! weight block is unpacked once per `T` dot products and each activation block's scales are
+//! converted once per `R`. Every output is accumulated exactly as the single-row kernels do (same
+//! per-block FMA chain, same horizontal sum), so tiled and untiled results are bit-identical.
+//! Prefill uses 2 x 4 tiles (1 x 4 for an odd row); decode uses the single-row kernels, which
+//! measured faster than 4 x 1 tiles here.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 
-use crate::quant::GgmlType;
 use crate::quant::blocks::*;
+use crate::quant::{GgmlType, as_blocks};
 
-/// One weight row (bytes) against four activation rows (bytes); returns the four dots.
-pub type TileFn = unsafe fn(&[u8], [&[u8]; 4]) -> [f32; 4];
+/// `R` weight rows (bytes) against `T` activation rows (bytes): `out[r][t]`.
+pub type TileFn<const R: usize, const T: usize> =
+    unsafe fn([&[u8]; R], [&[u8]; T]) -> [[f32; T]; R];
+
+/// Blocks of a byte slice (lengths were checked by the matmul).
+fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
+    as_blocks(b).unwrap_or(&[])
+}
 
 /// Generates the tile kernels for one instruction set, given its integer dot products.
 macro_rules! tiles {
@@ -18,101 +27,95 @@ macro_rules! tiles {
         pub mod $modname {
             #![allow(unsafe_op_in_unsafe_fn)]
             use super::*;
-            use crate::kernels::cpu::avx2::{hsum8, high_bits32, load32, nibbles32};
+            use crate::kernels::cpu::avx2::{high_bits32, hsum8, load32, nibbles32};
 
-            /// The shared loop: `unpack(block) -> (qx, d_x, m_x)`; `$mul` picks signed/unsigned.
-            macro_rules! tile_loop {
-                ($xs:ident, $ys:ident, $yty:ty, |$x:ident| $unpack:expr, $mul:path, $with_min:expr) => {{
-                    let ys: [&[$yty]; 4] = [as_blocks_u(&$ys[0]), as_blocks_u(&$ys[1]), as_blocks_u(&$ys[2]), as_blocks_u(&$ys[3])];
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    let mut summs = [0f32; 4];
-                    for (b, $x) in $xs.iter().enumerate() {
-                        let (qx, dx, mx): (__m256i, f32, f32) = $unpack;
-                        for j in 0..4 {
-                            let y = &ys[j][b];
-                            if $with_min {
-                                summs[j] += mx * y_s(y);
+            /// The shared loop. `$unpack` maps a weight block `$x` to (quants, d, m); `$ys_s`
+            /// gives an activation block's `s` (0 for Q8_0, which has none).
+            macro_rules! tile_body {
+                ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:path, $with_min:expr) => {{
+                    let xs: [&[$xty]; R] = $w.map(blocks_of::<$xty>);
+                    let ys: [&[$yty]; T] = $a.map(blocks_of::<$yty>);
+                    let nb = xs.iter().chain([&xs[0]]).map(|x| x.len()).min().unwrap_or(0);
+                    let nb = ys.iter().map(|y| y.len()).fold(nb, usize::min);
+                    let mut acc = [[_mm256_setzero_ps(); T]; R];
+                    let mut summs = [[0f32; T]; R];
+                    let mut dy = [0f32; T];
+                    let mut sy = [0f32; T];
+                    for b in 0..nb {
+                        for t in 0..T {
+                            // SAFETY: b < nb <= ys[t].len().
+                            let $yb = unsafe { ys[t].get_unchecked(b) };
+                            dy[t] = $tab[$yb.d.bits() as usize];
+                            sy[t] = $ys_s;
+                        }
+                        for r in 0..R {
+                            // SAFETY: b < nb <= xs[r].len().
+                            let $x = unsafe { xs[r].get_unchecked(b) };
+                            let (qx, dx, mx): (__m256i, f32, f32) = $unpack;
+                            for t in 0..T {
+                                if $with_min {
+                                    summs[r][t] += mx * sy[t];
+                                }
+                                let d = _mm256_set1_ps(dx * dy[t]);
+                                // SAFETY: as above.
+                                let yq = unsafe { &ys[t].get_unchecked(b).qs };
+                                let xy = _mm256_cvtepi32_ps($mul(qx, load32(yq)));
+                                acc[r][t] = _mm256_fmadd_ps(d, xy, acc[r][t]);
                             }
-                            let d = _mm256_set1_ps(dx * y.d.to_f32());
-                            let xy = _mm256_cvtepi32_ps($mul(qx, load32(&y.qs)));
-                            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
                         }
                     }
-                    let mut out = [0f32; 4];
-                    for j in 0..4 {
-                        out[j] = if $with_min { hsum8(acc[j]) + summs[j] } else { hsum8(acc[j]) };
+                    let mut out = [[0f32; T]; R];
+                    for r in 0..R {
+                        for t in 0..T {
+                            out[r][t] = if $with_min { hsum8(acc[r][t]) + summs[r][t] } else { hsum8(acc[r][t]) };
+                        }
                     }
                     out
                 }};
             }
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn q4_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-                let xs: &[BlockQ4_0] = as_blocks_u(w);
+            pub unsafe fn q4_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(8);
-                tile_loop!(xs, a, BlockQ8_0, |x| (_mm256_sub_epi8(nibbles32(&x.qs), off), x.d.to_f32(), 0.0), $ss, false)
+                tile_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (_mm256_sub_epi8(nibbles32(&x.qs), off), tab[x.d.bits() as usize], 0.0), |y| 0.0 * tab[y.d.bits() as usize], $ss, false)
             }
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn q4_1(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-                let xs: &[BlockQ4_1] = as_blocks_u(w);
-                tile_loop!(xs, a, BlockQ8_1, |x| (nibbles32(&x.qs), x.d.to_f32(), x.m.to_f32()), $us, true)
+            pub unsafe fn q4_1<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                let tab = crate::kernels::cpu::avx2::f16_table();
+                tile_body!(tab, w, a, BlockQ4_1, BlockQ8_1, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], tab[x.m.bits() as usize]), |y| tab[y.s.bits() as usize], $us, true)
             }
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn q5_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-                let xs: &[BlockQ5_0] = as_blocks_u(w);
+            pub unsafe fn q5_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(16);
-                tile_loop!(
-                    xs, a, BlockQ8_0,
-                    |x| (_mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off), x.d.to_f32(), 0.0),
-                    $ss, false
+                tile_body!(
+                    tab, w, a, BlockQ5_0, BlockQ8_0,
+                    |x| (_mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off), tab[x.d.bits() as usize], 0.0),
+                    |y| 0.0 * tab[y.d.bits() as usize], $ss, false
                 )
             }
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn q5_1(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-                let xs: &[BlockQ5_1] = as_blocks_u(w);
-                tile_loop!(
-                    xs, a, BlockQ8_1,
-                    |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), x.d.to_f32(), x.m.to_f32()),
-                    $us, true
+            pub unsafe fn q5_1<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                let tab = crate::kernels::cpu::avx2::f16_table();
+                tile_body!(
+                    tab, w, a, BlockQ5_1, BlockQ8_1,
+                    |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], tab[x.m.bits() as usize]),
+                    |y| tab[y.s.bits() as usize], $us, true
                 )
             }
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn q8_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
-                let xs: &[BlockQ8_0] = as_blocks_u(w);
-                tile_loop!(xs, a, BlockQ8_0, |x| (load32(&x.qs), x.d.to_f32(), 0.0), $ss, false)
+            pub unsafe fn q8_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                let tab = crate::kernels::cpu::avx2::f16_table();
+                tile_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0), |y| 0.0 * tab[y.d.bits() as usize], $ss, false)
             }
         }
     };
 }
-
-/// Blocks of a byte slice (lengths were checked by the matmul).
-fn as_blocks_u<B: Block>(b: &[u8]) -> &[B] {
-    as_blocks(b).unwrap_or(&[])
-}
-
-/// `s` of a Q8_1 block (the Q8_0 arm never calls it).
-trait HasSum {
-    fn s(&self) -> f32;
-}
-impl HasSum for BlockQ8_1 {
-    fn s(&self) -> f32 {
-        self.s.to_f32()
-    }
-}
-impl HasSum for BlockQ8_0 {
-    fn s(&self) -> f32 {
-        0.0
-    }
-}
-fn y_s<B: HasSum>(b: &B) -> f32 {
-    b.s()
-}
-
-use crate::quant::as_blocks;
 
 tiles!(
     avx2,
@@ -127,23 +130,26 @@ tiles!(
     crate::kernels::cpu::avx512::dot_ss8
 );
 
-/// The tile kernel for `wty` under `isa`, when there is one.
-pub fn tile_fn(isa: super::Isa, wty: GgmlType) -> Option<TileFn> {
+/// The `R` x `T` tile kernel for `wty` under `isa`, when there is one.
+pub fn tile_fn<const R: usize, const T: usize>(
+    isa: super::Isa,
+    wty: GgmlType,
+) -> Option<TileFn<R, T>> {
     use super::Isa;
     if !isa.supported() {
         return None;
     }
-    let f: TileFn = match (isa, wty) {
-        (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0,
-        (Isa::Avx2, GgmlType::Q4_1) => avx2::q4_1,
-        (Isa::Avx2, GgmlType::Q5_0) => avx2::q5_0,
-        (Isa::Avx2, GgmlType::Q5_1) => avx2::q5_1,
-        (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0,
-        (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0,
-        (Isa::Avx512, GgmlType::Q4_1) => avx512::q4_1,
-        (Isa::Avx512, GgmlType::Q5_0) => avx512::q5_0,
-        (Isa::Avx512, GgmlType::Q5_1) => avx512::q5_1,
-        (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0,
+    let f: TileFn<R, T> = match (isa, wty) {
+        (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0::<R, T>,
+        (Isa::Avx2, GgmlType::Q4_1) => avx2::q4_1::<R, T>,
+        (Isa::Avx2, GgmlType::Q5_0) => avx2::q5_0::<R, T>,
+        (Isa::Avx2, GgmlType::Q5_1) => avx2::q5_1::<R, T>,
+        (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0::<R, T>,
+        (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0::<R, T>,
+        (Isa::Avx512, GgmlType::Q4_1) => avx512::q4_1::<R, T>,
+        (Isa::Avx512, GgmlType::Q5_0) => avx512::q5_0::<R, T>,
+        (Isa::Avx512, GgmlType::Q5_1) => avx512::q5_1::<R, T>,
+        (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0::<R, T>,
         _ => return None,
     };
     Some(f)
