@@ -155,32 +155,30 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
         let mut r = rows.start;
         // SAFETY (tile calls): tile_fn returns only kernels this CPU supports.
         #[cfg(target_arch = "x86_64")]
-        if n_tok >= 4 {
-            if let Some(tile) = tile24 {
-                while r + 2 <= rows.end {
-                    let mut t = 0;
-                    while t + 4 <= n_tok {
-                        let a = [
-                            acts.row(t),
-                            acts.row(t + 1),
-                            acts.row(t + 2),
-                            acts.row(t + 3),
-                        ];
-                        let v = unsafe { tile([row(r), row(r + 1)], a) };
-                        for (i, vr) in v.iter().enumerate() {
-                            for (j, &x) in vr.iter().enumerate() {
-                                put(t + j, r + i, x);
-                            }
-                        }
-                        t += 4;
-                    }
-                    for t in t..n_tok {
-                        for i in 0..2 {
-                            put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
+        if let Some(tile) = tile24.filter(|_| n_tok >= 4) {
+            while r + 2 <= rows.end {
+                let mut t = 0;
+                while t + 4 <= n_tok {
+                    let a = [
+                        acts.row(t),
+                        acts.row(t + 1),
+                        acts.row(t + 2),
+                        acts.row(t + 3),
+                    ];
+                    let v = unsafe { tile([row(r), row(r + 1)], a) };
+                    for (i, vr) in v.iter().enumerate() {
+                        for (j, &x) in vr.iter().enumerate() {
+                            put(t + j, r + i, x);
                         }
                     }
-                    r += 2;
+                    t += 4;
                 }
+                for t in t..n_tok {
+                    for i in 0..2 {
+                        put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
+                    }
+                }
+                r += 2;
             }
         }
         for r in r..rows.end {

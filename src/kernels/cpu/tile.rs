@@ -6,6 +6,9 @@
 //! measured faster than 4 x 1 tiles here.
 
 #![allow(unsafe_op_in_unsafe_fn)]
+// The kernels are unsafe only because they need their instruction set; `tile_fn` hands them out
+// only when the CPU has it.
+#![allow(clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
 
