@@ -4,6 +4,7 @@
 
 mod common;
 
+use oato::kernels::cpu::{Isa, set_isa};
 use oato::model::Model;
 use oato::runtime::forward::{Logits, Session};
 use oato::runtime::perplexity::perplexity;
@@ -73,8 +74,18 @@ fn parity_rule_rejects_what_it_should() {
     );
 }
 
+/// The golden continuations under every CPU variant this machine supports (scalar, AVX2,
+/// AVX-512): the variants compute bit-identical results, and this checks it end to end.
 #[test]
 fn greedy_continuations_and_logits_match_llama_cpp() {
+    for isa in Isa::all_supported() {
+        set_isa(isa).unwrap();
+        println!("--- {}", isa.name());
+        golden_greedy();
+    }
+}
+
+fn golden_greedy() {
     let g = golden();
     let model = Model::open(model_path()).unwrap();
     let tok = Tokenizer::from_gguf(&model.file).unwrap();

@@ -236,6 +236,7 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K], y: &mut BlockQ8K) {
 /// Q8_1 the multiplier is `127 / amax` (not `1 / (amax / 127)`) and rounding is half to even.
 /// Other types as [`quantize_row`]. The engine quantises activations with this so that its int8
 /// activations equal llama.cpp's on the same inputs.
+#[inline(always)]
 pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q8_1 => {
@@ -272,7 +273,7 @@ fn check_output(ty: GgmlType, n: usize, dst_len: usize) -> Result<()> {
 }
 
 /// The x86 SIMD variant of the Q8 block quantiser; returns `d`.
-#[inline]
+#[inline(always)]
 fn quantize_q8_simd(x: &[f32; QK], qs: &mut [i8; QK]) -> f32 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;

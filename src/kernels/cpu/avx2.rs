@@ -46,6 +46,17 @@ pub fn f16_table() -> &'static [f32; 65536] {
     })
 }
 
+/// `quant::quantize_act_row` compiled for AVX2 (its rounding becomes `vroundps` instead of a libm
+/// call; the arithmetic, and so the bytes, are the same).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_act_row(
+    ty: crate::quant::GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> crate::error::Result<()> {
+    crate::quant::quantize_act_row(ty, src, dst)
+}
+
 /// 32 nibbles as bytes: elements 0..16 (low nibbles) then 16..32 (high nibbles).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{dot_fn, isa};
-use crate::quant::{GgmlType, quantize_act_row};
+use crate::quant::GgmlType;
 
 /// A weight matrix view: `n` rows of `k` elements of type `ty`, rows contiguous.
 #[derive(Clone, Copy)]
@@ -22,6 +22,16 @@ pub struct QuantizedActs {
     pub n_tok: usize,
     pub row_bytes: usize,
     pub data: Vec<u8>,
+}
+
+/// Quantises one activation row, with the AVX2 build of the quantiser when the CPU has it.
+fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if isa() != super::Isa::Scalar {
+        // SAFETY: every non-scalar variant in use includes AVX2, FMA and F16C.
+        return unsafe { super::avx2::quantize_act_row(ty, src, dst) };
+    }
+    crate::quant::quantize_act_row(ty, src, dst)
 }
 
 impl QuantizedActs {

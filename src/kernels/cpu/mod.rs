@@ -17,7 +17,7 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::quant::blocks::Block;
 use crate::quant::{GgmlType, as_blocks};
@@ -110,26 +110,58 @@ pub fn resolve_isa(forced: Option<&str>) -> Result<Isa, String> {
     }
 }
 
-static ISA: OnceLock<Isa> = OnceLock::new();
+/// The variant in use, once chosen (0: not yet).
+static ISA: AtomicU8 = AtomicU8::new(0);
+
+fn code(isa: Isa) -> u8 {
+    match isa {
+        Isa::Scalar => 1,
+        Isa::Avx2 => 2,
+        Isa::Avx512 => 3,
+    }
+}
+
+fn from_code(c: u8) -> Option<Isa> {
+    match c {
+        1 => Some(Isa::Scalar),
+        2 => Some(Isa::Avx2),
+        3 => Some(Isa::Avx512),
+        _ => None,
+    }
+}
 
 /// The variant in use: chosen on first call from `OATO_CPU_ISA` or detection. A forced variant the
 /// CPU lacks is reported once on stderr and the best supported one is used instead.
 pub fn isa() -> Isa {
-    *ISA.get_or_init(|| {
-        let forced = std::env::var("OATO_CPU_ISA").ok();
-        resolve_isa(forced.as_deref()).unwrap_or_else(|e| {
-            let best = Isa::detect();
-            eprintln!("warning: {e}; using {}", best.name());
-            best
-        })
-    })
+    if let Some(isa) = from_code(ISA.load(Ordering::Relaxed)) {
+        return isa;
+    }
+    let forced = std::env::var("OATO_CPU_ISA").ok();
+    let isa = resolve_isa(forced.as_deref()).unwrap_or_else(|e| {
+        let best = Isa::detect();
+        eprintln!("warning: {e}; using {}", best.name());
+        best
+    });
+    ISA.store(code(isa), Ordering::Relaxed);
+    isa
 }
 
 /// Checks `OATO_CPU_ISA` up front so the command line can refuse a bad value with an error.
 pub fn check_isa_env() -> Result<Isa, String> {
     let forced = std::env::var("OATO_CPU_ISA").ok();
     let isa = resolve_isa(forced.as_deref())?;
-    Ok(*ISA.get_or_init(|| isa))
+    ISA.store(code(isa), Ordering::Relaxed);
+    Ok(isa)
+}
+
+/// Switches the variant for the whole process (tests run the model under each variant; every
+/// variant computes identical results, so work already running is unaffected in its numbers).
+pub fn set_isa(isa: Isa) -> Result<(), String> {
+    if !isa.supported() {
+        return Err(format!("{} is not supported by this CPU", isa.name()));
+    }
+    ISA.store(code(isa), Ordering::Relaxed);
+    Ok(())
 }
 
 /// A row dot product: weight row, activation row (in the weight type's `vec_dot_type`), length.
