@@ -142,6 +142,18 @@ pub fn tile_fn<const R: usize, const T: usize>(
     if !isa.supported() {
         return None;
     }
+    if isa == Isa::Avx512 && R == 2 && T == 4 {
+        let wide: TileFn<2, 4> = match wty {
+            GgmlType::Q4_0 => avx512w::q4_0,
+            GgmlType::Q4_1 => avx512w::q4_1,
+            GgmlType::Q5_0 => avx512w::q5_0,
+            GgmlType::Q5_1 => avx512w::q5_1,
+            GgmlType::Q8_0 => avx512w::q8_0,
+            _ => return None,
+        };
+        // SAFETY: R == 2 and T == 4, so the two fn pointer types are the same type.
+        return Some(unsafe { std::mem::transmute::<TileFn<2, 4>, TileFn<R, T>>(wide) });
+    }
     let f: TileFn<R, T> = match (isa, wty) {
         (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0::<R, T>,
         (Isa::Avx2, GgmlType::Q4_1) => avx2::q4_1::<R, T>,
@@ -156,4 +168,212 @@ pub fn tile_fn<const R: usize, const T: usize>(
         _ => return None,
     };
     Some(f)
+}
+
+/// AVX-512 tiles with two outputs per 512-bit register: lanes 0..8 carry one token's eight lane
+/// sums, lanes 8..16 the next token's, so every lane does exactly the arithmetic of the 256-bit
+/// kernels (same integer grouping, same `d_x * d_y` product, same FMA) at twice the width.
+pub mod avx512w {
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use super::*;
+    use crate::kernels::cpu::avx2::{f16_table, high_bits32, hsum8, load32, nibbles32};
+
+    /// Two tokens' 32 quants side by side.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair(a: &[i8; 32], b: &[i8; 32]) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(a)), load32(b))
+    }
+
+    /// Unsigned x signed, four consecutive products per i32 lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn us(x: __m512i, y: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, y)
+    }
+
+    /// Signed x signed: |x| times y with x's sign (y zeroed where x is 0 is not needed: |0| = 0).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn ss(x: __m512i, y: __m512i) -> __m512i {
+        let neg = _mm512_movepi8_mask(x);
+        let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+        us(_mm512_abs_epi8(x), sy)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn halves(v: __m512) -> (__m256, __m256) {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        (_mm512_castps512_ps256(v), hi)
+    }
+
+    /// Two 8-lane broadcasts in one register.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn two(a: f32, b: f32) -> __m512 {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(a))),
+            _mm256_castps_pd(_mm256_set1_ps(b)),
+        ))
+    }
+
+    macro_rules! wide_body {
+        ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:ident, $with_min:expr) => {{
+            const P: usize = 2;
+            let xs: [&[$xty]; 2] = $w.map(blocks_of::<$xty>);
+            let ys: [&[$yty]; 4] = $a.map(blocks_of::<$yty>);
+            let nb = xs
+                .iter()
+                .map(|x| x.len())
+                .chain(ys.iter().map(|y| y.len()))
+                .min()
+                .unwrap_or(0);
+            let mut acc = [[_mm512_setzero_ps(); P]; 2];
+            let mut summs = [[0f32; 4]; 2];
+            let mut dy = [0f32; 4];
+            let mut sy = [0f32; 4];
+            for b in 0..nb {
+                let mut yq = [_mm512_setzero_si512(); P];
+                for t in 0..4 {
+                    // SAFETY: b < nb <= ys[t].len().
+                    let $yb = unsafe { ys[t].get_unchecked(b) };
+                    dy[t] = $tab[$yb.d.bits() as usize];
+                    sy[t] = $ys_s;
+                }
+                for p in 0..P {
+                    // SAFETY: as above.
+                    let (y0, y1) =
+                        unsafe { (ys[2 * p].get_unchecked(b), ys[2 * p + 1].get_unchecked(b)) };
+                    yq[p] = pair(&y0.qs, &y1.qs);
+                }
+                for r in 0..2 {
+                    // SAFETY: b < nb <= xs[r].len().
+                    let $x = unsafe { xs[r].get_unchecked(b) };
+                    let (qx, dx, mx): (__m256i, f32, f32) = $unpack;
+                    let qx = _mm512_broadcast_i64x4(qx);
+                    for p in 0..P {
+                        if $with_min {
+                            summs[r][2 * p] += mx * sy[2 * p];
+                            summs[r][2 * p + 1] += mx * sy[2 * p + 1];
+                        }
+                        let d = two(dx * dy[2 * p], dx * dy[2 * p + 1]);
+                        let xy = _mm512_cvtepi32_ps($mul(qx, yq[p]));
+                        acc[r][p] = _mm512_fmadd_ps(d, xy, acc[r][p]);
+                    }
+                }
+            }
+            let mut out = [[0f32; 4]; 2];
+            for r in 0..2 {
+                for p in 0..P {
+                    let (lo, hi) = halves(acc[r][p]);
+                    out[r][2 * p] = hsum8(lo);
+                    out[r][2 * p + 1] = hsum8(hi);
+                    if $with_min {
+                        out[r][2 * p] += summs[r][2 * p];
+                        out[r][2 * p + 1] += summs[r][2 * p + 1];
+                    }
+                }
+            }
+            out
+        }};
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q4_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+        let tab = f16_table();
+        let off = _mm256_set1_epi8(8);
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ4_0,
+            BlockQ8_0,
+            |x| (
+                _mm256_sub_epi8(nibbles32(&x.qs), off),
+                tab[x.d.bits() as usize],
+                0.0
+            ),
+            |y| 0.0,
+            ss,
+            false
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q4_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+        let tab = f16_table();
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ4_1,
+            BlockQ8_1,
+            |x| (
+                nibbles32(&x.qs),
+                tab[x.d.bits() as usize],
+                tab[x.m.bits() as usize]
+            ),
+            |y| tab[y.s.bits() as usize],
+            us,
+            true
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q5_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+        let tab = f16_table();
+        let off = _mm256_set1_epi8(16);
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ5_0,
+            BlockQ8_0,
+            |x| (
+                _mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off),
+                tab[x.d.bits() as usize],
+                0.0
+            ),
+            |y| 0.0,
+            ss,
+            false
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q5_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+        let tab = f16_table();
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ5_1,
+            BlockQ8_1,
+            |x| (
+                _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)),
+                tab[x.d.bits() as usize],
+                tab[x.m.bits() as usize]
+            ),
+            |y| tab[y.s.bits() as usize],
+            us,
+            true
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q8_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+        let tab = f16_table();
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ8_0,
+            BlockQ8_0,
+            |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0),
+            |y| 0.0,
+            ss,
+            false
+        )
+    }
 }
