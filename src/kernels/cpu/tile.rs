@@ -172,7 +172,9 @@ pub fn tile_fn<const R: usize, const T: usize>(
 
 /// AVX-512 tiles with two outputs per 512-bit register: lanes 0..8 carry one token's eight lane
 /// sums, lanes 8..16 the next token's, so every lane does exactly the arithmetic of the 256-bit
-/// kernels (same integer grouping, same `d_x * d_y` product, same FMA) at twice the width.
+/// kernels (same i32 lane sums, same `d_x * d_y` product, same FMA) at twice the width. Signed
+/// weights are offset to unsigned for `vpdpbusd` and the offset taken back exactly:
+/// `Σ (q - c) y = Σ q y - c Σ y` in i32, lane by lane.
 pub mod avx512w {
     #![allow(unsafe_op_in_unsafe_fn)]
     use super::*;
@@ -183,22 +185,6 @@ pub mod avx512w {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn pair(a: &[i8; 32], b: &[i8; 32]) -> __m512i {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(a)), load32(b))
-    }
-
-    /// Unsigned x signed, four consecutive products per i32 lane.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn us(x: __m512i, y: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, y)
-    }
-
-    /// Signed x signed: |x| times y with x's sign (y zeroed where x is 0 is not needed: |0| = 0).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn ss(x: __m512i, y: __m512i) -> __m512i {
-        let neg = _mm512_movepi8_mask(x);
-        let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-        us(_mm512_abs_epi8(x), sy)
     }
 
     #[inline]
@@ -218,48 +204,55 @@ pub mod avx512w {
         ))
     }
 
+    /// `$unpack` maps a weight block to (unsigned quants, d, m); `$shift` is log2 of the offset
+    /// subtracted from the quants (none for Q4_1/Q5_1); `$with_min` adds `m_x * s_y`.
     macro_rules! wide_body {
-        ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:ident, $with_min:expr) => {{
+        ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $shift:expr, $with_min:expr) => {{
             const P: usize = 2;
             let xs: [&[$xty]; 2] = $w.map(blocks_of::<$xty>);
             let ys: [&[$yty]; 4] = $a.map(blocks_of::<$yty>);
-            let nb = xs
-                .iter()
-                .map(|x| x.len())
-                .chain(ys.iter().map(|y| y.len()))
-                .min()
-                .unwrap_or(0);
+            let nb = xs.iter().map(|x| x.len()).chain(ys.iter().map(|y| y.len())).min().unwrap_or(0);
+            let ones = _mm512_set1_epi8(1);
             let mut acc = [[_mm512_setzero_ps(); P]; 2];
             let mut summs = [[0f32; 4]; 2];
-            let mut dy = [0f32; 4];
             let mut sy = [0f32; 4];
             for b in 0..nb {
                 let mut yq = [_mm512_setzero_si512(); P];
-                for t in 0..4 {
-                    // SAFETY: b < nb <= ys[t].len().
-                    let $yb = unsafe { ys[t].get_unchecked(b) };
-                    dy[t] = $tab[$yb.d.bits() as usize];
-                    sy[t] = $ys_s;
-                }
+                let mut yoff = [_mm512_setzero_si512(); P];
+                let mut dy = [_mm512_setzero_ps(); P];
                 for p in 0..P {
-                    // SAFETY: as above.
-                    let (y0, y1) =
-                        unsafe { (ys[2 * p].get_unchecked(b), ys[2 * p + 1].get_unchecked(b)) };
+                    // SAFETY: b < nb <= ys[t].len().
+                    let (y0, y1) = unsafe { (ys[2 * p].get_unchecked(b), ys[2 * p + 1].get_unchecked(b)) };
                     yq[p] = pair(&y0.qs, &y1.qs);
+                    dy[p] = two($tab[y0.d.bits() as usize], $tab[y1.d.bits() as usize]);
+                    if let Some(sh) = $shift {
+                        let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, yq[p]);
+                        yoff[p] = _mm512_sll_epi32(sums, _mm_cvtsi32_si128(sh));
+                    }
+                    if $with_min {
+                        let $yb = y0;
+                        sy[2 * p] = $ys_s;
+                        let $yb = y1;
+                        sy[2 * p + 1] = $ys_s;
+                    }
                 }
                 for r in 0..2 {
                     // SAFETY: b < nb <= xs[r].len().
                     let $x = unsafe { xs[r].get_unchecked(b) };
                     let (qx, dx, mx): (__m256i, f32, f32) = $unpack;
                     let qx = _mm512_broadcast_i64x4(qx);
+                    let dx = _mm512_set1_ps(dx);
                     for p in 0..P {
                         if $with_min {
                             summs[r][2 * p] += mx * sy[2 * p];
                             summs[r][2 * p + 1] += mx * sy[2 * p + 1];
                         }
-                        let d = two(dx * dy[2 * p], dx * dy[2 * p + 1]);
-                        let xy = _mm512_cvtepi32_ps($mul(qx, yq[p]));
-                        acc[r][p] = _mm512_fmadd_ps(d, xy, acc[r][p]);
+                        let mut xy = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, yq[p]);
+                        if $shift.is_some() {
+                            xy = _mm512_sub_epi32(xy, yoff[p]);
+                        }
+                        let d = _mm512_mul_ps(dx, dy[p]);
+                        acc[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(xy), acc[r][p]);
                     }
                 }
             }
@@ -282,62 +275,22 @@ pub mod avx512w {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q4_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        let off = _mm256_set1_epi8(8);
-        wide_body!(
-            tab,
-            w,
-            a,
-            BlockQ4_0,
-            BlockQ8_0,
-            |x| (
-                _mm256_sub_epi8(nibbles32(&x.qs), off),
-                tab[x.d.bits() as usize],
-                0.0
-            ),
-            |y| 0.0,
-            ss,
-            false
-        )
+        wide_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], 0.0), |_y| 0.0, Some(3), false)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q4_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        wide_body!(
-            tab,
-            w,
-            a,
-            BlockQ4_1,
-            BlockQ8_1,
-            |x| (
-                nibbles32(&x.qs),
-                tab[x.d.bits() as usize],
-                tab[x.m.bits() as usize]
-            ),
-            |y| tab[y.s.bits() as usize],
-            us,
-            true
-        )
+        wide_body!(tab, w, a, BlockQ4_1, BlockQ8_1, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], tab[x.m.bits() as usize]), |y| tab[y.s.bits() as usize], None::<i32>, true)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q5_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        let off = _mm256_set1_epi8(16);
         wide_body!(
-            tab,
-            w,
-            a,
-            BlockQ5_0,
-            BlockQ8_0,
-            |x| (
-                _mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off),
-                tab[x.d.bits() as usize],
-                0.0
-            ),
-            |y| 0.0,
-            ss,
-            false
+            tab, w, a, BlockQ5_0, BlockQ8_0,
+            |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], 0.0),
+            |_y| 0.0, Some(4), false
         )
     }
 
@@ -345,35 +298,17 @@ pub mod avx512w {
     pub unsafe fn q5_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
         wide_body!(
-            tab,
-            w,
-            a,
-            BlockQ5_1,
-            BlockQ8_1,
-            |x| (
-                _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)),
-                tab[x.d.bits() as usize],
-                tab[x.m.bits() as usize]
-            ),
-            |y| tab[y.s.bits() as usize],
-            us,
-            true
+            tab, w, a, BlockQ5_1, BlockQ8_1,
+            |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], tab[x.m.bits() as usize]),
+            |y| tab[y.s.bits() as usize], None::<i32>, true
         )
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q8_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        wide_body!(
-            tab,
-            w,
-            a,
-            BlockQ8_0,
-            BlockQ8_0,
-            |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0),
-            |y| 0.0,
-            ss,
-            false
-        )
+        // x + 128 as an unsigned byte is x ^ 0x80.
+        let flip = _mm256_set1_epi8(-128);
+        wide_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (_mm256_xor_si256(load32(&x.qs), flip), tab[x.d.bits() as usize], 0.0), |_y| 0.0, Some(7), false)
     }
 }
