@@ -19,8 +19,8 @@ pub mod tile;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::quant::GgmlType;
 use crate::quant::blocks::Block;
-use crate::quant::{GgmlType, as_blocks};
 
 /// A CPU kernel variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,8 +170,12 @@ pub fn set_isa(isa: Isa) -> Result<(), String> {
 /// a variant only when the CPU supports it.
 pub type DotFn = unsafe fn(&[u8], &[u8], usize) -> f32;
 
+/// Whole blocks of a byte slice, viewed in place (callers check lengths; a ragged tail is left out).
+#[inline(always)]
 fn blocks<B: Block>(b: &[u8]) -> &[B] {
-    as_blocks(b).unwrap_or(&[])
+    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
+    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
 fn scalar_dot(wty: GgmlType) -> DotFn {

@@ -12,16 +12,19 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::GgmlType;
 use crate::quant::blocks::*;
-use crate::quant::{GgmlType, as_blocks};
 
 /// `R` weight rows (bytes) against `T` activation rows (bytes): `out[r][t]`.
 pub type TileFn<const R: usize, const T: usize> =
     unsafe fn([&[u8]; R], [&[u8]; T]) -> [[f32; T]; R];
 
-/// Blocks of a byte slice (lengths were checked by the matmul).
+/// Whole blocks of a byte slice, viewed in place (callers check lengths; a ragged tail is left out).
+#[inline(always)]
 fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
-    as_blocks(b).unwrap_or(&[])
+    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
+    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
 /// Generates the tile kernels for one instruction set, given its integer dot products.
@@ -211,7 +214,12 @@ pub mod avx512w {
             const P: usize = 2;
             let xs: [&[$xty]; 2] = $w.map(blocks_of::<$xty>);
             let ys: [&[$yty]; 4] = $a.map(blocks_of::<$yty>);
-            let nb = xs.iter().map(|x| x.len()).chain(ys.iter().map(|y| y.len())).min().unwrap_or(0);
+            let nb = xs
+                .iter()
+                .map(|x| x.len())
+                .chain(ys.iter().map(|y| y.len()))
+                .min()
+                .unwrap_or(0);
             let ones = _mm512_set1_epi8(1);
             let mut acc = [[_mm512_setzero_ps(); P]; 2];
             let mut summs = [[0f32; 4]; 2];
@@ -222,7 +230,8 @@ pub mod avx512w {
                 let mut dy = [_mm512_setzero_ps(); P];
                 for p in 0..P {
                     // SAFETY: b < nb <= ys[t].len().
-                    let (y0, y1) = unsafe { (ys[2 * p].get_unchecked(b), ys[2 * p + 1].get_unchecked(b)) };
+                    let (y0, y1) =
+                        unsafe { (ys[2 * p].get_unchecked(b), ys[2 * p + 1].get_unchecked(b)) };
                     yq[p] = pair(&y0.qs, &y1.qs);
                     dy[p] = two($tab[y0.d.bits() as usize], $tab[y1.d.bits() as usize]);
                     if let Some(sh) = $shift {
@@ -275,22 +284,56 @@ pub mod avx512w {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q4_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        wide_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], 0.0), |_y| 0.0, Some(3), false)
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ4_0,
+            BlockQ8_0,
+            |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], 0.0),
+            |_y| 0.0,
+            Some(3),
+            false
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q4_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
-        wide_body!(tab, w, a, BlockQ4_1, BlockQ8_1, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], tab[x.m.bits() as usize]), |y| tab[y.s.bits() as usize], None::<i32>, true)
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ4_1,
+            BlockQ8_1,
+            |x| (
+                nibbles32(&x.qs),
+                tab[x.d.bits() as usize],
+                tab[x.m.bits() as usize]
+            ),
+            |y| tab[y.s.bits() as usize],
+            None::<i32>,
+            true
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q5_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
         wide_body!(
-            tab, w, a, BlockQ5_0, BlockQ8_0,
-            |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], 0.0),
-            |_y| 0.0, Some(4), false
+            tab,
+            w,
+            a,
+            BlockQ5_0,
+            BlockQ8_0,
+            |x| (
+                _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)),
+                tab[x.d.bits() as usize],
+                0.0
+            ),
+            |_y| 0.0,
+            Some(4),
+            false
         )
     }
 
@@ -298,9 +341,19 @@ pub mod avx512w {
     pub unsafe fn q5_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
         let tab = f16_table();
         wide_body!(
-            tab, w, a, BlockQ5_1, BlockQ8_1,
-            |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], tab[x.m.bits() as usize]),
-            |y| tab[y.s.bits() as usize], None::<i32>, true
+            tab,
+            w,
+            a,
+            BlockQ5_1,
+            BlockQ8_1,
+            |x| (
+                _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)),
+                tab[x.d.bits() as usize],
+                tab[x.m.bits() as usize]
+            ),
+            |y| tab[y.s.bits() as usize],
+            None::<i32>,
+            true
         )
     }
 
@@ -309,6 +362,20 @@ pub mod avx512w {
         let tab = f16_table();
         // x + 128 as an unsigned byte is x ^ 0x80.
         let flip = _mm256_set1_epi8(-128);
-        wide_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (_mm256_xor_si256(load32(&x.qs), flip), tab[x.d.bits() as usize], 0.0), |_y| 0.0, Some(7), false)
+        wide_body!(
+            tab,
+            w,
+            a,
+            BlockQ8_0,
+            BlockQ8_0,
+            |x| (
+                _mm256_xor_si256(load32(&x.qs), flip),
+                tab[x.d.bits() as usize],
+                0.0
+            ),
+            |_y| 0.0,
+            Some(7),
+            false
+        )
     }
 }
