@@ -168,7 +168,8 @@ fn json_uses_llama_bench_fields_and_arithmetic() {
         let avg_ts = t["avg_ts"].as_f64().unwrap();
         assert!((avg_ts - (ts[0] + ts[1]) / 2.0).abs() <= 1e-9 * avg_ts);
         // The mean of rates is at least the rate of the mean time (AM-HM), and close to it.
-        let rate_of_mean = n / (avg_ns as f64 / 1e9);
+        // (From the exact mean time: avg_ns is truncated to whole nanoseconds.)
+        let rate_of_mean = n / (ns.iter().sum::<u64>() as f64 / 2.0 / 1e9);
         assert!(
             avg_ts >= rate_of_mean * (1.0 - 1e-9) && avg_ts < rate_of_mean * 2.0,
             "avg_ts {avg_ts} vs n / avg_ns {rate_of_mean}"
