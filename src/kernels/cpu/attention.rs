@@ -121,7 +121,7 @@ mod simd {
         o: &mut [f32],
     ) {
         let hd = qh.len();
-        if hd % 32 == 0 && hd <= 128 && o.len() == hd {
+        if hd.is_multiple_of(32) && hd <= 128 && o.len() == hd {
             return attend_one_regs(qh, k, v, off, stride, n_kv, scale, scores, o);
         }
         super::attend_one(
