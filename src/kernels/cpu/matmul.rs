@@ -108,8 +108,8 @@ fn rows_per_task(w: &MatRef, n_tok: usize, threads: usize) -> usize {
     } else {
         by_size.min(threads * 4) / threads * threads
     };
-    // Even row counts keep the prefill tiles whole.
-    w.n.div_ceil(n_chunks.max(1)).next_multiple_of(2)
+    // Multiples of four rows keep the prefill tiles whole.
+    w.n.div_ceil(n_chunks.max(1)).next_multiple_of(4)
 }
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
@@ -157,13 +157,41 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
     // above), and each (t, r) is written by exactly one task because row ranges are disjoint.
     let put = |t: usize, r: usize, v: f32| unsafe { out.write(t * n + r, v) };
     #[cfg(target_arch = "x86_64")]
-    let (tile24, tile14) = (
+    let (tile44, tile24, tile14) = (
+        super::tile::tile_fn::<4, 4>(isa, w.ty),
         super::tile::tile_fn::<2, 4>(isa, w.ty),
         super::tile::tile_fn::<1, 4>(isa, w.ty),
     );
     pool.for_chunks(n, chunk, |rows| {
         let mut r = rows.start;
         // SAFETY (tile calls): tile_fn returns only kernels this CPU supports.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tile) = tile44.filter(|_| n_tok >= 4) {
+            while r + 4 <= rows.end {
+                let mut t = 0;
+                while t + 4 <= n_tok {
+                    let a = [
+                        acts.row(t),
+                        acts.row(t + 1),
+                        acts.row(t + 2),
+                        acts.row(t + 3),
+                    ];
+                    let v = unsafe { tile([row(r), row(r + 1), row(r + 2), row(r + 3)], a) };
+                    for (i, vr) in v.iter().enumerate() {
+                        for (j, &x) in vr.iter().enumerate() {
+                            put(t + j, r + i, x);
+                        }
+                    }
+                    t += 4;
+                }
+                for t in t..n_tok {
+                    for i in 0..4 {
+                        put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
+                    }
+                }
+                r += 4;
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(tile) = tile24.filter(|_| n_tok >= 4) {
             while r + 2 <= rows.end {
@@ -233,8 +261,21 @@ mod tests {
     /// bit for bit, and both match the f32 reference to rounding.
     #[test]
     fn batched_equals_token_by_token() {
-        let (k, n, n_tok) = (96, 37, 9);
-        // 37 rows: pairs and quads of rows with one left over; 9 tokens: two quads and one left.
+        // Rows: quads with one, two and three left over (the 1-, 2- and 4-row tiles); 9 tokens:
+        // two quads and one left.
+        // Under every variant (switching is safe for tests running alongside: all variants compute
+        // identical numbers).
+        for isa in crate::kernels::cpu::Isa::all_supported() {
+            crate::kernels::cpu::set_isa(isa).unwrap();
+            for n in [37, 38, 39] {
+                batched_equals_token_by_token_with(n);
+            }
+        }
+        crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
+    }
+
+    fn batched_equals_token_by_token_with(n: usize) {
+        let (k, n_tok) = (96, 9);
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q4_1,

@@ -2,7 +2,7 @@
 //! weight block is unpacked once per `T` dot products and each activation block's scales are
 //! converted once per `R`. Every output is accumulated exactly as the single-row kernels do (same
 //! per-block FMA chain, same horizontal sum), so tiled and untiled results are bit-identical.
-//! Prefill uses 2 x 4 tiles (1 x 4 for an odd row); decode uses the single-row kernels, which
+//! Prefill uses 4 x 4 tiles (then 2 x 4 and 1 x 4 for the rows left); decode uses the single-row kernels, which
 //! measured faster than 4 x 1 tiles here.
 
 #![allow(unsafe_op_in_unsafe_fn)]
@@ -145,17 +145,17 @@ pub fn tile_fn<const R: usize, const T: usize>(
     if !isa.supported() {
         return None;
     }
-    if isa == Isa::Avx512 && R == 2 && T == 4 {
-        let wide: TileFn<2, 4> = match wty {
-            GgmlType::Q4_0 => avx512w::q4_0,
-            GgmlType::Q4_1 => avx512w::q4_1,
-            GgmlType::Q5_0 => avx512w::q5_0,
-            GgmlType::Q5_1 => avx512w::q5_1,
-            GgmlType::Q8_0 => avx512w::q8_0,
+    if isa == Isa::Avx512 && T == 4 {
+        let wide: TileFn<R, 4> = match wty {
+            GgmlType::Q4_0 => avx512w::q4_0::<R>,
+            GgmlType::Q4_1 => avx512w::q4_1::<R>,
+            GgmlType::Q5_0 => avx512w::q5_0::<R>,
+            GgmlType::Q5_1 => avx512w::q5_1::<R>,
+            GgmlType::Q8_0 => avx512w::q8_0::<R>,
             _ => return None,
         };
-        // SAFETY: R == 2 and T == 4, so the two fn pointer types are the same type.
-        return Some(unsafe { std::mem::transmute::<TileFn<2, 4>, TileFn<R, T>>(wide) });
+        // SAFETY: T == 4, so the two fn pointer types are the same type.
+        return Some(unsafe { std::mem::transmute::<TileFn<R, 4>, TileFn<R, T>>(wide) });
     }
     let f: TileFn<R, T> = match (isa, wty) {
         (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0::<R, T>,
@@ -212,7 +212,7 @@ pub mod avx512w {
     macro_rules! wide_body {
         ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $shift:expr, $with_min:expr) => {{
             const P: usize = 2;
-            let xs: [&[$xty]; 2] = $w.map(blocks_of::<$xty>);
+            let xs: [&[$xty]; R] = $w.map(blocks_of::<$xty>);
             let ys: [&[$yty]; 4] = $a.map(blocks_of::<$yty>);
             let nb = xs
                 .iter()
@@ -221,8 +221,8 @@ pub mod avx512w {
                 .min()
                 .unwrap_or(0);
             let ones = _mm512_set1_epi8(1);
-            let mut acc = [[_mm512_setzero_ps(); P]; 2];
-            let mut summs = [[0f32; 4]; 2];
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let mut summs = [[0f32; 4]; R];
             let mut sy = [0f32; 4];
             for b in 0..nb {
                 let mut yq = [_mm512_setzero_si512(); P];
@@ -245,7 +245,7 @@ pub mod avx512w {
                         sy[2 * p + 1] = $ys_s;
                     }
                 }
-                for r in 0..2 {
+                for r in 0..R {
                     // SAFETY: b < nb <= xs[r].len().
                     let $x = unsafe { xs[r].get_unchecked(b) };
                     let (qx, dx, mx): (__m256i, f32, f32) = $unpack;
@@ -265,8 +265,8 @@ pub mod avx512w {
                     }
                 }
             }
-            let mut out = [[0f32; 4]; 2];
-            for r in 0..2 {
+            let mut out = [[0f32; 4]; R];
+            for r in 0..R {
                 for p in 0..P {
                     let (lo, hi) = halves(acc[r][p]);
                     out[r][2 * p] = hsum8(lo);
@@ -282,7 +282,7 @@ pub mod avx512w {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q4_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+    pub unsafe fn q4_0<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
         let tab = f16_table();
         wide_body!(
             tab,
@@ -298,7 +298,7 @@ pub mod avx512w {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q4_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+    pub unsafe fn q4_1<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
         let tab = f16_table();
         wide_body!(
             tab,
@@ -318,7 +318,7 @@ pub mod avx512w {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q5_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+    pub unsafe fn q5_0<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
         let tab = f16_table();
         wide_body!(
             tab,
@@ -338,7 +338,7 @@ pub mod avx512w {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q5_1(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+    pub unsafe fn q5_1<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
         let tab = f16_table();
         wide_body!(
             tab,
@@ -358,7 +358,7 @@ pub mod avx512w {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q8_0(w: [&[u8]; 2], a: [&[u8]; 4]) -> [[f32; 4]; 2] {
+    pub unsafe fn q8_0<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
         let tab = f16_table();
         // x + 128 as an unsigned byte is x ^ 0x80.
         let flip = _mm256_set1_epi8(-128);
