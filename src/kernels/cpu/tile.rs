@@ -147,6 +147,8 @@ pub fn tile_fn<const R: usize, const T: usize>(
     }
     if isa == Isa::Avx512 && T == 4 {
         let wide: TileFn<R, 4> = match wty {
+            // Four rows would need more than the 32 vector registers.
+            GgmlType::F16 if R <= 2 => f16w::f16::<R>,
             GgmlType::Q4_0 => avx512w::q4_0::<R>,
             GgmlType::Q4_1 => avx512w::q4_1::<R>,
             GgmlType::Q5_0 => avx512w::q5_0::<R>,
@@ -377,5 +379,77 @@ pub mod avx512w {
             Some(7),
             false
         )
+    }
+}
+
+/// AVX-512 F16 tiles: up to two weight rows against four tokens, two tokens per 512-bit register,
+/// each lane doing `avx2::vec_dot_f16`'s arithmetic (four 8-lane FMA chains over 32-element steps,
+/// `(c0 + c1) + (c2 + c3)`, `hsum8`, then the tail elements by FMA in order).
+pub mod f16w {
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use super::*;
+    use crate::kernels::cpu::avx2::hsum8;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn load8(b: &[u8], i: usize) -> __m128i {
+        debug_assert!(2 * (i + 8) <= b.len());
+        _mm_loadu_si128(b.as_ptr().add(2 * i).cast())
+    }
+
+    fn elem(b: &[u8], i: usize) -> f32 {
+        f16_bits_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn f16<const R: usize>(w: [&[u8]; R], a: [&[u8]; 4]) -> [[f32; 4]; R] {
+        let n = w
+            .iter()
+            .chain(a.iter())
+            .map(|x| x.len() / 2)
+            .min()
+            .unwrap_or(0);
+        let full = n / 32 * 32;
+        let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; R];
+        let mut i = 0;
+        while i < full {
+            let mut y = [[_mm512_setzero_ps(); 4]; 2];
+            for (p, yp) in y.iter_mut().enumerate() {
+                for (c, yc) in yp.iter_mut().enumerate() {
+                    let lo = load8(a[2 * p], i + 8 * c);
+                    let hi = load8(a[2 * p + 1], i + 8 * c);
+                    *yc = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(lo),
+                        hi,
+                    ));
+                }
+            }
+            for r in 0..R {
+                for c in 0..4 {
+                    let wz = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(load8(w[r], i + 8 * c)));
+                    for p in 0..2 {
+                        acc[r][p][c] = _mm512_fmadd_ps(wz, y[p][c], acc[r][p][c]);
+                    }
+                }
+            }
+            i += 32;
+        }
+        let mut out = [[0f32; 4]; R];
+        for r in 0..R {
+            for p in 0..2 {
+                let a4 = &acc[r][p];
+                let s = _mm512_add_ps(_mm512_add_ps(a4[0], a4[1]), _mm512_add_ps(a4[2], a4[3]));
+                let lo = _mm512_castps512_ps256(s);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
+                out[r][2 * p] = hsum8(lo);
+                out[r][2 * p + 1] = hsum8(hi);
+            }
+            for (t, o) in out[r].iter_mut().enumerate() {
+                for j in full..n {
+                    *o = elem(w[r], j).mul_add(elem(a[t], j), *o);
+                }
+            }
+        }
+        out
     }
 }
