@@ -14,9 +14,7 @@
 //!
 //! `src/quant` keeps ggml's generic reference order; the two differ by rounding only.
 
-use super::kquants;
 use crate::quant::blocks::*;
-use crate::quant::{GgmlType, as_blocks, vec_dot as vec_dot_reference};
 
 /// Sum of eight lanes as ggml's `hsum_float_8`.
 #[inline(always)]
@@ -168,36 +166,10 @@ pub fn vec_dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
     dot_wide(n, |i| (bf16_at(w, i), bf16_at(a, i)))
 }
 
-/// The engine's dot product of a weight row with an activation row in `wty.vec_dot_type()`:
-/// the lane orders above for the 32-element and plain-float formats, [`super::kquants`]'s order
-/// for the K-quants.
-/// Lengths are the caller's to check (see `quant::vec_dot_checked`).
-pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
-    fn blocks<B: Block>(b: &[u8]) -> &[B] {
-        as_blocks(b).unwrap_or(&[])
-    }
-    match wty {
-        GgmlType::Q4_0 => vec_dot_q4_0_q8_0(blocks(w), blocks(a)),
-        GgmlType::Q4_1 => vec_dot_q4_1_q8_1(blocks(w), blocks(a)),
-        GgmlType::Q5_0 => vec_dot_q5_0_q8_0(blocks(w), blocks(a)),
-        GgmlType::Q5_1 => vec_dot_q5_1_q8_1(blocks(w), blocks(a)),
-        GgmlType::Q8_0 => vec_dot_q8_0_q8_0(blocks(w), blocks(a)),
-        GgmlType::F32 => vec_dot_f32(w, a, n),
-        GgmlType::F16 => vec_dot_f16(w, a, n),
-        GgmlType::BF16 => vec_dot_bf16(w, a, n),
-        GgmlType::Q2_K => kquants::vec_dot_q2_k_q8_k(blocks(w), blocks(a)),
-        GgmlType::Q3_K => kquants::vec_dot_q3_k_q8_k(blocks(w), blocks(a)),
-        GgmlType::Q4_K => kquants::vec_dot_q4_k_q8_k(blocks(w), blocks(a)),
-        GgmlType::Q5_K => kquants::vec_dot_q5_k_q8_k(blocks(w), blocks(a)),
-        GgmlType::Q6_K => kquants::vec_dot_q6_k_q8_k(blocks(w), blocks(a)),
-        _ => vec_dot_reference(wty, w, a, n),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{quantize_row, vec_dot_checked};
+    use crate::quant::{GgmlType, quantize_row, vec_dot_checked};
 
     /// ggml's test pattern.
     fn pattern(n: usize, offset: f32) -> Vec<f32> {
@@ -223,7 +195,8 @@ mod tests {
             let aty = wty.vec_dot_type();
             let mut xq = vec![0u8; aty.row_bytes(n).unwrap()];
             quantize_row(aty, &x, &mut xq).unwrap();
-            let ours = vec_dot(wty, &wq, &xq, n);
+            // SAFETY: the scalar variant needs no special instructions.
+            let ours = unsafe { super::super::dot_fn(super::super::Isa::Scalar, wty)(&wq, &xq, n) };
             let reference = vec_dot_checked(wty, &wq, &xq, n).unwrap();
             let scale: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
             let err = (ours - reference).abs() / scale;
