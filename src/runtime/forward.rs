@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::cpu::attention::{AttnShape, attention};
-use crate::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized};
+use crate::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized_many};
 use crate::kernels::cpu::ops;
 use crate::model::{Model, WeightRef};
 use crate::runtime::kv_cache::KvCache;
@@ -49,6 +49,26 @@ impl<'m> Session<'m> {
         }
     }
 
+    /// Matrices that read the same input `x` ([n_tok, k]): the input is quantised once and those
+    /// whose types take that format run as one pool job; any other type runs on its own.
+    fn shared_input(
+        &self,
+        x: &[f32],
+        k: usize,
+        parts: &mut [(&WeightRef, &mut Vec<f32>)],
+    ) -> Result<()> {
+        let acts = QuantizedActs::new(parts[0].0.ty, x, k)?;
+        let mut same = Vec::with_capacity(parts.len());
+        for (w, out) in parts.iter_mut() {
+            if w.ty.vec_dot_type() == acts.ty {
+                same.push((self.mat(w), out.as_mut_slice()));
+            } else {
+                matmul(&self.mat(w), x, out)?;
+            }
+        }
+        matmul_quantized_many(&mut same, &acts)
+    }
+
     /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names
     /// ([rows, n_vocab]).
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
@@ -87,17 +107,12 @@ impl<'m> Session<'m> {
         for (il, l) in model.layers.iter().enumerate() {
             ops::rms_norm_into(&x, &l.attn_norm, hp.rms_eps, &mut h);
             // q, k and v share one quantised input when their types agree.
-            let acts = QuantizedActs::new(l.wq.ty, &h, e)?;
-            for (w, out, b) in [
-                (&l.wq, &mut q, &l.bq),
-                (&l.wk, &mut k, &l.bk),
-                (&l.wv, &mut v, &l.bv),
-            ] {
-                if w.ty.vec_dot_type() == acts.ty {
-                    matmul_quantized(&self.mat(w), &acts, out)?;
-                } else {
-                    matmul(&self.mat(w), &h, out)?;
-                }
+            self.shared_input(
+                &h,
+                e,
+                &mut [(&l.wq, &mut q), (&l.wk, &mut k), (&l.wv, &mut v)],
+            )?;
+            for (out, b) in [(&mut q, &l.bq), (&mut k, &l.bk), (&mut v, &l.bv)] {
                 if let Some(b) = b {
                     ops::add_bias(out, b);
                 }
@@ -117,14 +132,7 @@ impl<'m> Session<'m> {
             ops::add_inplace(&mut x, &h);
 
             ops::rms_norm_into(&x, &l.ffn_norm, hp.rms_eps, &mut h);
-            let acts = QuantizedActs::new(l.w_gate.ty, &h, e)?;
-            for (w, out) in [(&l.w_gate, &mut gate), (&l.w_up, &mut up)] {
-                if w.ty.vec_dot_type() == acts.ty {
-                    matmul_quantized(&self.mat(w), &acts, out)?;
-                } else {
-                    matmul(&self.mat(w), &h, out)?;
-                }
-            }
+            self.shared_input(&h, e, &mut [(&l.w_gate, &mut gate), (&l.w_up, &mut up)])?;
             ops::swiglu_inplace(&mut gate, &up);
             matmul(&self.mat(&l.w_down), &gate, &mut h)?;
             ops::add_inplace(&mut x, &h);

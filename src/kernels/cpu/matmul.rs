@@ -100,8 +100,8 @@ impl SharedOut {
 
 /// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
 /// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens.
-fn rows_per_task(w: &MatRef, n_tok: usize, threads: usize) -> usize {
-    let work = w.data.len() * n_tok;
+fn rows_per_task(bytes: usize, n_rows: usize, n_tok: usize, threads: usize) -> usize {
+    let work = bytes * n_tok;
     let by_size = (work / 16384).max(1);
     let n_chunks = if by_size < threads {
         by_size
@@ -109,7 +109,7 @@ fn rows_per_task(w: &MatRef, n_tok: usize, threads: usize) -> usize {
         by_size.min(threads * 4) / threads * threads
     };
     // Multiples of four rows keep the prefill tiles whole.
-    w.n.div_ceil(n_chunks.max(1)).next_multiple_of(4)
+    n_rows.div_ceil(n_chunks.max(1)).next_multiple_of(4)
 }
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
@@ -125,44 +125,68 @@ pub fn matmul(w: &MatRef, x: &[f32], y: &mut [f32]) -> Result<()> {
     matmul_quantized(w, &acts, y)
 }
 
-/// As [`matmul`], with activations quantised beforehand (shared by operators with one input).
-pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Result<()> {
-    let n_tok = acts.n_tok;
-    let wrb = w.ty.row_bytes(w.k)?;
-    if acts.k != w.k
-        || acts.ty != w.ty.vec_dot_type()
-        || y.len() != n_tok * w.n
-        || w.data.len() != wrb * w.n
-    {
-        return Err(Error::Msg(format!(
-            "matmul: shapes do not agree (weight {} [{}x{}] {} bytes, acts {} k={} x{}, out {})",
-            w.ty,
-            w.n,
-            w.k,
-            w.data.len(),
-            acts.ty,
-            acts.k,
-            n_tok,
-            y.len()
-        )));
-    }
-    let isa = isa();
-    let dot = dot_fn(isa, w.ty);
-    let pool = pool::global();
-    let chunk = rows_per_task(w, n_tok, pool.n_threads());
-    let out = SharedOut(y.as_mut_ptr());
-    let n = w.n;
-    let row = |r: usize| &w.data[r * wrb..(r + 1) * wrb];
-    // SAFETY (all writes below): (t, r) has t < n_tok and r < n, so t * n + r is inside y (checked
-    // above), and each (t, r) is written by exactly one task because row ranges are disjoint.
-    let put = |t: usize, r: usize, v: f32| unsafe { out.write(t * n + r, v) };
+/// One weight matrix's share of a (possibly fused) matmul job.
+struct RowJob<'a> {
+    w: MatRef<'a>,
+    wrb: usize,
+    dot: super::DotFn,
     #[cfg(target_arch = "x86_64")]
-    let (tile44, tile24, tile14) = (
-        super::tile::tile_fn::<4, 4>(isa, w.ty),
-        super::tile::tile_fn::<2, 4>(isa, w.ty),
-        super::tile::tile_fn::<1, 4>(isa, w.ty),
-    );
-    pool.for_chunks(n, chunk, |rows| {
+    tiles: (
+        Option<super::tile::TileFn<4, 4>>,
+        Option<super::tile::TileFn<2, 4>>,
+        Option<super::tile::TileFn<1, 4>>,
+    ),
+    out: SharedOut,
+}
+
+impl<'a> RowJob<'a> {
+    fn new(w: &MatRef<'a>, acts: &QuantizedActs, y: &mut [f32]) -> Result<Self> {
+        let n_tok = acts.n_tok;
+        let wrb = w.ty.row_bytes(w.k)?;
+        if acts.k != w.k
+            || acts.ty != w.ty.vec_dot_type()
+            || y.len() != n_tok * w.n
+            || w.data.len() != wrb * w.n
+        {
+            return Err(Error::Msg(format!(
+                "matmul: shapes do not agree (weight {} [{}x{}] {} bytes, acts {} k={} x{}, out {})",
+                w.ty,
+                w.n,
+                w.k,
+                w.data.len(),
+                acts.ty,
+                acts.k,
+                n_tok,
+                y.len()
+            )));
+        }
+        let isa = isa();
+        Ok(RowJob {
+            w: *w,
+            wrb,
+            dot: dot_fn(isa, w.ty),
+            #[cfg(target_arch = "x86_64")]
+            tiles: (
+                super::tile::tile_fn::<4, 4>(isa, w.ty),
+                super::tile::tile_fn::<2, 4>(isa, w.ty),
+                super::tile::tile_fn::<1, 4>(isa, w.ty),
+            ),
+            out: SharedOut(y.as_mut_ptr()),
+        })
+    }
+
+    /// Computes rows `rows` of this matrix for every token.
+    fn run(&self, acts: &QuantizedActs, rows: std::ops::Range<usize>) {
+        let (w, wrb, dot, out) = (&self.w, self.wrb, self.dot, &self.out);
+        let n_tok = acts.n_tok;
+        let n = w.n;
+        let row = |r: usize| &w.data[r * wrb..(r + 1) * wrb];
+        // SAFETY (all writes below): (t, r) has t < n_tok and r < n, so t * n + r is inside y
+        // (checked in `new`), and each (t, r) is written by exactly one task because row ranges
+        // are disjoint.
+        let put = |t: usize, r: usize, v: f32| unsafe { out.write(t * n + r, v) };
+        #[cfg(target_arch = "x86_64")]
+        let (tile44, tile24, tile14) = self.tiles;
         let mut r = rows.start;
         // SAFETY (tile calls): tile_fn returns only kernels this CPU supports.
         #[cfg(target_arch = "x86_64")]
@@ -240,6 +264,42 @@ pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Resu
             for t in t0..n_tok {
                 // SAFETY: dot_fn returns only variants this CPU supports.
                 put(t, r, unsafe { dot(row(r), acts.row(t), w.k) });
+            }
+        }
+    }
+}
+
+/// As [`matmul`], with activations quantised beforehand (shared by operators with one input).
+pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Result<()> {
+    matmul_quantized_many(&mut [(*w, y)], acts)
+}
+
+/// Several matrices against the same activations as one job on the pool (q/k/v, gate/up): one
+/// synchronisation instead of one per matrix. Each output is computed exactly as alone.
+pub fn matmul_quantized_many(
+    parts: &mut [(MatRef, &mut [f32])],
+    acts: &QuantizedActs,
+) -> Result<()> {
+    let jobs: Vec<RowJob> = parts
+        .iter_mut()
+        .map(|(w, y)| RowJob::new(w, acts, y))
+        .collect::<Result<_>>()?;
+    // Row offsets of each matrix in the concatenated row space.
+    let mut starts = Vec::with_capacity(jobs.len() + 1);
+    let mut total = 0;
+    for j in &jobs {
+        starts.push(total);
+        total += j.w.n;
+    }
+    starts.push(total);
+    let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
+    let pool = pool::global();
+    let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
+    pool.for_chunks(total, chunk, |g| {
+        for (i, j) in jobs.iter().enumerate() {
+            let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
+            if lo < hi {
+                j.run(acts, lo - starts[i]..hi - starts[i]);
             }
         }
     });
@@ -341,6 +401,55 @@ mod tests {
                 }
             }
             assert!(worst < 0.02, "{ty}: normalised error {worst}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod fused_tests {
+    use super::*;
+    use crate::quant::quantize_row;
+
+    /// Fused matrices (different row counts, one shared input) give exactly what each gives alone.
+    #[test]
+    fn fused_equals_separate() {
+        let (k, n_tok, ty) = (64, 5, GgmlType::Q4_1);
+        let rb = ty.row_bytes(k).unwrap();
+        let make = |n: usize, off: f32| {
+            let mut q = vec![0u8; rb * n];
+            for (r, dst) in q.chunks_mut(rb).enumerate() {
+                let src: Vec<f32> = (0..k)
+                    .map(|i| ((r * k + i) as f32 * 0.13 + off).sin())
+                    .collect();
+                quantize_row(ty, &src, dst).unwrap();
+            }
+            q
+        };
+        let (a, b, c) = (make(37, 0.0), make(6, 1.0), make(90, 2.0));
+        let mats = [(&a, 37), (&b, 6), (&c, 90)].map(|(d, n)| MatRef { ty, k, n, data: d });
+        let x: Vec<f32> = (0..k * n_tok).map(|i| (i as f32 * 0.29).cos()).collect();
+        let acts = QuantizedActs::new(ty, &x, k).unwrap();
+        let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.n * n_tok]).collect();
+        {
+            let [f0, f1, f2] = &mut fused[..] else {
+                unreachable!()
+            };
+            let mut parts = [
+                (mats[0], &mut f0[..]),
+                (mats[1], &mut f1[..]),
+                (mats[2], &mut f2[..]),
+            ];
+            matmul_quantized_many(&mut parts, &acts).unwrap();
+        }
+        for (m, f) in mats.iter().zip(&fused) {
+            let mut alone = vec![0f32; m.n * n_tok];
+            matmul_quantized(m, &acts, &mut alone).unwrap();
+            assert!(
+                alone.iter().zip(f).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{} rows",
+                m.n
+            );
+            assert!(alone.iter().any(|&v| v != 0.0));
         }
     }
 }
