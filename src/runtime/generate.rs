@@ -26,7 +26,11 @@ pub struct Generation {
 impl Generation {
     /// Tokens per second of the prompt (llama-bench's pp) and of decoding (tg).
     pub fn prompt_tps(&self) -> f64 {
-        self.prompt_ids.len() as f64 / (self.ttft_ms / 1e3)
+        if self.ttft_ms > 0.0 {
+            self.prompt_ids.len() as f64 / (self.ttft_ms / 1e3)
+        } else {
+            0.0
+        }
     }
     pub fn decode_tps(&self) -> f64 {
         let n = self.output_ids.len().saturating_sub(1);
