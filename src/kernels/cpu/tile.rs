@@ -129,12 +129,6 @@ tiles!(
     crate::kernels::cpu::avx2::dot_us8,
     crate::kernels::cpu::avx2::dot_ss8
 );
-tiles!(
-    avx512,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    crate::kernels::cpu::avx512::dot_us8,
-    crate::kernels::cpu::avx512::dot_ss8
-);
 
 /// The `R` x `T` tile kernel for `wty` under `isa`, when there is one.
 pub fn tile_fn<const R: usize, const T: usize>(
@@ -159,17 +153,16 @@ pub fn tile_fn<const R: usize, const T: usize>(
         // SAFETY: T == 4, so the two fn pointer types are the same type.
         return Some(unsafe { std::mem::transmute::<TileFn<R, 4>, TileFn<R, T>>(wide) });
     }
-    let f: TileFn<R, T> = match (isa, wty) {
-        (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0::<R, T>,
-        (Isa::Avx2, GgmlType::Q4_1) => avx2::q4_1::<R, T>,
-        (Isa::Avx2, GgmlType::Q5_0) => avx2::q5_0::<R, T>,
-        (Isa::Avx2, GgmlType::Q5_1) => avx2::q5_1::<R, T>,
-        (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0::<R, T>,
-        (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0::<R, T>,
-        (Isa::Avx512, GgmlType::Q4_1) => avx512::q4_1::<R, T>,
-        (Isa::Avx512, GgmlType::Q5_0) => avx512::q5_0::<R, T>,
-        (Isa::Avx512, GgmlType::Q5_1) => avx512::q5_1::<R, T>,
-        (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0::<R, T>,
+    // Other shapes, and AVX-512 CPUs outside the wide tiles, use the AVX2 tiles (same numbers).
+    if isa == Isa::Scalar {
+        return None;
+    }
+    let f: TileFn<R, T> = match wty {
+        GgmlType::Q4_0 => avx2::q4_0::<R, T>,
+        GgmlType::Q4_1 => avx2::q4_1::<R, T>,
+        GgmlType::Q5_0 => avx2::q5_0::<R, T>,
+        GgmlType::Q5_1 => avx2::q5_1::<R, T>,
+        GgmlType::Q8_0 => avx2::q8_0::<R, T>,
         _ => return None,
     };
     Some(f)
