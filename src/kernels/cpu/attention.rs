@@ -21,66 +21,59 @@ fn f16_bytes(x: &[f16]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
 }
 
-/// One (token, head) item: scores over positions `0..n_kv`, softmax, weighted sum of values.
-/// `dot` and `axpy` are the variant's F16 dot and `o = fma(p, v, o)`; inlined into each variant.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attend_one(
-    qh: &[f16],
-    k_cache: &[f16],
-    v_cache: &[f16],
+/// One (token, head) item: its f16 query and the key/value rows it attends to.
+struct Item<'a> {
+    q: &'a [f16],
+    k_cache: &'a [f16],
+    v_cache: &'a [f16],
+    /// Offset of this head's kv head within a cache row.
     off: usize,
+    /// Cache row length (n_head_kv * head_dim).
     stride: usize,
+    /// Positions attended: 0..n_kv.
     n_kv: usize,
     scale: f32,
+}
+
+impl Item<'_> {
+    fn key(&self, j: usize) -> &[f16] {
+        let at = j * self.stride + self.off;
+        &self.k_cache[at..at + self.q.len()]
+    }
+    fn value(&self, j: usize) -> &[f16] {
+        let at = j * self.stride + self.off;
+        &self.v_cache[at..at + self.q.len()]
+    }
+}
+
+/// Scores over positions `0..n_kv`, softmax, weighted sum of values into `o`. `dot` and `axpy`
+/// are the variant's F16 dot and `o = fma(p, v, o)`; inlined into each variant.
+#[inline(always)]
+fn attend_one(
+    it: &Item,
     scores: &mut Vec<f32>,
     o: &mut [f32],
     dot: impl Fn(&[u8], &[u8], usize) -> f32,
     axpy: impl Fn(&mut [f32], f32, &[f16]),
 ) {
-    let hd = qh.len();
+    let hd = it.q.len();
     scores.clear();
-    for j in 0..n_kv {
-        let kj = &k_cache[j * stride + off..j * stride + off + hd];
-        scores.push(dot(f16_bytes(kj), f16_bytes(qh), hd) * scale);
+    for j in 0..it.n_kv {
+        scores.push(dot(f16_bytes(it.key(j)), f16_bytes(it.q), hd) * it.scale);
     }
     super::ops::softmax(scores);
     o.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
-        let p = f16::from_f32(p).to_f32();
-        axpy(o, p, &v_cache[j * stride + off..j * stride + off + hd]);
+        axpy(o, f16::from_f32(p).to_f32(), it.value(j));
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_one_scalar(
-    qh: &[f16],
-    k: &[f16],
-    v: &[f16],
-    off: usize,
-    stride: usize,
-    n_kv: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    attend_one(
-        qh,
-        k,
-        v,
-        off,
-        stride,
-        n_kv,
-        scale,
-        scores,
-        o,
-        super::scalar::vec_dot_f16,
-        |o, p, v| {
-            for (a, x) in o.iter_mut().zip(v) {
-                *a = p.mul_add(x.to_f32(), *a);
-            }
-        },
-    );
+fn attend_one_scalar(it: &Item, scores: &mut Vec<f32>, o: &mut [f32]) {
+    attend_one(it, scores, o, super::scalar::vec_dot_f16, |o, p, v| {
+        for (a, x) in o.iter_mut().zip(v) {
+            *a = p.mul_add(x.to_f32(), *a);
+        }
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -88,6 +81,8 @@ mod simd {
     #![allow(unsafe_op_in_unsafe_fn)]
     use half::f16;
     use std::arch::x86_64::*;
+
+    use super::Item;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -107,31 +102,14 @@ mod simd {
     }
 
     /// `attend_one` with the AVX2 F16 dot and axpy inlined.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn attend_one(
-        qh: &[f16],
-        k: &[f16],
-        v: &[f16],
-        off: usize,
-        stride: usize,
-        n_kv: usize,
-        scale: f32,
-        scores: &mut Vec<f32>,
-        o: &mut [f32],
-    ) {
-        let hd = qh.len();
+    pub unsafe fn attend_one(it: &Item, scores: &mut Vec<f32>, o: &mut [f32]) {
+        let hd = it.q.len();
         if hd.is_multiple_of(32) && hd <= 128 && o.len() == hd {
-            return attend_one_regs(qh, k, v, off, stride, n_kv, scale, scores, o);
+            return attend_one_regs(it, scores, o);
         }
         super::attend_one(
-            qh,
-            k,
-            v,
-            off,
-            stride,
-            n_kv,
-            scale,
+            it,
             scores,
             o,
             |w, a, n| unsafe { crate::kernels::cpu::avx2::vec_dot_f16(w, a, n) },
@@ -143,30 +121,19 @@ mod simd {
     /// and the output kept in registers across positions. The arithmetic is `vec_dot_f16`'s
     /// (four 8-lane FMA chains over 32-element steps, `(c0 + c1) + (c2 + c3)`, `hsum8`) and
     /// `axpy_f16`'s (one FMA per element and position, in position order).
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_one_regs(
-        qh: &[f16],
-        k: &[f16],
-        v: &[f16],
-        off: usize,
-        stride: usize,
-        n_kv: usize,
-        scale: f32,
-        scores: &mut Vec<f32>,
-        o: &mut [f32],
-    ) {
+    unsafe fn attend_one_regs(it: &Item, scores: &mut Vec<f32>, o: &mut [f32]) {
         use crate::kernels::cpu::avx2::hsum8;
-        let hd = qh.len();
+        let hd = it.q.len();
         let nv = hd / 8;
         let load = |x: &[f16], i: usize| _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast()));
         let mut q = [_mm256_setzero_ps(); 16];
         for (c, qc) in q.iter_mut().enumerate().take(nv) {
-            *qc = load(qh, 8 * c);
+            *qc = load(it.q, 8 * c);
         }
         scores.clear();
-        for j in 0..n_kv {
-            let kj = &k[j * stride + off..j * stride + off + hd];
+        for j in 0..it.n_kv {
+            let kj = it.key(j);
             let mut acc = [_mm256_setzero_ps(); 4];
             for step in 0..hd / 32 {
                 for (c, a) in acc.iter_mut().enumerate() {
@@ -175,13 +142,13 @@ mod simd {
                 }
             }
             let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-            scores.push(hsum8(s) * scale);
+            scores.push(hsum8(s) * it.scale);
         }
         super::super::ops::softmax(scores);
         let mut acc = [_mm256_setzero_ps(); 16];
         for (j, &p) in scores.iter().enumerate() {
             let p = _mm256_set1_ps(f16::from_f32(p).to_f32());
-            let vj = &v[j * stride + off..j * stride + off + hd];
+            let vj = it.value(j);
             for (c, a) in acc.iter_mut().enumerate().take(nv) {
                 *a = _mm256_fmadd_ps(p, load(vj, 8 * c), *a);
             }
@@ -231,46 +198,31 @@ fn attention_with(
         let mut scores = Vec::new();
         for idx in range {
             let (t, h) = (idx / s.n_head, idx % s.n_head);
-            let off = (h / group) * hd;
-            let n_kv = pos0 + t + 1;
             for (d, &v) in qh
                 .iter_mut()
                 .zip(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd])
             {
                 *d = f16::from_f32(v);
             }
+            let it = Item {
+                q: &qh,
+                k_cache,
+                v_cache,
+                off: (h / group) * hd,
+                stride: kv_dim,
+                n_kv: pos0 + t + 1,
+                scale,
+            };
             // SAFETY: item idx owns out[idx * hd..(idx + 1) * hd]; items are disjoint across tasks
             // and `out` outlives the job.
             let o = unsafe { std::slice::from_raw_parts_mut(shared.0.add(idx * hd), hd) };
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX2, FMA and F16C are present (checked above).
-                unsafe {
-                    simd::attend_one(
-                        &qh,
-                        k_cache,
-                        v_cache,
-                        off,
-                        kv_dim,
-                        n_kv,
-                        scale,
-                        &mut scores,
-                        o,
-                    )
-                };
+                unsafe { simd::attend_one(&it, &mut scores, o) };
                 continue;
             }
-            attend_one_scalar(
-                &qh,
-                k_cache,
-                v_cache,
-                off,
-                kv_dim,
-                n_kv,
-                scale,
-                &mut scores,
-                o,
-            );
+            attend_one_scalar(&it, &mut scores, o);
         }
     });
 }

@@ -175,95 +175,75 @@ impl<'a> RowJob<'a> {
         })
     }
 
-    /// Computes rows `rows` of this matrix for every token.
-    fn run(&self, acts: &QuantizedActs, rows: std::ops::Range<usize>) {
-        let (w, wrb, dot, out) = (&self.w, self.wrb, self.dot, &self.out);
+    fn row(&self, r: usize) -> &[u8] {
+        &self.w.data[r * self.wrb..(r + 1) * self.wrb]
+    }
+
+    /// Writes output (token t, row r).
+    fn put(&self, t: usize, r: usize, v: f32) {
+        // SAFETY: callers pass t < n_tok and r < n, so t * n + r is inside y (checked in `new`),
+        // and each (t, r) is written by exactly one task because row ranges are disjoint.
+        unsafe { self.out.write(t * self.w.n + r, v) }
+    }
+
+    /// Row r against token t with the single-row kernel.
+    fn dot(&self, acts: &QuantizedActs, r: usize, t: usize) -> f32 {
+        // SAFETY: dot_fn returns only variants this CPU supports.
+        unsafe { (self.dot)(self.row(r), acts.row(t), self.w.k) }
+    }
+
+    /// Rows `r..end` in blocks of `R` through `tile` (four tokens at a time, the token tail by
+    /// single dots); returns the first row not done (`end` minus fewer than `R`).
+    #[cfg(target_arch = "x86_64")]
+    fn tiled<const R: usize>(
+        &self,
+        acts: &QuantizedActs,
+        mut r: usize,
+        end: usize,
+        tile: Option<super::tile::TileFn<R, 4>>,
+    ) -> usize {
         let n_tok = acts.n_tok;
-        let n = w.n;
-        let row = |r: usize| &w.data[r * wrb..(r + 1) * wrb];
-        // SAFETY (all writes below): (t, r) has t < n_tok and r < n, so t * n + r is inside y
-        // (checked in `new`), and each (t, r) is written by exactly one task because row ranges
-        // are disjoint.
-        let put = |t: usize, r: usize, v: f32| unsafe { out.write(t * n + r, v) };
-        #[cfg(target_arch = "x86_64")]
-        let (tile44, tile24, tile14) = self.tiles;
-        let mut r = rows.start;
-        // SAFETY (tile calls): tile_fn returns only kernels this CPU supports.
-        #[cfg(target_arch = "x86_64")]
-        if let Some(tile) = tile44.filter(|_| n_tok >= 4) {
-            while r + 4 <= rows.end {
-                let mut t = 0;
-                while t + 4 <= n_tok {
-                    let a = [
-                        acts.row(t),
-                        acts.row(t + 1),
-                        acts.row(t + 2),
-                        acts.row(t + 3),
-                    ];
-                    let v = unsafe { tile([row(r), row(r + 1), row(r + 2), row(r + 3)], a) };
-                    for (i, vr) in v.iter().enumerate() {
-                        for (j, &x) in vr.iter().enumerate() {
-                            put(t + j, r + i, x);
-                        }
-                    }
-                    t += 4;
-                }
-                for t in t..n_tok {
-                    for i in 0..4 {
-                        put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
+        let Some(tile) = tile.filter(|_| n_tok >= 4) else {
+            return r;
+        };
+        while r + R <= end {
+            let mut t = 0;
+            while t + 4 <= n_tok {
+                let a = std::array::from_fn(|j| acts.row(t + j));
+                // SAFETY: tile_fn returns only kernels this CPU supports.
+                let v = unsafe { tile(std::array::from_fn(|i| self.row(r + i)), a) };
+                for (i, vr) in v.iter().enumerate() {
+                    for (j, &x) in vr.iter().enumerate() {
+                        self.put(t + j, r + i, x);
                     }
                 }
-                r += 4;
+                t += 4;
             }
+            for t in t..n_tok {
+                for i in 0..R {
+                    self.put(t, r + i, self.dot(acts, r + i, t));
+                }
+            }
+            r += R;
         }
+        r
+    }
+
+    /// Computes rows `rows` of this matrix for every token: tiles of four rows, then two, then
+    /// one; single dots for what is left (decode, or a CPU without tiles).
+    fn run(&self, acts: &QuantizedActs, rows: std::ops::Range<usize>) {
+        #[allow(unused_mut)]
+        let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
-        if let Some(tile) = tile24.filter(|_| n_tok >= 4) {
-            while r + 2 <= rows.end {
-                let mut t = 0;
-                while t + 4 <= n_tok {
-                    let a = [
-                        acts.row(t),
-                        acts.row(t + 1),
-                        acts.row(t + 2),
-                        acts.row(t + 3),
-                    ];
-                    let v = unsafe { tile([row(r), row(r + 1)], a) };
-                    for (i, vr) in v.iter().enumerate() {
-                        for (j, &x) in vr.iter().enumerate() {
-                            put(t + j, r + i, x);
-                        }
-                    }
-                    t += 4;
-                }
-                for t in t..n_tok {
-                    for i in 0..2 {
-                        put(t, r + i, unsafe { dot(row(r + i), acts.row(t), w.k) });
-                    }
-                }
-                r += 2;
-            }
+        {
+            let (t4, t2, t1) = self.tiles;
+            r = self.tiled(acts, r, rows.end, t4);
+            r = self.tiled(acts, r, rows.end, t2);
+            r = self.tiled(acts, r, rows.end, t1);
         }
         for r in r..rows.end {
-            let mut t0 = 0;
-            #[cfg(target_arch = "x86_64")]
-            if let Some(tile) = tile14 {
-                while t0 + 4 <= n_tok {
-                    let a = [
-                        acts.row(t0),
-                        acts.row(t0 + 1),
-                        acts.row(t0 + 2),
-                        acts.row(t0 + 3),
-                    ];
-                    let v = unsafe { tile([row(r)], a) };
-                    for (j, &x) in v[0].iter().enumerate() {
-                        put(t0 + j, r, x);
-                    }
-                    t0 += 4;
-                }
-            }
-            for t in t0..n_tok {
-                // SAFETY: dot_fn returns only variants this CPU supports.
-                put(t, r, unsafe { dot(row(r), acts.row(t), w.k) });
+            for t in 0..acts.n_tok {
+                self.put(t, r, self.dot(acts, r, t));
             }
         }
     }
