@@ -13,6 +13,8 @@ pub mod quantize;
 pub mod types;
 
 #[cfg(test)]
+pub(crate) mod testdata;
+#[cfg(test)]
 mod tests;
 
 pub use blocks::{

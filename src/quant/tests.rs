@@ -2,35 +2,8 @@
 //! hand-computed values.
 
 use super::blocks::*;
+use super::testdata::{Rng, pattern, random_k_row};
 use super::*;
-
-/// ggml's test pattern.
-fn pattern(n: usize, offset: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
-        .collect()
-}
-
-/// xorshift64*: deterministic bytes for random blocks.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next() >> 56) as u8).collect()
-    }
-    /// A finite scale of magnitude 10^-3..10^-1, random sign.
-    fn scale(&mut self, signed: bool) -> F16Le {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let mag = 10f64.powf(-3.0 + 2.0 * u) as f32;
-        let neg = signed && self.next() & 1 == 1;
-        F16Le::from_f32(if neg { -mag } else { mag })
-    }
-}
 
 /// A weight row of `n` elements of `ty`: quantised from a pattern where oato can, otherwise random
 /// blocks with sane scales.
@@ -39,32 +12,7 @@ fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     if quantize_row(ty, &pattern(n, 0.5), &mut w).is_ok() {
         return w;
     }
-    let mut w = rng.bytes(w.len());
-    macro_rules! fix {
-        ($b:ty, |$x:ident| $body:expr) => {
-            for $x in as_blocks_mut::<$b>(&mut w).unwrap() {
-                $body;
-            }
-        };
-    }
-    match ty {
-        GgmlType::Q2_K => fix!(BlockQ2K, |x| {
-            x.d = rng.scale(true);
-            x.dmin = rng.scale(true)
-        }),
-        GgmlType::Q3_K => fix!(BlockQ3K, |x| x.d = rng.scale(true)),
-        GgmlType::Q4_K => fix!(BlockQ4K, |x| {
-            x.d = rng.scale(false);
-            x.dmin = rng.scale(false)
-        }),
-        GgmlType::Q5_K => fix!(BlockQ5K, |x| {
-            x.d = rng.scale(false);
-            x.dmin = rng.scale(false)
-        }),
-        GgmlType::Q6_K => fix!(BlockQ6K, |x| x.d = rng.scale(true)),
-        _ => unreachable!("{ty}"),
-    }
-    w
+    random_k_row(ty, n, rng)
 }
 
 const WEIGHT_TYPES: [GgmlType; 13] = {

@@ -257,91 +257,11 @@ pub fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     sumf
 }
 
-/// Test data shared by the K-quant tests here and in `kernels::cpu`.
-#[cfg(test)]
-pub(crate) mod testdata {
-    use crate::quant::blocks::*;
-    use crate::quant::{GgmlType, as_blocks_mut, quantize_row};
-
-    /// xorshift64*: deterministic bytes for random blocks.
-    pub struct Rng(pub u64);
-    impl Rng {
-        pub fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| (self.next() >> 56) as u8).collect()
-        }
-        /// A finite f16 scale of magnitude 10^-3..10^-1, random sign when `signed`.
-        pub fn scale(&mut self, signed: bool) -> F16Le {
-            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            let mag = 10f64.powf(-3.0 + 2.0 * u) as f32;
-            let neg = signed && self.next() & 1 == 1;
-            F16Le::from_f32(if neg { -mag } else { mag })
-        }
-    }
-
-    pub const K_TYPES: [GgmlType; 5] = [
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
-
-    /// A row of `n` elements of K-quant `ty`: random bytes, then finite super-block scales.
-    pub fn random_k_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
-        let mut w = rng.bytes(ty.row_bytes(n).unwrap());
-        macro_rules! fix {
-            ($b:ty, |$x:ident| $body:expr) => {
-                for $x in as_blocks_mut::<$b>(&mut w).unwrap() {
-                    $body;
-                }
-            };
-        }
-        match ty {
-            GgmlType::Q2_K => fix!(BlockQ2K, |x| {
-                x.d = rng.scale(true);
-                x.dmin = rng.scale(true)
-            }),
-            GgmlType::Q3_K => fix!(BlockQ3K, |x| x.d = rng.scale(true)),
-            GgmlType::Q4_K => fix!(BlockQ4K, |x| {
-                x.d = rng.scale(false);
-                x.dmin = rng.scale(false)
-            }),
-            GgmlType::Q5_K => fix!(BlockQ5K, |x| {
-                x.d = rng.scale(false);
-                x.dmin = rng.scale(false)
-            }),
-            GgmlType::Q6_K => fix!(BlockQ6K, |x| x.d = rng.scale(true)),
-            _ => panic!("random_k_row: {ty} is not a K-quant"),
-        }
-        w
-    }
-
-    /// ggml's test pattern `0.1 + 2 cos(i + offset)`.
-    pub fn pattern(n: usize, offset: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
-            .collect()
-    }
-
-    /// A Q8_K activation row quantised from the pattern.
-    pub fn q8_k_row(n: usize, offset: f32) -> Vec<u8> {
-        let mut a = vec![0u8; GgmlType::Q8_K.row_bytes(n).unwrap()];
-        quantize_row(GgmlType::Q8_K, &pattern(n, offset), &mut a).unwrap();
-        a
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testdata::*;
     use super::*;
     use crate::kernels::cpu::{Isa, dot_fn};
+    use crate::quant::testdata::*;
     use crate::quant::{GgmlType, as_blocks, dequantize_row, vec_dot as vec_dot_reference};
 
     fn canonical(wty: GgmlType, w: &[u8], a: &[u8]) -> f32 {

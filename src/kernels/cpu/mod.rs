@@ -306,8 +306,8 @@ mod tests {
     /// valid blocks, and that result agrees with ggml's reference order to rounding.
     #[test]
     fn k_quants_every_variant_is_bit_identical_to_scalar() {
+        use crate::quant::testdata::*;
         use crate::quant::{dequantize_row, vec_dot as vec_dot_reference};
-        use kquants::testdata::*;
         let mut rng = Rng(0x0DDB_A11C_AFE5_EED5);
         for wty in K_TYPES {
             for n in [256usize, 512, 256 * 6] {
@@ -346,8 +346,8 @@ mod tests {
     /// and 127) must not saturate any variant's 16-bit intermediates.
     #[test]
     fn k_quants_extremes_are_bit_identical() {
+        use crate::quant::testdata::*;
         use crate::quant::{BlockQ8K, F32Le, I16Le, as_blocks_mut};
-        use kquants::testdata::*;
         let n = 512;
         let mut rng = Rng(99);
         let mut activations = Vec::new();
