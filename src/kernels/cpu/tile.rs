@@ -84,7 +84,7 @@ macro_rules! tiles {
             pub unsafe fn q4_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
                 let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(8);
-                tile_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (_mm256_sub_epi8(nibbles32(&x.qs), off), tab[x.d.bits() as usize], 0.0), |y| 0.0 * tab[y.d.bits() as usize], $ss, false)
+                tile_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (_mm256_sub_epi8(nibbles32(&x.qs), off), tab[x.d.bits() as usize], 0.0), |_y| 0.0, $ss, false)
             }
 
             #[target_feature(enable = $feat)]
@@ -100,7 +100,7 @@ macro_rules! tiles {
                 tile_body!(
                     tab, w, a, BlockQ5_0, BlockQ8_0,
                     |x| (_mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off), tab[x.d.bits() as usize], 0.0),
-                    |y| 0.0 * tab[y.d.bits() as usize], $ss, false
+                    |_y| 0.0, $ss, false
                 )
             }
 
@@ -117,7 +117,7 @@ macro_rules! tiles {
             #[target_feature(enable = $feat)]
             pub unsafe fn q8_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
                 let tab = crate::kernels::cpu::avx2::f16_table();
-                tile_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0), |y| 0.0 * tab[y.d.bits() as usize], $ss, false)
+                tile_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0), |_y| 0.0, $ss, false)
             }
         }
     };
