@@ -89,7 +89,7 @@ fn golden_greedy() {
     let g = golden();
     let model = Model::open(model_path()).unwrap();
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let mut session = Session::new(&model, 512);
+    let mut session = Session::new(&model, 512).unwrap();
     let mut failures = Vec::new();
     for p in g["prompts"].as_array().unwrap() {
         let prompt = p["prompt"].as_str().unwrap();

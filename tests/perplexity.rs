@@ -20,7 +20,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let tokens = tok.encode(&text, true, false).unwrap();
     assert_eq!(tokens.len(), want_tokens, "token count of the text");
-    let mut session = Session::new(&model, 512);
+    let mut session = Session::new(&model, 512).unwrap();
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let p = perplexity(&mut session, &tokens, 512, bos).unwrap();
     let rel = (p.ppl - want).abs() / want;

@@ -203,7 +203,7 @@ fn prefill_logits_match_reference() {
     let m = model();
     let r = reference();
     let n_vocab = m.hp.n_vocab;
-    let mut s = Session::new(&m, 64);
+    let mut s = Session::new(&m, 64).unwrap();
     let logits = s.forward(&r.prompt, Logits::All).expect("prefill");
     assert_eq!(logits.len(), r.prompt.len() * n_vocab);
 
@@ -250,7 +250,7 @@ fn prefill_logits_match_reference() {
 fn greedy_decode_matches_reference() {
     let m = model();
     let r = reference();
-    let mut s = Session::new(&m, 64);
+    let mut s = Session::new(&m, 64).unwrap();
     let mut last = s.forward(&r.prompt, Logits::Last).expect("prefill");
     let mut ours = Vec::new();
     let mut worst_margin_err = (0.0f64, 0usize);
@@ -302,11 +302,11 @@ fn batched_prefill_equals_token_by_token() {
     let m = model();
     let r = reference();
     let n_vocab = m.hp.n_vocab;
-    let mut batched = Session::new(&m, 64);
+    let mut batched = Session::new(&m, 64).unwrap();
     let all = batched
         .forward(&r.prompt, Logits::All)
         .expect("batched prefill");
-    let mut stepped = Session::new(&m, 64);
+    let mut stepped = Session::new(&m, 64).unwrap();
     let mut steps = Vec::with_capacity(all.len());
     for &tok in &r.prompt {
         steps.extend(stepped.forward(&[tok], Logits::Last).expect("decode step"));
@@ -338,7 +338,7 @@ fn batched_prefill_equals_token_by_token() {
 
     // Logits::Last of a batched prefill is the last row of Logits::All (the same computation; only
     // the output head's batch differs).
-    let mut again = Session::new(&m, 64);
+    let mut again = Session::new(&m, 64).unwrap();
     let last_only = again
         .forward(&r.prompt, Logits::Last)
         .expect("prefill, last logits");

@@ -428,7 +428,7 @@ fn time_test(
     rng: &mut TokenRng,
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
-    let mut session = Session::new(model, n_prompt + n_gen);
+    let mut session = Session::new(model, n_prompt + n_gen)?;
     let mut run = |session: &mut Session, n_prompt: usize, n_gen: usize| -> Result<u64> {
         let prompt = rng.tokens(n_prompt, n_vocab, bos);
         let gen_tokens = rng.tokens(n_gen, n_vocab, bos);

@@ -40,7 +40,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     } else {
         None
     };
-    let mut session = Session::new(&model, a.ctx);
+    let mut session = Session::new(&model, a.ctx)?;
     let t0 = std::time::Instant::now();
     let p = perplexity(&mut session, &tokens, a.ctx, bos)?;
     let secs = t0.elapsed().as_secs_f64();

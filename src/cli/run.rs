@@ -137,7 +137,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    let mut session = Session::new(&model, ctx);
+    let mut session = Session::new(&model, ctx)?;
     // Warm-up: one token through every layer, so the first timed step does not pay page faults.
     session.forward(&prompt_ids[..1], Logits::Last)?;
     session.reset();

@@ -4,6 +4,7 @@
 pub mod hparams;
 
 use std::path::Path;
+use std::sync::Arc;
 
 pub use hparams::{Arch, HParams, RopeParams};
 
@@ -50,7 +51,7 @@ pub struct LayerWeights {
 
 /// A model ready to run: the open file, its hyper-parameters and its tensors.
 pub struct Model {
-    pub file: GgufFile,
+    pub file: Arc<GgufFile>,
     pub hp: HParams,
     pub token_embd: WeightRef,
     pub output_norm: Vec<f32>,
@@ -122,7 +123,7 @@ impl Model {
             None => None,
         };
         Ok(Model {
-            file,
+            file: Arc::new(file),
             hp,
             token_embd,
             output_norm,

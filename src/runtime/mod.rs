@@ -1,5 +1,8 @@
-//! Running a model: KV cache, forward pass, sampling, generation with metrics, perplexity.
+//! Running a model: backends (CPU, CUDA), KV cache, the forward pass over backends, sampling,
+//! generation with metrics, perplexity.
 
+pub mod backend;
+pub mod cpu_backend;
 pub mod forward;
 pub mod generate;
 pub mod kv_cache;

@@ -33,10 +33,10 @@ pub fn perplexity(
     n_ctx: usize,
     bos: Option<u32>,
 ) -> Result<Perplexity> {
-    if n_ctx < 4 || n_ctx > session.cache.n_ctx {
+    if n_ctx < 4 || n_ctx > session.n_ctx {
         return Err(Error::Usage(format!(
             "--ctx {n_ctx} must be between 4 and the cache size {}",
-            session.cache.n_ctx
+            session.n_ctx
         )));
     }
     let windows = tokens.len() / n_ctx;

@@ -9,7 +9,7 @@ use crate::kernels::cpu::matmul::SharedOut;
 use crate::kernels::cpu::{Isa, isa, pool};
 
 /// Shapes of one attention call.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnShape {
     pub n_head: usize,
     pub n_head_kv: usize,

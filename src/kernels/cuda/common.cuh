@@ -1,0 +1,240 @@
+// common.cuh: what every oato CUDA kernel file shares. The host hands this file to NVRTC as the
+// in-memory header "common.cuh"; each .cu includes only it (and CUDA's own headers).
+//
+// - Fixed-width integer names (NVRTC has no <cstdint>).
+// - The ggml block layouts, byte for byte as src/quant/blocks.rs declares them, each size checked.
+// - Loads of 32-bit words from block fields that are only 2-byte aligned.
+// - Warp reductions, and the unpacking of the packed K-quant scales.
+//
+// Alignment. GGUF packs blocks at their type size (18, 20, 22, ... bytes) after a 32-byte aligned
+// tensor start, so a block starts on a 2-byte boundary only (every block holds an f16, and every
+// size is even). The structs below therefore have alignment 2 (their f16 members), and a field
+// wider than 2 bytes is read with the ld_u32_* helpers, never by casting to int*.
+
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+static_assert(sizeof(i8) == 1 && sizeof(u16) == 2 && sizeof(u32) == 4 && sizeof(i64) == 8,
+              "fixed-width integer typedefs");
+
+// ---------------------------------------------------------------------------------------------
+// Block layouts (ggml-common.h; src/quant/blocks.rs)
+
+#define QK 32        // elements in a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q8_1 block
+#define QK_K 256     // elements in a K-quant super-block
+#define K_SCALE_SIZE 12 // bytes of packed 6-bit scales and mins in Q4_K / Q5_K
+
+// 32 weights x = d * (q - 8), q in 0..16.
+struct block_q4_0 {
+    __half d;        // delta
+    u8 qs[QK / 2];   // nibbles: element j in the low nibble of qs[j], j + 16 in the high one
+};
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
+
+// 32 weights x = d * q + m, q in 0..16.
+struct block_q4_1 {
+    __half d;        // delta
+    __half m;        // min
+    u8 qs[QK / 2];   // nibbles, as block_q4_0
+};
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 is 20 bytes");
+
+// 32 weights x = d * (q - 16), q in 0..32.
+struct block_q5_0 {
+    __half d;        // delta
+    u8 qh[4];        // fifth bits: bit j of the little-endian u32 belongs to element j
+    u8 qs[QK / 2];   // low 4 bits, as block_q4_0
+};
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 is 22 bytes");
+
+// 32 weights x = d * q + m, q in 0..32.
+struct block_q5_1 {
+    __half d;        // delta
+    __half m;        // min
+    u8 qh[4];        // fifth bits, as block_q5_0
+    u8 qs[QK / 2];   // low 4 bits, as block_q4_0
+};
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 is 24 bytes");
+
+// 32 values x = d * q, q in -128..128.
+struct block_q8_0 {
+    __half d;        // delta
+    i8 qs[QK];       // quants
+};
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
+
+// 32 activations x = d * q, with s = d * sum(q) (both f16). quantize_q8_1 writes these into
+// buffers from cudaMalloc, so here (and only here) d/s and qs are 4-byte aligned and are read
+// as a __half2 and as ints.
+struct block_q8_1 {
+    __half d;        // delta
+    __half s;        // d * sum(qs[i])
+    i8 qs[QK];       // quants
+};
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 is 36 bytes");
+
+// 256 weights in 16 groups of 16: x = d * (sc & 15) * q - dmin * (sc >> 4), q in 0..4.
+// Element e is bits 2 * ((e / 32) % 4) of qs[32 * (e / 128) + e % 32], with scale byte e / 16.
+struct block_q2_K {
+    u8 scales[QK_K / 16]; // scales (low nibble) and mins (high nibble), 4 bits each
+    u8 qs[QK_K / 4];      // quants, 2 bits each
+    __half d;             // super-block scale for quantized scales
+    __half dmin;          // super-block scale for quantized mins
+};
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K is 84 bytes");
+
+// 256 weights in 16 groups of 16: x = d * (sc - 32) * q, q in -4..4.
+// Element e = 32 * g + l (g = 4 * h + p) is bits 2p of qs[32h + l], minus 4 unless bit g of
+// hmask[l] is set; its scale is number 2g + l / 16 (q3k_scale).
+struct block_q3_K {
+    u8 hmask[QK_K / 8];   // quants, high bit (set means no -4 offset)
+    u8 qs[QK_K / 4];      // quants, low 2 bits
+    u8 scales[12];        // sixteen scales, 6 bits each, packed
+    __half d;             // super-block scale
+};
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K is 110 bytes");
+
+// 256 weights in 8 groups of 32: x = d * sc * q - dmin * m, q in 0..16.
+// 64-element chunk c: low nibbles of qs[32c..32c + 32] (group 2c), then their high nibbles
+// (group 2c + 1).
+struct block_q4_K {
+    __half d;                 // super-block scale for quantized scales
+    __half dmin;              // super-block scale for quantized mins
+    u8 scales[K_SCALE_SIZE];  // scales and mins, quantized with 6 bits (k4_scale_min)
+    u8 qs[QK_K / 2];          // 4-bit quants
+};
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K is 144 bytes");
+
+// 256 weights in 8 groups of 32: x = d * sc * q - dmin * m, q in 0..32.
+// As block_q4_K, plus 16 where bit g (the group) of qh[l] is set (l = element index % 32).
+struct block_q5_K {
+    __half d;                 // super-block scale for quantized scales
+    __half dmin;              // super-block scale for quantized mins
+    u8 scales[K_SCALE_SIZE];  // scales and mins, quantized with 6 bits (k4_scale_min)
+    u8 qh[QK_K / 8];          // quants, high bit
+    u8 qs[QK_K / 2];          // quants, low 4 bits
+};
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K is 176 bytes");
+
+// 256 weights in 16 groups of 16: x = d * sc * (q - 32), q in 0..64.
+// 128-element half h, l in 0..32: elements 128h + l + 32k (k = 0..3) are
+//   k=0: ql[64h + l] & 15       | ((qh[32h + l] >> 0) & 3) << 4
+//   k=1: ql[64h + l + 32] & 15  | ((qh[32h + l] >> 2) & 3) << 4
+//   k=2: ql[64h + l] >> 4       | ((qh[32h + l] >> 4) & 3) << 4
+//   k=3: ql[64h + l + 32] >> 4  | ((qh[32h + l] >> 6) & 3) << 4
+// with scale scales[8h + l / 16 + 2k] (that is, scale number e / 16).
+struct block_q6_K {
+    u8 ql[QK_K / 2];      // quants, lower 4 bits
+    u8 qh[QK_K / 4];      // quants, upper 2 bits
+    i8 scales[QK_K / 16]; // scales, quantized with 8 bits
+    __half d;             // super-block scale
+};
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K is 210 bytes");
+
+static_assert(alignof(block_q4_0) == 2 && alignof(block_q8_1) == 2 && alignof(block_q2_K) == 2 &&
+              alignof(block_q3_K) == 2 && alignof(block_q6_K) == 2,
+              "blocks are 2-byte aligned so that arrays of them have the GGUF stride");
+
+// ---------------------------------------------------------------------------------------------
+// Loads
+
+// A little-endian u32 at a 2-byte aligned address (two 16-bit loads).
+__device__ __forceinline__ u32 ld_u32_a2(const void* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// A u32 at a 4-byte aligned address.
+__device__ __forceinline__ u32 ld_u32_a4(const void* p) {
+    return *(const u32*)p;
+}
+
+// A u32 at an address that is 4-byte aligned when A4, else 2-byte aligned.
+template <bool A4>
+__device__ __forceinline__ u32 ld_u32(const void* p) {
+    return A4 ? ld_u32_a4(p) : ld_u32_a2(p);
+}
+
+// Quant word i (bytes 4i..4i+3) of a Q8_1 activation block (always 4-byte aligned).
+__device__ __forceinline__ int q8_1_int(const block_q8_1* b, int i) {
+    return ((const int*)b->qs)[i];
+}
+
+// (d, s) of a Q8_1 activation block as floats.
+__device__ __forceinline__ float2 q8_1_ds(const block_q8_1* b) {
+    return __half22float2(*(const __half2*)&b->d);
+}
+
+// An f16 field, widened exactly.
+__device__ __forceinline__ float f16f(__half h) {
+    return __half2float(h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp reductions (all 32 lanes take part and all get the result)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed K-quant scales (src/quant/blocks.rs q3_k_scales, k4_scales_mins)
+
+// Q3_K scale s (0..16), re-centred to -32..32. Low 4 bits: low nibble of raw[s] (s < 8) or high
+// nibble of raw[s - 8]; high 2 bits: bits 2 * (s / 4) of raw[8 + s % 4].
+__device__ __forceinline__ int q3k_scale(const u8* raw, int s) {
+    const int low = s < 8 ? (raw[s] & 0x0F) : (raw[s - 8] >> 4);
+    const int high = (raw[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// Q4_K / Q5_K scale and min of group j (0..8), each 6 bits: for j < 4 the low 6 bits of raw[j]
+// and raw[j + 4]; for j >= 4 the low / high nibble of raw[j + 4] with the top 2 bits of
+// raw[j - 4] / raw[j] above them.
+__device__ __forceinline__ void k4_scale_min(const u8* raw, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = raw[j] & 63;
+        m = raw[j + 4] & 63;
+    } else {
+        sc = (raw[j + 4] & 0x0F) | ((raw[j - 4] >> 6) << 4);
+        m = (raw[j + 4] >> 4) | ((raw[j] >> 6) << 4);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte-lane helpers for packed quants
+
+// Four bits b0..b3 (the low bits of `b`) moved to bit 4 of bytes 0..3.
+__device__ __forceinline__ u32 bits4_to_byte_bit4(u32 b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+// Byte-wise a - b, modulo 256 per byte (no borrow between bytes): turns unsigned quants into
+// signed int8 lanes for __dp4a, e.g. 0..15 - 8.
+__device__ __forceinline__ int bytes_sub(u32 a, u32 b) {
+    return (int)__vsub4(a, b);
+}

@@ -1,0 +1,242 @@
+// ops.cu: the non-weight operators on f32 activations, rows of [n_tok, width] row-major:
+// RMSNorm, RoPE, residual add, bias add, SwiGLU, f32 -> f16 copies into the KV cache, and causal
+// grouped-query attention over the f16 KV cache. Meanings follow src/kernels/cpu/ops.rs and
+// src/kernels/cpu/attention.rs. No --use_fast_math: expf, sincosf, sqrtf and divisions must be
+// the accurate ones.
+
+#include "common.cuh"
+
+#define NEG_INF_F (__int_as_float(0xff800000))
+#define NAN_F (__int_as_float(0x7fc00000))
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+// y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 1024). x, y: [n_rows, n].
+extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
+                                        int n, float eps) {
+    __shared__ float partial[32];
+    const float* xr = x + (i64)blockIdx.x * n;
+    float* yr = y + (i64)blockIdx.x * n;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
+    sum = warp_sum(sum);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    const int n_warps = blockDim.x >> 5;
+    sum = lane < n_warps ? partial[lane] : 0.0f;
+    sum = warp_sum(sum); // every warp reduces the partials itself: no second barrier
+    const float scale = 1.0f / sqrtf(sum / (float)n + eps);
+    // Each element is read and written by the same thread, so y == x is safe.
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+// In place on x: [n_tok, n_heads * head_dim], token t at position pos0 + t. Pair i (< n_dims / 2)
+// rotates (i, i + n_dims / 2) when neox, else (2i, 2i + 1), by the angle
+//   theta_i = (pos0 + t) * freq_scale * theta_scale^i,  theta_scale = freq_base^(-2 / n_dims),
+// divided by freq_factors[i] when freq_factors is not null. theta_i is built by i successive f32
+// multiplies, exactly as the CPU (and ggml's CPU) code does. Dimensions >= n_dims are untouched.
+// launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
+extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
+                                    int pos0, float freq_base, float freq_scale, int neox,
+                                    const float* __restrict__ freq_factors) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    if (h >= n_heads || t >= n_tok || n_dims > head_dim || n_dims < 2) return;
+    float* head = x + ((i64)t * n_heads + h) * head_dim;
+    const int half = n_dims / 2;
+    const float theta_scale = powf(freq_base, -2.0f / (float)n_dims);
+    float theta = (float)(pos0 + t) * freq_scale;
+    int at = 0; // theta == theta_0 * theta_scale^at
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        for (; at < i; ++at) theta *= theta_scale;
+        const float a = freq_factors ? theta / freq_factors[i] : theta;
+        float s, c;
+        sincosf(a, &s, &c);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float x0 = head[i0], x1 = head[i1];
+        head[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        head[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise (grid-stride; any grid, e.g. min(ceil(n / 256), 65535))
+
+// x += y.
+// launch: grid any, block (256, 1, 1).
+extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        x[i] += y[i];
+    }
+}
+
+// x[i] += b[i % width] over n = n_rows * width elements.
+// launch: grid any, block (256, 1, 1).
+extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __restrict__ b,
+                                        int width, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        x[i] += b[i % width];
+    }
+}
+
+// g = g / (1 + exp(-g)) * u (silu(g) * u).
+// launch: grid any, block (256, 1, 1).
+extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
+// y = f16(x), round to nearest even (K/V rows into the f16 cache).
+// launch: grid any, block (256, 1, 1).
+extern "C" __global__ void copy_f32_to_f16(const float* __restrict__ x, __half* __restrict__ y,
+                                           i64 n) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        y[i] = __float2half_rn(x[i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+#define ATT_MAX_WARPS 4 // the launch's 128 threads
+#define ATT_MAX_E 8     // head_dim / 32 at most (head_dim <= 256)
+#define ATT_TILE 8      // positions a warp scores at once
+
+// Causal grouped-query attention over an f16 KV cache, one (head h, token t) per thread block:
+//   out[t, h] = sum_j softmax_j(scale * q[t, h] . K[j, h / (n_head / n_head_kv)]) * V[j, ...]
+// over positions j in 0..=pos0 + t. q: [n_tok, n_head * head_dim] f32 (after RoPE), rounded to
+// f16 first as the CPU path does; k_cache, v_cache: [n_ctx, n_head_kv * head_dim] f16 holding
+// positions 0..pos0 + n_tok; out: [n_tok, n_head * head_dim] f32.
+//
+// Each warp takes tiles of 8 positions in turn (tile i goes to warp i % 4) and keeps an online
+// softmax (running max m, running sum l, f32 accumulators); lane l owns dimensions l + 32e. The
+// warps' states are merged at the end through static shared memory (4.1 KB), so any context
+// length works. The CPU rounds the softmax weights to f16 before the value sum; this kernel keeps
+// them in f32 (online softmax never holds the normalised weights), so results agree to rounding,
+// not bit for bit.
+//
+// head_dim must be a multiple of 32 and at most 256, and n_head a multiple of n_head_kv; otherwise
+// (or with a block of other than 32..128 threads in whole warps) the kernel writes NaN into this
+// (t, h)'s output row and touches nothing else.
+// launch: grid (n_head, n_tok, 1), block (128, 1, 1), no dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(128)
+    attention_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                    const __half* __restrict__ v_cache, float* __restrict__ out, int n_tok,
+                    int n_head, int n_head_kv, int head_dim, int pos0, float scale) {
+    __shared__ float sm_m[ATT_MAX_WARPS];
+    __shared__ float sm_l[ATT_MAX_WARPS];
+    __shared__ float sm_acc[ATT_MAX_WARPS][32 * ATT_MAX_E];
+
+    const int h = blockIdx.x, t = blockIdx.y;
+    if (h >= n_head || t >= n_tok || head_dim <= 0) return;
+    float* o = out + ((i64)t * n_head + h) * head_dim;
+    const int n_warps = blockDim.x >> 5;
+    const bool ok = head_dim % 32 == 0 && head_dim <= 32 * ATT_MAX_E && n_head_kv > 0 &&
+                    n_head % n_head_kv == 0 && (blockDim.x & 31) == 0 && n_warps >= 1 &&
+                    n_warps <= ATT_MAX_WARPS && blockDim.y == 1 && pos0 >= 0;
+    if (!ok) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = NAN_F;
+        return;
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int E = head_dim >> 5;
+    const int kvh = h / (n_head / n_head_kv);
+    const i64 kv_stride = (i64)n_head_kv * head_dim;
+    const __half* kb = k_cache + (i64)kvh * head_dim + lane;
+    const __half* vb = v_cache + (i64)kvh * head_dim + lane;
+    const int n_kv = pos0 + t + 1;
+
+    const float* qr = q + ((i64)t * n_head + h) * head_dim + lane;
+    float qv[ATT_MAX_E];
+#pragma unroll
+    for (int e = 0; e < ATT_MAX_E; ++e) {
+        qv[e] = e < E ? __half2float(__float2half_rn(qr[32 * e])) : 0.0f;
+    }
+
+    float m = NEG_INF_F, l = 0.0f;
+    float acc[ATT_MAX_E];
+#pragma unroll
+    for (int e = 0; e < ATT_MAX_E; ++e) acc[e] = 0.0f;
+
+    for (int j0 = warp * ATT_TILE; j0 < n_kv; j0 += n_warps * ATT_TILE) {
+        // Scores of positions j0..j0 + 8 (those past n_kv: -inf). Branches are warp-uniform.
+        float s[ATT_TILE];
+#pragma unroll
+        for (int p = 0; p < ATT_TILE; ++p) {
+            float part = 0.0f;
+            if (j0 + p < n_kv) {
+                const __half* kr = kb + (i64)(j0 + p) * kv_stride;
+#pragma unroll
+                for (int e = 0; e < ATT_MAX_E; ++e) {
+                    if (e < E) part = fmaf(__half2float(kr[32 * e]), qv[e], part);
+                }
+            }
+            s[p] = part;
+        }
+        float m_tile = NEG_INF_F;
+#pragma unroll
+        for (int p = 0; p < ATT_TILE; ++p) {
+            const float dot = warp_sum(s[p]); // all lanes, every p: the shuffles stay in step
+            s[p] = j0 + p < n_kv ? dot * scale : NEG_INF_F;
+            m_tile = fmaxf(m_tile, s[p]);
+        }
+        // Position j0 < n_kv is in the tile, so m_new is finite; exp(-inf) = 0 for a first tile.
+        const float m_new = fmaxf(m, m_tile);
+        const float corr = expf(m - m_new);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < ATT_MAX_E; ++e) acc[e] *= corr;
+#pragma unroll
+        for (int p = 0; p < ATT_TILE; ++p) {
+            if (j0 + p < n_kv) {
+                const float pw = expf(s[p] - m_new);
+                l += pw;
+                const __half* vr = vb + (i64)(j0 + p) * kv_stride;
+#pragma unroll
+                for (int e = 0; e < ATT_MAX_E; ++e) {
+                    if (e < E) acc[e] = fmaf(pw, __half2float(vr[32 * e]), acc[e]);
+                }
+            }
+        }
+        m = m_new;
+    }
+
+    // Merge the warps: weight each by exp(m_w - M), M the largest m_w; a warp that saw no
+    // position has m_w = -inf, l_w = 0 and adds nothing.
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < ATT_MAX_E; ++e) {
+        if (e < E) sm_acc[warp][lane + 32 * e] = acc[e];
+    }
+    __syncthreads();
+    float big = NEG_INF_F;
+    for (int w = 0; w < n_warps; ++w) big = fmaxf(big, sm_m[w]);
+    float f[ATT_MAX_WARPS];
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_MAX_WARPS; ++w) {
+        f[w] = w < n_warps && sm_m[w] != NEG_INF_F ? expf(sm_m[w] - big) : 0.0f;
+        if (w < n_warps) sum += sm_l[w] * f[w];
+    }
+    const float inv = 1.0f / sum;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_MAX_WARPS; ++w) {
+            if (w < n_warps) a += sm_acc[w][d] * f[w];
+        }
+        o[d] = a * inv;
+    }
+}

@@ -1,0 +1,33 @@
+// quantize.cu: f32 activations to Q8_1 blocks, the input format of the mmvq kernels.
+//
+// The arithmetic is src/quant/quantize.rs's quantize_block_q8_1 (the reference `quantize_row`
+// for Q8_1), step for step, so the blocks are bit-identical to it:
+//   amax = max |x|, d = amax / 127, id = d != 0 ? 1 / d : 0, q = round_half_away(x * id),
+//   d stored as f16 (round to nearest even), s = f16(sum(q) as f32 * d).
+// (IEEE division and rounding: the host must not compile with --use_fast_math.)
+
+#include "common.cuh"
+
+// launch: grid (ceil(n_blocks / 8), 1, 1), block (256, 1, 1): one warp per 32-element block,
+// lane i quantises element i. x: [n_blocks * 32] f32; y: [n_blocks] block_q8_1, 4-byte aligned.
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1* __restrict__ y,
+                                         int n_blocks) {
+    const int lane = threadIdx.x & 31;
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+
+    const float v = x[ib * QK + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
+    const float r = roundf(v * id);
+    const int q = r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+    const int sum = warp_sum_int(q);
+
+    block_q8_1* b = y + ib;
+    b->qs[lane] = (i8)q;
+    if (lane == 0) {
+        *(__half2*)&b->d = __halves2half2(__float2half_rn(d), __float2half_rn((float)sum * d));
+    }
+}

@@ -1,0 +1,312 @@
+//! The Backend trait: every operation the forward pass needs, on one device with its own memory,
+//! plus memory queries, accounted allocation and a stopwatch. The CPU engine is one backend
+//! (`cpu_backend`), CUDA another (`cuda_backend`); the executor moves activations between them.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::cpu::attention::AttnShape;
+use crate::model::{RopeParams, WeightRef};
+use crate::quant::GgmlType;
+
+/// What kind of device a backend drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+}
+
+impl DeviceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+        }
+    }
+}
+
+/// Element type of an activation tensor or cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+}
+
+/// What an allocation is for; memory is accounted per category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Category {
+    Weights,
+    KvCache,
+    Workspace,
+}
+
+/// Free and total memory of a device, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free: usize,
+    pub total: usize,
+}
+
+/// Bytes a backend holds now, per category.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub weights: usize,
+    pub kv_cache: usize,
+    pub workspace: usize,
+}
+
+impl Usage {
+    pub fn total(&self) -> usize {
+        self.weights + self.kv_cache + self.workspace
+    }
+}
+
+/// Per-category byte counters shared by a backend and everything it allocated.
+#[derive(Default, Debug)]
+pub struct Ledger {
+    bytes: [AtomicUsize; 3],
+}
+
+impl Ledger {
+    fn slot(cat: Category) -> usize {
+        match cat {
+            Category::Weights => 0,
+            Category::KvCache => 1,
+            Category::Workspace => 2,
+        }
+    }
+
+    pub fn usage(&self) -> Usage {
+        let get = |c| self.bytes[Self::slot(c)].load(Ordering::Relaxed);
+        Usage {
+            weights: get(Category::Weights),
+            kv_cache: get(Category::KvCache),
+            workspace: get(Category::Workspace),
+        }
+    }
+
+    /// Counts `bytes` under `cat` until the returned guard is dropped.
+    pub fn reserve(self: &Arc<Self>, cat: Category, bytes: usize) -> Reservation {
+        self.bytes[Self::slot(cat)].fetch_add(bytes, Ordering::Relaxed);
+        Reservation {
+            ledger: self.clone(),
+            cat,
+            bytes,
+        }
+    }
+}
+
+/// Keeps an allocation counted in its backend's ledger while it lives.
+#[derive(Debug)]
+pub struct Reservation {
+    ledger: Arc<Ledger>,
+    cat: Category,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.ledger.bytes[Ledger::slot(self.cat)].fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A fresh id for a backend instance, so tensors can be checked against the backend given them.
+pub fn next_backend_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A tensor in one backend's memory: `len` elements of `dtype`. Only its backend reads `data`.
+pub struct Tensor {
+    pub device: u64,
+    pub dtype: DType,
+    pub len: usize,
+    pub(crate) data: Box<dyn Any + Send + Sync>,
+}
+
+impl Tensor {
+    pub fn bytes(&self) -> usize {
+        self.len * self.dtype.size()
+    }
+}
+
+/// A weight matrix held by one backend in its GGUF format: `n` rows of `k` (`y = W x`).
+pub struct Weight {
+    pub name: String,
+    pub ty: GgmlType,
+    pub k: usize,
+    pub n: usize,
+    pub bytes: usize,
+    pub device: u64,
+    pub(crate) data: Box<dyn Any + Send + Sync>,
+}
+
+/// Times work on a backend: wall clock on the CPU, events on a GPU stream.
+pub trait Stopwatch {
+    fn start(&mut self) -> Result<()>;
+    /// Microseconds since `start`, after the work queued in between has finished.
+    fn stop(&mut self) -> Result<f64>;
+}
+
+/// Arguments of one attention call: the batch's tokens sit at positions `pos0..pos0 + n_tok`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnCall {
+    pub shape: AttnShape,
+    pub n_tok: usize,
+    pub pos0: usize,
+}
+
+/// The operations of the forward pass. Activations are f32 row-major `[n_tok, width]`; a tensor
+/// may be longer than an operation uses. Every method checks that its tensors belong to it.
+pub trait Backend: Send + Sync {
+    fn id(&self) -> u64;
+    fn kind(&self) -> DeviceKind;
+    /// One line: the device and how it runs (ISA and threads, or GPU name).
+    fn describe(&self) -> String;
+    fn memory(&self) -> Result<MemInfo>;
+    fn usage(&self) -> Usage;
+
+    fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor>;
+    /// Makes `w` (a tensor of `file`) usable by `matmul` and `embed_rows`: a GPU uploads it, the
+    /// CPU keeps a view of the memory map.
+    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight>;
+    /// Host → backend: `dst[at..at + src.len()] = src`.
+    fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()>;
+    /// Backend → host: `dst = src[at..at + dst.len()]`, complete when this returns.
+    fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()>;
+    /// The tensor's elements when they live in host memory (the CPU backend), for copies
+    /// without staging.
+    fn host_f32<'a>(&self, _t: &'a Tensor) -> Option<&'a [f32]> {
+        None
+    }
+    fn host_f32_mut<'a>(&self, _t: &'a mut Tensor) -> Option<&'a mut [f32]> {
+        None
+    }
+
+    /// `ys[i][t] = ws[i] · x[t]` for the `n_tok` rows of `x` ([n_tok, k]); matrices that read
+    /// the same input come in one call so the input is prepared (quantised, sent) once.
+    fn matmul(&self, ws: &[&Weight], x: &Tensor, n_tok: usize, ys: &mut [&mut Tensor])
+    -> Result<()>;
+    /// `y[r] = x[row0 + r] / sqrt(mean(x²) + eps) * w` for `n_rows` rows of width `w.len`.
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        row0: usize,
+        n_rows: usize,
+        w: &Tensor,
+        eps: f32,
+        y: &mut Tensor,
+    ) -> Result<()>;
+    /// Adds `b` to each of the `n_tok` rows of `x`.
+    fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()>;
+    /// RoPE in place on `x` = [n_tok, n_heads, head_dim], token t at position `pos0 + t`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        p: &RopeParams,
+        freq_factors: Option<&Tensor>,
+    ) -> Result<()>;
+    /// Stores `k`, `v` ([n_tok, kv_dim]) into the f16 caches at positions pos0.. and writes the
+    /// causal attention of `q` over positions 0..=pos0 + t into `out` ([n_tok, q_dim]).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        call: AttnCall,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache_k: &mut Tensor,
+        cache_v: &mut Tensor,
+        out: &mut Tensor,
+    ) -> Result<()>;
+    /// `g = silu(g) * u` over the first `n` elements.
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()>;
+    /// `x += y` over the first `n` elements.
+    fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()>;
+    /// Rows `ids` of the embedding table `table` as f32 into `out` ([ids.len(), table.k]).
+    fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()>;
+
+    /// Waits for all queued work.
+    fn synchronize(&self) -> Result<()>;
+    fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>>;
+}
+
+/// Checks that `t` belongs to backend `id` and holds at least `need` elements.
+pub fn check_tensor(t: &Tensor, id: u64, need: usize, what: &str) -> Result<()> {
+    if t.device != id {
+        return Err(Error::Msg(format!(
+            "{what}: tensor of device #{} given to device #{id}",
+            t.device
+        )));
+    }
+    if t.len < need {
+        return Err(Error::Msg(format!(
+            "{what}: tensor of {} elements, {need} needed",
+            t.len
+        )));
+    }
+    Ok(())
+}
+
+/// Downcasts a tensor's storage to the backend's own type.
+pub fn storage<'a, T: 'static>(t: &'a Tensor, what: &str) -> Result<&'a T> {
+    t.data
+        .downcast_ref::<T>()
+        .ok_or_else(|| Error::Msg(format!("{what}: tensor storage of another backend")))
+}
+
+pub fn storage_mut<'a, T: 'static>(t: &'a mut Tensor, what: &str) -> Result<&'a mut T> {
+    t.data
+        .downcast_mut::<T>()
+        .ok_or_else(|| Error::Msg(format!("{what}: tensor storage of another backend")))
+}
+
+pub fn weight_storage<'a, T: 'static>(w: &'a Weight, id: u64) -> Result<&'a T> {
+    if w.device != id {
+        return Err(Error::Msg(format!(
+            "weight {:?} is held by device #{}, not #{id}",
+            w.name, w.device
+        )));
+    }
+    w.data
+        .downcast_ref::<T>()
+        .ok_or_else(|| Error::Msg(format!("weight {:?}: storage of another backend", w.name)))
+}
+
+/// Copies `n` f32 elements from `src` on `from` to `dst` on `to` (offsets 0), through host
+/// memory: direct when either side is host memory, else through `staging`.
+pub fn transfer(
+    from: &dyn Backend,
+    src: &Tensor,
+    to: &dyn Backend,
+    dst: &mut Tensor,
+    n: usize,
+    staging: &mut Vec<f32>,
+) -> Result<()> {
+    if let Some(h) = from.host_f32(src) {
+        return to.write(dst, 0, &h[..n]);
+    }
+    if let Some(h) = to.host_f32_mut(dst) {
+        return from.read(src, 0, &mut h[..n]);
+    }
+    staging.resize(n, 0.0);
+    from.read(src, 0, staging)?;
+    to.write(dst, 0, staging)
+}

@@ -1,0 +1,374 @@
+//! The CPU backend: the SIMD kernels of `kernels::cpu` behind the Backend trait. Weights stay in
+//! the GGUF memory map; tensors are host vectors.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use half::f16;
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::cpu::attention::attention;
+use crate::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized_many};
+use crate::kernels::cpu::{isa, ops, pool};
+use crate::model::{RopeParams, WeightRef};
+use crate::quant::dequantize_row;
+use crate::runtime::backend::{
+    AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
+    Tensor, Usage, Weight, check_tensor, next_backend_id, storage, storage_mut, weight_storage,
+};
+
+/// A host tensor's elements.
+pub(crate) enum HostVec {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+struct CpuTensor {
+    v: HostVec,
+    _res: Reservation,
+}
+
+/// A weight as a byte range of the memory-mapped file.
+struct CpuWeight {
+    file: Arc<GgufFile>,
+    start: usize,
+    len: usize,
+}
+
+impl CpuWeight {
+    fn bytes(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.start + self.len]
+    }
+}
+
+pub struct CpuBackend {
+    id: u64,
+    ledger: Arc<Ledger>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend {
+            id: next_backend_id(),
+            ledger: Arc::default(),
+        }
+    }
+
+    fn f32s<'a>(&self, t: &'a Tensor, need: usize, what: &str) -> Result<&'a [f32]> {
+        check_tensor(t, self.id, need, what)?;
+        match &storage::<CpuTensor>(t, what)?.v {
+            HostVec::F32(v) => Ok(&v[..need]),
+            HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
+        }
+    }
+
+    fn f32s_mut<'a>(&self, t: &'a mut Tensor, need: usize, what: &str) -> Result<&'a mut [f32]> {
+        check_tensor(t, self.id, need, what)?;
+        match &mut storage_mut::<CpuTensor>(t, what)?.v {
+            HostVec::F32(v) => Ok(&mut v[..need]),
+            HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
+        }
+    }
+
+    fn f16s_mut<'a>(&self, t: &'a mut Tensor, what: &str) -> Result<&'a mut Vec<f16>> {
+        check_tensor(t, self.id, 0, what)?;
+        match &mut storage_mut::<CpuTensor>(t, what)?.v {
+            HostVec::F16(v) => Ok(v),
+            HostVec::F32(_) => Err(Error::Msg(format!("{what}: f32 tensor where f16 expected"))),
+        }
+    }
+
+    fn mat<'a>(&self, w: &'a Weight) -> Result<MatRef<'a>> {
+        let s = weight_storage::<CpuWeight>(w, self.id)?;
+        Ok(MatRef {
+            ty: w.ty,
+            k: w.k,
+            n: w.n,
+            data: s.bytes(),
+        })
+    }
+}
+
+/// Available and total host memory from /proc/meminfo (0 when it cannot be read).
+fn host_memory() -> MemInfo {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> usize {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    MemInfo {
+        free: field("MemAvailable:"),
+        total: field("MemTotal:"),
+    }
+}
+
+struct WallClock(Option<Instant>);
+
+impl Stopwatch for WallClock {
+    fn start(&mut self) -> Result<()> {
+        self.0 = Some(Instant::now());
+        Ok(())
+    }
+    fn stop(&mut self) -> Result<f64> {
+        let t = self
+            .0
+            .ok_or_else(|| Error::Msg("stopwatch stopped before it was started".into()))?;
+        Ok(t.elapsed().as_secs_f64() * 1e6)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({}, {} threads)",
+            isa().name(),
+            pool::global().n_threads()
+        )
+    }
+
+    fn memory(&self) -> Result<MemInfo> {
+        Ok(host_memory())
+    }
+
+    fn usage(&self) -> Usage {
+        self.ledger.usage()
+    }
+
+    fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
+        let v = match dtype {
+            DType::F32 => HostVec::F32(vec![0.0; len]),
+            DType::F16 => HostVec::F16(vec![f16::ZERO; len]),
+        };
+        Ok(Tensor {
+            device: self.id,
+            dtype,
+            len,
+            data: Box::new(CpuTensor {
+                v,
+                _res: self.ledger.reserve(cat, len * dtype.size()),
+            }),
+        })
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        let start = file.data_offset as usize + w.offset;
+        if start + w.n_bytes > file.bytes().len() {
+            return Err(Error::Model(format!(
+                "tensor {:?} runs past the end of the file",
+                w.name
+            )));
+        }
+        Ok(Weight {
+            name: w.name.clone(),
+            ty: w.ty,
+            k: w.k,
+            n: w.n,
+            bytes: w.n_bytes,
+            device: self.id,
+            data: Box::new(CpuWeight {
+                file: file.clone(),
+                start,
+                len: w.n_bytes,
+            }),
+        })
+    }
+
+    fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
+        let d = self.f32s_mut(dst, at + src.len(), "write")?;
+        d[at..].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()> {
+        let s = self.f32s(src, at + dst.len(), "read")?;
+        dst.copy_from_slice(&s[at..]);
+        Ok(())
+    }
+
+    fn host_f32<'a>(&self, t: &'a Tensor) -> Option<&'a [f32]> {
+        match &t.data.downcast_ref::<CpuTensor>()?.v {
+            HostVec::F32(v) if t.device == self.id => Some(v),
+            _ => None,
+        }
+    }
+
+    fn host_f32_mut<'a>(&self, t: &'a mut Tensor) -> Option<&'a mut [f32]> {
+        let id = t.device;
+        match &mut t.data.downcast_mut::<CpuTensor>()?.v {
+            HostVec::F32(v) if id == self.id => Some(v),
+            _ => None,
+        }
+    }
+
+    fn matmul(
+        &self,
+        ws: &[&Weight],
+        x: &Tensor,
+        n_tok: usize,
+        ys: &mut [&mut Tensor],
+    ) -> Result<()> {
+        if ws.is_empty() || ws.len() != ys.len() {
+            return Err(Error::Msg("matmul: weights and outputs do not pair up".into()));
+        }
+        let k = ws[0].k;
+        if ws.iter().any(|w| w.k != k) {
+            return Err(Error::Msg("matmul: shared-input weights differ in k".into()));
+        }
+        let x = self.f32s(x, n_tok * k, "matmul input")?;
+        // The input is quantised once for every matrix whose type takes that format; the
+        // others run on their own.
+        let acts = QuantizedActs::new(ws[0].ty, x, k)?;
+        let mut same = Vec::with_capacity(ws.len());
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            let m = self.mat(w)?;
+            let y = self.f32s_mut(y, n_tok * w.n, "matmul output")?;
+            if w.ty.vec_dot_type() == acts.ty {
+                same.push((m, y));
+            } else {
+                matmul(&m, x, y)?;
+            }
+        }
+        matmul_quantized_many(&mut same, &acts)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        row0: usize,
+        n_rows: usize,
+        w: &Tensor,
+        eps: f32,
+        y: &mut Tensor,
+    ) -> Result<()> {
+        let n = w.len;
+        let w = self.f32s(w, n, "rms_norm weight")?;
+        let x = self.f32s(x, (row0 + n_rows) * n, "rms_norm input")?;
+        let y = self.f32s_mut(y, n_rows * n, "rms_norm output")?;
+        ops::rms_norm_into(&x[row0 * n..], w, eps, y);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
+        let b = self.f32s(b, b.len, "bias")?;
+        let x = self.f32s_mut(x, n_tok * b.len(), "add_bias")?;
+        ops::add_bias(x, b);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        p: &RopeParams,
+        freq_factors: Option<&Tensor>,
+    ) -> Result<()> {
+        let ff = match freq_factors {
+            Some(t) => Some(self.f32s(t, p.n_dims / 2, "rope_freqs")?),
+            None => None,
+        };
+        let x = self.f32s_mut(x, n_tok * n_heads * head_dim, "rope")?;
+        ops::rope(x, n_heads, head_dim, pos0, p, ff);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        call: AttnCall,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache_k: &mut Tensor,
+        cache_v: &mut Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let s = call.shape;
+        let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+        let n = call.n_tok;
+        let end = (call.pos0 + n) * kvd;
+        for (src, cache, what) in [(k, &mut *cache_k, "k cache"), (v, &mut *cache_v, "v cache")] {
+            let src = self.f32s(src, n * kvd, what)?;
+            let c = self.f16s_mut(cache, what)?;
+            if c.len() < end {
+                return Err(Error::Msg(format!(
+                    "context full: {} tokens do not fit in a context of {}",
+                    call.pos0 + n,
+                    c.len() / kvd
+                )));
+            }
+            for (d, s) in c[call.pos0 * kvd..end].iter_mut().zip(src) {
+                *d = f16::from_f32(*s);
+            }
+        }
+        let q = self.f32s(q, n * qd, "attention query")?;
+        let kc = self.f16s_mut(cache_k, "k cache")?;
+        let kc: &[f16] = kc;
+        // The two caches are distinct tensors, so these borrows do not overlap.
+        let vc: &[f16] = match &storage::<CpuTensor>(cache_v, "v cache")?.v {
+            HostVec::F16(v) => v,
+            HostVec::F32(_) => return Err(Error::Msg("v cache: f32 tensor".into())),
+        };
+        let out = self.f32s_mut(out, n * qd, "attention output")?;
+        attention(s, q, kc, vc, call.pos0, out);
+        Ok(())
+    }
+
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
+        let u = self.f32s(u, n, "swiglu up")?;
+        let g = self.f32s_mut(g, n, "swiglu gate")?;
+        ops::swiglu_inplace(g, u);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
+        let y = self.f32s(y, n, "add")?;
+        let x = self.f32s_mut(x, n, "add")?;
+        ops::add_inplace(x, y);
+        Ok(())
+    }
+
+    fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
+        let data = weight_storage::<CpuWeight>(table, self.id)?.bytes();
+        let (k, rb) = (table.k, table.bytes / table.n);
+        let out = self.f32s_mut(out, ids.len() * k, "embedding output")?;
+        for (row, &id) in out.chunks_mut(k).zip(ids) {
+            if id as usize >= table.n {
+                return Err(Error::Model(format!(
+                    "token id {id} is outside the vocabulary ({})",
+                    table.n
+                )));
+            }
+            let at = id as usize * rb;
+            dequantize_row(table.ty, &data[at..at + rb], row)?;
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>> {
+        Ok(Box::new(WallClock(None)))
+    }
+}
