@@ -74,7 +74,7 @@ for ty in Q4_1 Q4_0 Q8_0 F16; do
     >"$raw/llamacpp-$ty.json" 2>"$raw/llamacpp-$ty.log" \
     || { cat "$raw/llamacpp-$ty.log" >&2; exit 1; }
   echo "== $ty: oato bench" >&2
-  "$oato" bench "$model" -t "$threads" -p "$prompts" -n "$gens" -r "$reps" --json \
+  "$oato" bench "$model" --device cpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" --json \
     >"$raw/oato-$ty.json"
   runs+=(--run "$ty" "$(basename "$model")" "$raw/llamacpp-$ty.json" "$raw/oato-$ty.json")
 done

@@ -25,6 +25,9 @@ enum Command {
     Perplexity(cli::perplexity::PerplexityArgs),
     /// Prompt and generation throughput, as llama.cpp's llama-bench measures and reports it.
     Bench(cli::bench::BenchArgs),
+    /// Check every operator and weight type on a backend against a reference; --perf times
+    /// them; --compile-only compiles the CUDA kernels with NVRTC (no GPU needed).
+    Selftest(cli::selftest::SelftestArgs),
 }
 
 fn main() {
@@ -34,6 +37,7 @@ fn main() {
         Command::Run(a) => cli::run::run(a),
         Command::Perplexity(a) => cli::perplexity::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Selftest(a) => cli::selftest::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

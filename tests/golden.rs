@@ -7,7 +7,12 @@ mod common;
 
 use oato::kernels::cpu::{Isa, set_isa};
 use oato::model::Model;
-use oato::runtime::forward::{Logits, Session};
+use std::sync::Arc;
+
+use oato::runtime::backend::Backend;
+use oato::runtime::cpu_backend::CpuBackend;
+use oato::runtime::cuda_backend::{self, CudaBackend};
+use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::runtime::sampler::argmax;
 use oato::tokenizer::Tokenizer;
 
@@ -81,15 +86,32 @@ fn greedy_continuations_and_logits_match_llama_cpp() {
     for isa in Isa::all_supported() {
         set_isa(isa).unwrap();
         println!("--- {}", isa.name());
-        golden_greedy();
+        let model = Model::open(model_path()).unwrap();
+        golden_greedy(&model, Session::new(&model, 512).unwrap());
     }
 }
 
-fn golden_greedy() {
-    let g = golden();
+/// The same continuations with the whole model on the GPU (skipped, saying why, without one).
+#[test]
+fn all_gpu_greedy_continuations_match_llama_cpp() {
+    if let Err(why) = cuda_backend::probe() {
+        println!("skipped: {why}");
+        return;
+    }
     let model = Model::open(model_path()).unwrap();
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let gpu: Arc<dyn Backend> = Arc::new(CudaBackend::new(0).unwrap());
+    println!("--- {}", gpu.describe());
+    let map = DeviceMap::uniform(&model, 1);
+    golden_greedy(
+        &model,
+        Session::with_devices(&model, 512, vec![cpu, gpu], &map).unwrap(),
+    );
+}
+
+fn golden_greedy(model: &Model, mut session: Session) {
+    let g = golden();
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let mut session = Session::new(&model, 512).unwrap();
     let mut failures = Vec::new();
     for p in g["prompts"].as_array().unwrap() {
         let prompt = p["prompt"].as_str().unwrap();

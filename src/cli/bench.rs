@@ -14,6 +14,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
@@ -23,7 +24,8 @@ use oato::error::{Error, Result};
 use oato::gguf::GgufFile;
 use oato::model::Model;
 use oato::quant::GgmlType;
-use oato::runtime::forward::{Logits, Session};
+use oato::runtime::backend::{Backend, DeviceKind};
+use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::tokenizer::Tokenizer;
 
 /// Largest prompt or generation length accepted: beyond this the cache and activations would not
@@ -61,6 +63,9 @@ pub struct BenchArgs {
     /// Print a JSON array (one object per test, llama-bench's field names).
     #[arg(long)]
     pub json: bool,
+    /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: super::DeviceArg,
 }
 
 /// The flags, checked.
@@ -156,6 +161,19 @@ struct Host {
     build_number: u64,
     cpu_info: String,
     isa: &'static str,
+    /// The GPU's name when the model runs there, else empty (llama-bench's gpu_info).
+    gpu_info: String,
+}
+
+impl Host {
+    /// llama-bench's `backends` value and oato's `device`.
+    fn backend(&self) -> (&'static str, &'static str) {
+        if self.gpu_info.is_empty() {
+            ("CPU", "cpu")
+        } else {
+            ("CUDA", "gpu")
+        }
+    }
 }
 
 /// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
@@ -366,8 +384,8 @@ impl TestResult<'_> {
             ("build_commit", json!(host.build_commit)),
             ("build_number", json!(host.build_number)),
             ("cpu_info", json!(host.cpu_info)),
-            ("gpu_info", json!("")),
-            ("backends", json!("CPU")),
+            ("gpu_info", json!(host.gpu_info)),
+            ("backends", json!(host.backend().0)),
             ("model_filename", json!(self.model.filename)),
             ("model_type", json!(self.model.model_type)),
             ("model_size", json!(self.model.size)),
@@ -382,7 +400,7 @@ impl TestResult<'_> {
             ("avg_ts", json!(mean(&ts))),
             ("stddev_ts", json!(stdev(&ts))),
             ("isa", json!(host.isa)),
-            ("device", json!("cpu")),
+            ("device", json!(host.backend().1)),
             ("samples_ns", json!(self.samples_ns)),
             ("samples_ts", json!(ts)),
         ]
@@ -418,8 +436,12 @@ fn now_rfc3339() -> String {
     )
 }
 
-/// Runs one test on the kernels' thread pool as it is set: a warm-up, then `reps` timed runs.
+/// Runs one test on the kernels' thread pool as it is set, the model on backend `dev`: a
+/// warm-up, then `reps` timed runs.
+#[allow(clippy::too_many_arguments)]
 fn time_test(
+    backends: &[Arc<dyn Backend>],
+    dev: usize,
     model: &Model,
     n_prompt: usize,
     n_gen: usize,
@@ -428,7 +450,8 @@ fn time_test(
     rng: &mut TokenRng,
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
-    let mut session = Session::new(model, n_prompt + n_gen)?;
+    let map = DeviceMap::uniform(model, dev);
+    let mut session = Session::with_devices(model, n_prompt + n_gen, backends.to_vec(), &map)?;
     let mut run = |session: &mut Session, n_prompt: usize, n_gen: usize| -> Result<u64> {
         let prompt = rng.tokens(n_prompt, n_vocab, bos);
         let gen_tokens = rng.tokens(n_gen, n_vocab, bos);
@@ -524,7 +547,7 @@ impl Printer {
                     t.model.model_type.clone(),
                     size,
                     params,
-                    "CPU".into(),
+                    host.backend().0.into(),
                     host.isa.into(),
                     t.n_threads.to_string(),
                     t.name(),
@@ -583,11 +606,18 @@ impl Printer {
 pub fn run(a: BenchArgs) -> Result<()> {
     let plan = Plan::from_args(&a)?;
     let isa = oato::kernels::cpu::check_isa_env().map_err(Error::Usage)?;
+    let (backends, dev) = super::open_backends(a.device)?;
+    let gpu = &backends[dev];
     let host = Host {
         build_commit: env!("OATO_BUILD_COMMIT"),
         build_number: env!("OATO_BUILD_NUMBER").parse().unwrap_or(0),
         cpu_info: cpu_name(),
         isa: isa.name(),
+        gpu_info: if gpu.kind() == DeviceKind::Gpu {
+            gpu.device_name()
+        } else {
+            String::new()
+        },
     };
     let mut printer = if a.json {
         Printer::Json(Vec::new())
@@ -639,7 +669,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     plan.reps,
                     isa = host.isa,
                 );
-                t.samples_ns = time_test(model, n_prompt, n_gen, plan.reps, bos, &mut rng)?;
+                t.samples_ns = time_test(
+                    &backends, dev, model, n_prompt, n_gen, plan.reps, bos, &mut rng,
+                )?;
                 let ts = t.samples_ts();
                 eprintln!(
                     "oato bench {done}/{total}: {} {:.2} ± {:.2} t/s",

@@ -4,10 +4,15 @@ pub mod bench;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;
+pub mod selftest;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use oato::error::{Error, Result};
+use oato::runtime::backend::Backend;
+use oato::runtime::cpu_backend::CpuBackend;
+use oato::runtime::cuda_backend::{self, CudaBackend};
 
 /// The model `oato run` uses when none is named.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -41,4 +46,44 @@ pub fn init_threads(threads: usize) -> Result<usize> {
         threads
     };
     Ok(oato::kernels::cpu::pool::set_threads(n))
+}
+
+/// `--device`: where a whole model or a test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The GPU when one is usable, else the CPU (saying why in one line).
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+/// The backends for `dev` (the CPU first, then the GPU when one is used) and the index of the
+/// one that computes. `--device gpu` without a usable GPU is an error naming the reason.
+pub fn open_backends(dev: DeviceArg) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let want_gpu = match dev {
+        DeviceArg::Cpu => false,
+        DeviceArg::Gpu => {
+            cuda_backend::probe().map_err(|why| Error::Usage(format!("--device gpu: {why}")))?;
+            true
+        }
+        DeviceArg::Auto => match cuda_backend::probe() {
+            Ok(_) => true,
+            Err(why) => {
+                eprintln!("oato: no GPU ({why}); running on the CPU");
+                false
+            }
+        },
+    };
+    if !want_gpu {
+        return Ok((vec![cpu], 0));
+    }
+    match CudaBackend::new(0) {
+        Ok(g) => Ok((vec![cpu, Arc::new(g)], 1)),
+        Err(e) if dev == DeviceArg::Auto => {
+            eprintln!("oato: GPU unusable ({e}); running on the CPU");
+            Ok((vec![cpu], 0))
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use oato::error::{Error, Result};
 use oato::model::Model;
-use oato::runtime::forward::{Logits, Session};
+use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::runtime::generate::{Utf8Stream, generate};
 use oato::runtime::sampler::{Sampler, SamplerConfig};
 use oato::tokenizer::Tokenizer;
@@ -62,6 +62,9 @@ pub struct RunArgs {
     /// Print one JSON object (ids, text, timings) instead of streaming the text.
     #[arg(long)]
     pub json: bool,
+    /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: super::DeviceArg,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -86,6 +89,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
 
+    let (backends, dev) = super::open_backends(a.device)?;
+    let device = backends[dev].describe();
     let t_load = Instant::now();
     let model = Model::open(&path)?;
     let tokenizer = Tokenizer::from_gguf(&model.file)?;
@@ -137,7 +142,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    let mut session = Session::new(&model, ctx)?;
+    let map = DeviceMap::uniform(&model, dev);
+    let mut session = Session::with_devices(&model, ctx, backends, &map)?;
     // Warm-up: one token through every layer, so the first timed step does not pay page faults.
     session.forward(&prompt_ids[..1], Logits::Last)?;
     session.reset();
@@ -182,6 +188,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         let out = json!({
             "model": model_name,
             "threads": threads,
+            "device": device,
             "prompt_ids": g.prompt_ids,
             "output_ids": g.output_ids,
             "text": g.text,
@@ -200,7 +207,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         eprintln!();
         eprintln!(
-            "model:   {model_name} ({}, {} layers), {threads} threads, cpu",
+            "model:   {model_name} ({}, {} layers), {threads} threads, {device}",
             model.hp.arch.name(),
             model.hp.n_layer
         );

@@ -1,3 +1,4 @@
 //! Compute kernels per backend.
 
 pub mod cpu;
+pub mod cuda;

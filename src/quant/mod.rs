@@ -12,8 +12,7 @@ pub mod dot;
 pub mod quantize;
 pub mod types;
 
-#[cfg(test)]
-pub(crate) mod testdata;
+pub mod testdata;
 #[cfg(test)]
 mod tests;
 

@@ -6,6 +6,7 @@ use crate::quant::{GgmlType, as_blocks_mut, quantize_row};
 
 /// xorshift64*: deterministic bytes for random blocks.
 pub struct Rng(pub u64);
+#[allow(clippy::should_implement_trait)]
 impl Rng {
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;

@@ -175,13 +175,31 @@ pub trait Backend: Send + Sync {
     fn kind(&self) -> DeviceKind;
     /// One line: the device and how it runs (ISA and threads, or GPU name).
     fn describe(&self) -> String;
+    /// The device's own name ("cpu", or the GPU's name).
+    fn device_name(&self) -> String;
     fn memory(&self) -> Result<MemInfo>;
     fn usage(&self) -> Usage;
 
     fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor>;
+    /// A weight from raw bytes in its GGUF format (`n` rows of `k` elements of `ty`): a GPU
+    /// uploads it through pinned staging, the CPU keeps a copy.
+    fn upload_weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        bytes: &[u8],
+    ) -> Result<Weight>;
     /// Makes `w` (a tensor of `file`) usable by `matmul` and `embed_rows`: a GPU uploads it, the
     /// CPU keeps a view of the memory map.
-    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight>;
+    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        let start = file.data_offset as usize + w.offset;
+        let bytes = file.bytes().get(start..start + w.n_bytes).ok_or_else(|| {
+            Error::Model(format!("tensor {:?} runs past the end of the file", w.name))
+        })?;
+        self.upload_weight(&w.name, w.ty, w.k, w.n, bytes)
+    }
     /// Host → backend: `dst[at..at + src.len()] = src`.
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()>;
     /// Backend → host: `dst = src[at..at + dst.len()]`, complete when this returns.
@@ -197,8 +215,13 @@ pub trait Backend: Send + Sync {
 
     /// `ys[i][t] = ws[i] · x[t]` for the `n_tok` rows of `x` ([n_tok, k]); matrices that read
     /// the same input come in one call so the input is prepared (quantised, sent) once.
-    fn matmul(&self, ws: &[&Weight], x: &Tensor, n_tok: usize, ys: &mut [&mut Tensor])
-    -> Result<()>;
+    fn matmul(
+        &self,
+        ws: &[&Weight],
+        x: &Tensor,
+        n_tok: usize,
+        ys: &mut [&mut Tensor],
+    ) -> Result<()>;
     /// `y[r] = x[row0 + r] / sqrt(mean(x²) + eps) * w` for `n_rows` rows of width `w.len`.
     fn rms_norm(
         &self,
@@ -248,6 +271,25 @@ pub trait Backend: Send + Sync {
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>>;
 }
 
+/// Checks that `bytes` is exactly `n` rows of `k` elements of `ty`.
+pub fn check_weight_bytes(
+    name: &str,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    bytes: &[u8],
+) -> Result<()> {
+    let row = ty.row_bytes(k)?;
+    if row * n != bytes.len() {
+        return Err(Error::Model(format!(
+            "weight {name:?}: {} bytes for {n} rows of {k} {ty} elements ({} expected)",
+            bytes.len(),
+            row * n
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `t` belongs to backend `id` and holds at least `need` elements.
 pub fn check_tensor(t: &Tensor, id: u64, need: usize, what: &str) -> Result<()> {
     if t.device != id {
@@ -278,7 +320,7 @@ pub fn storage_mut<'a, T: 'static>(t: &'a mut Tensor, what: &str) -> Result<&'a 
         .ok_or_else(|| Error::Msg(format!("{what}: tensor storage of another backend")))
 }
 
-pub fn weight_storage<'a, T: 'static>(w: &'a Weight, id: u64) -> Result<&'a T> {
+pub fn weight_storage<T: 'static>(w: &Weight, id: u64) -> Result<&T> {
     if w.device != id {
         return Err(Error::Msg(format!(
             "weight {:?} is held by device #{}, not #{id}",

@@ -12,10 +12,11 @@ use crate::kernels::cpu::attention::attention;
 use crate::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized_many};
 use crate::kernels::cpu::{isa, ops, pool};
 use crate::model::{RopeParams, WeightRef};
-use crate::quant::dequantize_row;
+use crate::quant::{GgmlType, dequantize_row};
 use crate::runtime::backend::{
     AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
-    Tensor, Usage, Weight, check_tensor, next_backend_id, storage, storage_mut, weight_storage,
+    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, storage, storage_mut,
+    weight_storage,
 };
 
 /// A host tensor's elements.
@@ -29,16 +30,22 @@ struct CpuTensor {
     _res: Reservation,
 }
 
-/// A weight as a byte range of the memory-mapped file.
-struct CpuWeight {
-    file: Arc<GgufFile>,
-    start: usize,
-    len: usize,
+/// A weight: a byte range of the memory-mapped file, or its own copy.
+enum CpuWeight {
+    Mapped {
+        file: Arc<GgufFile>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Vec<u8>),
 }
 
 impl CpuWeight {
     fn bytes(&self) -> &[u8] {
-        &self.file.bytes()[self.start..self.start + self.len]
+        match self {
+            CpuWeight::Mapped { file, start, len } => &file.bytes()[*start..*start + *len],
+            CpuWeight::Owned(v) => v,
+        }
     }
 }
 
@@ -144,6 +151,10 @@ impl Backend for CpuBackend {
         )
     }
 
+    fn device_name(&self) -> String {
+        "cpu".into()
+    }
+
     fn memory(&self) -> Result<MemInfo> {
         Ok(host_memory())
     }
@@ -183,11 +194,31 @@ impl Backend for CpuBackend {
             n: w.n,
             bytes: w.n_bytes,
             device: self.id,
-            data: Box::new(CpuWeight {
+            data: Box::new(CpuWeight::Mapped {
                 file: file.clone(),
                 start,
                 len: w.n_bytes,
             }),
+        })
+    }
+
+    fn upload_weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        bytes: &[u8],
+    ) -> Result<Weight> {
+        check_weight_bytes(name, ty, k, n, bytes)?;
+        Ok(Weight {
+            name: name.to_string(),
+            ty,
+            k,
+            n,
+            bytes: bytes.len(),
+            device: self.id,
+            data: Box::new(CpuWeight::Owned(bytes.to_vec())),
         })
     }
 
@@ -226,11 +257,15 @@ impl Backend for CpuBackend {
         ys: &mut [&mut Tensor],
     ) -> Result<()> {
         if ws.is_empty() || ws.len() != ys.len() {
-            return Err(Error::Msg("matmul: weights and outputs do not pair up".into()));
+            return Err(Error::Msg(
+                "matmul: weights and outputs do not pair up".into(),
+            ));
         }
         let k = ws[0].k;
         if ws.iter().any(|w| w.k != k) {
-            return Err(Error::Msg("matmul: shared-input weights differ in k".into()));
+            return Err(Error::Msg(
+                "matmul: shared-input weights differ in k".into(),
+            ));
         }
         let x = self.f32s(x, n_tok * k, "matmul input")?;
         // The input is quantised once for every matrix whose type takes that format; the

@@ -105,11 +105,10 @@ impl Value {
         if self.valid[dev] {
             return Ok(());
         }
-        let src = self
-            .valid
-            .iter()
-            .position(|&v| v)
-            .ok_or_else(|| Error::Msg("executor: activation read before it was written".into()))?;
+        let src =
+            self.valid.iter().position(|&v| v).ok_or_else(|| {
+                Error::Msg("executor: activation read before it was written".into())
+            })?;
         self.alloc(dev, rows, &*cx.bes[dev])?;
         let n = rows * self.width;
         let (a, b) = if src < dev {
@@ -132,7 +131,9 @@ impl Value {
     fn get(&self, dev: usize) -> Result<&Tensor> {
         match (&self.per[dev], self.valid[dev]) {
             (Some(t), true) => Ok(t),
-            _ => Err(Error::Msg("executor: activation not on this backend".into())),
+            _ => Err(Error::Msg(
+                "executor: activation not on this backend".into(),
+            )),
         }
     }
 
@@ -240,10 +241,9 @@ impl<'m> Session<'m> {
         };
         let file = model.file.clone();
         let place = |w: &WeightRef| -> Result<(usize, Weight)> {
-            let d = *map
-                .weights
-                .get(&w.name)
-                .ok_or_else(|| Error::Msg(format!("device map names no device for {:?}", w.name)))?;
+            let d = *map.weights.get(&w.name).ok_or_else(|| {
+                Error::Msg(format!("device map names no device for {:?}", w.name))
+            })?;
             let d = check(d, &w.name)?;
             Ok((d, backends[d].load_weight(&file, w)?))
         };
@@ -351,8 +351,21 @@ impl<'m> Session<'m> {
             let hm = l.home;
             let be = &*bes[hm];
             a.x.need(hm, n, &mut cx)?;
-            be.rms_norm(a.x.get(hm)?, 0, n, &l.attn_norm, hp.rms_eps, a.h.out(hm, n, be)?)?;
-            matmul_group(&mut cx, &mut a.h, n, &l.w[..3], [&mut a.q, &mut a.k, &mut a.v])?;
+            be.rms_norm(
+                a.x.get(hm)?,
+                0,
+                n,
+                &l.attn_norm,
+                hp.rms_eps,
+                a.h.out(hm, n, be)?,
+            )?;
+            matmul_group(
+                &mut cx,
+                &mut a.h,
+                n,
+                &l.w[..3],
+                [&mut a.q, &mut a.k, &mut a.v],
+            )?;
             for (val, b) in [&mut a.q, &mut a.k, &mut a.v].into_iter().zip(&l.bias) {
                 if let Some(b) = b {
                     be.add_bias(val.modify(hm, n, &mut cx)?, b, n)?;
@@ -360,8 +373,24 @@ impl<'m> Session<'m> {
             }
             let freqs = self.rope_freqs[hm].as_ref();
             let (nh, nkv, hd) = (hp.n_head, hp.n_head_kv, hp.head_dim);
-            be.rope(a.q.modify(hm, n, &mut cx)?, n, nh, hd, pos0, &hp.rope, freqs)?;
-            be.rope(a.k.modify(hm, n, &mut cx)?, n, nkv, hd, pos0, &hp.rope, freqs)?;
+            be.rope(
+                a.q.modify(hm, n, &mut cx)?,
+                n,
+                nh,
+                hd,
+                pos0,
+                &hp.rope,
+                freqs,
+            )?;
+            be.rope(
+                a.k.modify(hm, n, &mut cx)?,
+                n,
+                nkv,
+                hd,
+                pos0,
+                &hp.rope,
+                freqs,
+            )?;
             a.v.need(hm, n, &mut cx)?;
             let call = AttnCall {
                 shape,
@@ -381,7 +410,14 @@ impl<'m> Session<'m> {
             a.o.need(hm, n, &mut cx)?;
             be.add(a.x.modify(hm, n, &mut cx)?, a.o.get(hm)?, n * e)?;
 
-            be.rms_norm(a.x.get(hm)?, 0, n, &l.ffn_norm, hp.rms_eps, a.h.out(hm, n, be)?)?;
+            be.rms_norm(
+                a.x.get(hm)?,
+                0,
+                n,
+                &l.ffn_norm,
+                hp.rms_eps,
+                a.h.out(hm, n, be)?,
+            )?;
             matmul_group(&mut cx, &mut a.h, n, &l.w[4..6], [&mut a.g, &mut a.u])?;
             a.u.need(hm, n, &mut cx)?;
             be.swiglu(a.g.modify(hm, n, &mut cx)?, a.u.get(hm)?, n * ff)?;
@@ -398,8 +434,21 @@ impl<'m> Session<'m> {
         let hh = self.head_home;
         let be = &*bes[hh];
         a.x.need(hh, n, &mut cx)?;
-        be.rms_norm(a.x.get(hh)?, from, rows, &self.output_norm, hp.rms_eps, a.h.out(hh, rows, be)?)?;
-        matmul_group(&mut cx, &mut a.h, rows, std::slice::from_ref(&self.output), [&mut a.logits])?;
+        be.rms_norm(
+            a.x.get(hh)?,
+            from,
+            rows,
+            &self.output_norm,
+            hp.rms_eps,
+            a.h.out(hh, rows, be)?,
+        )?;
+        matmul_group(
+            &mut cx,
+            &mut a.h,
+            rows,
+            std::slice::from_ref(&self.output),
+            [&mut a.logits],
+        )?;
         let (od, _) = &self.output;
         let mut logits = vec![0f32; rows * hp.n_vocab];
         bes[*od].read(a.logits.get(*od)?, 0, &mut logits)?;

@@ -9,7 +9,8 @@
 // Alignment. GGUF packs blocks at their type size (18, 20, 22, ... bytes) after a 32-byte aligned
 // tensor start, so a block starts on a 2-byte boundary only (every block holds an f16, and every
 // size is even). The structs below therefore have alignment 2 (their f16 members), and a field
-// wider than 2 bytes is read with the ld_u32_* helpers, never by casting to int*.
+// wider than 2 bytes is read with ld_u32_a2, never by casting to int*, unless the code knows the
+// block's address is better aligned (mmvq.cu checks the weight pointer once per thread block).
 
 #pragma once
 
@@ -74,8 +75,8 @@ struct block_q8_0 {
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
 
 // 32 activations x = d * q, with s = d * sum(q) (both f16). quantize_q8_1 writes these into
-// buffers from cudaMalloc, so here (and only here) d/s and qs are 4-byte aligned and are read
-// as a __half2 and as ints.
+// buffers from cudaMalloc, so here (and only here) the blocks are 4-byte aligned and the mmvq
+// kernels read them as 32-bit words.
 struct block_q8_1 {
     __half d;        // delta
     __half s;        // d * sum(qs[i])
@@ -154,31 +155,16 @@ __device__ __forceinline__ u32 ld_u32_a2(const void* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
-// A u32 at a 4-byte aligned address.
-__device__ __forceinline__ u32 ld_u32_a4(const void* p) {
-    return *(const u32*)p;
-}
-
-// A u32 at an address that is 4-byte aligned when A4, else 2-byte aligned.
-template <bool A4>
-__device__ __forceinline__ u32 ld_u32(const void* p) {
-    return A4 ? ld_u32_a4(p) : ld_u32_a2(p);
-}
-
-// Quant word i (bytes 4i..4i+3) of a Q8_1 activation block (always 4-byte aligned).
-__device__ __forceinline__ int q8_1_int(const block_q8_1* b, int i) {
-    return ((const int*)b->qs)[i];
-}
-
-// (d, s) of a Q8_1 activation block as floats.
-__device__ __forceinline__ float2 q8_1_ds(const block_q8_1* b) {
-    return __half22float2(*(const __half2*)&b->d);
-}
-
 // An f16 field, widened exactly.
 __device__ __forceinline__ float f16f(__half h) {
     return __half2float(h);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Grid-stride loop: i takes this thread's indices in 0..n, for any grid.
+#define GRID_STRIDE_LOOP(i, n)                                                                 \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n);                    \
+         i += (i64)gridDim.x * blockDim.x)
 
 // ---------------------------------------------------------------------------------------------
 // Warp reductions (all 32 lanes take part and all get the result)

@@ -280,7 +280,9 @@ extern "C" __global__ void dequant_bf16_f16(const void* __restrict__ w, __half* 
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < DQ_ELEMS; ++j) v[j] = __uint_as_float((u32)x[u * DQ_ELEMS + j] << 16);
+            for (int j = 0; j < DQ_ELEMS; ++j) {
+                v[j] = __uint_as_float((u32)x[u * DQ_ELEMS + j] << 16);
+            }
         }
         store8_f16(y, u * DQ_ELEMS, v, vec);
     }
@@ -292,14 +294,14 @@ extern "C" __global__ void dequant_bf16_f16(const void* __restrict__ w, __half* 
 // launch: grid any (e.g. min(ceil(n / 256), 65535)), block (256, 1, 1); grid-stride, one element
 // per step. Round to nearest even.
 extern "C" __global__ void f32_to_f16(const float* __restrict__ x, __half* __restrict__ y, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         y[i] = __float2half_rn(x[i]);
     }
 }
 
 // launch: grid any (e.g. min(ceil(n / 256), 65535)), block (256, 1, 1); grid-stride. Exact.
 extern "C" __global__ void f16_to_f32(const __half* __restrict__ x, float* __restrict__ y, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         y[i] = __half2float(x[i]);
     }
 }

@@ -10,270 +10,319 @@
 // and dot.rs do; Q2_K / Q4_K / Q5_K take their mins term from exact activation sums (__dp4a with
 // 0x01010101) rather than the f16 s. Float weights (mmv_*w) take f32 activations directly.
 //
-// Work split: one warp streams one weight row. A row of nb blocks is cut into nb * UPB "units"
-// (UPB units per block, each a fixed slice of the block's quants, see each vdot_* below); lane l
-// takes units l, l + 32, ..., so a warp reads consecutive bytes of the row and 32 / UPB blocks
-// per step. Lane sums meet in one warp reduction.
+// Memory path (quantised kernels). A thread block is 4 warps, one weight row each, all for one
+// token. The row is walked in chunks of T::chunk elements (2048 for the 32-element formats, 4096
+// for K-quants: 1.1 to 3.4 KB of weights per warp); per chunk
+//   1. the 128 threads copy the token's Q8_1 blocks of the chunk into shared memory (coalesced
+//      32-bit loads, shared by the 4 rows), split into int8 quants and (d, s) as float2;
+//   2. each warp copies its row's weight bytes of the chunk into its own shared buffer with
+//      16-byte loads (2-byte loads only for the unaligned head and tail), keeping each byte's
+//      address mod 16, so a block's alignment in shared memory is its alignment in global memory;
+//   3. each warp computes from shared memory: the chunk's blocks are cut into UPB "units" each
+//      (a fixed slice of a block's quants, see each format below); lane l takes units l, l + 32...
+// The lane sums meet in one warp reduction at the end. Global memory is thus read once, in full
+// 16-byte transactions, whatever the block size; the per-format loads hit shared memory.
 //
-// Alignment: the weight pointer must be 2-byte aligned (any GGUF tensor start and any cudaMalloc
-// pointer are). Formats whose block size is a multiple of 4 (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) use
-// 32-bit loads when w is 4-byte aligned and 16-bit loads otherwise; the choice is made once per
-// warp. Q8_1 activations must be 4-byte aligned (quantize_q8_1's output in a cudaMalloc buffer).
-// The float kernels use 16-byte loads when w, x and the row length allow and scalar ones else.
+// Alignment: the weight pointer needs 2-byte alignment only (any GGUF tensor start and any
+// cudaMalloc pointer have it). When w is 16-byte (4-byte) aligned, formats whose block size is
+// a multiple of 16 (Q4_K, Q5_K) (of 4: Q4_1, Q5_1, Q2_K) read their blocks with 16-byte (4-byte)
+// shared loads; the choice is made once per thread block. x (Q8_1) must be 4-byte aligned, as
+// quantize_q8_1's output in a cudaMalloc buffer is. The float kernels use 16-byte loads when w,
+// x and k allow, scalar loads otherwise.
 
 #include "common.cuh"
 
+#define MMVQ_ROWS 4 // warps per thread block, one output row each: blockDim (32, 4)
+
 // ---------------------------------------------------------------------------------------------
-// Per-format unit dot products. Each returns the f32 contribution of unit p of weight block ib
-// of a row (`w` points at the row) with the matching activations (`x` points at the token's row
-// of Q8_1 blocks).
+// Shared-memory loads of a weight block whose start is AL-byte aligned (2, 4 or 16); callers use
+// AL >= 4 only at field offsets that are multiples of 4 (16 for the 16-byte load).
+
+template <int AL>
+__device__ __forceinline__ u32 lds_u32(const u8* p) {
+    return AL >= 4 ? *(const u32*)p : ld_u32_a2(p);
+}
+
+template <int AL>
+__device__ __forceinline__ uint4 lds_u128(const u8* p) {
+    if (AL >= 16) return *(const uint4*)p;
+    return make_uint4(lds_u32<AL>(p), lds_u32<AL>(p + 4), lds_u32<AL>(p + 8), lds_u32<AL>(p + 12));
+}
+
+// The f16 at a 2-byte aligned address, widened.
+__device__ __forceinline__ float f16_at(const u8* p) {
+    return __half2float(*(const __half*)p);
+}
+
+// Two f16 at p, p + 2 (p 4-byte aligned when AL >= 4).
+template <int AL>
+__device__ __forceinline__ float2 f16x2_at(const u8* p) {
+    if (AL >= 4) return __half22float2(*(const __half2*)p);
+    return make_float2(f16_at(p), f16_at(p + 2));
+}
+
+// Staged activation quants: ints i, i + 1 (i even) and ints i..i + 4 (i a multiple of 4) of the
+// int8 run starting at aq (16-byte aligned).
+__device__ __forceinline__ int2 act2(const i8* aq, int i) {
+    return *(const int2*)(aq + 4 * i);
+}
+__device__ __forceinline__ int4 act4(const i8* aq, int i) {
+    return *(const int4*)(aq + 4 * i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-format unit dot products. dot<AL>(b, aq, ads, p) returns the f32 contribution of unit p of
+// the weight block at b (shared memory) with the staged activations of the block's elements:
+// aq their int8 quants, ads[j] the (d, s) of their j-th 32-element Q8_1 block.
 
 // Q4_0, 2 units per block: unit p holds qs[8p..8p + 8], i.e. elements 8p..8p + 8 (low nibbles)
-// and 16 + 8p..16 + 8p + 8 (high nibbles).
+// and 16 + 8p..16 + 8p + 8 (high nibbles). Fields: d @0, qs @2.
 struct mmvq_q4_0_t {
-    static constexpr int qk = QK, bytes = 18, upb = 2;
-    static constexpr bool a4_ok = false;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q4_0* b = (const block_q4_0*)w + ib;
-        const block_q8_1* a = x + ib;
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 v = ld_u32_a2(b->qs + 8 * p + 4 * i);
-            const int lo = bytes_sub(v & 0x0F0F0F0Fu, 0x08080808u);
-            const int hi = bytes_sub((v >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-            sumi = __dp4a(lo, q8_1_int(a, 2 * p + i), sumi);
-            sumi = __dp4a(hi, q8_1_int(a, 4 + 2 * p + i), sumi);
-        }
-        return f16f(b->d) * f16f(a->d) * (float)sumi;
+    enum : int { qk = QK, bytes = 18, upb = 2, al_max = 2, chunk = 2048 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u32 v0 = ld_u32_a2(b + 2 + 8 * p), v1 = ld_u32_a2(b + 6 + 8 * p);
+        const int2 lo = act2(aq, 2 * p), hi = act2(aq, 4 + 2 * p);
+        int sumi = __dp4a(bytes_sub(v0 & 0x0F0F0F0Fu, 0x08080808u), lo.x, 0);
+        sumi = __dp4a(bytes_sub(v1 & 0x0F0F0F0Fu, 0x08080808u), lo.y, sumi);
+        sumi = __dp4a(bytes_sub((v0 >> 4) & 0x0F0F0F0Fu, 0x08080808u), hi.x, sumi);
+        sumi = __dp4a(bytes_sub((v1 >> 4) & 0x0F0F0F0Fu, 0x08080808u), hi.y, sumi);
+        return f16_at(b) * ads[0].x * (float)sumi;
     }
 };
 
-// Q4_1, units as Q4_0; unit 0 also adds m * s.
+// Q4_1, units as Q4_0; unit 0 also adds m * s. Fields: d @0, m @2, qs @4.
 struct mmvq_q4_1_t {
-    static constexpr int qk = QK, bytes = 20, upb = 2;
-    static constexpr bool a4_ok = true;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q4_1* b = (const block_q4_1*)w + ib;
-        const block_q8_1* a = x + ib;
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 v = ld_u32<A4>(b->qs + 8 * p + 4 * i);
-            sumi = __dp4a((int)(v & 0x0F0F0F0Fu), q8_1_int(a, 2 * p + i), sumi);
-            sumi = __dp4a((int)((v >> 4) & 0x0F0F0F0Fu), q8_1_int(a, 4 + 2 * p + i), sumi);
-        }
-        const float2 ds = q8_1_ds(a);
-        const float r = f16f(b->d) * ds.x * (float)sumi;
-        return p == 0 ? r + f16f(b->m) * ds.y : r;
+    enum : int { qk = QK, bytes = 20, upb = 2, al_max = 4, chunk = 2048 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u32 v0 = lds_u32<AL>(b + 4 + 8 * p), v1 = lds_u32<AL>(b + 8 + 8 * p);
+        const int2 lo = act2(aq, 2 * p), hi = act2(aq, 4 + 2 * p);
+        int sumi = __dp4a((int)(v0 & 0x0F0F0F0Fu), lo.x, 0);
+        sumi = __dp4a((int)(v1 & 0x0F0F0F0Fu), lo.y, sumi);
+        sumi = __dp4a((int)((v0 >> 4) & 0x0F0F0F0Fu), hi.x, sumi);
+        sumi = __dp4a((int)((v1 >> 4) & 0x0F0F0F0Fu), hi.y, sumi);
+        const float2 dm = f16x2_at<AL>(b);
+        const float2 ds = ads[0];
+        const float r = dm.x * ds.x * (float)sumi;
+        return p == 0 ? r + dm.y * ds.y : r;
     }
 };
 
-// Q5_0, units as Q4_0; the fifth bit of element e is bit e of qh.
+// The four low / high quants of Q5 elements e..e + 4 and e + 16..e + 20 from qs word v and the
+// block's qh: nibble | fifth bit (bit e + i of qh) << 4, in bytes.
+__device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi) {
+    lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
+}
+
+// Q5_0, units as Q4_0. Fields: d @0, qh @2, qs @6.
 struct mmvq_q5_0_t {
-    static constexpr int qk = QK, bytes = 22, upb = 2;
-    static constexpr bool a4_ok = false;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q5_0* b = (const block_q5_0*)w + ib;
-        const block_q8_1* a = x + ib;
-        const u32 qh = ld_u32_a2(b->qh);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int e = 8 * p + 4 * i; // first of the four low-nibble elements
-            const u32 v = ld_u32_a2(b->qs + e);
-            const u32 lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
-            const u32 hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
-            sumi = __dp4a(bytes_sub(lo, 0x10101010u), q8_1_int(a, 2 * p + i), sumi);
-            sumi = __dp4a(bytes_sub(hi, 0x10101010u), q8_1_int(a, 4 + 2 * p + i), sumi);
-        }
-        return f16f(b->d) * f16f(a->d) * (float)sumi;
+    enum : int { qk = QK, bytes = 22, upb = 2, al_max = 2, chunk = 2048 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u32 qh = ld_u32_a2(b + 2);
+        const int2 alo = act2(aq, 2 * p), ahi = act2(aq, 4 + 2 * p);
+        u32 lo0, hi0, lo1, hi1;
+        q5_words(ld_u32_a2(b + 6 + 8 * p), qh, 8 * p, lo0, hi0);
+        q5_words(ld_u32_a2(b + 10 + 8 * p), qh, 8 * p + 4, lo1, hi1);
+        int sumi = __dp4a(bytes_sub(lo0, 0x10101010u), alo.x, 0);
+        sumi = __dp4a(bytes_sub(lo1, 0x10101010u), alo.y, sumi);
+        sumi = __dp4a(bytes_sub(hi0, 0x10101010u), ahi.x, sumi);
+        sumi = __dp4a(bytes_sub(hi1, 0x10101010u), ahi.y, sumi);
+        return f16_at(b) * ads[0].x * (float)sumi;
     }
 };
 
-// Q5_1, units as Q4_0; unit 0 also adds m * s.
+// Q5_1, units as Q4_0; unit 0 also adds m * s. Fields: d @0, m @2, qh @4, qs @8.
 struct mmvq_q5_1_t {
-    static constexpr int qk = QK, bytes = 24, upb = 2;
-    static constexpr bool a4_ok = true;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q5_1* b = (const block_q5_1*)w + ib;
-        const block_q8_1* a = x + ib;
-        const u32 qh = ld_u32<A4>(b->qh);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int e = 8 * p + 4 * i;
-            const u32 v = ld_u32<A4>(b->qs + e);
-            const u32 lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
-            const u32 hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
-            sumi = __dp4a((int)lo, q8_1_int(a, 2 * p + i), sumi);
-            sumi = __dp4a((int)hi, q8_1_int(a, 4 + 2 * p + i), sumi);
-        }
-        const float2 ds = q8_1_ds(a);
-        const float r = f16f(b->d) * ds.x * (float)sumi;
-        return p == 0 ? r + f16f(b->m) * ds.y : r;
+    enum : int { qk = QK, bytes = 24, upb = 2, al_max = 4, chunk = 2048 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u32 qh = lds_u32<AL>(b + 4);
+        const int2 alo = act2(aq, 2 * p), ahi = act2(aq, 4 + 2 * p);
+        u32 lo0, hi0, lo1, hi1;
+        q5_words(lds_u32<AL>(b + 8 + 8 * p), qh, 8 * p, lo0, hi0);
+        q5_words(lds_u32<AL>(b + 12 + 8 * p), qh, 8 * p + 4, lo1, hi1);
+        int sumi = __dp4a((int)lo0, alo.x, 0);
+        sumi = __dp4a((int)lo1, alo.y, sumi);
+        sumi = __dp4a((int)hi0, ahi.x, sumi);
+        sumi = __dp4a((int)hi1, ahi.y, sumi);
+        const float2 dm = f16x2_at<AL>(b);
+        const float2 ds = ads[0];
+        const float r = dm.x * ds.x * (float)sumi;
+        return p == 0 ? r + dm.y * ds.y : r;
     }
 };
 
-// Q8_0, 2 units per block: unit p holds elements 16p..16p + 16.
+// Q8_0, 2 units per block: unit p holds elements 16p..16p + 16. Fields: d @0, qs @2.
 struct mmvq_q8_0_t {
-    static constexpr int qk = QK, bytes = 34, upb = 2;
-    static constexpr bool a4_ok = false;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q8_0* b = (const block_q8_0*)w + ib;
-        const block_q8_1* a = x + ib;
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = (int)ld_u32_a2(b->qs + 16 * p + 4 * i);
-            sumi = __dp4a(v, q8_1_int(a, 4 * p + i), sumi);
-        }
-        return f16f(b->d) * f16f(a->d) * (float)sumi;
+    enum : int { qk = QK, bytes = 34, upb = 2, al_max = 2, chunk = 2048 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u8* q = b + 2 + 16 * p;
+        const int4 a = act4(aq, 4 * p);
+        int sumi = __dp4a((int)ld_u32_a2(q), a.x, 0);
+        sumi = __dp4a((int)ld_u32_a2(q + 4), a.y, sumi);
+        sumi = __dp4a((int)ld_u32_a2(q + 8), a.z, sumi);
+        sumi = __dp4a((int)ld_u32_a2(q + 12), a.w, sumi);
+        return f16_at(b) * ads[0].x * (float)sumi;
     }
 };
 
 // Q2_K, 8 units per super-block: unit p (h = p / 4, l0 = 8 * (p % 4)) holds qs[32h + l0..+8],
 // that is elements 128h + 32pl + l0..+8 for the four 2-bit planes pl, each within activation
-// block 4h + pl and one 16-element scale group (8h + 2pl + l0 / 16).
+// block 4h + pl and scale group 8h + 2pl + l0 / 16. Fields: scales @0, qs @16, d @80, dmin @82.
 struct mmvq_q2_K_t {
-    static constexpr int qk = QK_K, bytes = 84, upb = 8;
-    static constexpr bool a4_ok = true;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q2_K* b = (const block_q2_K*)w + ib;
+    enum : int { qk = QK_K, bytes = 84, upb = 8, al_max = 4, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
         const int h = p >> 2, l0 = 8 * (p & 3);
-        const u32 v0 = ld_u32<A4>(b->qs + 32 * h + l0);
-        const u32 v1 = ld_u32<A4>(b->qs + 32 * h + l0 + 4);
-        const block_q8_1* a = x + 8 * ib + 4 * h;
+        const u32 v0 = lds_u32<AL>(b + 16 + 32 * h + l0), v1 = lds_u32<AL>(b + 20 + 32 * h + l0);
+        // scales[8h..8h + 8]: plane pl takes byte 2pl + l0 / 16.
+        const u32 s0 = lds_u32<AL>(b + 8 * h), s1 = lds_u32<AL>(b + 8 * h + 4);
+        const int sh = 8 * (l0 >> 4);
         float sum_d = 0.0f, sum_m = 0.0f;
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) {
-            const int u0 = q8_1_int(a + pl, l0 / 4), u1 = q8_1_int(a + pl, l0 / 4 + 1);
+            const int2 a = act2(aq + 32 * (4 * h + pl), l0 / 4);
             const int q0 = (int)((v0 >> (2 * pl)) & 0x03030303u);
             const int q1 = (int)((v1 >> (2 * pl)) & 0x03030303u);
-            const int sumi = __dp4a(q1, u1, __dp4a(q0, u0, 0));
-            const int suma = __dp4a(0x01010101, u1, __dp4a(0x01010101, u0, 0));
-            const int sc = b->scales[8 * h + 2 * pl + (l0 >> 4)];
-            const float da = f16f(a[pl].d);
+            const int sumi = __dp4a(q1, a.y, __dp4a(q0, a.x, 0));
+            const int suma = __dp4a(0x01010101, a.y, __dp4a(0x01010101, a.x, 0));
+            const int sc = (int)((((pl < 2 ? s0 : s1) >> (16 * (pl & 1))) >> sh) & 0xFFu);
+            const float da = ads[4 * h + pl].x;
             sum_d += da * (float)((sc & 0x0F) * sumi);
             sum_m += da * (float)((sc >> 4) * suma);
         }
-        return f16f(b->d) * sum_d - f16f(b->dmin) * sum_m;
+        const float2 dm = f16x2_at<AL>(b + 80);
+        return dm.x * sum_d - dm.y * sum_m;
     }
 };
 
 // Q3_K, 8 units per super-block: unit p (h = p / 4, l0 = 8 * (p % 4)) holds qs[32h + l0..+8]
 // and hmask[l0..+8], that is elements 32g + l0..+8 of the four groups g = 4h + pl.
+// Fields: hmask @0, qs @32, scales @96, d @108.
 struct mmvq_q3_K_t {
-    static constexpr int qk = QK_K, bytes = 110, upb = 8;
-    static constexpr bool a4_ok = false;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q3_K* b = (const block_q3_K*)w + ib;
+    enum : int { qk = QK_K, bytes = 110, upb = 8, al_max = 2, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
         const int h = p >> 2, l0 = 8 * (p & 3);
-        const u32 v0 = ld_u32_a2(b->qs + 32 * h + l0);
-        const u32 v1 = ld_u32_a2(b->qs + 32 * h + l0 + 4);
-        const u32 m0 = ld_u32_a2(b->hmask + l0);
-        const u32 m1 = ld_u32_a2(b->hmask + l0 + 4);
-        const block_q8_1* a = x + 8 * ib + 4 * h;
+        const u32 v0 = ld_u32_a2(b + 32 + 32 * h + l0), v1 = ld_u32_a2(b + 36 + 32 * h + l0);
+        const u32 m0 = ld_u32_a2(b + l0), m1 = ld_u32_a2(b + 4 + l0);
         float sum = 0.0f;
 #pragma unroll
         for (int pl = 0; pl < 4; ++pl) {
             const int g = 4 * h + pl;
+            const int2 a = act2(aq + 32 * g, l0 / 4);
             // 2-bit quant | 4 where the high bit is set, minus 4: -4..3 in each byte.
             const u32 q0 = ((v0 >> (2 * pl)) & 0x03030303u) | (((m0 >> g) & 0x01010101u) << 2);
             const u32 q1 = ((v1 >> (2 * pl)) & 0x03030303u) | (((m1 >> g) & 0x01010101u) << 2);
-            int sumi = __dp4a(bytes_sub(q0, 0x04040404u), q8_1_int(a + pl, l0 / 4), 0);
-            sumi = __dp4a(bytes_sub(q1, 0x04040404u), q8_1_int(a + pl, l0 / 4 + 1), sumi);
-            const int sc = q3k_scale(b->scales, 2 * g + (l0 >> 4));
-            sum += f16f(a[pl].d) * (float)(sc * sumi);
+            int sumi = __dp4a(bytes_sub(q0, 0x04040404u), a.x, 0);
+            sumi = __dp4a(bytes_sub(q1, 0x04040404u), a.y, sumi);
+            const int sc = q3k_scale(b + 96, 2 * g + (l0 >> 4));
+            sum += ads[g].x * (float)(sc * sumi);
         }
-        return f16f(b->d) * sum;
+        return f16_at(b + 108) * sum;
     }
 };
 
+// Q4_K / Q5_K scale and min of group j (0..8) from the 12 packed bytes held as words s0, s1, s2
+// (k4_scale_min on registers).
+__device__ __forceinline__ void k4_scale_min_w(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
+    const int sh = 8 * (j & 3);
+    if (j < 4) {
+        sc = (int)((s0 >> sh) & 63u);
+        m = (int)((s1 >> sh) & 63u);
+    } else {
+        const u32 r = (s2 >> sh) & 0xFFu; // raw[j + 4]
+        sc = (int)((r & 0x0F) | (((s0 >> sh) >> 6) & 3u) << 4);
+        m = (int)((r >> 4) | (((s1 >> sh) >> 6) & 3u) << 4);
+    }
+}
+
 // Q4_K / Q5_K, 8 units per super-block: unit p (c = p / 2, l0 = 16 * (p % 2)) holds
-// qs[32c + l0..+16]: elements 64c + l0..+16 (low nibbles, group 2c, activation block 2c) and
-// 64c + 32 + l0..+16 (high nibbles, group 2c + 1, activation block 2c + 1). With HAS_QH (Q5_K)
-// bit 2c / 2c + 1 of qh[l0..+16] adds 16.
-template <bool HAS_QH, bool A4>
-__device__ __forceinline__ float vdot_k4(const u8* dm, const u8* scales, const u8* qh,
-                                         const u8* qs, const block_q8_1* x, int ib, int p) {
+// qs[32c + l0..+16]: elements 64c + l0..+16 (low nibbles, group 2c) and 64c + 32 + l0..+16
+// (high nibbles, group 2c + 1). With HAS_QH (Q5_K) bit 2c / 2c + 1 of qh[l0..+16] adds 16.
+// Fields: d @0, dmin @2, scales @4, then Q4_K: qs @16; Q5_K: qh @16, qs @48.
+template <bool HAS_QH, int AL>
+__device__ __forceinline__ float vdot_k4(const u8* b, const i8* aq, const float2* ads, int p) {
     const int c = p >> 1, l0 = 16 * (p & 1);
-    const block_q8_1* alo = x + 8 * ib + 2 * c;
-    const block_q8_1* ahi = alo + 1;
+    const uint4 head = lds_u128<AL>(b); // d, dmin | scales[0..4] | scales[4..8] | scales[8..12]
+    const uint4 v = lds_u128<AL>(b + (HAS_QH ? 48 : 16) + 32 * c + l0);
+    const u32 vw[4] = {v.x, v.y, v.z, v.w};
+    u32 hw[4] = {0, 0, 0, 0};
+    if (HAS_QH) {
+        const uint4 hv = lds_u128<AL>(b + 16 + l0);
+        hw[0] = hv.x; hw[1] = hv.y; hw[2] = hv.z; hw[3] = hv.w;
+    }
+    const int4 alo = act4(aq + 64 * c + l0, 0), ahi = act4(aq + 64 * c + 32 + l0, 0);
+    const int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
     int sumi_lo = 0, sumi_hi = 0, suma_lo = 0, suma_hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 v = ld_u32<A4>(qs + 32 * c + l0 + 4 * i);
-        u32 lo = v & 0x0F0F0F0Fu;
-        u32 hi = (v >> 4) & 0x0F0F0F0Fu;
+        u32 lo = vw[i] & 0x0F0F0F0Fu;
+        u32 hi = (vw[i] >> 4) & 0x0F0F0F0Fu;
         if (HAS_QH) {
-            const u32 hb = ld_u32<A4>(qh + l0 + 4 * i);
-            lo |= ((hb >> (2 * c)) & 0x01010101u) << 4;
-            hi |= ((hb >> (2 * c + 1)) & 0x01010101u) << 4;
+            lo |= ((hw[i] >> (2 * c)) & 0x01010101u) << 4;
+            hi |= ((hw[i] >> (2 * c + 1)) & 0x01010101u) << 4;
         }
-        const int ulo = q8_1_int(alo, l0 / 4 + i), uhi = q8_1_int(ahi, l0 / 4 + i);
-        sumi_lo = __dp4a((int)lo, ulo, sumi_lo);
-        sumi_hi = __dp4a((int)hi, uhi, sumi_hi);
-        suma_lo = __dp4a(0x01010101, ulo, suma_lo);
-        suma_hi = __dp4a(0x01010101, uhi, suma_hi);
+        sumi_lo = __dp4a((int)lo, al[i], sumi_lo);
+        sumi_hi = __dp4a((int)hi, ah[i], sumi_hi);
+        suma_lo = __dp4a(0x01010101, al[i], suma_lo);
+        suma_hi = __dp4a(0x01010101, ah[i], suma_hi);
     }
     int sc_lo, m_lo, sc_hi, m_hi;
-    k4_scale_min(scales, 2 * c, sc_lo, m_lo);
-    k4_scale_min(scales, 2 * c + 1, sc_hi, m_hi);
-    const float da_lo = f16f(alo->d), da_hi = f16f(ahi->d);
-    float2 dmf;
-    if (A4) {
-        dmf = __half22float2(*(const __half2*)dm);
-    } else {
-        dmf = make_float2(f16f(((const __half*)dm)[0]), f16f(((const __half*)dm)[1]));
-    }
+    k4_scale_min_w(head.y, head.z, head.w, 2 * c, sc_lo, m_lo);
+    k4_scale_min_w(head.y, head.z, head.w, 2 * c + 1, sc_hi, m_hi);
+    const float da_lo = ads[2 * c].x, da_hi = ads[2 * c + 1].x;
+    const float d = __half2float(__ushort_as_half((u16)(head.x & 0xFFFFu)));
+    const float dmin = __half2float(__ushort_as_half((u16)(head.x >> 16)));
     const float sd = da_lo * (float)(sc_lo * sumi_lo) + da_hi * (float)(sc_hi * sumi_hi);
     const float sm = da_lo * (float)(m_lo * suma_lo) + da_hi * (float)(m_hi * suma_hi);
-    return dmf.x * sd - dmf.y * sm;
+    return d * sd - dmin * sm;
 }
 
 struct mmvq_q4_K_t {
-    static constexpr int qk = QK_K, bytes = 144, upb = 8;
-    static constexpr bool a4_ok = true;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q4_K* b = (const block_q4_K*)w + ib;
-        return vdot_k4<false, A4>((const u8*)&b->d, b->scales, nullptr, b->qs, x, ib, p);
+    enum : int { qk = QK_K, bytes = 144, upb = 8, al_max = 16, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        return vdot_k4<false, AL>(b, aq, ads, p);
     }
 };
 
 struct mmvq_q5_K_t {
-    static constexpr int qk = QK_K, bytes = 176, upb = 8;
-    static constexpr bool a4_ok = true;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q5_K* b = (const block_q5_K*)w + ib;
-        return vdot_k4<true, A4>((const u8*)&b->d, b->scales, b->qh, b->qs, x, ib, p);
+    enum : int { qk = QK_K, bytes = 176, upb = 8, al_max = 16, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        return vdot_k4<true, AL>(b, aq, ads, p);
     }
 };
 
 // Q6_K, 8 units per super-block: unit p (h = p / 4, l0 = 8 * (p % 4)) holds ql[64h + l0..+8],
 // ql[64h + 32 + l0..+8] and qh[32h + l0..+8], that is elements 128h + 32k + l0..+8 for k = 0..3,
 // each within activation block 4h + k and scale group 8h + 2k + l0 / 16.
+// Fields: ql @0, qh @128, scales @192, d @208.
 struct mmvq_q6_K_t {
-    static constexpr int qk = QK_K, bytes = 210, upb = 8;
-    static constexpr bool a4_ok = false;
-    template <bool A4>
-    static __device__ __forceinline__ float dot(const u8* w, const block_q8_1* x, int ib, int p) {
-        const block_q6_K* b = (const block_q6_K*)w + ib;
+    enum : int { qk = QK_K, bytes = 210, upb = 8, al_max = 2, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
         const int h = p >> 2, l0 = 8 * (p & 3);
-        const u8* ql = b->ql + 64 * h + l0;
-        const u32 la0 = ld_u32_a2(ql), la1 = ld_u32_a2(ql + 4);           // ql[l], k = 0 and 2
-        const u32 lb0 = ld_u32_a2(ql + 32), lb1 = ld_u32_a2(ql + 36);     // ql[l + 32], k = 1, 3
-        const u32 h0 = ld_u32_a2(b->qh + 32 * h + l0), h1 = ld_u32_a2(b->qh + 32 * h + l0 + 4);
-        const block_q8_1* a = x + 8 * ib + 4 * h;
+        const u8* ql = b + 64 * h + l0;
+        const u32 la0 = ld_u32_a2(ql), la1 = ld_u32_a2(ql + 4);       // ql[l]: k = 0 and 2
+        const u32 lb0 = ld_u32_a2(ql + 32), lb1 = ld_u32_a2(ql + 36); // ql[l + 32]: k = 1, 3
+        const u32 h0 = ld_u32_a2(b + 128 + 32 * h + l0), h1 = ld_u32_a2(b + 132 + 32 * h + l0);
+        const i8* sc = (const i8*)b + 192 + 8 * h + (l0 >> 4);
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -281,53 +330,126 @@ struct mmvq_q6_K_t {
             const u32 n1 = k == 0 ? la1 : k == 1 ? lb1 : k == 2 ? la1 >> 4 : lb1 >> 4;
             const u32 q0 = (n0 & 0x0F0F0F0Fu) | (((h0 >> (2 * k)) & 0x03030303u) << 4);
             const u32 q1 = (n1 & 0x0F0F0F0Fu) | (((h1 >> (2 * k)) & 0x03030303u) << 4);
-            int sumi = __dp4a(bytes_sub(q0, 0x20202020u), q8_1_int(a + k, l0 / 4), 0);
-            sumi = __dp4a(bytes_sub(q1, 0x20202020u), q8_1_int(a + k, l0 / 4 + 1), sumi);
-            const int sc = b->scales[8 * h + 2 * k + (l0 >> 4)];
-            sum += f16f(a[k].d) * (float)(sc * sumi);
+            const int2 a = act2(aq + 32 * (4 * h + k), l0 / 4);
+            int sumi = __dp4a(bytes_sub(q0, 0x20202020u), a.x, 0);
+            sumi = __dp4a(bytes_sub(q1, 0x20202020u), a.y, sumi);
+            sum += ads[4 * h + k].x * (float)((int)sc[2 * k] * sumi);
         }
-        return f16f(b->d) * sum;
+        return f16_at(b + 208) * sum;
     }
 };
 
 // ---------------------------------------------------------------------------------------------
-// The row loop shared by all quantised formats.
+// Staging and the row loop shared by all quantised formats.
 
-template <class T, bool A4>
-__device__ __forceinline__ float mmvq_row_sum(const u8* wrow, const block_q8_1* xrow, int units,
-                                              int lane) {
-    float acc = 0.0f;
+// Copy the n bytes at global `src` (2-byte aligned, n even) into `dst` (16-byte aligned shared
+// memory, n + 16 bytes) at offset src % 16, which is returned: byte src + i lands at
+// dst + off + i. The 16-byte aligned middle goes by 16-byte loads, the head and tail (under 16
+// bytes each) by 2-byte loads; nothing outside [src, src + n) is read. Called by a whole warp.
+__device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int lane) {
+    const u64 s = (u64)src, e = s + (u64)n;
+    const u64 base = s & ~(u64)15; // dst[0] stands for global address base
+    const u64 up = (s + 15) & ~(u64)15, down = e & ~(u64)15;
+    const u64 head_end = up < e ? up : e;
+    const u64 tail_beg = down > head_end ? down : head_end;
+    if (lane < 8) {
+        const u64 g = s + 2 * lane;
+        if (g < head_end) *(u16*)(dst + (g - base)) = *(const u16*)g;
+    } else if (lane < 16) {
+        const u64 g = tail_beg + 2 * (lane - 8);
+        if (g < e) *(u16*)(dst + (g - base)) = *(const u16*)g;
+    }
+    const int n16 = (int)((tail_beg - head_end) >> 4);
+    const uint4* s16 = (const uint4*)head_end;
+    uint4* d16 = (uint4*)(dst + (head_end - base));
 #pragma unroll 4
+    for (int i = lane; i < n16; i += 32) d16[i] = s16[i];
+    return (int)(s - base);
+}
+
+template <class T, int AL>
+__device__ __forceinline__ float mmvq_chunk(const u8* wb, const i8* aq, const float2* ads,
+                                            int nbc, int lane) {
+    float acc = 0.0f;
+    const int units = nbc * T::upb;
+#pragma unroll 2
     for (int u = lane; u < units; u += 32) {
-        acc += T::template dot<A4>(wrow, xrow, u / T::upb, u % T::upb);
+        const int ib = u / T::upb, p = u % T::upb;
+        acc += T::template dot<AL>(wb + ib * T::bytes, aq + ib * T::qk, ads + ib * (T::qk / QK), p);
     }
     return acc;
 }
 
+// Size of a warp's weight buffer: a chunk's blocks plus room for the offset src % 16.
+#define MMVQ_WBUF(T) ((T::bytes * (T::chunk / T::qk) + 31) / 16 * 16)
+
 template <class T>
 __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, float* y, int k,
                                           int n, int n_tok) {
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    __shared__ __align__(16) i8 s_aq[T::chunk];          // staged activation quants
+    __shared__ __align__(16) float2 s_ads[T::chunk / QK]; // their (d, s)
+    __shared__ __align__(16) u8 s_w[MMVQ_ROWS][MMVQ_WBUF(T)];
+
     const int t = blockIdx.y;
-    if (row >= n || t >= n_tok) return; // whole warps leave; no block-wide sync follows
-    const int lane = threadIdx.x;
+    if (t >= n_tok || blockDim.x != 32 || blockDim.y != MMVQ_ROWS) return; // whole block
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int row = blockIdx.x * MMVQ_ROWS + warp;
+    const bool active = row < n; // rows past n only help stage the activations
     const int nb = k / T::qk;
+    const int k_used = nb * T::qk;
     const u8* wrow = (const u8*)w + (i64)row * nb * T::bytes;
-    const block_q8_1* xrow = x + (i64)t * (k / QK);
-    const int units = nb * T::upb;
-    float acc;
-    if (T::a4_ok && ((u64)w & 3) == 0) {
-        acc = mmvq_row_sum<T, T::a4_ok>(wrow, xrow, units, lane);
-    } else {
-        acc = mmvq_row_sum<T, false>(wrow, xrow, units, lane);
+    const u32* xw = (const u32*)(x + (i64)t * (k / QK));
+    // Alignment of the blocks (in global and so in shared memory): one choice per block.
+    constexpr int A16 = T::al_max >= 16 ? 16 : 2, A4 = T::al_max >= 4 ? 4 : 2;
+    const int al = ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
+
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < k_used; c0 += T::chunk) {
+        const int ne = min((int)T::chunk, k_used - c0);
+        const int nbc = ne / T::qk;
+        // 1. Activations: Q8_1 block j is 9 words, (d, s) then 8 words of quants.
+        const u32* xs = xw + (c0 / QK) * 9;
+        for (int i = tid; i < 9 * (ne / QK); i += 32 * MMVQ_ROWS) {
+            const u32 v = xs[i];
+            const int blk = i / 9, j = i - 9 * blk;
+            if (j == 0) {
+                s_ads[blk] = make_float2(__half2float(__ushort_as_half((u16)(v & 0xFFFFu))),
+                                         __half2float(__ushort_as_half((u16)(v >> 16))));
+            } else {
+                ((u32*)s_aq)[8 * blk + j - 1] = v;
+            }
+        }
+        // 2. This warp's weight bytes.
+        int off = 0;
+        if (active) {
+            off = stage_bytes(s_w[warp], wrow + (i64)(c0 / T::qk) * T::bytes, nbc * T::bytes, lane);
+        }
+        __syncthreads();
+        // 3. Dot products from shared memory.
+        if (active) {
+            const u8* wb = s_w[warp] + off;
+            if (al == 16) {
+                acc += mmvq_chunk<T, A16>(wb, s_aq, s_ads, nbc, lane);
+            } else if (al == 4) {
+                acc += mmvq_chunk<T, A4>(wb, s_aq, s_ads, nbc, lane);
+            } else {
+                acc += mmvq_chunk<T, 2>(wb, s_aq, s_ads, nbc, lane);
+            }
+        }
+        __syncthreads();
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(i64)t * n + row] = acc;
+    if (active) {
+        acc = warp_sum(acc);
+        if (lane == 0) y[(i64)t * n + row] = acc;
+    }
 }
 
-// launch (every mmvq_* and mmv_* kernel): grid (ceil(n / 4), n_tok, 1), block (32, 4, 1), no
-// dynamic shared memory. w: n rows of k / block_size blocks; x: [n_tok, k / 32] block_q8_1;
-// y: [n_tok, n] f32. k is a multiple of the block size (32, or 256 for K-quants).
+// launch (every mmvq_* kernel): grid (ceil(n / 4), n_tok, 1), block (32, 4, 1) exactly, no
+// dynamic shared memory (static: the staged activations, 2.5 KB or 5 KB, plus 4 x a chunk's
+// weight bytes; 7.2 KB for Q4_0 up to 18.2 KB for Q6_K).
+// w: n rows of k / block_size blocks; x: [n_tok, k / 32] block_q8_1; y: [n_tok, n] f32.
+// k is a multiple of the block size (32, or 256 for K-quants).
 #define MMVQ_KERNEL(name, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                           \
         name(const void* __restrict__ w, const block_q8_1* __restrict__ x, float* __restrict__ y, \

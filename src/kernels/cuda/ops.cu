@@ -13,7 +13,8 @@
 // RMSNorm
 
 // y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 1024). x, y: [n_rows, n].
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 1024).
+// x, y: [n_rows, n]; w: [n].
 extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
                                         int n, float eps) {
     __shared__ float partial[32];
@@ -71,7 +72,7 @@ extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_d
 // x += y.
 // launch: grid any, block (256, 1, 1).
 extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         x[i] += y[i];
     }
 }
@@ -80,7 +81,7 @@ extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
 // launch: grid any, block (256, 1, 1).
 extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __restrict__ b,
                                         int width, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         x[i] += b[i % width];
     }
 }
@@ -88,7 +89,7 @@ extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __re
 // g = g / (1 + exp(-g)) * u (silu(g) * u).
 // launch: grid any, block (256, 1, 1).
 extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         const float v = g[i];
         g[i] = v / (1.0f + expf(-v)) * u[i];
     }
@@ -98,7 +99,7 @@ extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
 // launch: grid any, block (256, 1, 1).
 extern "C" __global__ void copy_f32_to_f16(const float* __restrict__ x, __half* __restrict__ y,
                                            i64 n) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(i, n) {
         y[i] = __float2half_rn(x[i]);
     }
 }

@@ -1,0 +1,661 @@
+//! `oato selftest [--device cpu|gpu] [--perf] [--compile-only]`: every operator and weight type on
+//! a backend against a plain f64 reference on patterned data (ggml's test-backend-ops is the
+//! model), with the normalised error and where the largest error is; `--perf` prints GB/s and
+//! TFLOP/s per kernel; `--compile-only` compiles every CUDA kernel with NVRTC (no GPU needed).
+
+use std::time::Instant;
+
+use clap::Args;
+use half::f16;
+
+use oato::error::{Error, Result};
+use oato::kernels::cpu::attention::AttnShape;
+use oato::kernels::cuda as kc;
+use oato::model::RopeParams;
+use oato::quant::testdata::{Rng, pattern, random_k_row};
+use oato::quant::{GgmlType, dequantize_row, quantize_row};
+use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
+use oato::runtime::cuda_backend::missing_kernels;
+
+use super::DeviceArg;
+
+#[derive(Args)]
+pub struct SelftestArgs {
+    /// Backend to test: cpu, gpu, or auto (the GPU when there is one).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Also time the kernels on large shapes and print GB/s and TFLOP/s.
+    #[arg(long)]
+    pub perf: bool,
+    /// Only compile every CUDA kernel source with NVRTC (works without a GPU).
+    #[arg(long = "compile-only")]
+    pub compile_only: bool,
+    /// Architectures for --compile-only, as compute capabilities (sm_XY → XY).
+    #[arg(long, value_delimiter = ',', default_values_t = [75u32, 80, 86, 89, 90, 100, 120])]
+    pub arch: Vec<u32>,
+    /// CPU threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+pub fn run(a: SelftestArgs) -> Result<()> {
+    if a.compile_only {
+        return compile_only(&a.arch);
+    }
+    super::init_threads(a.threads)?;
+    let (backends, dev) = super::open_backends(a.device)?;
+    let be = &*backends[dev];
+    println!("selftest on {}", be.describe());
+    let cases = correctness(be)?;
+    let failed = cases.iter().filter(|c| !c.ok()).count();
+    println!(
+        "{:<10} {:<6} {:<24} {:>10} {:>10} {:>8} {:>10}  ",
+        "op", "type", "shape", "nmse", "max |err|", "at", "bound"
+    );
+    for c in &cases {
+        println!(
+            "{:<10} {:<6} {:<24} {:>10.2e} {:>10.2e} {:>8} {:>10.0e}  {}",
+            c.op,
+            c.ty,
+            c.shape,
+            c.nmse,
+            c.max_err,
+            c.at,
+            c.bound,
+            if c.ok() { "OK" } else { "FAIL" }
+        );
+    }
+    println!("{}/{} cases passed", cases.len() - failed, cases.len());
+    if a.perf {
+        perf(be)?;
+    }
+    if failed > 0 {
+        return Err(Error::Msg(format!("selftest: {failed} case(s) failed")));
+    }
+    Ok(())
+}
+
+/// Compiles every kernel source for each architecture through the engine's NVRTC path and
+/// checks that each kernel the backend launches is in the CUBIN.
+fn compile_only(archs: &[u32]) -> Result<()> {
+    let (major, minor) = kc::nvrtc_version()?;
+    println!(
+        "NVRTC {major}.{minor}; include dirs: {:?}",
+        kc::include_dirs()
+    );
+    let mut failures = Vec::new();
+    for &arch in archs {
+        for src in kc::SOURCES {
+            let t = Instant::now();
+            match kc::compile(src, arch) {
+                Ok(bin) => {
+                    let missing = missing_kernels(src.name, &bin);
+                    println!(
+                        "sm_{arch:<4} {:<12} {:>8} bytes {:>7.0} ms {}",
+                        src.name,
+                        bin.len(),
+                        t.elapsed().as_secs_f64() * 1e3,
+                        if missing.is_empty() {
+                            "OK".to_string()
+                        } else {
+                            format!("MISSING {missing:?}")
+                        }
+                    );
+                    if !missing.is_empty() {
+                        failures.push(format!(
+                            "{} sm_{arch}: kernels missing: {missing:?}",
+                            src.name
+                        ));
+                    }
+                }
+                Err(e) => {
+                    println!("sm_{arch:<4} {:<12} FAILED", src.name);
+                    failures.push(e.to_string());
+                }
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Msg(failures.join("\n")))
+    }
+}
+
+/// One comparison: the backend's output against the f64 reference.
+struct Case {
+    op: &'static str,
+    ty: String,
+    shape: String,
+    nmse: f64,
+    max_err: f64,
+    at: usize,
+    bound: f64,
+}
+
+impl Case {
+    fn ok(&self) -> bool {
+        self.nmse.is_finite() && self.nmse <= self.bound
+    }
+}
+
+fn compare(
+    op: &'static str,
+    ty: &str,
+    shape: String,
+    got: &[f32],
+    want: &[f64],
+    bound: f64,
+) -> Case {
+    let (mut num, mut den, mut max_err, mut at) = (0f64, 0f64, 0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let d = g as f64 - w;
+        num += d * d;
+        den += w * w;
+        if d.abs() > max_err || d.is_nan() {
+            max_err = d.abs();
+            at = i;
+        }
+    }
+    let nmse = if got.len() != want.len() {
+        f64::NAN
+    } else if den > 0.0 {
+        num / den
+    } else {
+        num
+    };
+    Case {
+        op,
+        ty: ty.to_string(),
+        shape,
+        nmse,
+        max_err,
+        at,
+        bound,
+    }
+}
+
+/// A tensor on `be` holding `v`.
+fn put(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
+    let mut t = be.alloc(DType::F32, v.len(), Category::Workspace)?;
+    be.write(&mut t, 0, v)?;
+    Ok(t)
+}
+
+fn get(be: &dyn Backend, t: &Tensor, n: usize) -> Result<Vec<f32>> {
+    let mut v = vec![0f32; n];
+    be.read(t, 0, &mut v)?;
+    Ok(v)
+}
+
+/// `n` rows of `k` patterned weights in `ty` (random blocks with sane scales for K-quants).
+fn weight_bytes(ty: GgmlType, k: usize, n: usize, seed: u64) -> Result<Vec<u8>> {
+    let mut rng = Rng(seed | 1);
+    let mut out = Vec::with_capacity(ty.row_bytes(k)? * n);
+    for r in 0..n {
+        let row = if matches!(
+            ty,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+        ) {
+            random_k_row(ty, k, &mut rng)
+        } else {
+            let mut b = vec![0u8; ty.row_bytes(k)?];
+            quantize_row(ty, &pattern(k, r as f32 * 0.37 + seed as f32), &mut b)?;
+            b
+        };
+        out.extend_from_slice(&row);
+    }
+    Ok(out)
+}
+
+/// The weights as f32, row by row (the reference's view).
+fn dequantized(ty: GgmlType, k: usize, bytes: &[u8]) -> Result<Vec<f32>> {
+    let rb = ty.row_bytes(k)?;
+    let mut out = vec![0f32; bytes.len() / rb * k];
+    for (row, b) in out.chunks_mut(k).zip(bytes.chunks(rb)) {
+        dequantize_row(ty, b, row)?;
+    }
+    Ok(out)
+}
+
+fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
+    let mut cases = Vec::new();
+    // matmul: every weight type, matrix-vector (1..8 tokens) and GEMM (more) paths, an odd
+    // row count.
+    let (k, n) = (512, 67);
+    for ty in WEIGHT_TYPES {
+        let bytes = weight_bytes(ty, k, n, 3)?;
+        let wf = dequantized(ty, k, &bytes)?;
+        let w = be.upload_weight("selftest.weight", ty, k, n, &bytes)?;
+        for n_tok in [1usize, 3, 8, 9, 40] {
+            let x = pattern(n_tok * k, 0.5);
+            let xt = put(be, &x)?;
+            let mut yt = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
+            be.matmul(&[&w], &xt, n_tok, &mut [&mut yt])?;
+            let got = get(be, &yt, n_tok * n)?;
+            let mut want = vec![0f64; n_tok * n];
+            for t in 0..n_tok {
+                for r in 0..n {
+                    want[t * n + r] = (0..k)
+                        .map(|i| wf[r * k + i] as f64 * x[t * k + i] as f64)
+                        .sum();
+                }
+            }
+            cases.push(compare(
+                "matmul",
+                ty.name(),
+                format!("{k}x{n}, {n_tok} tok"),
+                &got,
+                &want,
+                5e-4,
+            ));
+        }
+    }
+    // Shared input: two matrices in one call.
+    {
+        let (ta, tb) = (GgmlType::Q4_1, GgmlType::Q8_0);
+        let (ba, bb) = (weight_bytes(ta, k, n, 5)?, weight_bytes(tb, k, 33, 7)?);
+        let wa = be.upload_weight("a", ta, k, n, &ba)?;
+        let wb = be.upload_weight("b", tb, k, 33, &bb)?;
+        let (fa, fb) = (dequantized(ta, k, &ba)?, dequantized(tb, k, &bb)?);
+        let x = pattern(2 * k, 1.5);
+        let xt = put(be, &x)?;
+        let mut ya = be.alloc(DType::F32, 2 * n, Category::Workspace)?;
+        let mut yb = be.alloc(DType::F32, 2 * 33, Category::Workspace)?;
+        be.matmul(&[&wa, &wb], &xt, 2, &mut [&mut ya, &mut yb])?;
+        let mut got = get(be, &ya, 2 * n)?;
+        got.extend(get(be, &yb, 2 * 33)?);
+        let mut want = Vec::new();
+        for (f, rows) in [(&fa, n), (&fb, 33)] {
+            for t in 0..2 {
+                for r in 0..rows {
+                    want.push(
+                        (0..k)
+                            .map(|i| f[r * k + i] as f64 * x[t * k + i] as f64)
+                            .sum(),
+                    );
+                }
+            }
+        }
+        cases.push(compare(
+            "matmul2",
+            "Q41+Q80",
+            format!("{k}x({n}+33), 2 tok"),
+            &got,
+            &want,
+            5e-4,
+        ));
+    }
+    // rms_norm over rows 1..4 of 4.
+    {
+        let (w, rows) = (576, 4);
+        let x = pattern(rows * w, 0.2);
+        let g = pattern(w, 2.0);
+        let (xt, gt) = (put(be, &x)?, put(be, &g)?);
+        let mut yt = be.alloc(DType::F32, 3 * w, Category::Workspace)?;
+        be.rms_norm(&xt, 1, 3, &gt, 1e-5, &mut yt)?;
+        let got = get(be, &yt, 3 * w)?;
+        let mut want = Vec::new();
+        for r in 1..rows {
+            let row = &x[r * w..(r + 1) * w];
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / w as f64;
+            let s = 1.0 / (ms + 1e-5).sqrt();
+            want.extend(row.iter().zip(&g).map(|(&v, &gg)| v as f64 * s * gg as f64));
+        }
+        cases.push(compare(
+            "rms_norm",
+            "f32",
+            format!("{w}, rows 1..{rows}"),
+            &got,
+            &want,
+            1e-6,
+        ));
+    }
+    // add_bias, add, swiglu.
+    {
+        let (w, rows) = (320, 3);
+        let x = pattern(rows * w, 0.1);
+        let b = pattern(w, 4.0);
+        let mut xt = put(be, &x)?;
+        be.add_bias(&mut xt, &put(be, &b)?, rows)?;
+        let want: Vec<f64> = (0..rows * w)
+            .map(|i| x[i] as f64 + b[i % w] as f64)
+            .collect();
+        cases.push(compare(
+            "add_bias",
+            "f32",
+            format!("{w}x{rows}"),
+            &get(be, &xt, rows * w)?,
+            &want,
+            1e-10,
+        ));
+        let y = pattern(rows * w, 9.0);
+        let mut xt = put(be, &x)?;
+        be.add(&mut xt, &put(be, &y)?, rows * w)?;
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| a as f64 + b as f64)
+            .collect();
+        cases.push(compare(
+            "add",
+            "f32",
+            format!("{}", rows * w),
+            &get(be, &xt, rows * w)?,
+            &want,
+            1e-10,
+        ));
+        let mut gt = put(be, &x)?;
+        be.swiglu(&mut gt, &put(be, &y)?, rows * w)?;
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&y)
+            .map(|(&g, &u)| g as f64 / (1.0 + (-(g as f64)).exp()) * u as f64)
+            .collect();
+        cases.push(compare(
+            "swiglu",
+            "f32",
+            format!("{}", rows * w),
+            &get(be, &gt, rows * w)?,
+            &want,
+            1e-6,
+        ));
+    }
+    // RoPE: normal and NeoX, with and without frequency factors, partial rotation.
+    for (neox, partial, factors) in [
+        (false, false, false),
+        (true, false, false),
+        (true, true, true),
+    ] {
+        let (n_tok, n_heads, hd, pos0) = (3, 4, 64, 37);
+        let n_dims = if partial { 32 } else { hd };
+        let p = RopeParams {
+            n_dims,
+            freq_base: 10000.0,
+            freq_scale: 0.5,
+            neox,
+        };
+        let ff: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let x = pattern(n_tok * n_heads * hd, 0.3);
+        let mut xt = put(be, &x)?;
+        let fft = put(be, &ff)?;
+        be.rope(
+            &mut xt,
+            n_tok,
+            n_heads,
+            hd,
+            pos0,
+            &p,
+            factors.then_some(&fft),
+        )?;
+        let got = get(be, &xt, x.len())?;
+        let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for t in 0..n_tok {
+            for h in 0..n_heads {
+                let base = (t * n_heads + h) * hd;
+                for (i, &f) in ff.iter().enumerate() {
+                    let theta = (pos0 + t) as f64
+                        * p.freq_scale as f64
+                        * (p.freq_base as f64).powf(-2.0 * i as f64 / n_dims as f64)
+                        / if factors { f as f64 } else { 1.0 };
+                    let (a, b) = if neox {
+                        (i, i + n_dims / 2)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (x[base + a] as f64, x[base + b] as f64);
+                    want[base + a] = x0 * theta.cos() - x1 * theta.sin();
+                    want[base + b] = x0 * theta.sin() + x1 * theta.cos();
+                }
+            }
+        }
+        let label = format!(
+            "{}{}{}",
+            if neox { "neox" } else { "norm" },
+            if partial { ",part" } else { "" },
+            if factors { ",ff" } else { "" }
+        );
+        cases.push(compare("rope", "f32", label, &got, &want, 1e-6));
+    }
+    // Attention: prefill after a few cached positions, and one decode step over a long cache.
+    for (n_tok, pos0, hd) in [(4usize, 5usize, 64usize), (1, 300, 64), (5, 0, 128)] {
+        let shape = AttnShape {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: hd,
+        };
+        let (qd, kvd) = (6 * hd, 2 * hd);
+        let n_ctx = pos0 + n_tok + 3;
+        let mut ck = be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?;
+        let mut cv = be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?;
+        let mut att = be.alloc(DType::F32, n_tok.max(pos0) * qd, Category::Workspace)?;
+        // Earlier positions go in through the same operator.
+        let past_k = pattern(pos0.max(1) * kvd, 0.7)
+            .iter()
+            .map(|v| v * 0.5)
+            .collect::<Vec<_>>();
+        let past_v = pattern(pos0.max(1) * kvd, 2.9);
+        if pos0 > 0 {
+            let call = AttnCall {
+                shape,
+                n_tok: pos0,
+                pos0: 0,
+            };
+            let q0 = put(be, &pattern(pos0 * qd, 0.0))?;
+            be.attention(
+                call,
+                &q0,
+                &put(be, &past_k)?,
+                &put(be, &past_v)?,
+                &mut ck,
+                &mut cv,
+                &mut att,
+            )?;
+        }
+        let q = pattern(n_tok * qd, 1.1)
+            .iter()
+            .map(|v| v * 0.3)
+            .collect::<Vec<_>>();
+        let k_new = pattern(n_tok * kvd, 3.3);
+        let v_new = pattern(n_tok * kvd, 5.7);
+        let call = AttnCall { shape, n_tok, pos0 };
+        let mut out = be.alloc(DType::F32, n_tok * qd, Category::Workspace)?;
+        be.attention(
+            call,
+            &put(be, &q)?,
+            &put(be, &k_new)?,
+            &put(be, &v_new)?,
+            &mut ck,
+            &mut cv,
+            &mut out,
+        )?;
+        let got = get(be, &out, n_tok * qd)?;
+        // Reference: the cache as f16, everything else in f64.
+        let h16 = |v: f32| f16::from_f32(v).to_f64();
+        let key = |j: usize, i: usize| {
+            if j < pos0 {
+                h16(past_k[j * kvd + i])
+            } else {
+                h16(k_new[(j - pos0) * kvd + i])
+            }
+        };
+        let val = |j: usize, i: usize| {
+            if j < pos0 {
+                h16(past_v[j * kvd + i])
+            } else {
+                h16(v_new[(j - pos0) * kvd + i])
+            }
+        };
+        let mut want = vec![0f64; n_tok * qd];
+        let scale = 1.0 / (hd as f64).sqrt();
+        for t in 0..n_tok {
+            for h in 0..6 {
+                let kvh = h / 3;
+                let qv = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                let n_kv = pos0 + t + 1;
+                let s: Vec<f64> = (0..n_kv)
+                    .map(|j| {
+                        scale
+                            * (0..hd)
+                                .map(|i| qv[i] as f64 * key(j, kvh * hd + i))
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for i in 0..hd {
+                    want[t * qd + h * hd + i] =
+                        (0..n_kv).map(|j| e[j] / z * val(j, kvh * hd + i)).sum();
+                }
+            }
+        }
+        cases.push(compare(
+            "attention",
+            "f16kv",
+            format!("hd {hd}, {n_tok} tok at {pos0}"),
+            &got,
+            &want,
+            1e-4,
+        ));
+    }
+    // Embedding rows.
+    for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::Q4_K] {
+        let (k, n) = (256, 50);
+        let bytes = weight_bytes(ty, k, n, 11)?;
+        let f = dequantized(ty, k, &bytes)?;
+        let w = be.upload_weight("selftest.embd", ty, k, n, &bytes)?;
+        let ids = [3u32, 0, 49, 3, 17];
+        let mut out = be.alloc(DType::F32, ids.len() * k, Category::Workspace)?;
+        be.embed_rows(&w, &ids, &mut out)?;
+        let got = get(be, &out, ids.len() * k)?;
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&id| {
+                f[id as usize * k..(id as usize + 1) * k]
+                    .iter()
+                    .map(|&v| v as f64)
+            })
+            .collect();
+        cases.push(compare(
+            "get_rows",
+            ty.name(),
+            format!("{k}x{n}, 5 ids"),
+            &got,
+            &want,
+            1e-6,
+        ));
+    }
+    be.synchronize()?;
+    Ok(cases)
+}
+
+/// Median of `reps` timed runs of `f` after two warm-ups, in microseconds.
+fn time_op(be: &dyn Backend, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..2 {
+        f()?;
+    }
+    be.synchronize()?;
+    let mut sw = be.stopwatch()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        sw.start()?;
+        f()?;
+        v.push(sw.stop()?);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+fn perf(be: &dyn Backend) -> Result<()> {
+    let gpu = be.kind() == oato::runtime::backend::DeviceKind::Gpu;
+    // Large matrices on a GPU (LLaMA3-8B's attn_q and ffn_up), the test model's on a CPU.
+    let shapes: &[(usize, usize)] = if gpu {
+        &[(4096, 4096), (4096, 14336)]
+    } else {
+        &[(576, 576), (576, 1536)]
+    };
+    let (batch, reps) = if gpu { (512, 20) } else { (64, 5) };
+    println!();
+    println!(
+        "{:<6} {:<12} {:>12} {:>10} {:>14} {:>10}",
+        "type",
+        "k x n",
+        "decode us",
+        "GB/s",
+        format!("pp{batch} us"),
+        "TFLOP/s"
+    );
+    for ty in WEIGHT_TYPES {
+        for &(k, n) in shapes {
+            let bytes = weight_bytes(ty, k, n, 1)?;
+            let w = be.upload_weight("perf", ty, k, n, &bytes)?;
+            let x1 = put(be, &pattern(k, 0.0))?;
+            let mut y1 = be.alloc(DType::F32, n, Category::Workspace)?;
+            let t1 = time_op(be, reps, || be.matmul(&[&w], &x1, 1, &mut [&mut y1]))?;
+            let xb = put(be, &pattern(batch * k, 0.0))?;
+            let mut yb = be.alloc(DType::F32, batch * n, Category::Workspace)?;
+            let tb = time_op(be, reps, || be.matmul(&[&w], &xb, batch, &mut [&mut yb]))?;
+            println!(
+                "{:<6} {:<12} {:>12.1} {:>10.1} {:>14.1} {:>10.2}",
+                ty.name(),
+                format!("{k}x{n}"),
+                t1,
+                bytes.len() as f64 / t1 / 1e3,
+                tb,
+                2.0 * (k * n * batch) as f64 / tb / 1e6
+            );
+        }
+    }
+    // Non-weight operators at a decode-sized and a prefill-sized batch.
+    let (e, ctx) = (4096usize, 1024usize);
+    let x = put(be, &pattern(batch * e, 0.0))?;
+    let g = put(be, &pattern(e, 1.0))?;
+    let mut y = be.alloc(DType::F32, batch * e, Category::Workspace)?;
+    let t = time_op(be, reps, || be.rms_norm(&x, 0, batch, &g, 1e-5, &mut y))?;
+    println!(
+        "rms_norm {e} x {batch}: {t:.1} us, {:.1} GB/s",
+        (2 * batch * e * 4) as f64 / t / 1e3
+    );
+    let shape = AttnShape {
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+    };
+    let (qd, kvd) = (32 * 128, 8 * 128);
+    let mut ck = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
+    let mut cv = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
+    let q = put(be, &pattern(qd, 0.0))?;
+    let kv = put(be, &pattern(kvd, 0.5))?;
+    let mut out = be.alloc(DType::F32, qd, Category::Workspace)?;
+    let call = AttnCall {
+        shape,
+        n_tok: 1,
+        pos0: ctx - 1,
+    };
+    let t = time_op(be, reps, || {
+        be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
+    })?;
+    println!(
+        "attention decode, 32/8 heads x 128 at position {}: {t:.1} us, {:.1} GB/s of KV cache",
+        ctx - 1,
+        (2 * ctx * kvd * 2) as f64 / t / 1e3
+    );
+    Ok(())
+}

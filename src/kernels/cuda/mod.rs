@@ -1,0 +1,251 @@
+//! CUDA kernel sources, embedded with `include_str!`, compiled by NVRTC at run time for the
+//! device's architecture into CUBIN, and cached on disk by (source hash, architecture, NVRTC
+//! version). `oato selftest --compile-only` and CI use this same path without a GPU.
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::path::PathBuf;
+
+use cudarc::nvrtc::sys as nv;
+
+use crate::error::{Error, Result};
+
+/// The header every source includes, mirroring `src/quant`'s block layouts.
+pub const HEADER: (&str, &str) = ("common.cuh", include_str!("common.cuh"));
+
+/// One kernel source file.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    pub name: &'static str,
+    pub code: &'static str,
+}
+
+pub const SOURCES: &[Source] = &[
+    Source {
+        name: "quantize.cu",
+        code: include_str!("quantize.cu"),
+    },
+    Source {
+        name: "mmvq.cu",
+        code: include_str!("mmvq.cu"),
+    },
+    Source {
+        name: "dequant.cu",
+        code: include_str!("dequant.cu"),
+    },
+    Source {
+        name: "ops.cu",
+        code: include_str!("ops.cu"),
+    },
+];
+
+/// Whether libnvrtc can be loaded (checked before any other NVRTC call: cudarc panics when the
+/// library is missing).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the library by its candidate names.
+    unsafe { nv::is_culib_present() }
+}
+
+fn nv_err(what: &str, r: nv::nvrtcResult) -> Error {
+    Error::Msg(format!("NVRTC {what}: {r:?}"))
+}
+
+fn nv_check(what: &str, r: nv::nvrtcResult) -> Result<()> {
+    if r == nv::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(nv_err(what, r))
+    }
+}
+
+/// NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if !nvrtc_present() {
+        return Err(Error::Msg(
+            "libnvrtc not found (install the CUDA toolkit or put libnvrtc on LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    let (mut major, mut minor) = (0 as c_int, 0 as c_int);
+    // SAFETY: both pointers are valid for writes.
+    nv_check("version", unsafe {
+        nv::nvrtcVersion(&mut major, &mut minor)
+    })?;
+    Ok((major, minor))
+}
+
+/// Directories searched for CUDA headers: `OATO_CUDA_INCLUDE` (colon-separated), then the
+/// toolkit's include folder; only those that exist. NVRTC 13 also bundles its own headers.
+pub fn include_dirs() -> Vec<String> {
+    let mut v: Vec<String> = std::env::var("OATO_CUDA_INCLUDE")
+        .map(|s| {
+            s.split(':')
+                .filter(|p| !p.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(p) = std::env::var(var) {
+            v.push(format!("{p}/include"));
+        }
+    }
+    v.push("/usr/local/cuda/include".into());
+    v.retain(|p| std::path::Path::new(p).is_dir());
+    v.dedup();
+    v
+}
+
+/// The compiler options for architecture `sm_<arch>` (e.g. 90 for an H100).
+pub fn options(arch: u32) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture=sm_{arch}"),
+        "-std=c++17".to_string(),
+        "--use_fast_math".to_string(),
+    ];
+    o.extend(
+        include_dirs()
+            .into_iter()
+            .map(|d| format!("--include-path={d}")),
+    );
+    o
+}
+
+/// Compiles `src` for `sm_<arch>` and returns the CUBIN, or the compiler log as the error.
+pub fn compile(src: &Source, arch: u32) -> Result<Vec<u8>> {
+    nvrtc_version()?;
+    let code = CString::new(src.code).map_err(|_| Error::Msg(format!("{}: NUL byte", src.name)))?;
+    let name = CString::new(src.name).map_err(|_| Error::Msg("bad source name".into()))?;
+    let h_code = CString::new(HEADER.1).map_err(|_| Error::Msg("header: NUL byte".into()))?;
+    let h_name = CString::new(HEADER.0).map_err(|_| Error::Msg("bad header name".into()))?;
+    let headers = [h_code.as_ptr()];
+    let include_names = [h_name.as_ptr()];
+    let opts: Vec<CString> = options(arch)
+        .into_iter()
+        .map(|o| CString::new(o).map_err(|_| Error::Msg("bad NVRTC option".into())))
+        .collect::<Result<_>>()?;
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer is a NUL-terminated string alive until the program is destroyed.
+    nv_check("create program", unsafe {
+        nv::nvrtcCreateProgram(
+            &mut prog,
+            code.as_ptr(),
+            name.as_ptr(),
+            1,
+            headers.as_ptr(),
+            include_names.as_ptr(),
+        )
+    })?;
+    // SAFETY: `prog` was created above; the option pointers outlive the call.
+    let r = unsafe { nv::nvrtcCompileProgram(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+    let log = program_log(prog);
+    let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
+        Err(Error::Msg(format!(
+            "NVRTC failed to compile {} for sm_{arch} ({r:?}) with options {:?}:\n{}",
+            src.name,
+            options(arch),
+            log.trim_end()
+        )))
+    } else if !log.trim().is_empty() && std::env::var_os("OATO_NVRTC_WERROR").is_some() {
+        Err(Error::Msg(format!(
+            "NVRTC warnings for {} (OATO_NVRTC_WERROR is set):\n{}",
+            src.name,
+            log.trim_end()
+        )))
+    } else {
+        cubin(prog)
+    };
+    // SAFETY: destroys the program created above, once.
+    unsafe { nv::nvrtcDestroyProgram(&mut prog) };
+    out
+}
+
+fn program_log(prog: nv::nvrtcProgram) -> String {
+    let mut n = 0usize;
+    // SAFETY: `prog` is a live program; `n` is valid for writes.
+    if unsafe { nv::nvrtcGetProgramLogSize(prog, &mut n) } != nv::nvrtcResult::NVRTC_SUCCESS
+        || n == 0
+    {
+        return String::new();
+    }
+    let mut buf = vec![0 as c_char; n];
+    // SAFETY: `buf` holds the `n` bytes NVRTC reported.
+    if unsafe { nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr()) } != nv::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    // SAFETY: NVRTC NUL-terminates the log within `n` bytes.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn cubin(prog: nv::nvrtcProgram) -> Result<Vec<u8>> {
+    let mut n = 0usize;
+    // SAFETY: `prog` compiled successfully; `n` is valid for writes.
+    nv_check("CUBIN size", unsafe { nv::nvrtcGetCUBINSize(prog, &mut n) })?;
+    let mut buf = vec![0u8; n];
+    // SAFETY: `buf` holds the `n` bytes NVRTC reported.
+    nv_check("CUBIN", unsafe {
+        nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+    })?;
+    Ok(buf)
+}
+
+/// FNV-1a over the parts, as the cache key.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// `$OATO_CACHE_DIR`, else `$XDG_CACHE_HOME/oato`, else `~/.cache/oato`; then `cuda/`.
+fn cache_dir() -> Option<PathBuf> {
+    let base = if let Some(d) = std::env::var_os("OATO_CACHE_DIR") {
+        PathBuf::from(d)
+    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        PathBuf::from(d).join("oato")
+    } else {
+        PathBuf::from(std::env::var_os("HOME")?).join(".cache/oato")
+    };
+    Some(base.join("cuda"))
+}
+
+/// The CUBIN of `src` for `sm_<arch>`: from the disk cache when a file with the same source,
+/// header, options, architecture and NVRTC version exists, else compiled and stored. The flag
+/// says whether it came from the cache.
+pub fn compile_cached(src: &Source, arch: u32) -> Result<(Vec<u8>, bool)> {
+    let (major, minor) = nvrtc_version()?;
+    let opts = options(arch).join(" ");
+    let key = fnv1a(&[src.code.as_bytes(), HEADER.1.as_bytes(), opts.as_bytes()]);
+    let file = cache_dir().map(|d| {
+        d.join(format!(
+            "{}-{key:016x}-sm{arch}-nvrtc{major}.{minor}.cubin",
+            src.name.trim_end_matches(".cu")
+        ))
+    });
+    if let Some(f) = &file
+        && let Ok(bytes) = std::fs::read(f)
+        && !bytes.is_empty()
+    {
+        return Ok((bytes, true));
+    }
+    let bin = compile(src, arch)?;
+    if let Some(f) = &file {
+        // A cache that cannot be written only costs a recompile next time.
+        if let Some(dir) = f.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bin).is_ok() {
+            let _ = std::fs::rename(&tmp, f);
+        }
+    }
+    Ok((bin, false))
+}

@@ -1,0 +1,819 @@
+//! The CUDA backend: weights uploaded in their GGUF format, decode matmuls as quantised
+//! matrix-vector kernels (activations in Q8_1, integer dot products), prefill matmuls as
+//! dequantisation to f16 and a cuBLAS GEMM, the other operators as kernels from
+//! `src/kernels/cuda`, an f16 KV cache, pinned staging buffers for host transfers, and CUDA
+//! events for timing. The libraries are loaded at run time; `probe` says why a GPU cannot be used.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cudarc::cublas::{self, CudaBlas};
+use cudarc::driver::sys::{CUevent_flags, CUstream};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+
+use crate::error::{Error, Result};
+use crate::kernels::cuda::{self as kc, SOURCES};
+use crate::model::RopeParams;
+use crate::quant::GgmlType;
+use crate::runtime::backend::{
+    AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
+    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, storage,
+    weight_storage,
+};
+
+/// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
+pub const MMVQ_MAX_TOKENS: usize = 8;
+/// Size of each of the two pinned staging buffers.
+const PINNED_BYTES: usize = 8 << 20;
+
+fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
+    move |e| Error::Msg(format!("CUDA {what}: {e:?}"))
+}
+
+fn blas_err(e: cublas::result::CublasError) -> Error {
+    Error::Msg(format!("cuBLAS: {e:?}"))
+}
+
+/// Why no CUDA device can be used, or `Ok` with the device count. Checks each library before
+/// any call into it (cudarc panics on a missing library).
+pub fn probe() -> Result<usize, String> {
+    // SAFETY: these only try to open the libraries by name.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so not found)".into());
+    }
+    let n = CudaContext::device_count().map_err(|e| format!("CUDA driver: {e:?}"))?;
+    if n < 1 {
+        return Err("no CUDA device found".into());
+    }
+    if !kc::nvrtc_present() {
+        return Err("libnvrtc not found (needed to compile the kernels)".into());
+    }
+    // SAFETY: as above.
+    if !unsafe { cublas::sys::is_culib_present() } {
+        return Err("libcublas not found".into());
+    }
+    Ok(n as usize)
+}
+
+/// Page-locked host memory with an event marking the last copy that used it.
+struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+    event: CudaEvent,
+}
+
+// SAFETY: the buffer is owned by this struct and only used under the backend's mutex.
+unsafe impl Send for Pinned {}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.event.synchronize();
+        // SAFETY: `ptr` came from malloc_host and is freed once.
+        unsafe {
+            let _ = cudarc::driver::result::free_host(self.ptr.cast());
+        }
+    }
+}
+
+impl Pinned {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        // SAFETY: a fresh page-locked allocation of `len` bytes.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(len, 0) }
+            .map_err(drv("pinned allocation"))?;
+        Ok(Pinned {
+            ptr: ptr.cast(),
+            len,
+            event: ctx.new_event(None).map_err(drv("event"))?,
+        })
+    }
+
+    /// The buffer, once the copies that used it have finished.
+    fn slice(&mut self) -> Result<&mut [u8]> {
+        self.event.synchronize().map_err(drv("event wait"))?;
+        // SAFETY: `ptr` holds `len` bytes owned by this struct and no copy is in flight.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+}
+
+/// Device scratch space reused across calls, grown on demand.
+#[derive(Default)]
+struct Scratch {
+    q8: Option<(CudaSlice<u8>, Reservation)>,
+    w16: Option<(CudaSlice<u8>, Reservation)>,
+    x16: Option<(CudaSlice<u8>, Reservation)>,
+    pinned: Vec<Pinned>,
+    turn: usize,
+}
+
+struct CudaTensor {
+    buf: CudaSlice<u8>,
+    _res: Reservation,
+}
+
+struct CudaWeight {
+    buf: CudaSlice<u8>,
+    _res: Reservation,
+}
+
+pub struct CudaBackend {
+    id: u64,
+    ledger: Arc<Ledger>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    name: String,
+    pub arch: u32,
+    funcs: HashMap<String, CudaFunction>,
+    scratch: Mutex<Scratch>,
+    /// Kernel compilation (or cache loading) at start-up, excluded from every measurement.
+    pub compile_ms: f64,
+    pub kernels_from_cache: usize,
+}
+
+/// Launches kernel `$name` with `grid` and `block`; each argument is bound to a local first so
+/// the pointer the driver reads stays alive until the launch.
+macro_rules! launch {
+    ($s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),* $(,)?) => {{
+        let f = $s.func($name)?;
+        $(let $arg: $ty = $val;)*
+        let mut b = $s.stream.launch_builder(f);
+        $(b.arg(&$arg);)*
+        let cfg = LaunchConfig {
+            grid_dim: $grid,
+            block_dim: $block,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the argument list matches the kernel's signature in src/kernels/cuda, every
+        // pointer is a live device allocation of the size the kernel reads, and the launch
+        // contract (grid, block) is the one its source documents.
+        unsafe { b.launch(cfg) }.map_err(drv($name))?;
+    }};
+}
+
+/// A grid for a grid-stride kernel over `n` items with 256 threads per block.
+fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
+    let blocks = n.div_ceil(256 * per_thread).clamp(1, 65535);
+    (blocks as u32, 1, 1)
+}
+
+const B256: (u32, u32, u32) = (256, 1, 1);
+
+/// The matrix-vector kernel and the dequantisation kernel of a weight type.
+fn kernels_of(ty: GgmlType) -> Option<(&'static str, Option<&'static str>)> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => ("mmvq_q4_0", Some("dequant_q4_0_f16")),
+        T::Q4_1 => ("mmvq_q4_1", Some("dequant_q4_1_f16")),
+        T::Q5_0 => ("mmvq_q5_0", Some("dequant_q5_0_f16")),
+        T::Q5_1 => ("mmvq_q5_1", Some("dequant_q5_1_f16")),
+        T::Q8_0 => ("mmvq_q8_0", Some("dequant_q8_0_f16")),
+        T::Q2_K => ("mmvq_q2_K", Some("dequant_q2_K_f16")),
+        T::Q3_K => ("mmvq_q3_K", Some("dequant_q3_K_f16")),
+        T::Q4_K => ("mmvq_q4_K", Some("dequant_q4_K_f16")),
+        T::Q5_K => ("mmvq_q5_K", Some("dequant_q5_K_f16")),
+        T::Q6_K => ("mmvq_q6_K", Some("dequant_q6_K_f16")),
+        T::F32 => ("mmv_f32w", None),
+        T::F16 => ("mmv_f16w", None),
+        T::BF16 => ("mmv_bf16w", Some("dequant_bf16_f16")),
+        _ => return None,
+    })
+}
+
+/// Every kernel the backend launches, by source file (the compile-only selftest checks that
+/// each is in its CUBIN).
+pub const KERNELS: &[(&str, &[&str])] = &[
+    ("quantize.cu", &["quantize_q8_1"]),
+    (
+        "mmvq.cu",
+        &[
+            "mmvq_q4_0",
+            "mmvq_q4_1",
+            "mmvq_q5_0",
+            "mmvq_q5_1",
+            "mmvq_q8_0",
+            "mmvq_q2_K",
+            "mmvq_q3_K",
+            "mmvq_q4_K",
+            "mmvq_q5_K",
+            "mmvq_q6_K",
+            "mmv_f32w",
+            "mmv_f16w",
+            "mmv_bf16w",
+        ],
+    ),
+    (
+        "dequant.cu",
+        &[
+            "dequant_q4_0_f16",
+            "dequant_q4_1_f16",
+            "dequant_q5_0_f16",
+            "dequant_q5_1_f16",
+            "dequant_q8_0_f16",
+            "dequant_q2_K_f16",
+            "dequant_q3_K_f16",
+            "dequant_q4_K_f16",
+            "dequant_q5_K_f16",
+            "dequant_q6_K_f16",
+            "dequant_bf16_f16",
+            "f32_to_f16",
+            "f16_to_f32",
+        ],
+    ),
+    (
+        "ops.cu",
+        &[
+            "rms_norm_f32",
+            "rope_f32",
+            "add_f32",
+            "add_bias_f32",
+            "swiglu_f32",
+            "copy_f32_to_f16",
+            "attention_f16kv",
+        ],
+    ),
+];
+
+/// Kernels of `KERNELS` for `source` that the CUBIN does not define (looked up as the
+/// `.text.<name>` section each kernel gets).
+pub fn missing_kernels(source: &str, cubin: &[u8]) -> Vec<&'static str> {
+    let names = KERNELS
+        .iter()
+        .find(|(s, _)| *s == source)
+        .map_or(&[][..], |(_, n)| *n);
+    names
+        .iter()
+        .filter(|n| {
+            let pat = format!(".text.{n}\0");
+            !cubin.windows(pat.len()).any(|w| w == pat.as_bytes())
+        })
+        .copied()
+        .collect()
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, compiles (or loads from the cache) every kernel for its
+    /// architecture and creates the cuBLAS handle.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        probe().map_err(Error::Msg)?;
+        let ctx = CudaContext::new(ordinal).map_err(drv("context"))?;
+        // One stream and explicit events: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: called before any allocation on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(drv("compute capability"))?;
+        let arch = (major * 10 + minor) as u32;
+        let name = ctx.name().map_err(drv("device name"))?;
+        let t0 = Instant::now();
+        let mut funcs = HashMap::new();
+        let mut from_cache = 0;
+        for src in SOURCES {
+            let (bin, cached) = kc::compile_cached(src, arch)?;
+            from_cache += cached as usize;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(bin))
+                .map_err(drv(src.name))?;
+            let names = KERNELS
+                .iter()
+                .find(|(s, _)| *s == src.name)
+                .map_or(&[][..], |(_, n)| *n);
+            for n in names {
+                let f = module
+                    .load_function(n)
+                    .map_err(|e| Error::Msg(format!("kernel {n} in {}: {e:?}", src.name)))?;
+                funcs.insert(n.to_string(), f);
+            }
+        }
+        let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
+        let pinned = vec![
+            Pinned::new(&ctx, PINNED_BYTES)?,
+            Pinned::new(&ctx, PINNED_BYTES)?,
+        ];
+        Ok(CudaBackend {
+            id: next_backend_id(),
+            ledger: Arc::default(),
+            ctx,
+            stream,
+            blas,
+            name,
+            arch,
+            funcs,
+            scratch: Mutex::new(Scratch {
+                pinned,
+                ..Default::default()
+            }),
+            compile_ms,
+            kernels_from_cache: from_cache,
+        })
+    }
+
+    fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| Error::Msg(format!("CUDA kernel {name} is not loaded")))
+    }
+
+    fn cu_stream(&self) -> CUstream {
+        self.stream.cu_stream()
+    }
+
+    fn scratch(&self) -> Result<MutexGuard<'_, Scratch>> {
+        self.scratch
+            .lock()
+            .map_err(|_| Error::Msg("CUDA scratch lock poisoned".into()))
+    }
+
+    fn ptr_of(&self, buf: &CudaSlice<u8>) -> u64 {
+        // Event tracking is off, so the guard does nothing.
+        buf.device_ptr(&self.stream).0
+    }
+
+    /// Device address of element `at` of `t` after checking it belongs here and holds `need`.
+    fn tptr(&self, t: &Tensor, at: usize, need: usize, what: &str) -> Result<u64> {
+        check_tensor(t, self.id, at + need, what)?;
+        let s = storage::<CudaTensor>(t, what)?;
+        Ok(self.ptr_of(&s.buf) + (at * t.dtype.size()) as u64)
+    }
+
+    fn f32ptr(&self, t: &Tensor, need: usize, what: &str) -> Result<u64> {
+        if t.dtype != DType::F32 {
+            return Err(Error::Msg(format!("{what}: f16 tensor where f32 expected")));
+        }
+        self.tptr(t, 0, need, what)
+    }
+
+    fn wptr(&self, w: &Weight) -> Result<u64> {
+        Ok(self.ptr_of(&weight_storage::<CudaWeight>(w, self.id)?.buf))
+    }
+
+    /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
+    fn grow(&self, slot: &mut Option<(CudaSlice<u8>, Reservation)>, bytes: usize) -> Result<u64> {
+        if slot.as_ref().is_none_or(|(b, _)| b.len() < bytes) {
+            *slot = None;
+            let bytes = bytes.next_multiple_of(1 << 20);
+            // SAFETY: scratch is always written by a kernel before it is read.
+            let b = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv("scratch allocation"))?;
+            *slot = Some((b, self.ledger.reserve(Category::Workspace, bytes)));
+        }
+        let (b, _) = slot.as_ref().ok_or_else(|| Error::Msg("scratch".into()))?;
+        Ok(self.ptr_of(b))
+    }
+
+    /// Host bytes to device address `dst`, through the two pinned buffers in turn so the copy
+    /// into one overlaps the transfer from the other.
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let mut s = self.scratch()?;
+        for (i, chunk) in src.chunks(PINNED_BYTES).enumerate() {
+            let turn = s.turn;
+            s.turn ^= 1;
+            let p = &mut s.pinned[turn];
+            let buf = p.slice()?;
+            buf[..chunk.len()].copy_from_slice(chunk);
+            let at = dst + (i * PINNED_BYTES) as u64;
+            // SAFETY: the pinned buffer stays untouched until its event (recorded next) fires;
+            // `at..at + chunk.len()` lies inside the destination allocation.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(at, &buf[..chunk.len()], self.cu_stream())
+            }
+            .map_err(drv("host to device copy"))?;
+            p.event.record(&self.stream).map_err(drv("event record"))?;
+        }
+        Ok(())
+    }
+
+    /// Device address `src` to host bytes, complete on return.
+    fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        let mut s = self.scratch()?;
+        for (i, chunk) in dst.chunks_mut(PINNED_BYTES).enumerate() {
+            let p = &mut s.pinned[0];
+            let buf = p.slice()?;
+            let at = src + (i * PINNED_BYTES) as u64;
+            // SAFETY: `at..at + chunk.len()` lies inside the source allocation; the stream is
+            // synchronised before the pinned bytes are read.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut buf[..chunk.len()],
+                    at,
+                    self.cu_stream(),
+                )
+            }
+            .map_err(drv("device to host copy"))?;
+            self.stream.synchronize().map_err(drv("synchronize"))?;
+            chunk.copy_from_slice(&buf[..chunk.len()]);
+        }
+        Ok(())
+    }
+
+    /// `y = W x` by cuBLAS: W [n, k] row-major (A, transposed), X [n_tok, k] row-major, Y
+    /// [n_tok, n] row-major, in column-major terms Y^T = W X^T.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        w: u64,
+        w_ty: cublas::sys::cudaDataType,
+        x: u64,
+        x_ty: cublas::sys::cudaDataType,
+        y: u64,
+        k: usize,
+        n: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: the pointers are live device buffers of n*k, n_tok*k and n_tok*n elements of
+        // the given types; alpha and beta are host f32 (the default pointer mode).
+        unsafe {
+            cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas::sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                n_tok as i32,
+                k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                w as *const c_void,
+                w_ty,
+                k as i32,
+                x as *const c_void,
+                x_ty,
+                k as i32,
+                (&beta as *const f32).cast::<c_void>(),
+                y as *mut c_void,
+                cublas::sys::cudaDataType::CUDA_R_32F,
+                n as i32,
+                cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
+        launch!(self, kernel, stride_grid(n_elems, 32), B256;
+            w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
+        Ok(())
+    }
+}
+
+struct EventClock<'a> {
+    b: &'a CudaBackend,
+    start: Option<CudaEvent>,
+}
+
+impl Stopwatch for EventClock<'_> {
+    fn start(&mut self) -> Result<()> {
+        let e = self
+            .b
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("event"))?;
+        e.record(&self.b.stream).map_err(drv("event record"))?;
+        self.start = Some(e);
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Result<f64> {
+        let start = self
+            .start
+            .as_ref()
+            .ok_or_else(|| Error::Msg("stopwatch stopped before it was started".into()))?;
+        let end = self
+            .b
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("event"))?;
+        end.record(&self.b.stream).map_err(drv("event record"))?;
+        end.synchronize().map_err(drv("event wait"))?;
+        let ms = start.elapsed_ms(&end).map_err(drv("elapsed"))?;
+        Ok(ms as f64 * 1e3)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Gpu
+    }
+
+    fn describe(&self) -> String {
+        format!("gpu ({}, sm_{})", self.name, self.arch)
+    }
+
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn memory(&self) -> Result<MemInfo> {
+        let (free, total) = self.ctx.mem_get_info().map_err(drv("memory info"))?;
+        Ok(MemInfo { free, total })
+    }
+
+    fn usage(&self) -> Usage {
+        self.ledger.usage()
+    }
+
+    fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
+        let bytes = (len * dtype.size()).max(1);
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| Error::Msg(format!("GPU allocation of {bytes} bytes failed: {e:?}")))?;
+        Ok(Tensor {
+            device: self.id,
+            dtype,
+            len,
+            data: Box::new(CudaTensor {
+                buf,
+                _res: self.ledger.reserve(cat, bytes),
+            }),
+        })
+    }
+
+    fn upload_weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        bytes: &[u8],
+    ) -> Result<Weight> {
+        check_weight_bytes(name, ty, k, n, bytes)?;
+        if kernels_of(ty).is_none() {
+            return Err(Error::UnsupportedType(format!(
+                "{ty} as a GPU weight ({name:?})"
+            )));
+        }
+        // SAFETY: every byte is written by the upload below before any kernel reads it.
+        let buf = unsafe { self.stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
+            Error::Msg(format!(
+                "GPU allocation of {} bytes for {name:?} failed: {e:?}",
+                bytes.len()
+            ))
+        })?;
+        self.upload(self.ptr_of(&buf), bytes)?;
+        Ok(Weight {
+            name: name.to_string(),
+            ty,
+            k,
+            n,
+            bytes: bytes.len(),
+            device: self.id,
+            data: Box::new(CudaWeight {
+                buf,
+                _res: self.ledger.reserve(Category::Weights, bytes.len()),
+            }),
+        })
+    }
+
+    fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
+        let p = self.f32ptr(dst, at + src.len(), "write")? + (at * 4) as u64;
+        // SAFETY: f32 has no padding; viewing it as bytes is sound.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len() * 4) };
+        self.upload(p, bytes)
+    }
+
+    fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()> {
+        let p = self.f32ptr(src, at + dst.len(), "read")? + (at * 4) as u64;
+        // SAFETY: every byte pattern is a valid f32.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4) };
+        self.download(p, bytes)
+    }
+
+    fn matmul(
+        &self,
+        ws: &[&Weight],
+        x: &Tensor,
+        n_tok: usize,
+        ys: &mut [&mut Tensor],
+    ) -> Result<()> {
+        if ws.is_empty() || ws.len() != ys.len() {
+            return Err(Error::Msg(
+                "matmul: weights and outputs do not pair up".into(),
+            ));
+        }
+        let k = ws[0].k;
+        if ws.iter().any(|w| w.k != k) {
+            return Err(Error::Msg(
+                "matmul: shared-input weights differ in k".into(),
+            ));
+        }
+        let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
+        let mut s = self.scratch()?;
+        if n_tok <= MMVQ_MAX_TOKENS {
+            let quantised = ws.iter().any(|w| w.ty.is_quantized());
+            let q8 = if quantised {
+                if !k.is_multiple_of(32) {
+                    return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
+                }
+                let n_blocks = n_tok * k / 32;
+                let q8 = self.grow(&mut s.q8, n_blocks * 36)?;
+                launch!(self, "quantize_q8_1", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
+                    xx: u64 = xp, yy: u64 = q8, nb: i32 = n_blocks as i32);
+                q8
+            } else {
+                0
+            };
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+                let (kernel, _) = kernels_of(w.ty)
+                    .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
+                let act = if w.ty.is_quantized() { q8 } else { xp };
+                let grid = (w.n.div_ceil(4) as u32, n_tok as u32, 1);
+                launch!(self, kernel, grid, (32, 4, 1);
+                    wp: u64 = self.wptr(w)?, ap: u64 = act, yq: u64 = yp,
+                    kk: i32 = k as i32, nn: i32 = w.n as i32, nt: i32 = n_tok as i32);
+            }
+            return Ok(());
+        }
+        // Prefill: f16 activations once, each weight as f16, one GEMM each.
+        let x16 = self.grow(&mut s.x16, n_tok * k * 2)?;
+        launch!(self, "f32_to_f16", stride_grid(n_tok * k, 4), B256;
+            a: u64 = xp, b: u64 = x16, n: i64 = (n_tok * k) as i64);
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+            let wp = self.wptr(w)?;
+            use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
+            match w.ty {
+                GgmlType::F32 => self.gemm(wp, CUDA_R_32F, xp, CUDA_R_32F, yp, k, w.n, n_tok)?,
+                GgmlType::F16 => self.gemm(wp, CUDA_R_16F, x16, CUDA_R_16F, yp, k, w.n, n_tok)?,
+                ty => {
+                    let (_, deq) = kernels_of(ty)
+                        .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
+                    let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{ty} GEMM")))?;
+                    let w16 = self.grow(&mut s.w16, w.n * k * 2)?;
+                    self.dequant_f16(deq, wp, w16, w.n * k)?;
+                    self.gemm(w16, CUDA_R_16F, x16, CUDA_R_16F, yp, k, w.n, n_tok)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        row0: usize,
+        n_rows: usize,
+        w: &Tensor,
+        eps: f32,
+        y: &mut Tensor,
+    ) -> Result<()> {
+        let n = w.len;
+        let wp = self.f32ptr(w, n, "rms_norm weight")?;
+        let xp = self.f32ptr(x, (row0 + n_rows) * n, "rms_norm input")? + (row0 * n * 4) as u64;
+        let yp = self.f32ptr(y, n_rows * n, "rms_norm output")?;
+        launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
+            a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
+        let bp = self.f32ptr(b, b.len, "bias")?;
+        let n = n_tok * b.len;
+        let xp = self.f32ptr(x, n, "add_bias")?;
+        launch!(self, "add_bias_f32", stride_grid(n, 4), B256;
+            a: u64 = xp, bb: u64 = bp, width: i32 = b.len as i32, nn: i64 = n as i64);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        p: &RopeParams,
+        freq_factors: Option<&Tensor>,
+    ) -> Result<()> {
+        let ff = match freq_factors {
+            Some(t) => self.f32ptr(t, p.n_dims / 2, "rope_freqs")?,
+            None => 0,
+        };
+        let xp = self.f32ptr(x, n_tok * n_heads * head_dim, "rope")?;
+        launch!(self, "rope_f32", (n_heads as u32, n_tok as u32, 1), (128, 1, 1);
+            a: u64 = xp, nt: i32 = n_tok as i32, nh: i32 = n_heads as i32,
+            hd: i32 = head_dim as i32, nd: i32 = p.n_dims as i32, p0: i32 = pos0 as i32,
+            base: f32 = p.freq_base, scale: f32 = p.freq_scale, neox: i32 = p.neox as i32,
+            f: u64 = ff);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        call: AttnCall,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache_k: &mut Tensor,
+        cache_v: &mut Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        let s = call.shape;
+        let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+        let n = call.n_tok;
+        for (src, cache, what) in [(k, &*cache_k, "k cache"), (v, &*cache_v, "v cache")] {
+            if cache.dtype != DType::F16 {
+                return Err(Error::Msg(format!("{what}: f32 tensor where f16 expected")));
+            }
+            if cache.len < (call.pos0 + n) * kvd {
+                return Err(Error::Msg(format!(
+                    "context full: {} tokens do not fit in a context of {}",
+                    call.pos0 + n,
+                    cache.len / kvd
+                )));
+            }
+            let sp = self.f32ptr(src, n * kvd, what)?;
+            let cp = self.tptr(cache, call.pos0 * kvd, n * kvd, what)?;
+            launch!(self, "copy_f32_to_f16", stride_grid(n * kvd, 4), B256;
+                a: u64 = sp, b: u64 = cp, nn: i64 = (n * kvd) as i64);
+        }
+        let qp = self.f32ptr(q, n * qd, "attention query")?;
+        let kp = self.tptr(cache_k, 0, (call.pos0 + n) * kvd, "k cache")?;
+        let vp = self.tptr(cache_v, 0, (call.pos0 + n) * kvd, "v cache")?;
+        let op = self.f32ptr(out, n * qd, "attention output")?;
+        launch!(self, "attention_f16kv", (s.n_head as u32, n as u32, 1), (128, 1, 1);
+            a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
+            nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+            hd: i32 = s.head_dim as i32, p0: i32 = call.pos0 as i32,
+            scale: f32 = 1.0 / (s.head_dim as f32).sqrt());
+        Ok(())
+    }
+
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
+        let up = self.f32ptr(u, n, "swiglu up")?;
+        let gp = self.f32ptr(g, n, "swiglu gate")?;
+        launch!(self, "swiglu_f32", stride_grid(n, 4), B256;
+            a: u64 = gp, b: u64 = up, nn: i64 = n as i64);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
+        let yp = self.f32ptr(y, n, "add")?;
+        let xp = self.f32ptr(x, n, "add")?;
+        launch!(self, "add_f32", stride_grid(n, 4), B256;
+            a: u64 = xp, b: u64 = yp, nn: i64 = n as i64);
+        Ok(())
+    }
+
+    fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
+        let k = table.k;
+        let rb = table.bytes / table.n;
+        let op = self.f32ptr(out, ids.len() * k, "embedding output")?;
+        let tp = self.wptr(table)?;
+        let mut s = self.scratch()?;
+        let row16 = self.grow(&mut s.w16, k * 2)?;
+        for (t, &id) in ids.iter().enumerate() {
+            if id as usize >= table.n {
+                return Err(Error::Model(format!(
+                    "token id {id} is outside the vocabulary ({})",
+                    table.n
+                )));
+            }
+            let src = tp + (id as usize * rb) as u64;
+            let dst = op + (t * k * 4) as u64;
+            let f16_row = match table.ty {
+                GgmlType::F32 => {
+                    // SAFETY: both ranges are k f32 inside their allocations.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(dst, src, k * 4, self.cu_stream())
+                    }
+                    .map_err(drv("device copy"))?;
+                    continue;
+                }
+                GgmlType::F16 => src,
+                ty => {
+                    let (_, deq) = kernels_of(ty)
+                        .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
+                    let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{ty} rows")))?;
+                    self.dequant_f16(deq, src, row16, k)?;
+                    row16
+                }
+            };
+            launch!(self, "f16_to_f32", stride_grid(k, 4), B256;
+                a: u64 = f16_row, b: u64 = dst, n: i64 = k as i64);
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv("synchronize"))
+    }
+
+    fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>> {
+        Ok(Box::new(EventClock {
+            b: self,
+            start: None,
+        }))
+    }
+}
