@@ -3,26 +3,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 
 use oato::gguf::{GgufWriter, Value};
 use oato::quant::GgmlType;
 
-use common::{golden, golden_dir, ids, model_path, repo};
-
-fn oato(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oato"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("OATO_MODEL")
-        .output()
-        .expect("the oato binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{golden, golden_dir, ids, model_path, oato, repo, text};
 
 /// Asserts a clean failure: exit code 1 or 2, `want` in stderr, no panic.
 fn assert_fails(out: &Output, want: &str) {

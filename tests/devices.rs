@@ -4,25 +4,9 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Output};
-
 use oato::runtime::cuda_backend;
 
-use common::repo;
-
-fn oato(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oato"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("OATO_MODEL")
-        .output()
-        .expect("the oato binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{oato, repo, text};
 
 /// Every case line of a selftest report, and how many say OK.
 fn cases(stdout: &str) -> (usize, usize) {

@@ -271,6 +271,23 @@ pub trait Backend: Send + Sync {
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>>;
 }
 
+/// The common `k` of matrices that share one input, after checking that there is one output per
+/// matrix.
+pub fn shared_k(ws: &[&Weight], n_outputs: usize) -> Result<usize> {
+    if ws.is_empty() || ws.len() != n_outputs {
+        return Err(Error::Msg(
+            "matmul: weights and outputs do not pair up".into(),
+        ));
+    }
+    let k = ws[0].k;
+    if ws.iter().any(|w| w.k != k) {
+        return Err(Error::Msg(
+            "matmul: shared-input weights differ in k".into(),
+        ));
+    }
+    Ok(k)
+}
+
 /// Checks that `bytes` is exactly `n` rows of `k` elements of `ty`.
 pub fn check_weight_bytes(
     name: &str,

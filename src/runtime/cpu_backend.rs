@@ -15,8 +15,8 @@ use crate::model::{RopeParams, WeightRef};
 use crate::quant::{GgmlType, dequantize_row};
 use crate::runtime::backend::{
     AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
-    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, storage, storage_mut,
-    weight_storage,
+    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k, storage,
+    storage_mut, weight_storage,
 };
 
 /// A host tensor's elements.
@@ -256,17 +256,7 @@ impl Backend for CpuBackend {
         n_tok: usize,
         ys: &mut [&mut Tensor],
     ) -> Result<()> {
-        if ws.is_empty() || ws.len() != ys.len() {
-            return Err(Error::Msg(
-                "matmul: weights and outputs do not pair up".into(),
-            ));
-        }
-        let k = ws[0].k;
-        if ws.iter().any(|w| w.k != k) {
-            return Err(Error::Msg(
-                "matmul: shared-input weights differ in k".into(),
-            ));
-        }
+        let k = shared_k(ws, ys.len())?;
         let x = self.f32s(x, n_tok * k, "matmul input")?;
         // The input is quantised once for every matrix whose type takes that format; the
         // others run on their own.

@@ -22,7 +22,7 @@ use crate::model::RopeParams;
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
     AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
-    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, storage,
+    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k, storage,
     weight_storage,
 };
 
@@ -596,17 +596,7 @@ impl Backend for CudaBackend {
         n_tok: usize,
         ys: &mut [&mut Tensor],
     ) -> Result<()> {
-        if ws.is_empty() || ws.len() != ys.len() {
-            return Err(Error::Msg(
-                "matmul: weights and outputs do not pair up".into(),
-            ));
-        }
-        let k = ws[0].k;
-        if ws.iter().any(|w| w.k != k) {
-            return Err(Error::Msg(
-                "matmul: shared-input weights differ in k".into(),
-            ));
-        }
+        let k = shared_k(ws, ys.len())?;
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {

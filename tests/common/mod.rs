@@ -2,7 +2,22 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs the oato binary in `cwd` (without `$OATO_MODEL`).
+pub fn oato(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oato"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("OATO_MODEL")
+        .output()
+        .expect("the oato binary runs")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -375,7 +375,8 @@ __device__ __forceinline__ float mmvq_chunk(const u8* wb, const i8* aq, const fl
 #pragma unroll 2
     for (int u = lane; u < units; u += 32) {
         const int ib = u / T::upb, p = u % T::upb;
-        acc += T::template dot<AL>(wb + ib * T::bytes, aq + ib * T::qk, ads + ib * (T::qk / QK), p);
+        acc += T::template dot<AL>(wb + ib * T::bytes, aq + ib * T::qk, ads + ib * (T::qk / QK),
+                                   p);
     }
     return acc;
 }
@@ -423,7 +424,8 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
         // 2. This warp's weight bytes.
         int off = 0;
         if (active) {
-            off = stage_bytes(s_w[warp], wrow + (i64)(c0 / T::qk) * T::bytes, nbc * T::bytes, lane);
+            const u8* src = wrow + (i64)(c0 / T::qk) * T::bytes;
+            off = stage_bytes(s_w[warp], src, nbc * T::bytes, lane);
         }
         __syncthreads();
         // 3. Dot products from shared memory.

@@ -1,8 +1,11 @@
 // ops.cu: the non-weight operators on f32 activations, rows of [n_tok, width] row-major:
 // RMSNorm, RoPE, residual add, bias add, SwiGLU, f32 -> f16 copies into the KV cache, and causal
 // grouped-query attention over the f16 KV cache. Meanings follow src/kernels/cpu/ops.rs and
-// src/kernels/cpu/attention.rs. No --use_fast_math: expf, sincosf, sqrtf and divisions must be
-// the accurate ones.
+// src/kernels/cpu/attention.rs. Where precision matters the code does not depend on the compiler
+// options: RMSNorm's square root and division and RoPE's division are IEEE-rounded intrinsics,
+// RoPE's power and sine/cosine are taken in double precision (--use_fast_math only swaps the
+// single-precision functions). The softmax and SiLU exponentials are expf (__expf under
+// --use_fast_math, a few ulp, which is fine there).
 
 #include "common.cuh"
 
@@ -29,7 +32,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
     const int n_warps = blockDim.x >> 5;
     sum = lane < n_warps ? partial[lane] : 0.0f;
     sum = warp_sum(sum); // every warp reduces the partials itself: no second barrier
-    const float scale = 1.0f / sqrtf(sum / (float)n + eps);
+    const float scale = __frcp_rn(__fsqrt_rn(__fdiv_rn(sum, (float)n) + eps));
     // Each element is read and written by the same thread, so y == x is safe.
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
@@ -41,7 +44,10 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
 // rotates (i, i + n_dims / 2) when neox, else (2i, 2i + 1), by the angle
 //   theta_i = (pos0 + t) * freq_scale * theta_scale^i,  theta_scale = freq_base^(-2 / n_dims),
 // divided by freq_factors[i] when freq_factors is not null. theta_i is built by i successive f32
-// multiplies, exactly as the CPU (and ggml's CPU) code does. Dimensions >= n_dims are untouched.
+// multiplies, exactly as the CPU (and ggml's CPU) code does; theta_scale is the correctly
+// rounded f32 of the double-precision power, and cos / sin of the f32 angle are evaluated in
+// double precision and rounded (angles reach 3e4 radians at long contexts, where the f32 fast
+// paths lose digits). Dimensions >= n_dims are untouched.
 // launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
 extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
                                     int pos0, float freq_base, float freq_scale, int neox,
@@ -50,14 +56,15 @@ extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_d
     if (h >= n_heads || t >= n_tok || n_dims > head_dim || n_dims < 2) return;
     float* head = x + ((i64)t * n_heads + h) * head_dim;
     const int half = n_dims / 2;
-    const float theta_scale = powf(freq_base, -2.0f / (float)n_dims);
+    const float theta_scale = (float)pow((double)freq_base, -2.0 / (double)n_dims);
     float theta = (float)(pos0 + t) * freq_scale;
     int at = 0; // theta == theta_0 * theta_scale^at
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         for (; at < i; ++at) theta *= theta_scale;
-        const float a = freq_factors ? theta / freq_factors[i] : theta;
-        float s, c;
-        sincosf(a, &s, &c);
+        const float a = freq_factors ? __fdiv_rn(theta, freq_factors[i]) : theta;
+        double sd, cd;
+        sincos((double)a, &sd, &cd);
+        const float s = (float)sd, c = (float)cd;
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float x0 = head[i0], x1 = head[i1];
@@ -91,7 +98,7 @@ extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __re
 extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
     GRID_STRIDE_LOOP(i, n) {
         const float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
+        g[i] = __fdiv_rn(v, 1.0f + expf(-v)) * u[i];
     }
 }
 
@@ -231,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(128)
         f[w] = w < n_warps && sm_m[w] != NEG_INF_F ? expf(sm_m[w] - big) : 0.0f;
         if (w < n_warps) sum += sm_l[w] * f[w];
     }
-    const float inv = 1.0f / sum;
+    const float inv = __frcp_rn(sum);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
 #pragma unroll

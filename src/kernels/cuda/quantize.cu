@@ -4,7 +4,7 @@
 // for Q8_1), step for step, so the blocks are bit-identical to it:
 //   amax = max |x|, d = amax / 127, id = d != 0 ? 1 / d : 0, q = round_half_away(x * id),
 //   d stored as f16 (round to nearest even), s = f16(sum(q) as f32 * d).
-// (IEEE division and rounding: the host must not compile with --use_fast_math.)
+// The divisions are IEEE-rounded intrinsics, so this holds with --use_fast_math too.
 
 #include "common.cuh"
 
@@ -18,8 +18,8 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1
 
     const float v = x[ib * QK + lane];
     const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
     // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
     const float r = roundf(v * id);
     const int q = r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
