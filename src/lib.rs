@@ -4,6 +4,7 @@ pub mod error;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod profiler;
 pub mod quant;
 pub mod runtime;
 pub mod tokenizer;

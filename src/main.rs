@@ -25,6 +25,8 @@ enum Command {
     Perplexity(cli::perplexity::PerplexityArgs),
     /// Prompt and generation throughput, as llama.cpp's llama-bench measures and reports it.
     Bench(cli::bench::BenchArgs),
+    /// Time every target operator on the CPU and the GPU, and the link: profile.json.
+    Profile(cli::profile::ProfileArgs),
     /// Check every operator and weight type on a backend against a reference; --perf times
     /// them; --compile-only compiles the CUDA kernels with NVRTC (no GPU needed).
     Selftest(cli::selftest::SelftestArgs),
@@ -38,6 +40,7 @@ fn main() {
         Command::Perplexity(a) => cli::perplexity::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Selftest(a) => cli::selftest::run(a),
+        Command::Profile(a) => cli::profile::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

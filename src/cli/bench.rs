@@ -176,19 +176,6 @@ impl Host {
     }
 }
 
-/// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .filter_map(|l| l.split_once(':'))
-                .find(|(k, _)| k.trim() == "model name")
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
 /// A model as llama-bench describes it.
 struct ModelInfo {
     filename: String,
@@ -611,7 +598,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let host = Host {
         build_commit: env!("OATO_BUILD_COMMIT"),
         build_number: env!("OATO_BUILD_NUMBER").parse().unwrap_or(0),
-        cpu_info: cpu_name(),
+        cpu_info: oato::kernels::cpu::cpu_name(),
         isa: isa.name(),
         gpu_info: if gpu.kind() == DeviceKind::Gpu {
             gpu.device_name()

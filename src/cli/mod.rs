@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod inspect;
 pub mod perplexity;
+pub mod profile;
 pub mod run;
 pub mod selftest;
 
@@ -13,6 +14,7 @@ use oato::error::{Error, Result};
 use oato::runtime::backend::Backend;
 use oato::runtime::cpu_backend::CpuBackend;
 use oato::runtime::cuda_backend::{self, CudaBackend};
+use oato::runtime::test_device::TestDevice;
 
 /// The model `oato run` uses when none is named.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -34,6 +36,13 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
              scripts/fetch-models.sh, or pass a GGUF file"
         )))
     }
+}
+
+/// The file name of a path, for reports.
+pub fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Sets up the CPU thread pool: `threads` threads, or every core when 0. Also checks
@@ -59,8 +68,21 @@ pub enum DeviceArg {
 
 /// The backends for `dev` (the CPU first, then the GPU when one is used) and the index of the
 /// one that computes. `--device gpu` without a usable GPU is an error naming the reason.
+///
+/// `OATO_TEST_DEVICE=<bytes>` stands a CPU-backed test device of that size in for the GPU, so
+/// the placement pipeline can be exercised on machines without one.
 pub fn open_backends(dev: DeviceArg) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    if dev != DeviceArg::Cpu
+        && let Some(v) = std::env::var_os("OATO_TEST_DEVICE")
+    {
+        let bytes = v.to_string_lossy().parse::<usize>().map_err(|_| {
+            Error::Usage(format!(
+                "OATO_TEST_DEVICE={v:?}: give the test device's size in bytes"
+            ))
+        })?;
+        return Ok((vec![cpu, Arc::new(TestDevice::new(bytes))], 1));
+    }
     let want_gpu = match dev {
         DeviceArg::Cpu => false,
         DeviceArg::Gpu => {

@@ -13,7 +13,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{GgmlType, dequantize_row};
 
 /// A weight matrix in its GGUF format: `n` rows of `k` elements (`y = W x` maps k to n).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightRef {
     pub name: String,
     pub ty: GgmlType,

@@ -9,3 +9,4 @@ pub mod generate;
 pub mod kv_cache;
 pub mod perplexity;
 pub mod sampler;
+pub mod test_device;

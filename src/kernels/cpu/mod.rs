@@ -467,3 +467,16 @@ mod tests {
         assert_eq!(resolve_isa(None), Ok(Isa::detect()));
     }
 }
+
+/// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}

@@ -73,8 +73,9 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// Directories searched for CUDA headers: `OATO_CUDA_INCLUDE` (colon-separated), then the
-/// toolkit's include folder; only those that exist. NVRTC 13 also bundles its own headers.
+/// Directories searched for CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`, which NVRTC 13.0 does not
+/// find on its own): `OATO_CUDA_INCLUDE` (colon-separated), then the toolkit's include folder;
+/// only those that exist.
 pub fn include_dirs() -> Vec<String> {
     let mut v: Vec<String> = std::env::var("OATO_CUDA_INCLUDE")
         .map(|s| {
@@ -140,8 +141,13 @@ pub fn compile(src: &Source, arch: u32) -> Result<Vec<u8>> {
     let r = unsafe { nv::nvrtcCompileProgram(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
     let log = program_log(prog);
     let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
+        let hint = if include_dirs().is_empty() {
+            "\n(no CUDA include directory found: set OATO_CUDA_INCLUDE to a folder with cuda_fp16.h)"
+        } else {
+            ""
+        };
         Err(Error::Msg(format!(
-            "NVRTC failed to compile {} for sm_{arch} ({r:?}) with options {:?}:\n{}",
+            "NVRTC failed to compile {} for sm_{arch} ({r:?}) with options {:?}:\n{}{hint}",
             src.name,
             options(arch),
             log.trim_end()

@@ -1,0 +1,119 @@
+//! The hybrid executor without a GPU: a CPU-backed test device stands in for the GPU. For random
+//! placements, every target operator runs on the backend its map names (counted by the device),
+//! activations cross only through the devices' own buffers, and the greedy tokens equal the
+//! all-CPU tokens.
+
+mod common;
+
+use std::sync::Arc;
+
+use oato::model::Model;
+use oato::quant::testdata::Rng;
+use oato::runtime::backend::Backend;
+use oato::runtime::cpu_backend::CpuBackend;
+use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
+use oato::runtime::sampler::argmax;
+use oato::runtime::test_device::TestDevice;
+use oato::tokenizer::Tokenizer;
+
+use common::model_path;
+
+/// Greedy continuation of `prompt` for `n` tokens; returns the tokens.
+fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
+    session.reset();
+    let mut logits = session.forward(prompt, Logits::Last).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        if i + 1 < n {
+            logits = session.forward(&[t], Logits::Last).unwrap();
+        }
+    }
+    out
+}
+
+#[test]
+fn random_placements_run_where_the_map_says_and_match_the_cpu() {
+    let model = Model::open(model_path()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let prompt = tok.encode("The capital of France is", true, true).unwrap();
+    let n_gen = 6;
+    let want = greedy(&mut Session::new(&model, 64).unwrap(), &prompt, n_gen);
+
+    let mut rng = Rng(0x0A70);
+    for round in 0..4 {
+        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+        let dev = Arc::new(TestDevice::new(1 << 30));
+        let backends: Vec<Arc<dyn Backend>> = vec![cpu, dev.clone()];
+        // Round 0: everything on the device; the others: each weight and home at random.
+        let mut map = DeviceMap::uniform(&model, 1);
+        if round > 0 {
+            for d in map.weights.values_mut() {
+                *d = (rng.next() & 1) as usize;
+            }
+            for h in map.layer_home.iter_mut() {
+                *h = (rng.next() & 1) as usize;
+            }
+            map.head_home = (rng.next() & 1) as usize;
+        }
+        let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
+        let got = greedy(&mut session, &prompt, n_gen);
+        assert_eq!(
+            got, want,
+            "round {round}: tokens differ from the all-CPU run"
+        );
+
+        // Each forward call runs every target operator once, on its mapped backend only.
+        let counts = dev.counts();
+        let calls = n_gen; // one prefill + (n_gen - 1) decode steps
+        let mut on_device = 0;
+        for w in target_weights(&model) {
+            let expect = if map.weights[&w.name] == 1 { calls } else { 0 };
+            let got = counts.get(&w.name).copied().unwrap_or(0);
+            assert_eq!(
+                got, expect,
+                "round {round}: {} ran {got} times on the device",
+                w.name
+            );
+            on_device += (expect > 0) as usize;
+        }
+        let crossings = session.transfers.copies;
+        println!(
+            "round {round}: {on_device} of {} target operators on the test device, {crossings} copies",
+            target_weights(&model).len()
+        );
+        if round == 0 {
+            // All on the device: only the embedding goes in and the logits come out.
+            assert_eq!(crossings, calls, "round 0 copies");
+        } else {
+            assert!(
+                crossings > calls,
+                "round {round}: mixed placements cross more"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_device_maps_are_errors() {
+    let model = Model::open(model_path()).unwrap();
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut map = DeviceMap::uniform(&model, 0);
+    map.weights.remove("blk.3.ffn_up.weight");
+    let e = Session::with_devices(&model, 16, vec![cpu.clone()], &map)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("blk.3.ffn_up.weight"), "{e}");
+    let mut map = DeviceMap::uniform(&model, 0);
+    map.layer_home[2] = 5;
+    let e = Session::with_devices(&model, 16, vec![cpu], &map)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("#5"), "{e}");
+    let dev: Arc<dyn Backend> = Arc::new(TestDevice::new(1 << 30));
+    let e = Session::with_devices(&model, 16, vec![dev], &DeviceMap::uniform(&model, 0))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("no CPU backend"), "{e}");
+}
