@@ -252,6 +252,19 @@ pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     unsafe { dot_fn(isa(), wty)(w, a, n) }
 }
 
+/// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,17 +479,4 @@ mod tests {
         );
         assert_eq!(resolve_isa(None), Ok(Isa::detect()));
     }
-}
-
-/// The CPU's name as /proc/cpuinfo gives it ("model name"), else the architecture.
-pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .filter_map(|l| l.split_once(':'))
-                .find(|(k, _)| k.trim() == "model name")
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
