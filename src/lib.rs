@@ -4,9 +4,11 @@ pub mod error;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod placer;
 pub mod profiler;
 pub mod quant;
 pub mod runtime;
+pub mod scheduler;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -27,6 +27,8 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Time every target operator on the CPU and the GPU, and the link: profile.json.
     Profile(cli::profile::ProfileArgs),
+    /// Place every weight under a VRAM budget from a profile: placement.json.
+    Plan(cli::plan::PlanArgs),
     /// Check every operator and weight type on a backend against a reference; --perf times
     /// them; --compile-only compiles the CUDA kernels with NVRTC (no GPU needed).
     Selftest(cli::selftest::SelftestArgs),
@@ -41,6 +43,7 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
         Command::Selftest(a) => cli::selftest::run(a),
         Command::Profile(a) => cli::profile::run(a),
+        Command::Plan(a) => cli::plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -79,6 +79,11 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
             on_device += (expect > 0) as usize;
         }
         let crossings = session.transfers.copies;
+        assert_eq!(
+            crossings,
+            calls * map.crossings(&model, 0),
+            "round {round}: copies against the map's count"
+        );
         println!(
             "round {round}: {on_device} of {} target operators on the test device, {crossings} copies",
             target_weights(&model).len()

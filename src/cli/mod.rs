@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod inspect;
 pub mod perplexity;
+pub mod plan;
 pub mod profile;
 pub mod run;
 pub mod selftest;

@@ -9,9 +9,15 @@ use serde_json::json;
 
 use oato::error::{Error, Result};
 use oato::model::Model;
+use std::sync::Arc;
+
+use oato::placer::{check, device_map};
+use oato::profiler::{ProfileOptions, load_or_profile};
+use oato::runtime::backend::Backend;
 use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::runtime::generate::{Utf8Stream, generate};
 use oato::runtime::sampler::{Sampler, SamplerConfig};
+use oato::scheduler::{Placement, PlanRequest, Policy, parse_budget, plan};
 use oato::tokenizer::Tokenizer;
 use oato::tokenizer::chat::{ChatMessage, render_chat};
 
@@ -62,9 +68,87 @@ pub struct RunArgs {
     /// Print one JSON object (ids, text, timings) instead of streaming the text.
     #[arg(long)]
     pub json: bool,
-    /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
+    /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto); with
+    /// --vram-budget or --placement, the GPU the placement uses.
     #[arg(long, value_enum, default_value = "auto")]
     pub device: super::DeviceArg,
+    /// Split the model between the CPU and the GPU under this much GPU memory (bytes with a
+    /// binary unit, 12G, or a share of the target weights, 75%): profile (or reuse the cached
+    /// profile), plan, place, run.
+    #[arg(long = "vram-budget", conflicts_with = "placement")]
+    pub vram_budget: Option<String>,
+    /// Placement policy for --vram-budget: oato, layer-split, cpu or gpu.
+    #[arg(long, default_value = "oato", requires = "vram_budget")]
+    pub policy: String,
+    /// Run with this placement file (oato.placement/v1) instead of planning one.
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    /// Re-profile even when a cached profile exists (with --vram-budget).
+    #[arg(long = "force-profile", requires = "vram_budget")]
+    pub force_profile: bool,
+}
+
+/// The device map for --vram-budget (profile or cached profile, plan) or --placement (read),
+/// checked against the model and the GPU's free memory.
+fn placed_map(
+    a: &RunArgs,
+    model: &Model,
+    path: &std::path::Path,
+    backends: &[Arc<dyn Backend>],
+    dev: usize,
+    threads: usize,
+    prompt_tokens: usize,
+) -> Result<DeviceMap> {
+    let gpu = (dev != 0).then(|| &*backends[dev]);
+    let placement = match (&a.placement, &a.vram_budget) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+            Placement::from_json(&text, &f.display().to_string())?
+        }
+        (None, Some(budget)) => {
+            let req = PlanRequest {
+                policy: Policy::from_name(&a.policy)?,
+                budget: parse_budget(budget)?,
+                prompt_tokens,
+                gen_tokens: a.n_predict,
+                ctx_tokens: a.ctx.max(prompt_tokens + a.n_predict),
+            };
+            let opts = ProfileOptions {
+                batches: vec![1, 64],
+                reps: 5,
+                progress: true,
+            };
+            let name = super::file_name(path);
+            let (prof, cached) =
+                load_or_profile(model, &name, &*backends[0], gpu, threads, &opts, false)?;
+            eprintln!(
+                "profile: {} ({} operators, {:.1} s)",
+                if cached { "cached" } else { "measured" },
+                prof.operators.len(),
+                prof.profiling_s
+            );
+            plan(&prof, &req)?
+        }
+        (None, None) => return Err(Error::Usage("no placement to apply".into())),
+    };
+    let free = match gpu {
+        Some(g) => Ok(g.memory()?.free as u64),
+        None => Err(
+            "none is usable here (see above); plan with --policy cpu to run without one"
+                .to_string(),
+        ),
+    };
+    let s = check(&placement, model, free)?;
+    eprintln!(
+        "plan: {} policy, {:.1} MiB of weights for the GPU ({}/{} operators), predicted TTFT {:.1} ms, TPOT {:.2} ms",
+        placement.policy,
+        s.gpu_weight_bytes as f64 / (1u64 << 20) as f64,
+        s.gpu_ops,
+        s.ops,
+        placement.predicted.ttft_ms,
+        placement.predicted.tpot_ms
+    );
+    Ok(device_map(&placement, model, 0, dev))
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -142,8 +226,26 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    let map = DeviceMap::uniform(&model, dev);
-    let mut session = Session::with_devices(&model, ctx, backends, &map)?;
+    let map = if a.vram_budget.is_some() || a.placement.is_some() {
+        placed_map(&a, &model, &path, &backends, dev, threads, prompt_ids.len())?
+    } else {
+        DeviceMap::uniform(&model, dev)
+    };
+    let mut session = Session::with_devices(&model, ctx, backends.clone(), &map)?;
+    if a.vram_budget.is_some() || a.placement.is_some() {
+        let u = backends[dev].usage();
+        eprintln!(
+            "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} boundaries per token",
+            u.weights as f64 / (1u64 << 20) as f64,
+            backends[dev].describe(),
+            map.weights
+                .values()
+                .filter(|&&d| d == dev && dev != 0)
+                .count(),
+            map.weights.len(),
+            map.crossings(&model, 0)
+        );
+    }
     // Warm-up: one token through every layer, so the first timed step does not pay page faults.
     session.forward(&prompt_ids[..1], Logits::Last)?;
     session.reset();

@@ -37,14 +37,17 @@ enum CpuWeight {
         start: usize,
         len: usize,
     },
-    Owned(Vec<u8>),
+    Owned {
+        bytes: Vec<u8>,
+        _res: Reservation,
+    },
 }
 
 impl CpuWeight {
     fn bytes(&self) -> &[u8] {
         match self {
             CpuWeight::Mapped { file, start, len } => &file.bytes()[*start..*start + *len],
-            CpuWeight::Owned(v) => v,
+            CpuWeight::Owned { bytes, .. } => bytes,
         }
     }
 }
@@ -218,7 +221,10 @@ impl Backend for CpuBackend {
             n,
             bytes: bytes.len(),
             device: self.id,
-            data: Box::new(CpuWeight::Owned(bytes.to_vec())),
+            data: Box::new(CpuWeight::Owned {
+                bytes: bytes.to_vec(),
+                _res: self.ledger.reserve(Category::Weights, bytes.len()),
+            }),
         })
     }
 

@@ -49,6 +49,37 @@ impl DeviceMap {
     }
 }
 
+impl DeviceMap {
+    /// Activation copies between backends in one forward call, as the executor makes them: the
+    /// residual stream follows the layer homes; an input crosses once to each other backend that
+    /// runs operators on it; each output crosses back to the home. `cpu` is where the embedding
+    /// lookup runs.
+    pub fn crossings(&self, model: &Model, cpu: usize) -> usize {
+        let dev = |w: &WeightRef| self.weights.get(&w.name).copied().unwrap_or(cpu);
+        let mut n = 0;
+        let mut x_at = cpu;
+        for (l, &home) in model.layers.iter().zip(&self.layer_home) {
+            n += (x_at != home) as usize;
+            x_at = home;
+            for group in [&[&l.wq, &l.wk, &l.wv][..], &[&l.w_gate, &l.w_up][..]] {
+                let mut devs: Vec<usize> = group.iter().map(|w| dev(w)).collect();
+                // Each output that was computed away from home comes back.
+                n += devs.iter().filter(|&&d| d != home).count();
+                devs.sort_unstable();
+                devs.dedup();
+                // The input goes once to each other backend.
+                n += devs.iter().filter(|&&d| d != home).count();
+            }
+            for w in [&l.wo, &l.w_down] {
+                n += 2 * (dev(w) != home) as usize;
+            }
+        }
+        n += (x_at != self.head_home) as usize;
+        n += (dev(&model.output) != self.head_home) as usize;
+        n
+    }
+}
+
 /// The model's target weights (DESIGN.md's target operators) in execution order; the output head
 /// last.
 pub fn target_weights(model: &Model) -> Vec<&WeightRef> {

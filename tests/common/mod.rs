@@ -7,10 +7,16 @@ use std::process::{Command, Output};
 
 /// Runs the oato binary in `cwd` (without `$OATO_MODEL`).
 pub fn oato(args: &[&str], cwd: &Path) -> Output {
+    oato_env(args, cwd, &[])
+}
+
+/// As [`oato`], with extra environment variables.
+pub fn oato_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_oato"))
         .args(args)
         .current_dir(cwd)
         .env_remove("OATO_MODEL")
+        .envs(env.iter().copied())
         .output()
         .expect("the oato binary runs")
 }

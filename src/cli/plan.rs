@@ -1,0 +1,59 @@
+//! `oato plan --profile P --vram-budget B [--policy …] [-o placement.json] [--llama-ot]`: the
+//! scheduler on a profile file alone; prints the placement table and writes the placement.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use oato::error::{Error, Result};
+use oato::profiler::profile::Profile;
+use oato::scheduler::{PlanRequest, Policy, llama_ot, parse_budget, plan, render_table};
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// The profile (oato.profile/v1) from `oato profile`.
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// GPU memory to use: bytes with a binary unit (12G, 800M) or a share of the model's target
+    /// weights (75%).
+    #[arg(long = "vram-budget")]
+    pub vram_budget: String,
+    /// oato, layer-split, flexgen, cpu or gpu.
+    #[arg(long, default_value = "oato")]
+    pub policy: String,
+    /// Workload: prompt tokens (prefill batch).
+    #[arg(long = "prompt-tokens", default_value_t = 64)]
+    pub prompt_tokens: usize,
+    /// Workload: generated tokens.
+    #[arg(long = "gen-tokens", default_value_t = 32)]
+    pub gen_tokens: usize,
+    /// Context the KV cache is reserved for.
+    #[arg(long = "ctx", default_value_t = 1024)]
+    pub ctx: usize,
+    /// Where to write the placement.
+    #[arg(short = 'o', long, default_value = "placement.json")]
+    pub output: PathBuf,
+    /// Also print the placement as llama.cpp arguments (-ngl 999 -ot "regex=CPU").
+    #[arg(long = "llama-ot")]
+    pub llama_ot: bool,
+}
+
+pub fn run(a: PlanArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.profile).map_err(|e| Error::io(&a.profile, e))?;
+    let profile = Profile::from_json(&text, &a.profile.display().to_string())?;
+    let req = PlanRequest {
+        policy: Policy::from_name(&a.policy)?,
+        budget: parse_budget(&a.vram_budget)?,
+        prompt_tokens: a.prompt_tokens,
+        gen_tokens: a.gen_tokens,
+        ctx_tokens: a.ctx,
+    };
+    let p = plan(&profile, &req)?;
+    print!("{}", render_table(&p));
+    if a.llama_ot {
+        println!("llama.cpp: {}", llama_ot(&p));
+    }
+    std::fs::write(&a.output, p.to_json()? + "\n").map_err(|e| Error::io(&a.output, e))?;
+    eprintln!("wrote {}", a.output.display());
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! The placer: checks a placement file against the model it is applied to and the GPU it will
+//! use, with errors that name the offending tensor and the numbers, and turns it into the
+//! executor's device map (GPU weights are uploaded, CPU weights stay in the memory map).
+
+use std::collections::HashSet;
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::profiler::fingerprint;
+use crate::runtime::forward::{DeviceMap, target_weights};
+use crate::scheduler::{Device, Placement, Policy};
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// What a checked placement puts on the GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementSummary {
+    pub gpu_weight_bytes: u64,
+    pub gpu_other_bytes: u64,
+    pub gpu_ops: usize,
+    pub ops: usize,
+}
+
+/// Checks `p` against `model` and the GPU's free memory (`None`: no GPU, with the reason):
+/// the same model (fingerprint), every tensor named and no unknown names, the GPU weights within
+/// the plan's cap, and weights plus reservations within the device's free memory.
+pub fn check(
+    p: &Placement,
+    model: &Model,
+    gpu_free: Result<u64, String>,
+) -> Result<PlacementSummary> {
+    let file = model.file.path.display().to_string();
+    let fp = fingerprint(&model.file);
+    if p.model.fingerprint != fp {
+        return Err(Error::Usage(format!(
+            "the placement is for {} (fingerprint {}), not {file} (fingerprint {fp})",
+            p.model.file, p.model.fingerprint
+        )));
+    }
+    let names: HashSet<&str> = model.file.tensors.iter().map(|t| t.name.as_str()).collect();
+    if let Some(unknown) = p.tensors.keys().find(|n| !names.contains(n.as_str())) {
+        return Err(Error::Usage(format!(
+            "the placement names tensor {unknown:?}, which {file} does not have"
+        )));
+    }
+    if let Some(missing) = model
+        .file
+        .tensors
+        .iter()
+        .find(|t| !p.tensors.contains_key(&t.name))
+    {
+        return Err(Error::Usage(format!(
+            "the placement names no device for tensor {:?} of {file}",
+            missing.name
+        )));
+    }
+    if p.policy == Policy::Flexgen {
+        return Err(Error::Usage(
+            "policy flexgen streams weights to the GPU layer by layer; the executor does not run \
+             it yet (plan it for comparison, run oato or layer-split)"
+                .into(),
+        ));
+    }
+    let on_gpu = |name: &str| p.tensors.get(name) == Some(&Device::Gpu);
+    let targets = target_weights(model);
+    let target_names: HashSet<&str> = targets.iter().map(|w| w.name.as_str()).collect();
+    let gpu_weight_bytes: u64 = targets
+        .iter()
+        .filter(|w| on_gpu(&w.name))
+        .map(|w| w.n_bytes as u64)
+        .sum();
+    let gpu_other_bytes: u64 = model
+        .file
+        .tensors
+        .iter()
+        .filter(|t| !target_names.contains(t.name.as_str()) && on_gpu(&t.name))
+        .map(|t| 4 * t.n_elements)
+        .sum();
+    let gpu_ops = targets.iter().filter(|w| on_gpu(&w.name)).count();
+    let any_gpu = p.tensors.values().any(|d| *d == Device::Gpu);
+    if any_gpu {
+        let free = gpu_free.map_err(|why| {
+            Error::Usage(format!(
+                "the placement puts {gpu_ops} operators ({:.1} MiB) on the GPU, but there is no \
+                 GPU: {why}",
+                gpu_weight_bytes as f64 / MIB
+            ))
+        })?;
+        // One byte of slack per operator for rounding in the plan's arithmetic.
+        if gpu_weight_bytes > p.budget.cap_bytes + targets.len() as u64 {
+            let worst = targets
+                .iter()
+                .filter(|w| on_gpu(&w.name))
+                .max_by_key(|w| w.n_bytes)
+                .map(|w| w.name.clone())
+                .unwrap_or_default();
+            return Err(Error::Usage(format!(
+                "the placement puts {:.1} MiB of weights on the GPU, over its cap of {:.1} MiB \
+                 (budget {:.1} MiB); the largest is {worst:?}",
+                gpu_weight_bytes as f64 / MIB,
+                p.budget.cap_bytes as f64 / MIB,
+                p.budget.vram_budget_bytes as f64 / MIB
+            )));
+        }
+        let need = gpu_weight_bytes + p.budget.reserved_bytes;
+        if need > free {
+            return Err(Error::Usage(format!(
+                "the placement needs {:.1} MiB on the GPU ({:.1} MiB of weights + {:.1} MiB \
+                 reserved), but only {:.1} MiB are free",
+                need as f64 / MIB,
+                gpu_weight_bytes as f64 / MIB,
+                p.budget.reserved_bytes as f64 / MIB,
+                free as f64 / MIB
+            )));
+        }
+    }
+    Ok(PlacementSummary {
+        gpu_weight_bytes,
+        gpu_other_bytes,
+        gpu_ops,
+        ops: targets.len(),
+    })
+}
+
+/// The executor's map for a checked placement: backend `cpu` or `gpu` (indices into the
+/// session's backends) for every target weight; each layer's non-target operators and KV cache
+/// where its `attn_norm` is; the output norm where `output_norm.weight` is.
+pub fn device_map(p: &Placement, model: &Model, cpu: usize, gpu: usize) -> DeviceMap {
+    let idx = |name: &str| match p.tensors.get(name) {
+        Some(Device::Gpu) => gpu,
+        _ => cpu,
+    };
+    DeviceMap {
+        weights: target_weights(model)
+            .into_iter()
+            .map(|w| (w.name.clone(), idx(&w.name)))
+            .collect(),
+        layer_home: (0..model.hp.n_layer)
+            .map(|i| idx(&format!("blk.{i}.attn_norm.weight")))
+            .collect(),
+        head_home: idx("output_norm.weight"),
+    }
+}

@@ -1,0 +1,273 @@
+//! The OATO pipeline through the binary, without a GPU: a CPU-backed test device
+//! (`OATO_TEST_DEVICE`) stands in for it. profile → plan → run gives the all-CPU tokens under
+//! every policy and budget; bad placement files and budgets fail cleanly.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{model_path, oato, oato_env, text};
+
+const DEVICE: (&str, &str) = ("OATO_TEST_DEVICE", "2000000000");
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oato-pipeline-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn fails(out: &Output, want: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(want), "stderr lacks {want:?}: {err}");
+}
+
+/// output_ids of a greedy `oato run --json` with extra flags.
+fn run_ids(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<u64> {
+    let model = model_path();
+    let mut args = vec![
+        "run",
+        model.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = oato_env(&args, dir, env);
+    let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
+    let dir = tmp("ok");
+    let cache = dir.join("cache");
+    let cache = cache.to_str().unwrap();
+    let env = [DEVICE, ("OATO_CACHE_DIR", cache)];
+    let want = run_ids(&dir, &["--device", "cpu"], &[]);
+
+    let model = model_path();
+    let out = oato_env(
+        &[
+            "profile",
+            model.to_str().unwrap(),
+            "--reps",
+            "1",
+            "-t",
+            "2",
+            "-o",
+            "p.json",
+        ],
+        &dir,
+        &env,
+    );
+    ok(&out);
+    assert!(
+        text(&out.stderr).contains("profiled"),
+        "{}",
+        text(&out.stderr)
+    );
+    let prof: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).unwrap()).unwrap();
+    assert_eq!(prof["schema"], "oato.profile/v1");
+    assert_eq!(prof["operators"].as_array().unwrap().len(), 30 * 7 + 1);
+    assert_eq!(prof["model"]["kv_bytes_per_token"], 23040);
+    assert!(prof["operators"][0]["gpu_us"]["64"].as_f64().unwrap() > 0.0);
+    // A second profile comes from the cache.
+    let again = oato_env(
+        &[
+            "profile",
+            model.to_str().unwrap(),
+            "--reps",
+            "1",
+            "-t",
+            "2",
+            "-o",
+            "p2.json",
+        ],
+        &dir,
+        &env,
+    );
+    assert!(
+        text(&again.stderr).contains("cached profile"),
+        "{}",
+        text(&again.stderr)
+    );
+
+    let out = oato(
+        &[
+            "plan",
+            "--profile",
+            "p.json",
+            "--vram-budget",
+            "50%",
+            "-o",
+            "pl.json",
+            "--llama-ot",
+        ],
+        &dir,
+    );
+    let table = ok(&out);
+    assert!(
+        table.contains("rounds:") && table.contains("-ngl 999"),
+        "{table}"
+    );
+    let got = run_ids(&dir, &["--placement", "pl.json"], &env);
+    assert_eq!(got, want, "--placement pl.json");
+
+    for policy in ["oato", "layer-split"] {
+        for budget in ["25%", "50%", "75%"] {
+            let got = run_ids(&dir, &["--vram-budget", budget, "--policy", policy], &env);
+            assert_eq!(got, want, "--policy {policy} --vram-budget {budget}");
+        }
+    }
+}
+
+#[test]
+fn bad_placements_and_budgets_fail_cleanly() {
+    let dir = tmp("bad");
+    let cache = dir.join("cache");
+    let env = [DEVICE, ("OATO_CACHE_DIR", cache.to_str().unwrap())];
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    ok(&oato_env(
+        &["profile", m, "--reps", "1", "-t", "2", "-o", "p.json"],
+        &dir,
+        &env,
+    ));
+    ok(&oato(
+        &[
+            "plan",
+            "--profile",
+            "p.json",
+            "--vram-budget",
+            "50%",
+            "-o",
+            "pl.json",
+        ],
+        &dir,
+    ));
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("pl.json")).unwrap()).unwrap();
+
+    let run_with = |name: &str, v: &str| -> Output {
+        std::fs::write(dir.join(name), v).unwrap();
+        oato_env(
+            &[
+                "run",
+                m,
+                "--placement",
+                name,
+                "-p",
+                "hi",
+                "-n",
+                "2",
+                "-t",
+                "2",
+            ],
+            &dir,
+            &env,
+        )
+    };
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| -> String {
+        let mut v = good.clone();
+        f(&mut v);
+        v.to_string()
+    };
+    fails(
+        &run_with(
+            "unknown.json",
+            &edit(&|v| {
+                v["tensors"]["blk.99.ffn_up.weight"] = "gpu".into();
+            }),
+        ),
+        "\"blk.99.ffn_up.weight\", which",
+    );
+    fails(
+        &run_with(
+            "missing.json",
+            &edit(&|v| {
+                v["tensors"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("blk.4.attn_v.weight");
+            }),
+        ),
+        "no device for tensor \"blk.4.attn_v.weight\"",
+    );
+    fails(
+        &run_with(
+            "over.json",
+            &edit(&|v| {
+                v["budget"]["cap_bytes"] = 1000.into();
+            }),
+        ),
+        "over its cap of 0.0 MiB",
+    );
+    fails(
+        &run_with("malformed.json", "{\"schema\": \"oato.placement/v1\", "),
+        "not valid JSON",
+    );
+    fails(
+        &run_with(
+            "schema.json",
+            &edit(&|v| v["schema"] = "oato.profile/v1".into()),
+        ),
+        "schema",
+    );
+    // Budgets.
+    fails(
+        &oato(
+            &["plan", "--profile", "p.json", "--vram-budget", "10M"],
+            &dir,
+        ),
+        "reserv",
+    );
+    fails(
+        &oato(
+            &["plan", "--profile", "p.json", "--vram-budget", "12X"],
+            &dir,
+        ),
+        "--vram-budget \"12X\"",
+    );
+    fails(
+        &oato(
+            &["plan", "--profile", "missing.json", "--vram-budget", "1G"],
+            &dir,
+        ),
+        "missing.json",
+    );
+    // Without a GPU (no test device), a GPU placement is refused with the reason.
+    if oato::runtime::cuda_backend::probe().is_err() {
+        fails(
+            &oato(
+                &["run", m, "--placement", "pl.json", "-p", "hi", "-n", "2"],
+                &dir,
+            ),
+            "there is no GPU",
+        );
+    }
+}
