@@ -1,0 +1,225 @@
+//! The OATO iteration (DESIGN.md, "The OATO scheduler"; the paper's Algorithm 1): benefit per
+//! byte with the link correction of the previous round's placement, min-max affinity, order, and
+//! the fill that stops at the first operator that does not fit; repeated until the order stops
+//! changing, a cycle shows, or 50 rounds pass.
+
+use crate::error::Result;
+use crate::profiler::profile::Profile;
+
+use super::cost::{CAP_FRACTION, CostModel, PerPass, Reservations, mib, weight_cap};
+use super::placement::{BudgetReport, Device, Placement};
+use super::{PlanParts, PlanRequest, Policy, gpu_info};
+
+/// The most rounds computed before keeping the best placement seen.
+pub const MAX_ROUNDS: usize = 50;
+
+/// The operators ranked by affinity for one round.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Ranking {
+    /// Operator indices, best first.
+    pub order: Vec<usize>,
+    /// `B_i` in microseconds per byte, by operator index.
+    pub benefits: Vec<f64>,
+    /// `G_i` in [0, 1], by operator index.
+    pub affinities: Vec<f64>,
+}
+
+impl Ranking {
+    /// Benefits with the transfer correction for `placement` (`None`: round one, no
+    /// correction), affinities, and the order: affinity descending, ties by tensor name.
+    pub fn new(model: &CostModel, placement: Option<&[Device]>) -> Ranking {
+        let benefits = model.benefits(placement);
+        let affinities = affinities(&benefits);
+        let mut order: Vec<usize> = (0..model.ops.len()).collect();
+        order.sort_by(|&a, &b| {
+            affinities[b]
+                .total_cmp(&affinities[a])
+                .then_with(|| model.ops[a].tensor.cmp(&model.ops[b].tensor))
+        });
+        Ranking {
+            order,
+            benefits,
+            affinities,
+        }
+    }
+}
+
+/// Min-max normalised benefits: `(B_i - B_min) / (B_max - B_min)`, all 1.0 when they are equal.
+pub(crate) fn affinities(benefits: &[f64]) -> Vec<f64> {
+    let min = benefits.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = benefits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let range = max - min;
+    benefits
+        .iter()
+        .map(|&b| if range > 0.0 { (b - min) / range } else { 1.0 })
+        .collect()
+}
+
+/// The fill: walk the order, put each operator on the GPU while the cumulative weight bytes stay
+/// within `cap_bytes`; at the first that does not fit stop, leaving it and all after it on the
+/// CPU. An operator whose benefit is not positive stays on the CPU. Returns each operator's
+/// device and the rule that placed it, by operator index.
+pub(crate) fn fill(
+    model: &CostModel,
+    ranking: &Ranking,
+    cap_bytes: u64,
+) -> (Vec<Device>, Vec<String>) {
+    let n = model.ops.len();
+    let mut devices = vec![Device::Cpu; n];
+    let mut rules = vec![String::new(); n];
+    let mut used = 0u64;
+    let mut stopped = false;
+    for &i in &ranking.order {
+        let weight = model.ops[i].weight_bytes;
+        rules[i] = if ranking.benefits[i] <= 0.0 {
+            "benefit ≤ 0".to_string()
+        } else if stopped {
+            "after stop".to_string()
+        } else if used.saturating_add(weight) <= cap_bytes {
+            used += weight;
+            devices[i] = Device::Gpu;
+            format!("fits (cum {} ≤ cap)", mib(used))
+        } else {
+            stopped = true;
+            format!(
+                "first misfit (cum {} > cap): stop",
+                mib(used.saturating_add(weight))
+            )
+        };
+    }
+    (devices, rules)
+}
+
+/// One round: its ranking, the placement its fill gave, and that placement's predicted times.
+#[derive(Clone, Debug)]
+pub(crate) struct Round {
+    pub ranking: Ranking,
+    pub devices: Vec<Device>,
+    pub rules: Vec<String>,
+    pub predicted: PerPass,
+}
+
+impl Round {
+    fn new(model: &CostModel, previous: Option<&[Device]>, cap_bytes: u64) -> Round {
+        let ranking = Ranking::new(model, previous);
+        let (devices, rules) = fill(model, &ranking, cap_bytes);
+        let predicted = model.predict(&devices);
+        Round {
+            ranking,
+            devices,
+            rules,
+            predicted,
+        }
+    }
+
+    /// The whole workload's predicted time, TTFT + G × TPOT, in microseconds.
+    fn score(&self, gen_tokens: f64) -> f64 {
+        self.predicted.total(gen_tokens)
+    }
+}
+
+/// What the iteration ended with.
+#[derive(Clone, Debug)]
+pub(crate) struct Outcome {
+    /// Every round computed, in order.
+    pub rounds: Vec<Round>,
+    /// Index into `rounds` of the placement kept.
+    pub kept: usize,
+    /// How it ended, for the notes: `None` when the order converged.
+    pub note: Option<String>,
+}
+
+/// Rounds until the order repeats the previous round's (converged: keep that placement), repeats
+/// an earlier one (a cycle) or `MAX_ROUNDS` pass (then keep the visited placement with the lowest
+/// predicted time, the earliest on a tie).
+pub(crate) fn iterate(model: &CostModel, cap_bytes: u64) -> Outcome {
+    let mut rounds = vec![Round::new(model, None, cap_bytes)];
+    let best = |rounds: &[Round]| {
+        let mut kept = 0;
+        for (i, r) in rounds.iter().enumerate() {
+            if r.score(model.gen_tokens) < rounds[kept].score(model.gen_tokens) {
+                kept = i;
+            }
+        }
+        kept
+    };
+    loop {
+        if rounds.len() >= MAX_ROUNDS {
+            let kept = best(&rounds);
+            let note = format!(
+                "the order did not settle in {MAX_ROUNDS} rounds; kept round {}, the lowest \
+                 predicted time",
+                kept + 1
+            );
+            return Outcome {
+                rounds,
+                kept,
+                note: Some(note),
+            };
+        }
+        let previous = &rounds[rounds.len() - 1];
+        let next = Round::new(model, Some(&previous.devices), cap_bytes);
+        let converged = next.ranking.order == previous.ranking.order;
+        let repeats = rounds[..rounds.len() - 1]
+            .iter()
+            .position(|r| r.ranking.order == next.ranking.order);
+        rounds.push(next);
+        if converged {
+            let kept = rounds.len() - 1;
+            return Outcome {
+                rounds,
+                kept,
+                note: None,
+            };
+        }
+        if let Some(earlier) = repeats {
+            let kept = best(&rounds);
+            let note = format!(
+                "the order cycles (round {} repeats round {}); kept round {}, the lowest \
+                 predicted time",
+                rounds.len(),
+                earlier + 1,
+                kept + 1
+            );
+            return Outcome {
+                rounds,
+                kept,
+                note: Some(note),
+            };
+        }
+    }
+}
+
+/// The `oato` policy: reservations, cap, iteration; the non-target weights on the GPU when any
+/// target weight is there.
+pub(crate) fn plan_oato(
+    profile: &Profile,
+    req: &PlanRequest,
+    model: &CostModel,
+) -> Result<Placement> {
+    let gpu = gpu_info(profile, req.policy)?;
+    let reservations = Reservations::for_request(profile, req);
+    let cap = weight_cap(
+        req.budget,
+        &reservations.parts(req.ctx_tokens),
+        model.total_target_bytes(),
+        gpu,
+    )?;
+    let outcome = iterate(model, cap.cap_bytes);
+    let rounds = outcome.rounds.len();
+    let kept = &outcome.rounds[outcome.kept];
+    let mut notes = cap.notes.clone();
+    notes.extend(outcome.note.clone());
+    let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
+    Ok(PlanParts {
+        policy: Policy::Oato,
+        ranking: kept.ranking.clone(),
+        devices: kept.devices.clone(),
+        rules: kept.rules.clone(),
+        budget,
+        rounds,
+        predicted: kept.predicted,
+        notes,
+    }
+    .into_placement(profile, req, model))
+}

@@ -1,0 +1,789 @@
+//! Tests of the scheduler on hand-made profiles whose numbers give known placements.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::profiler::profile::{
+    GpuInfo, HostInfo, LinkInfo, ModelInfo, OtherTensor, PROFILE_SCHEMA, ProfileEntry,
+};
+
+const MIB_BYTES: u64 = 1 << 20;
+
+/// One target operator of a test profile. Times are per pass at batch 1 (batch 64 scales them
+/// linearly); with the test link (latency 0, 0.001 GB/s) one activation byte costs 1 us.
+#[derive(Clone)]
+struct TestOp {
+    op: &'static str,
+    weight_bytes: u64,
+    cpu_us: f64,
+    gpu_us: f64,
+    in_bytes: u64,
+    out_bytes: u64,
+    k: usize,
+    n: usize,
+}
+
+/// `name` is the op id (`blk.N.kind` or `output`); the weight is in MiB.
+fn op(name: &'static str, weight_mib: u64, cpu_us: f64, gpu_us: f64) -> TestOp {
+    TestOp {
+        op: name,
+        weight_bytes: weight_mib * MIB_BYTES,
+        cpu_us,
+        gpu_us,
+        in_bytes: 0,
+        out_bytes: 0,
+        k: 0,
+        n: 0,
+    }
+}
+
+impl TestOp {
+    /// Activation bytes per token in and out.
+    fn io(mut self, in_bytes: u64, out_bytes: u64) -> TestOp {
+        self.in_bytes = in_bytes;
+        self.out_bytes = out_bytes;
+        self
+    }
+
+    fn shape(mut self, k: usize, n: usize) -> TestOp {
+        self.k = k;
+        self.n = n;
+        self
+    }
+
+    fn entry(&self) -> ProfileEntry {
+        let layer = self
+            .op
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|l| l.parse().ok());
+        let kind = self.op.rsplit('.').next().unwrap_or(self.op).to_string();
+        let table = |t: f64| -> BTreeMap<String, f64> {
+            [("1".to_string(), t), ("64".to_string(), 64.0 * t)].into()
+        };
+        ProfileEntry {
+            op: self.op.to_string(),
+            tensor: format!("{}.weight", self.op),
+            layer,
+            kind,
+            dtype: "Q4_0".to_string(),
+            k: self.k,
+            n: self.n,
+            weight_bytes: self.weight_bytes,
+            in_bytes_per_token: self.in_bytes,
+            out_bytes_per_token: self.out_bytes,
+            cpu_us: table(self.cpu_us),
+            gpu_us: Some(table(self.gpu_us)),
+        }
+    }
+}
+
+/// A profile of `ops` on a large GPU with a 1-byte-per-microsecond link and nothing reserved
+/// (no KV cache, non-target weights or workspace: shapes are 0 unless set).
+fn profile(ops: &[TestOp]) -> Profile {
+    Profile {
+        schema: PROFILE_SCHEMA.to_string(),
+        model: ModelInfo {
+            file: "test.gguf".to_string(),
+            bytes: 0,
+            arch: "llama".to_string(),
+            n_layer: ops
+                .iter()
+                .filter_map(|o| o.entry().layer)
+                .max()
+                .map_or(0, |l| l + 1),
+            fingerprint: "0123456789abcdef".to_string(),
+            kv_bytes_per_token: 0,
+            other_weight_bytes: 0,
+            other_tensors: Vec::new(),
+            n_embd: 0,
+            n_vocab: 0,
+        },
+        host: HostInfo {
+            cpu: "test cpu".to_string(),
+            threads: 1,
+            isa: "scalar".to_string(),
+        },
+        gpu: Some(GpuInfo {
+            name: "test gpu".to_string(),
+            total_bytes: 1 << 40,
+            free_bytes: 1 << 40,
+        }),
+        link: Some(LinkInfo {
+            h2d_gbps: 0.001,
+            d2h_gbps: 0.001,
+            latency_us: 0.0,
+        }),
+        batches: vec![1, 64],
+        operators: ops.iter().map(TestOp::entry).collect(),
+        profiling_s: 0.0,
+    }
+}
+
+/// The smallest workload, so times are easy: P=1, G=1 (each time counts twice), ctx 2.
+fn request(policy: Policy, budget: Budget) -> PlanRequest {
+    PlanRequest {
+        policy,
+        budget,
+        prompt_tokens: 1,
+        gen_tokens: 1,
+        ctx_tokens: 2,
+    }
+}
+
+fn order_of(p: &Placement) -> Vec<&str> {
+    p.order.iter().map(|e| e.op.as_str()).collect()
+}
+
+fn device(p: &Placement, op: &str) -> Device {
+    p.op_device(op)
+        .unwrap_or_else(|| panic!("{op} not in the order"))
+}
+
+fn rule<'a>(p: &'a Placement, op: &str) -> &'a str {
+    &p.order.iter().find(|e| e.op == op).expect("op").rule
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
+}
+
+#[test]
+fn benefit_is_time_saved_per_mib_with_the_link_correction() {
+    // The paper's workload: Tc = cpu(64) + 32 cpu(1), Tg likewise.
+    let mut prof = profile(&[op("blk.0.ffn_down", 1, 0.0, 0.0).io(1000, 2000)]);
+    let e = &mut prof.operators[0];
+    e.cpu_us = [("1".to_string(), 10.0), ("64".to_string(), 100.0)].into();
+    e.gpu_us = Some([("1".to_string(), 2.0), ("64".to_string(), 5.0)].into());
+    prof.link = Some(LinkInfo {
+        h2d_gbps: 1.0,
+        d2h_gbps: 1.0,
+        latency_us: 5.0,
+    });
+    let req = PlanRequest::new(Policy::Oato, Budget::Percent(100.0));
+    let p = plan(&prof, &req).unwrap();
+    // Round 1: (100 + 32*10 - 5 - 32*2) = 351 us over 1 MiB. Round 2 adds the copies: input
+    // 1000 B/token at 1 GB/s is 1 us/token: (5 + 64) + 32 (5 + 1) = 261; output 2 us/token:
+    // (5 + 128) + 32 (5 + 2) = 357. The order cannot change: converged in round 2.
+    assert_eq!(p.rounds, 2);
+    assert!(close(p.order[0].benefit_us_per_mib, 351.0 + 261.0 + 357.0));
+    assert_eq!(p.order[0].affinity, 1.0);
+    assert_eq!(device(&p, "blk.0.ffn_down"), Device::Gpu);
+    assert!(close(p.predicted.ttft_ms, 0.005));
+    assert!(close(p.predicted.tpot_ms, 0.002));
+    assert_eq!(p.workload.prompt_tokens, 64);
+    assert_eq!(p.workload.gen_tokens, 32);
+}
+
+#[test]
+fn fill_stops_at_the_first_misfit() {
+    // Benefits per MiB: 495, 295, 180, 80. Cap 50% of 10 MiB = 5 MiB: the first (4 MiB) fits,
+    // the second does not (8 MiB): stop. The third (1 MiB) would fit (5 MiB) but stays.
+    let prof = profile(&[
+        op("blk.2.attn_output", 1, 100.0, 10.0),
+        op("output", 1, 50.0, 10.0),
+        op("blk.1.ffn_down", 4, 600.0, 10.0),
+        op("blk.0.ffn_down", 4, 1000.0, 10.0),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(
+        order_of(&p),
+        [
+            "blk.0.ffn_down",
+            "blk.1.ffn_down",
+            "blk.2.attn_output",
+            "output"
+        ]
+    );
+    assert_eq!(p.budget.cap_bytes, 5 * MIB_BYTES);
+    assert_eq!(device(&p, "blk.0.ffn_down"), Device::Gpu);
+    assert_eq!(device(&p, "blk.1.ffn_down"), Device::Cpu);
+    assert_eq!(device(&p, "blk.2.attn_output"), Device::Cpu);
+    assert_eq!(device(&p, "output"), Device::Cpu);
+    assert_eq!(rule(&p, "blk.0.ffn_down"), "fits (cum 4.0 MiB ≤ cap)");
+    assert_eq!(
+        rule(&p, "blk.1.ffn_down"),
+        "first misfit (cum 8.0 MiB > cap): stop"
+    );
+    assert_eq!(rule(&p, "blk.2.attn_output"), "after stop");
+    assert_eq!(p.gpu_weight_bytes, 4 * MIB_BYTES);
+    assert_eq!(p.cpu_weight_bytes, 6 * MIB_BYTES);
+    assert!(close(p.order[0].benefit_us_per_mib, 495.0));
+    assert!(close(p.order[3].benefit_us_per_mib, 80.0));
+    assert_eq!(p.order[0].affinity, 1.0);
+    assert_eq!(p.order[3].affinity, 0.0);
+    assert!(close(p.order[1].affinity, (295.0 - 80.0) / (495.0 - 80.0)));
+    // No transfers in this profile: round 2 gives the same order.
+    assert_eq!(p.rounds, 2);
+    // Predicted: 10 (GPU) + 600 + 100 + 50 (CPU) per pass.
+    assert!(close(p.predicted.ttft_ms, 0.760));
+    assert!(close(p.predicted.tpot_ms, 0.760));
+}
+
+#[test]
+fn ties_go_by_tensor_name() {
+    let prof = profile(&[
+        op("blk.1.ffn_down", 1, 30.0, 10.0),
+        op("blk.0.attn_output", 1, 30.0, 10.0),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(order_of(&p), ["blk.0.attn_output", "blk.1.ffn_down"]);
+    assert!(p.order.iter().all(|e| e.affinity == 1.0));
+    assert_eq!(device(&p, "blk.0.attn_output"), Device::Gpu);
+    assert_eq!(device(&p, "blk.1.ffn_down"), Device::Cpu);
+}
+
+#[test]
+fn the_transfer_correction_changes_the_order() {
+    // Round 1: attn_output saves 400 us/MiB, ffn_down 200. Round 2 adds ffn_down's output copy
+    // (500 B/token, 2 x 500 us): 1200 > 400, so ffn_down goes first; round 3 repeats it.
+    let prof = profile(&[
+        op("blk.0.attn_output", 1, 300.0, 100.0),
+        op("blk.0.ffn_down", 1, 200.0, 100.0).io(0, 500),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(p.rounds, 3);
+    assert_eq!(order_of(&p), ["blk.0.ffn_down", "blk.0.attn_output"]);
+    assert!(close(p.order[0].benefit_us_per_mib, 1200.0));
+    assert!(close(p.order[1].benefit_us_per_mib, 400.0));
+    assert_eq!(device(&p, "blk.0.ffn_down"), Device::Gpu);
+    assert_eq!(device(&p, "blk.0.attn_output"), Device::Cpu);
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
+    // Round one alone (the cpu policy writes it) had the other order.
+    let first = plan(&prof, &request(Policy::Cpu, Budget::Percent(50.0))).unwrap();
+    assert_eq!(order_of(&first), ["blk.0.attn_output", "blk.0.ffn_down"]);
+}
+
+#[test]
+fn an_oscillating_order_ends_with_the_best_placement_seen() {
+    // q and k read one input (50 B/token: 100 us over the workload); one of them fits.
+    // Round 1 (no copies): q saves 10, k 5 -> q on the GPU. Round 2: k pays the input and its
+    // output (20): 125 > q's 10 -> k on the GPU. Round 3: now q pays the input: 110 > k's 25 ->
+    // round 1's order again: a cycle. Predicted over the workload: q on the GPU
+    // 20 + 25 + 100 + 20 = 165 us, k on the GPU 20 + 30 + 100 + 0 = 150 us: keep round 2.
+    let prof = profile(&[
+        op("blk.0.attn_q", 1, 15.0, 10.0).io(50, 0),
+        op("blk.0.attn_k", 1, 12.5, 10.0).io(50, 10),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(p.rounds, 3);
+    assert!(p.rounds <= MAX_ROUNDS);
+    assert_eq!(order_of(&p), ["blk.0.attn_k", "blk.0.attn_q"]);
+    assert_eq!(device(&p, "blk.0.attn_k"), Device::Gpu);
+    assert_eq!(device(&p, "blk.0.attn_q"), Device::Cpu);
+    assert!(close(p.order[0].benefit_us_per_mib, 125.0));
+    assert!(close(p.order[1].benefit_us_per_mib, 10.0));
+    let total_ms = p.predicted.ttft_ms + p.predicted.tpot_ms;
+    assert!(close(total_ms, 0.150), "{total_ms}");
+    assert!(total_ms < 0.165);
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("cycles (round 3 repeats round 1)")),
+        "{:?}",
+        p.notes
+    );
+}
+
+#[test]
+fn the_kept_placement_of_a_cycle_is_the_fastest_of_all_rounds() {
+    // The same cycle with the times the other way round: keeping round 1 is now right.
+    let prof = profile(&[
+        op("blk.0.attn_q", 1, 40.0, 10.0).io(50, 0),
+        op("blk.0.attn_k", 1, 12.5, 10.0).io(50, 10),
+    ]);
+    // Round 1: q 60 > k 5. Round 2: k 125 > q 60. Round 3: q 160 > k 25: cycle.
+    // q on the GPU: 20 + 25 + 120 = 165; k on the GPU: 20 + 80 + 100 = 200.
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(p.rounds, 3);
+    assert_eq!(order_of(&p), ["blk.0.attn_q", "blk.0.attn_k"]);
+    assert_eq!(device(&p, "blk.0.attn_q"), Device::Gpu);
+    assert!(close(p.predicted.ttft_ms + p.predicted.tpot_ms, 0.165));
+}
+
+#[test]
+fn zero_and_negative_benefits_stay_on_the_cpu() {
+    let prof = profile(&[
+        op("blk.0.ffn_down", 1, 20.0, 10.0),
+        op("blk.0.ffn_up", 1, 10.0, 10.0),
+        op("blk.0.ffn_gate", 1, 5.0, 10.0),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(100.0))).unwrap();
+    assert_eq!(device(&p, "blk.0.ffn_down"), Device::Gpu);
+    assert_eq!(device(&p, "blk.0.ffn_up"), Device::Cpu);
+    assert_eq!(device(&p, "blk.0.ffn_gate"), Device::Cpu);
+    assert_eq!(rule(&p, "blk.0.ffn_up"), "benefit ≤ 0");
+    assert_eq!(rule(&p, "blk.0.ffn_gate"), "benefit ≤ 0");
+    assert!(close(p.order[2].benefit_us_per_mib, -10.0));
+}
+
+/// A profile with every reservation: KV cache 1 KiB/token, 2 MiB of non-target weights and
+/// shapes that make the workspace `2 * 64 * 256 + 4 * P * (4 * 64 + 2 * 128 + 256)` bytes.
+fn reserving_profile() -> Profile {
+    let mut prof = profile(&[
+        op("blk.0.attn_q", 1, 30.0, 10.0).shape(64, 64),
+        op("blk.0.ffn_up", 2, 30.0, 10.0).shape(64, 128),
+        op("output", 3, 30.0, 10.0).shape(64, 256),
+    ]);
+    prof.model.kv_bytes_per_token = 1024;
+    prof.model.other_weight_bytes = 2 * MIB_BYTES;
+    prof.model.n_embd = 64;
+    prof.model.n_vocab = 256;
+    prof
+}
+
+#[test]
+fn reservations_come_off_the_budget_before_the_cap() {
+    let prof = reserving_profile();
+    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(10 * MIB_BYTES));
+    let p = plan(&prof, &req).unwrap();
+    let workspace = 2 * 64 * 256 + 4 * 64 * (4 * 64 + 2 * 128 + 256);
+    assert_eq!(p.budget.workspace_bytes, workspace);
+    assert_eq!(p.budget.kv_bytes, MIB_BYTES);
+    assert_eq!(p.budget.other_weight_bytes, 2 * MIB_BYTES);
+    let reserved = workspace + 3 * MIB_BYTES;
+    assert_eq!(p.budget.reserved_bytes, reserved);
+    assert_eq!(p.budget.vram_budget_bytes, 10 * MIB_BYTES);
+    assert_eq!(
+        p.budget.cap_bytes,
+        (0.9 * (10 * MIB_BYTES - reserved) as f64).floor() as u64
+    );
+    assert_eq!(p.budget.cap_fraction, 0.9);
+    // n_embd and n_vocab fall back to the attn_q input and the head output.
+    let mut bare = prof.clone();
+    bare.model.n_embd = 0;
+    bare.model.n_vocab = 0;
+    assert_eq!(plan(&bare, &req).unwrap().budget.workspace_bytes, workspace);
+}
+
+#[test]
+fn a_budget_below_the_reservations_is_refused_with_the_numbers() {
+    let prof = reserving_profile();
+    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(3 * MIB_BYTES));
+    let err = plan(&prof, &req).unwrap_err();
+    assert!(matches!(err, Error::Usage(_)), "{err:?}");
+    let msg = err.to_string();
+    assert_eq!(
+        msg,
+        "--vram-budget 3.0 MiB leaves no room for weights after the reservations: KV cache for \
+         1024 tokens 1.0 MiB + workspace 0.2 MiB + non-target weights 2.0 MiB = 3.2 MiB"
+    );
+    // A budget past the GPU's free memory is planned within the free memory.
+    let mut small_gpu = prof.clone();
+    small_gpu.gpu.as_mut().unwrap().free_bytes = 3 * MIB_BYTES;
+    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(100 * MIB_BYTES));
+    let msg = plan(&small_gpu, &req).unwrap_err().to_string();
+    assert!(msg.contains("(the GPU has 3.0 MiB free)"), "{msg}");
+}
+
+#[test]
+fn a_percentage_budget_caps_that_share_of_the_target_weights() {
+    let prof = reserving_profile();
+    let mut req = PlanRequest::new(Policy::Oato, Budget::Percent(50.0));
+    let p = plan(&prof, &req).unwrap();
+    // 6 MiB of target weights: cap 3 MiB; the budget reported is reserved + cap / 0.9.
+    assert_eq!(p.budget.cap_bytes, 3 * MIB_BYTES);
+    assert_eq!(p.budget.percent, Some(50.0));
+    let reserved = p.budget.reserved_bytes;
+    assert_eq!(
+        p.budget.vram_budget_bytes,
+        reserved + (3.0 * MIB_BYTES as f64 / 0.9).round() as u64
+    );
+    assert!(p.gpu_weight_bytes <= 3 * MIB_BYTES);
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
+
+    // Past the free memory: planned, with a note; past the total: refused.
+    let mut tight = prof.clone();
+    let gpu = tight.gpu.as_mut().unwrap();
+    gpu.free_bytes = reserved + MIB_BYTES;
+    gpu.total_bytes = reserved + 4 * MIB_BYTES;
+    let p = plan(&tight, &req).unwrap();
+    assert_eq!(p.budget.cap_bytes, 3 * MIB_BYTES);
+    assert!(
+        p.notes[0].contains("exceed the GPU's free memory"),
+        "{:?}",
+        p.notes
+    );
+    req.budget = Budget::Percent(100.0);
+    let msg = plan(&tight, &req).unwrap_err().to_string();
+    assert!(msg.contains("exceed the GPU's memory"), "{msg}");
+}
+
+#[test]
+fn budgets_parse_with_binary_units_and_percentages() {
+    let good = [
+        ("12G", Budget::Bytes(12 << 30)),
+        ("800M", Budget::Bytes(800 << 20)),
+        ("1.5G", Budget::Bytes(3 << 29)),
+        ("512K", Budget::Bytes(512 << 10)),
+        ("12GiB", Budget::Bytes(12 << 30)),
+        ("12gb", Budget::Bytes(12 << 30)),
+        ("2T", Budget::Bytes(2 << 40)),
+        ("123456", Budget::Bytes(123456)),
+        ("0.5K", Budget::Bytes(512)),
+        (" 8 G ", Budget::Bytes(8 << 30)),
+        ("75%", Budget::Percent(75.0)),
+        ("100%", Budget::Percent(100.0)),
+        ("12.5%", Budget::Percent(12.5)),
+    ];
+    for (text, want) in good {
+        assert_eq!(parse_budget(text).unwrap(), want, "{text}");
+    }
+    let bad = [
+        ("12X", "unknown unit \"X\""),
+        ("", "empty"),
+        ("G", "no number"),
+        ("-1G", "negative"),
+        ("0%", "above 0"),
+        ("101%", "at most 100"),
+        ("abc%", "not a number"),
+        ("1.2.3G", "not a number"),
+        ("12.5", "whole number"),
+        ("99999999999T", "too large"),
+    ];
+    for (text, why) in bad {
+        let err = parse_budget(text).unwrap_err();
+        assert!(matches!(err, Error::Usage(_)));
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!("--vram-budget {text:?}: ")),
+            "{msg}"
+        );
+        assert!(msg.contains(why), "{text}: {msg}");
+    }
+    assert_eq!("24G".parse::<Budget>().unwrap(), Budget::Bytes(24 << 30));
+}
+
+#[test]
+fn policies_parse_by_name() {
+    for p in Policy::ALL {
+        assert_eq!(Policy::from_name(p.name()).unwrap(), p);
+        assert_eq!(p.to_string().parse::<Policy>().unwrap(), p);
+    }
+    assert_eq!(
+        Policy::from_name("layer-split").unwrap(),
+        Policy::LayerSplit
+    );
+    let msg = Policy::from_name("fast").unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        "--policy \"fast\": unknown policy (one of oato, layer-split, flexgen, cpu, gpu)"
+    );
+}
+
+/// Four layers of 2 MiB (attn_q, ffn_down), a 1 MiB head; per layer a 1 KiB norm and 256 KiB of
+/// KV cache (ctx 256); a 1 KiB output norm, a 512-byte rope table and the embedding table.
+fn layered_profile() -> Profile {
+    let mut ops = Vec::new();
+    for name in [
+        "blk.0.attn_q",
+        "blk.0.ffn_down",
+        "blk.1.attn_q",
+        "blk.1.ffn_down",
+        "blk.2.attn_q",
+        "blk.2.ffn_down",
+        "blk.3.attn_q",
+        "blk.3.ffn_down",
+        "output",
+    ] {
+        ops.push(op(name, 1, 20.0, 10.0));
+    }
+    let mut prof = profile(&ops);
+    prof.model.kv_bytes_per_token = 4096;
+    let mut others: Vec<OtherTensor> = (0..4)
+        .map(|l| OtherTensor {
+            name: format!("blk.{l}.attn_norm.weight"),
+            layer: Some(l),
+            bytes: 1024,
+        })
+        .collect();
+    for (name, bytes) in [
+        ("output_norm.weight", 1024),
+        ("rope_freqs.weight", 512),
+        ("token_embd.weight", 5 * MIB_BYTES),
+    ] {
+        others.push(OtherTensor {
+            name: name.to_string(),
+            layer: None,
+            bytes,
+        });
+    }
+    prof.model.other_weight_bytes = 4 * 1024 + 1024 + 512;
+    prof.model.other_tensors = others;
+    prof
+}
+
+fn layered_request(policy: Policy, budget: Budget) -> PlanRequest {
+    PlanRequest {
+        ctx_tokens: 256,
+        ..request(policy, budget)
+    }
+}
+
+#[test]
+fn layer_split_takes_the_last_layers_and_the_head_only_after_all() {
+    let prof = layered_profile();
+    // 50% of 9 MiB: 4.5 MiB holds the last two layers (4 MiB), not a third.
+    let p = plan(
+        &prof,
+        &layered_request(Policy::LayerSplit, Budget::Percent(50.0)),
+    )
+    .unwrap();
+    for l in 0..4 {
+        let want = if l >= 2 { Device::Gpu } else { Device::Cpu };
+        assert_eq!(device(&p, &format!("blk.{l}.attn_q")), want, "layer {l}");
+        assert_eq!(device(&p, &format!("blk.{l}.ffn_down")), want, "layer {l}");
+        assert_eq!(p.tensors[&format!("blk.{l}.attn_norm.weight")], want);
+    }
+    assert_eq!(device(&p, "output"), Device::Cpu);
+    assert_eq!(rule(&p, "blk.3.attn_q"), "layer 3 (last 2 fit)");
+    assert_eq!(
+        rule(&p, "blk.1.attn_q"),
+        "layer 1: first misfit (cum 6.0 MiB > cap)"
+    );
+    assert_eq!(rule(&p, "blk.0.attn_q"), "layer 0: below the last 2");
+    assert_eq!(rule(&p, "output"), "head: not all layers on GPU");
+    assert_eq!(p.tensors["output_norm.weight"], Device::Cpu);
+    assert_eq!(p.tensors["token_embd.weight"], Device::Cpu);
+    assert_eq!(p.tensors["rope_freqs.weight"], Device::Gpu);
+    assert_eq!(p.rounds, 1);
+    assert_eq!(p.gpu_weight_bytes, 4 * MIB_BYTES);
+    assert_eq!(llama_ot(&p), "-ngl 2");
+
+    // Bytes: each layer takes 2 MiB + 1 KiB + 256 KiB against 0.9 x (budget - 512 B). 10.5 MiB
+    // holds all four layers (9 MiB + 4 KiB) but not the head after them (+ 1 MiB + 1 KiB).
+    let budget = Budget::Bytes(10 * MIB_BYTES + MIB_BYTES / 2);
+    let p = plan(&prof, &layered_request(Policy::LayerSplit, budget)).unwrap();
+    assert!((0..4).all(|l| device(&p, &format!("blk.{l}.ffn_down")) == Device::Gpu));
+    assert_eq!(device(&p, "output"), Device::Cpu);
+    assert!(rule(&p, "output").starts_with("head: does not fit"));
+    assert_eq!(p.budget.kv_bytes, MIB_BYTES);
+    assert_eq!(p.budget.other_weight_bytes, 4 * 1024 + 512);
+    assert_eq!(llama_ot(&p), "-ngl 4");
+
+    // Everything fits: the head goes too, with its norm.
+    let p = plan(
+        &prof,
+        &layered_request(Policy::LayerSplit, Budget::Percent(100.0)),
+    )
+    .unwrap();
+    assert_eq!(device(&p, "output"), Device::Gpu);
+    assert_eq!(p.tensors["output_norm.weight"], Device::Gpu);
+    assert_eq!(p.tensors["token_embd.weight"], Device::Cpu);
+    assert_eq!(p.gpu_weight_bytes, 9 * MIB_BYTES);
+    assert_eq!(llama_ot(&p), "-ngl 999");
+}
+
+#[test]
+fn flexgen_keeps_weights_resident_in_layer_order() {
+    let prof = layered_profile();
+    // 50% of 9 MiB: layers 0 and 1 resident (4 MiB), layer 2's attn_q would make 5 MiB.
+    let p = plan(
+        &prof,
+        &layered_request(Policy::Flexgen, Budget::Percent(50.0)),
+    )
+    .unwrap();
+    for l in 0..4 {
+        let want = if l < 2 { Device::Gpu } else { Device::Cpu };
+        assert_eq!(device(&p, &format!("blk.{l}.attn_q")), want, "layer {l}");
+    }
+    assert_eq!(device(&p, "output"), Device::Cpu);
+    assert!(rule(&p, "blk.2.attn_q").starts_with("streamed: first misfit"));
+    assert_eq!(rule(&p, "blk.3.attn_q"), "streamed");
+    // All compute is on the GPU: the non-target tensors are there.
+    assert_eq!(p.tensors["blk.3.attn_norm.weight"], Device::Gpu);
+    // Per pass: 9 x 10 us of GPU compute; layers 2, 3 and the head each upload their
+    // weights (2 MiB at 1 B/us is far longer than their compute).
+    let upload = 2.0 * MIB_BYTES as f64 + 2.0 * MIB_BYTES as f64 + MIB_BYTES as f64;
+    assert!(close(p.predicted.ttft_ms, (40.0 + upload) / 1e3));
+}
+
+#[test]
+fn gpu_and_cpu_policies_place_everything_on_one_side() {
+    let prof = reserving_profile();
+    let req = PlanRequest::new(Policy::Gpu, Budget::Bytes(12 * MIB_BYTES));
+    let p = plan(&prof, &req).unwrap();
+    assert!(p.order.iter().all(|e| e.device == Device::Gpu));
+    assert_eq!(p.gpu_weight_bytes, 6 * MIB_BYTES);
+    assert_eq!(llama_ot(&p), "-ngl 999");
+
+    let req = PlanRequest::new(Policy::Gpu, Budget::Bytes(8 * MIB_BYTES));
+    let msg = plan(&prof, &req).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("--policy gpu: the target weights 6.0 MiB + reservations (KV cache"),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("= 9.2 MiB exceed --vram-budget 8.0 MiB"),
+        "{msg}"
+    );
+
+    let req = PlanRequest::new(Policy::Cpu, Budget::Bytes(0));
+    let p = plan(&prof, &req).unwrap();
+    assert!(p.order.iter().all(|e| e.device == Device::Cpu));
+    assert_eq!(p.budget.reserved_bytes, 0);
+    assert_eq!(p.cpu_weight_bytes, 6 * MIB_BYTES);
+    assert_eq!(llama_ot(&p), "-ngl 0");
+    // 3 ops x 30 us at batch 1, x 64 at the prompt's batch; no copies.
+    assert!(close(p.predicted.ttft_ms, 5.76));
+    assert!(close(p.predicted.tpot_ms, 0.09));
+}
+
+#[test]
+fn without_gpu_timings_only_the_cpu_policy_plans() {
+    let mut prof = reserving_profile();
+    prof.gpu = None;
+    prof.link = None;
+    for e in &mut prof.operators {
+        e.gpu_us = None;
+    }
+    for policy in [
+        Policy::Oato,
+        Policy::LayerSplit,
+        Policy::Flexgen,
+        Policy::Gpu,
+    ] {
+        let err = plan(&prof, &PlanRequest::new(policy, Budget::Percent(50.0))).unwrap_err();
+        assert!(
+            err.to_string().contains("the profile has no GPU timings"),
+            "{err}"
+        );
+    }
+    let p = plan(&prof, &PlanRequest::new(Policy::Cpu, Budget::Percent(50.0))).unwrap();
+    assert!(
+        p.order
+            .iter()
+            .all(|e| e.benefit_us_per_mib == 0.0 && e.affinity == 1.0)
+    );
+    assert_eq!(order_of(&p), ["blk.0.attn_q", "blk.0.ffn_up", "output"]);
+}
+
+#[test]
+fn tensors_name_every_weight_and_the_embedding_stays_on_the_cpu() {
+    let mut prof = layered_profile();
+    let p = plan(&prof, &layered_request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(p.tensors.len(), 9 + 7);
+    assert_eq!(p.tensors["token_embd.weight"], Device::Cpu);
+    assert_eq!(p.tensors["blk.0.attn_norm.weight"], Device::Gpu);
+    assert_eq!(p.tensors["output_norm.weight"], Device::Gpu);
+    for e in &p.order {
+        assert_eq!(p.tensors[&e.tensor], e.device);
+    }
+
+    // A tied head: its weight is the embedding table, on the GPU when the head is.
+    prof.model
+        .other_tensors
+        .retain(|t| t.name != "token_embd.weight");
+    let head = prof
+        .operators
+        .iter_mut()
+        .find(|e| e.op == "output")
+        .unwrap();
+    head.tensor = "token_embd.weight".to_string();
+    head.cpu_us = [("1".to_string(), 1000.0)].into();
+    let p = plan(&prof, &layered_request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(p.order[0].op, "output");
+    assert_eq!(p.tensors["token_embd.weight"], Device::Gpu);
+    assert!(!p.tensors.contains_key("output.weight"));
+
+    // Nothing on the GPU: nothing else there either.
+    let p = plan(&prof, &layered_request(Policy::Cpu, Budget::Percent(50.0))).unwrap();
+    assert!(p.tensors.values().all(|&d| d == Device::Cpu));
+}
+
+#[test]
+fn placement_json_round_trips_and_is_deterministic() {
+    let prof = layered_profile();
+    let req = layered_request(Policy::Oato, Budget::Percent(50.0));
+    let p = plan(&prof, &req).unwrap();
+    let text = p.to_json().unwrap();
+    assert_eq!(text, plan(&prof, &req).unwrap().to_json().unwrap());
+    let back = Placement::from_json(&text, "placement.json").unwrap();
+    assert_eq!(back, p);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["schema"], "oato.placement/v1");
+    assert_eq!(v["policy"], "oato");
+    assert_eq!(v["budget"]["cap_fraction"], 0.9);
+    assert_eq!(v["tensors"]["token_embd.weight"], "cpu");
+    assert!(v["order"][0]["benefit_us_per_mib"].is_number());
+    assert!(v["predicted"]["ttft_ms"].is_number());
+    let ls = plan(
+        &prof,
+        &layered_request(Policy::LayerSplit, Budget::Percent(50.0)),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ls.to_json().unwrap()).unwrap();
+    assert_eq!(v["policy"], "layer-split");
+}
+
+#[test]
+fn placement_from_json_names_what_is_wrong() {
+    let p = plan(
+        &layered_profile(),
+        &layered_request(Policy::Oato, Budget::Percent(50.0)),
+    )
+    .unwrap();
+    let text = p.to_json().unwrap();
+    let err = |text: &str| {
+        Placement::from_json(text, "plan.json")
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err("{not json").starts_with("plan.json: not valid JSON: "));
+    assert_eq!(
+        err(&text.replace("oato.placement/v1", "oato.placement/v2")),
+        "plan.json: schema \"oato.placement/v2\", expected \"oato.placement/v1\""
+    );
+    assert_eq!(
+        err(&text.replace("\"schema\"", "\"schemata\"")),
+        "plan.json: no \"schema\" field"
+    );
+    assert_eq!(
+        err(&text.replace(
+            "\"token_embd.weight\": \"cpu\"",
+            "\"token_embd.weight\": \"npu\""
+        )),
+        "plan.json: tensor token_embd.weight: device \"npu\", expected \"gpu\" or \"cpu\""
+    );
+    let missing = text.replace("\"rounds\"", "\"laps\"");
+    assert!(
+        err(&missing).starts_with("plan.json: not a valid oato.placement/v1 file: "),
+        "{}",
+        err(&missing)
+    );
+}
+
+#[test]
+fn llama_ot_lists_exactly_the_cpu_weights() {
+    let prof = profile(&[
+        op("blk.2.attn_output", 1, 100.0, 10.0),
+        op("output", 1, 50.0, 10.0),
+        op("blk.1.ffn_down", 4, 600.0, 10.0),
+        op("blk.0.ffn_down", 4, 1000.0, 10.0),
+    ]);
+    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    assert_eq!(
+        llama_ot(&p),
+        r#"-ngl 999 -ot "^(blk\.1\.ffn_down\.weight|blk\.2\.attn_output\.weight|output\.weight)$=CPU""#
+    );
+}
+
+#[test]
+fn the_table_shows_every_operator_and_the_budget() {
+    let p = plan(
+        &reserving_profile(),
+        &PlanRequest::new(Policy::Oato, Budget::Bytes(10 * MIB_BYTES)),
+    )
+    .unwrap();
+    let table = render_table(&p);
+    for op in ["blk.0.attn_q", "blk.0.ffn_up", "output"] {
+        assert!(table.contains(op), "{table}");
+    }
+    assert!(
+        table.contains("reserved: KV cache 1.0 MiB + workspace 0.2 MiB"),
+        "{table}"
+    );
+    assert!(table.contains("budget: 10.0 MiB; cap"), "{table}");
+    assert!(table.contains(&format!("rounds: {}", p.rounds)), "{table}");
+    assert!(table.contains("predicted: TTFT"), "{table}");
+}
