@@ -14,7 +14,7 @@ use std::sync::Arc;
 use oato::placer::{check, device_map};
 use oato::profiler::{ProfileOptions, load_or_profile};
 use oato::runtime::backend::Backend;
-use oato::runtime::forward::{DeviceMap, Logits, Session};
+use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
 use oato::runtime::generate::{Utf8Stream, generate};
 use oato::runtime::sampler::{Sampler, SamplerConfig};
 use oato::scheduler::{Placement, PlanRequest, Policy, parse_budget, plan};
@@ -98,7 +98,7 @@ fn placed_map(
     dev: usize,
     threads: usize,
     prompt_tokens: usize,
-) -> Result<DeviceMap> {
+) -> Result<(DeviceMap, Placement)> {
     let gpu = (dev != 0).then(|| &*backends[dev]);
     let placement = match (&a.placement, &a.vram_budget) {
         (Some(f), _) => {
@@ -148,7 +148,20 @@ fn placed_map(
         placement.predicted.ttft_ms,
         placement.predicted.tpot_ms
     );
-    Ok(device_map(&placement, model, 0, dev))
+    Ok((device_map(&placement, model, 0, dev), placement))
+}
+
+/// The model's weight type as results name it: the most common type among its target weights.
+fn model_dtype(model: &Model) -> String {
+    let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
+    for w in target_weights(model) {
+        *count.entry(w.ty.name()).or_default() += w.n_bytes;
+    }
+    count
+        .into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_default()
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -226,10 +239,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    let map = if a.vram_budget.is_some() || a.placement.is_some() {
-        placed_map(&a, &model, &path, &backends, dev, threads, prompt_ids.len())?
+    let (map, placement) = if a.vram_budget.is_some() || a.placement.is_some() {
+        let (m, p) = placed_map(&a, &model, &path, &backends, dev, threads, prompt_ids.len())?;
+        (m, Some(p))
     } else {
-        DeviceMap::uniform(&model, dev)
+        (DeviceMap::uniform(&model, dev), None)
     };
     let mut session = Session::with_devices(&model, ctx, backends.clone(), &map)?;
     if a.vram_budget.is_some() || a.placement.is_some() {
@@ -286,11 +300,26 @@ pub fn run(a: RunArgs) -> Result<()> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let target_bytes: u64 = target_weights(&model).iter().map(|w| w.n_bytes as u64).sum();
+    let gpu_weight_bytes: u64 = target_weights(&model)
+        .iter()
+        .filter(|w| dev != 0 && map.weights.get(&w.name) == Some(&dev))
+        .map(|w| w.n_bytes as u64)
+        .sum();
     if json {
         let out = json!({
             "model": model_name,
             "threads": threads,
             "device": device,
+            "host_cpu": oato::kernels::cpu::cpu_name(),
+            "model_dtype": model_dtype(&model),
+            "policy": placement.as_ref().map_or(
+                if dev == 0 { "cpu" } else { "gpu" }.to_string(),
+                |p| p.policy.to_string()
+            ),
+            "vram_budget_bytes": placement.as_ref().map_or(0, |p| p.budget.vram_budget_bytes),
+            "gpu_weight_bytes": gpu_weight_bytes,
+            "target_weight_bytes": target_bytes,
             "prompt_ids": g.prompt_ids,
             "output_ids": g.output_ids,
             "text": g.text,

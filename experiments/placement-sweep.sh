@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# TTFT and TPOT of the OATO placement against llama.cpp-style layer split (and the all-CPU and
+# all-GPU runs) at several shares of the weights on the GPU: for each policy and budget, one
+# warm-up run and REPS timed runs of `oato run --json` (greedy, fixed prompt, GEN tokens), written
+# to results/placement-sweep.csv in DESIGN.md's results format plus a markdown table of medians
+# (results/placement-sweep.md). Needs a GPU (or OATO_TEST_DEVICE, whose numbers mean nothing).
+#
+# env: OATO_BIN (target/release/oato), MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf), THREADS (all
+# cores), REPS (3), GEN (32), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split"),
+# OUT (results/placement-sweep), PROMPT_FILE (the first 64 tokens' worth of tests/data/golden/gpl3_2000w.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OATO_BIN=${OATO_BIN:-target/release/oato}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+THREADS=${THREADS:-$(nproc)}
+REPS=${REPS:-3}
+GEN=${GEN:-32}
+BUDGETS=${BUDGETS:-"25% 50% 75%"}
+POLICIES=${POLICIES:-"oato layer-split"}
+OUT=${OUT:-results/placement-sweep}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -z "${PROMPT_FILE:-}" ]; then
+    PROMPT_FILE=$work/prompt.txt
+    # About 64 tokens of plain English.
+    head -c 300 tests/data/golden/gpl3_2000w.txt > "$PROMPT_FILE"
+fi
+commit=$(git rev-parse --short HEAD)
+date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+runs=()
+one() { # name, extra flags...
+    local name=$1; shift
+    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
+        > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
+    for r in $(seq 1 "$REPS"); do
+        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --temp 0 --ignore-eos -t "$THREADS" \
+            --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"
+        runs+=("$name" "$r" "$work/$name.$r.json")
+        echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
+    done
+}
+one cpu --device cpu
+one gpu --device gpu
+for policy in $POLICIES; do
+    for b in $BUDGETS; do
+        one "$policy-${b%\%}pct" --vram-budget "$b" --policy "$policy"
+    done
+done
+python3 - "$OUT" "$date" "$commit" "$THREADS" "${runs[@]}" <<'PY'
+import csv, json, statistics, sys
+out, date, commit, threads = sys.argv[1:5]
+rest = sys.argv[5:]
+fields = ["date", "commit", "device", "host_cpu", "threads", "model", "model_dtype", "policy",
+          "vram_budget_bytes", "gpu_weight_fraction", "prompt_tokens", "gen_tokens", "rep", "load_ms",
+          "ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s"]
+rows, groups = [], {}
+for i in range(0, len(rest), 3):
+    name, rep, path = rest[i], int(rest[i + 1]), rest[i + 2]
+    d = json.load(open(path))
+    row = {
+        "date": date, "commit": commit, "device": d["device"], "host_cpu": d["host_cpu"],
+        "threads": threads, "model": d["model"], "model_dtype": d["model_dtype"],
+        "policy": d["policy"], "vram_budget_bytes": d["vram_budget_bytes"],
+        "gpu_weight_fraction": round(d["gpu_weight_bytes"] / d["target_weight_bytes"], 4),
+        "prompt_tokens": len(d["prompt_ids"]), "gen_tokens": len(d["output_ids"]), "rep": rep,
+        "load_ms": round(d["load_ms"], 3), "ttft_ms": round(d["ttft_ms"], 3),
+        "tpot_ms": round(d["tpot_ms"], 4), "e2e_ms": round(d["e2e_ms"], 3),
+        "tokens_per_s": round(d["gen_tokens_per_s"], 2),
+    }
+    rows.append(row)
+    groups.setdefault(name, []).append(row)
+with open(out + ".csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+with open(out + ".md", "w") as f:
+    first = rows[0]
+    f.write(f"# Placement sweep: {first['model']} ({first['model_dtype']})\n\n")
+    f.write(f"{date}, commit {commit}, {first['device']} + {first['host_cpu']}, {threads} threads, "
+            f"P={first['prompt_tokens']}, G={first['gen_tokens']}; medians of {len(groups[next(iter(groups))])} runs "
+            "after a warm-up (tokens/s: decode).\n\n")
+    f.write("| run | policy | GPU weight share | TTFT ms | TPOT ms | tokens/s |\n|---|---|---:|---:|---:|---:|\n")
+    for name, rs in groups.items():
+        med = lambda k: statistics.median(r[k] for r in rs)
+        f.write(f"| {name} | {rs[0]['policy']} | {rs[0]['gpu_weight_fraction']:.2f} | {med('ttft_ms'):.2f} | "
+                f"{med('tpot_ms'):.3f} | {med('tokens_per_s'):.1f} |\n")
+print(f"wrote {out}.csv and {out}.md", file=sys.stderr)
+PY
