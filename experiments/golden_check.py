@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Greedy continuations of the `oato` binary against llama.cpp's golden token ids, under the golden
+file's parity rule (equal up to the first difference d; at d llama.cpp's top-two margin is below 0.5
+and our token is its second choice). For machines without a Rust toolchain (the borrowed GPU):
+runs `oato run --json` per prompt with the given extra flags, e.g. `--device gpu`.
+
+Usage: golden_check.py [--oato target/release/oato] [--golden tests/data/golden/smollm2-q4_1.json]
+                       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--out FILE.json] -- [oato run flags]
+Exit status 1 when any prompt breaks the rule. Standard library only.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+
+def parity(ours, theirs, top2):
+    for d, (a, b) in enumerate(zip(ours, theirs)):
+        if a == b:
+            continue
+        first = top2[d][0][1]
+        second_id, second = top2[d][1][0], top2[d][1][1]
+        margin = first - second
+        if margin < 0.5 and a == second_id:
+            return f"near-tie at step {d} (margin {margin:.3f})", True
+        return f"step {d}: ours {a}, llama.cpp {b} (its second choice {second_id}, margin {margin:.3f})", False
+    if len(ours) != len(theirs):
+        return f"lengths differ: {len(ours)} vs {len(theirs)}", False
+    return "equal", True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--oato", default="target/release/oato")
+    ap.add_argument("--golden", default="tests/data/golden/smollm2-q4_1.json")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--out")
+    ap.add_argument("flags", nargs="*")
+    a = ap.parse_args()
+    g = json.load(open(a.golden))
+    results, ok_all = [], True
+    for p in g["prompts"]:
+        want = p["output_ids"]
+        cmd = [a.oato, "run", a.model, "-p", p["prompt"], "-n", str(len(want)), "--temp", "0",
+               "--ignore-eos", "--json", *a.flags]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{p['prompt']!r}: oato failed: {r.stderr.strip()}", file=sys.stderr)
+            ok_all = False
+            continue
+        d = json.loads(r.stdout)
+        prompt_ok = d["prompt_ids"] == p["prompt_ids"]
+        verdict, ok = parity(d["output_ids"], want, p["per_step_top2"])
+        ok = ok and prompt_ok
+        ok_all &= ok
+        print(f"{'OK  ' if ok else 'FAIL'} {p['prompt']!r}: {verdict}{'' if prompt_ok else ', prompt ids differ'}"
+              f" (device {d.get('device')})")
+        results.append({"prompt": p["prompt"], "ok": ok, "verdict": verdict, "output_ids": d["output_ids"],
+                        "device": d.get("device")})
+    if a.out:
+        json.dump({"flags": a.flags, "all_ok": ok_all, "prompts": results}, open(a.out, "w"), indent=1)
+    sys.exit(0 if ok_all else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Everything a borrowed GPU machine should run, in one command (it has no Rust toolchain and no
+# network): the GPU selftest and its --perf table, the all-GPU and hybrid greedy continuations
+# against the golden ids, `oato bench --device gpu`, a profile, and the placement sweep.
+# Results go to $OUT (default results/gpu-<date>), each file headed by device, date and commit.
+#
+# The binary comes from `cargo build --release` here (carry target/release/oato). The test model
+# (94 MiB) is over the carry limit: carry it in two halves (split -b 48M models/X.gguf
+# models/X.part-) over two calls in a row, then `cat models/X.part-* > models/X.gguf` there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OATO=${OATO_BIN:-target/release/oato}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=${OUT:-results/gpu-$(date -u +%Y-%m-%d)}
+mkdir -p "$OUT"
+commit=$(git rev-parse --short HEAD 2>/dev/null || cat .git-commit 2>/dev/null || echo unknown)
+head() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
+step() { echo "== $*" >&2; }
+status=0
+step selftest
+{ head; "$OATO" selftest --device gpu; } > "$OUT/selftest-gpu.txt" 2>&1 || status=1
+step "selftest --perf"
+{ head; "$OATO" selftest --device gpu --perf; } > "$OUT/selftest-gpu-perf.txt" 2>&1 || status=1
+step "golden, all on the GPU"
+python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$OUT/golden-gpu.json" \
+    -- --device gpu > "$OUT/golden-gpu.txt" 2>&1 || status=1
+for policy in oato layer-split; do
+    for b in 25% 50% 75%; do
+        step "golden, $policy at $b"
+        python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
+            --out "$OUT/golden-$policy-${b%\%}.json" -- --vram-budget "$b" --policy "$policy" \
+            > "$OUT/golden-$policy-${b%\%}.txt" 2>&1 || status=1
+    done
+done
+step "bench"
+"$OATO" bench "$MODEL" --device gpu -p 64,512 -n 32,128 -r 5 --json > "$OUT/bench-gpu.json" 2> "$OUT/bench-gpu.err" || status=1
+"$OATO" bench "$MODEL" --device cpu -p 64,512 -n 32,128 -r 5 > "$OUT/bench-cpu.md" 2> "$OUT/bench-cpu.err" || status=1
+step profile
+"$OATO" profile "$MODEL" --force -o "$OUT/profile.json" > "$OUT/profile.txt" 2>&1 || status=1
+step "placement sweep"
+OATO_BIN=$OATO MODEL=$MODEL OUT="$OUT/placement-sweep" experiments/placement-sweep.sh > "$OUT/placement-sweep.log" 2>&1 || status=1
+tail -n 3 "$OUT"/*.txt >&2 || true
+exit $status
