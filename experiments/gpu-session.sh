@@ -14,13 +14,13 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 OUT=${OUT:-results/gpu-$(date -u +%Y-%m-%d)}
 mkdir -p "$OUT"
 commit=$(git rev-parse --short HEAD 2>/dev/null || cat .git-commit 2>/dev/null || echo unknown)
-head() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
+header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
 step() { echo "== $*" >&2; }
 status=0
 step selftest
-{ head; "$OATO" selftest --device gpu; } > "$OUT/selftest-gpu.txt" 2>&1 || status=1
+{ header; "$OATO" selftest --device gpu; } > "$OUT/selftest-gpu.txt" 2>&1 || status=1
 step "selftest --perf"
-{ head; "$OATO" selftest --device gpu --perf; } > "$OUT/selftest-gpu-perf.txt" 2>&1 || status=1
+{ header; "$OATO" selftest --device gpu --perf; } > "$OUT/selftest-gpu-perf.txt" 2>&1 || status=1
 step "golden, all on the GPU"
 python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$OUT/golden-gpu.json" \
     -- --device gpu > "$OUT/golden-gpu.txt" 2>&1 || status=1
