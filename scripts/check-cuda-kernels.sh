@@ -3,6 +3,8 @@
 # headers come from PyPI into a virtual environment, then `oato selftest --compile-only` compiles
 # each kernel source through the engine's own NVRTC path for every architecture it supports and
 # checks each launched kernel is in the CUBIN. Compiler errors and warnings fail, with the log.
+# Then scripts/emulate-cuda-kernels.sh runs every kernel on the CPU (tests/cuda_emu) against
+# references that share no code with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${OATO_CUDA_VENV:-$HOME/.cache/oato/cuda-venv}"
@@ -22,3 +24,5 @@ cargo build --release --quiet
 LD_LIBRARY_PATH="$(dirname "$NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 OATO_CUDA_INCLUDE="$(dirname "$FP16")" OATO_NVRTC_WERROR=1 \
     target/release/oato selftest --compile-only "$@"
+# Then run every kernel on the CPU in the emulator against independent references.
+scripts/emulate-cuda-kernels.sh

@@ -28,6 +28,10 @@ use crate::runtime::backend::{
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
 pub const MMVQ_MAX_TOKENS: usize = 8;
+/// f16 scratch for one slice of a dequantised weight in the prefill GEMM.
+const GEMM_SLICE_BYTES: usize = 64 << 20;
+/// CUDA's limit on gridDim.y (rope and attention put tokens there).
+const MAX_GRID_Y: usize = 65535;
 /// Size of each of the two pinned staging buffers.
 const PINNED_BYTES: usize = 8 << 20;
 
@@ -45,6 +49,20 @@ pub fn probe() -> Result<usize, String> {
     // SAFETY: these only try to open the libraries by name.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err("no CUDA driver (libcuda.so not found)".into());
+    }
+    let mut version = 0i32;
+    // SAFETY: needs no cuInit; `version` is valid for writes.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("CUDA driver version unknown: {r:?}"));
+    }
+    // The kernels are compiled by NVRTC 13 and the stopwatch uses CUDA 13 driver calls.
+    if version < 13000 {
+        return Err(format!(
+            "the CUDA driver supports CUDA {}.{}, oato needs 13.0 or newer",
+            version / 1000,
+            version % 1000 / 10
+        ));
     }
     let n = CudaContext::device_count().map_err(|e| format!("CUDA driver: {e:?}"))?;
     if n < 1 {
@@ -276,9 +294,17 @@ impl CudaBackend {
         for src in SOURCES {
             let (bin, cached) = kc::compile_cached(src, arch)?;
             from_cache += cached as usize;
-            let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(bin))
-                .map_err(drv(src.name))?;
+            let module = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
+                Ok(m) => m,
+                // A stale or damaged cache file: compile afresh once.
+                Err(_) if cached => {
+                    from_cache -= 1;
+                    let bin = kc::compile(src, arch)?;
+                    ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))
+                        .map_err(drv(src.name))?
+                }
+                Err(e) => return Err(drv(src.name)(e)),
+            };
             let names = KERNELS
                 .iter()
                 .find(|(s, _)| *s == src.name)
@@ -454,6 +480,55 @@ impl CudaBackend {
         .map_err(blas_err)
     }
 
+    /// Rows `r0..r0 + r` of `y = W x` from those rows in f16 at `w16`: column-major, C is the
+    /// [r, n_tok] block of Y^T starting at row r0 (leading dimension n).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_rows(
+        &self,
+        w16: u64,
+        x16: u64,
+        y: u64,
+        k: usize,
+        n: usize,
+        r0: usize,
+        r: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let (alpha, beta) = (1f32, 0f32);
+        use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
+        // SAFETY: w16 holds r*k f16, x16 n_tok*k f16, y n_tok*n f32 (C starts at row r0 of
+        // each column of length n); alpha and beta are host f32.
+        unsafe {
+            cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas::sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                r as i32,
+                n_tok as i32,
+                k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                w16 as *const c_void,
+                CUDA_R_16F,
+                k as i32,
+                x16 as *const c_void,
+                CUDA_R_16F,
+                k as i32,
+                (&beta as *const f32).cast::<c_void>(),
+                (y + (r0 * 4) as u64) as *mut c_void,
+                CUDA_R_32F,
+                n as i32,
+                cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    /// Makes the context current on the calling thread (the backend may be used from any).
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv("bind context"))
+    }
+
     fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
             w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
@@ -522,6 +597,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
+        self.bind()?;
         let bytes = (len * dtype.size()).max(1);
         let buf = self
             .stream
@@ -547,6 +623,7 @@ impl Backend for CudaBackend {
         bytes: &[u8],
     ) -> Result<Weight> {
         check_weight_bytes(name, ty, k, n, bytes)?;
+        self.bind()?;
         if kernels_of(ty).is_none() {
             return Err(Error::UnsupportedType(format!(
                 "{ty} as a GPU weight ({name:?})"
@@ -575,6 +652,7 @@ impl Backend for CudaBackend {
     }
 
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
+        self.bind()?;
         let p = self.f32ptr(dst, at + src.len(), "write")? + (at * 4) as u64;
         // SAFETY: f32 has no padding; viewing it as bytes is sound.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len() * 4) };
@@ -582,6 +660,7 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()> {
+        self.bind()?;
         let p = self.f32ptr(src, at + dst.len(), "read")? + (at * 4) as u64;
         // SAFETY: every byte pattern is a valid f32.
         let bytes =
@@ -597,6 +676,10 @@ impl Backend for CudaBackend {
         ys: &mut [&mut Tensor],
     ) -> Result<()> {
         let k = shared_k(ws, ys.len())?;
+        if n_tok == 0 {
+            return Ok(());
+        }
+        self.bind()?;
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
@@ -640,9 +723,18 @@ impl Backend for CudaBackend {
                     let (_, deq) = kernels_of(ty)
                         .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
                     let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{ty} GEMM")))?;
-                    let w16 = self.grow(&mut s.w16, w.n * k * 2)?;
-                    self.dequant_f16(deq, wp, w16, w.n * k)?;
-                    self.gemm(w16, CUDA_R_16F, x16, CUDA_R_16F, yp, k, w.n, n_tok)?;
+                    // Rows in slices of about GEMM_SLICE_BYTES of f16, so the scratch stays
+                    // bounded whatever the matrix (an output head can be a GiB in f16).
+                    let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
+                    let w16 = self.grow(&mut s.w16, rows * k * 2)?;
+                    let row_bytes = w.bytes / w.n;
+                    let mut r0 = 0;
+                    while r0 < w.n {
+                        let r = rows.min(w.n - r0);
+                        self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?;
+                        self.gemm_rows(w16, x16, yp, k, w.n, r0, r, n_tok)?;
+                        r0 += r;
+                    }
                 }
             }
         }
@@ -658,6 +750,7 @@ impl Backend for CudaBackend {
         eps: f32,
         y: &mut Tensor,
     ) -> Result<()> {
+        self.bind()?;
         let n = w.len;
         let wp = self.f32ptr(w, n, "rms_norm weight")?;
         let xp = self.f32ptr(x, (row0 + n_rows) * n, "rms_norm input")? + (row0 * n * 4) as u64;
@@ -668,6 +761,7 @@ impl Backend for CudaBackend {
     }
 
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
+        self.bind()?;
         let bp = self.f32ptr(b, b.len, "bias")?;
         let n = n_tok * b.len;
         let xp = self.f32ptr(x, n, "add_bias")?;
@@ -690,12 +784,23 @@ impl Backend for CudaBackend {
             Some(t) => self.f32ptr(t, p.n_dims / 2, "rope_freqs")?,
             None => 0,
         };
+        if p.n_dims > head_dim || !p.n_dims.is_multiple_of(2) {
+            return Err(Error::UnsupportedType(format!(
+                "RoPE over {} of {head_dim} dimensions on the GPU",
+                p.n_dims
+            )));
+        }
+        self.bind()?;
         let xp = self.f32ptr(x, n_tok * n_heads * head_dim, "rope")?;
-        launch!(self, "rope_f32", (n_heads as u32, n_tok as u32, 1), (128, 1, 1);
-            a: u64 = xp, nt: i32 = n_tok as i32, nh: i32 = n_heads as i32,
-            hd: i32 = head_dim as i32, nd: i32 = p.n_dims as i32, p0: i32 = pos0 as i32,
-            base: f32 = p.freq_base, scale: f32 = p.freq_scale, neox: i32 = p.neox as i32,
-            f: u64 = ff);
+        // Tokens go in gridDim.y, which CUDA caps: long batches run in chunks.
+        for t0 in (0..n_tok).step_by(MAX_GRID_Y) {
+            let len = MAX_GRID_Y.min(n_tok - t0);
+            launch!(self, "rope_f32", (n_heads as u32, len as u32, 1), (128, 1, 1);
+                a: u64 = xp + (t0 * n_heads * head_dim * 4) as u64, nt: i32 = len as i32,
+                nh: i32 = n_heads as i32, hd: i32 = head_dim as i32, nd: i32 = p.n_dims as i32,
+                p0: i32 = (pos0 + t0) as i32, base: f32 = p.freq_base, scale: f32 = p.freq_scale,
+                neox: i32 = p.neox as i32, f: u64 = ff);
+        }
         Ok(())
     }
 
@@ -710,6 +815,19 @@ impl Backend for CudaBackend {
         out: &mut Tensor,
     ) -> Result<()> {
         let s = call.shape;
+        // The kernel's limits (src/kernels/cuda/ops.cu): it would write NaN outside them.
+        if !s.head_dim.is_multiple_of(32)
+            || s.head_dim > 256
+            || s.n_head_kv == 0
+            || !s.n_head.is_multiple_of(s.n_head_kv)
+        {
+            return Err(Error::UnsupportedType(format!(
+                "attention with head size {} ({} heads, {} kv heads) on the GPU: it needs a \
+                 multiple of 32 up to 256 and whole query groups",
+                s.head_dim, s.n_head, s.n_head_kv
+            )));
+        }
+        self.bind()?;
         let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
         let n = call.n_tok;
         for (src, cache, what) in [(k, &*cache_k, "k cache"), (v, &*cache_v, "v cache")] {
@@ -732,15 +850,20 @@ impl Backend for CudaBackend {
         let kp = self.tptr(cache_k, 0, (call.pos0 + n) * kvd, "k cache")?;
         let vp = self.tptr(cache_v, 0, (call.pos0 + n) * kvd, "v cache")?;
         let op = self.f32ptr(out, n * qd, "attention output")?;
-        launch!(self, "attention_f16kv", (s.n_head as u32, n as u32, 1), (128, 1, 1);
-            a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
-            nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
-            hd: i32 = s.head_dim as i32, p0: i32 = call.pos0 as i32,
-            scale: f32 = 1.0 / (s.head_dim as f32).sqrt());
+        for t0 in (0..n).step_by(MAX_GRID_Y) {
+            let len = MAX_GRID_Y.min(n - t0);
+            launch!(self, "attention_f16kv", (s.n_head as u32, len as u32, 1), (128, 1, 1);
+                a: u64 = qp + (t0 * qd * 4) as u64, b: u64 = kp, c: u64 = vp,
+                d: u64 = op + (t0 * qd * 4) as u64, nt: i32 = len as i32,
+                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+                hd: i32 = s.head_dim as i32, p0: i32 = (call.pos0 + t0) as i32,
+                scale: f32 = 1.0 / (s.head_dim as f32).sqrt());
+        }
         Ok(())
     }
 
     fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
+        self.bind()?;
         let up = self.f32ptr(u, n, "swiglu up")?;
         let gp = self.f32ptr(g, n, "swiglu gate")?;
         launch!(self, "swiglu_f32", stride_grid(n, 4), B256;
@@ -749,6 +872,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
+        self.bind()?;
         let yp = self.f32ptr(y, n, "add")?;
         let xp = self.f32ptr(x, n, "add")?;
         launch!(self, "add_f32", stride_grid(n, 4), B256;
@@ -757,6 +881,7 @@ impl Backend for CudaBackend {
     }
 
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
+        self.bind()?;
         let k = table.k;
         let rb = table.bytes / table.n;
         let op = self.f32ptr(out, ids.len() * k, "embedding output")?;
@@ -797,6 +922,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.bind()?;
         self.stream.synchronize().map_err(drv("synchronize"))
     }
 

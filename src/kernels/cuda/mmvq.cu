@@ -402,7 +402,7 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
     const u8* wrow = (const u8*)w + (i64)row * nb * T::bytes;
     const u32* xw = (const u32*)(x + (i64)t * (k / QK));
     // Alignment of the blocks (in global and so in shared memory): one choice per block.
-    constexpr int A16 = T::al_max >= 16 ? 16 : 2, A4 = T::al_max >= 4 ? 4 : 2;
+    constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
     const int al = ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
 
     float acc = 0.0f;

@@ -1,0 +1,438 @@
+"""test_kernels.py: every CUDA kernel of src/kernels/cuda, run on the CPU emulator and checked
+against independent references (refs.py: gguf-py and numpy) and against the stored vectors of
+tests/data/quant. Run by scripts/emulate-cuda-kernels.sh, which builds the library first:
+
+    python test_kernels.py --lib target/cuda-emu/release/libcudaemu.so \
+        --src src/kernels/cuda --data tests/data/quant [-v]
+
+Each group below states its tolerance and why; data are seeded per check (emu.rng_for) or the
+cos pattern. Launch shapes follow the "launch:" comments in the .cu files, plus variations the
+kernels promise to handle (misaligned pointers, grid-stride loops, partial blocks and rows). The
+last group fails when a kernel in the sources has no check here.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import refs  # noqa: E402
+from emu import SAN, Buf, Emu, EmuError, Report, cos_pattern, f32, i32, i64, rng_for  # noqa: E402
+
+E: Emu = None  # set in main
+GOLDEN = {}    # (op, ggml type name) -> (input bytes, expected bytes) from tests/data/quant
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulator itself (selftest.cu)
+
+
+def check_emulator(g):
+    y = Buf.out(np.int32, 5 * 64)
+    E.launch("emu_shuffles", (1,), (64,), y)
+    got = y.get(np.int32).reshape(64, 5)
+    tid = np.arange(64)
+    lane, base = tid % 32, tid - tid % 32
+    want = np.stack([
+        100 * (base + (lane ^ 5)),
+        100 * np.where(lane + 3 < 32, tid + 3, tid),
+        100 * np.where(lane >= 2, tid - 2, tid),
+        100 * (base + 31 - lane),
+        100 * (base + (lane ^ 4)),
+    ], axis=1)
+    g.exact("shuffles xor/down/up/idx/xor-width-8 = CUDA's", got, want, dims=("thread", "op"))
+
+    for sync in (1, 0):
+        y = Buf.out(np.int32, 2 * 96)
+        E.launch("emu_neighbour", (2,), (96,), y, i32(sync))
+        got = y.get(np.int32).reshape(2, 96)
+        want = 1000 * np.arange(2)[:, None] + (np.arange(96)[None, :] + 1) % 96
+        wrong = int((got != want).sum())
+        if sync:
+            g.exact("shared memory after __syncthreads", got, want, dims=("block", "thread"))
+        else:
+            g.true("missing __syncthreads gives wrong reads", wrong > 0,
+                   f"{wrong}/192 reads saw stale shared memory")
+
+    for name, block, expect in (
+            ("bad_divergent_barrier", 64, "divergent __syncthreads"),
+            ("bad_barrier_after_return", 64, "returned"),
+            ("bad_shuffle_after_return", 32, "lanes returned"),
+            ("bad_deadlock", 32, "deadlock")):
+        y = Buf.out(np.int32, block)
+        try:
+            E.launch(name, (1,), (block,), y)
+            g.true(f"{name} reported", False, "launch succeeded")
+        except EmuError as e:
+            g.true(f"{name} reported", expect in str(e), str(e))
+
+    try:
+        E.launch("emu_neighbour", (1,), (32,), Buf.out(np.int32, 32), f32(1.0))
+        g.true("wrong argument type reported", False, "launch succeeded")
+    except EmuError as e:
+        g.true("wrong argument type reported", "takes (pi)" in str(e), str(e))
+
+    x = np.array([1e-38, 5e-39], np.float32)
+    y = Buf.out(np.float32, 2)
+    E.launch("emu_flush", (1,), (1,), Buf.of(x), y)
+    g.exact("f32 denormals flushed (-ftz=true)", y.get(np.float32), np.zeros(2, np.float32))
+
+    if not SAN:  # under ASan the write itself aborts the run
+        try:
+            E.launch("bad_write_past_end", (1,), (32,), Buf.out(np.float32, 8), i32(8))
+            g.true("write past the end reported", False, "launch succeeded")
+        except EmuError as e:
+            g.true("write past the end reported", "after the end" in str(e), str(e))
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize.cu: bit-identical to quantize_row(Q8_1)
+
+
+def quantize_q8_1(x, off=0):
+    nb = x.size // 32
+    xb = Buf.of(x.astype(np.float32), off)
+    y = Buf.out(np.uint8, nb * 36)
+    E.launch("quantize_q8_1", (cdiv(nb, 8),), (256,), xb, y, i32(nb))
+    return y.get(np.uint8).reshape(nb, 36)
+
+
+def check_quantize(g):
+    inp, exp = GOLDEN[("quantize", "Q8_1")]
+    x = np.frombuffer(inp, np.float32)
+    want = np.frombuffer(exp, np.uint8).reshape(-1, 36)
+    g.exact("tests/data/quant/quant-Q8_1.bin", quantize_q8_1(x[:want.shape[0] * 32]), want,
+            dims=("block", "byte"))
+
+    # 37 blocks (a partial last thread block of 8 warps), an all-zero block, ties.
+    x = (rng_for("q8_1 random").standard_normal(37 * 32) * 3).astype(np.float32)
+    x[32:64] = 0.0
+    x[64:69] = [127.0, 2.5, -3.5, 1.49, -0.5]  # q = 127, 3, -4, 1, -1 (ties away from zero)
+    got = quantize_q8_1(x, off=4)
+    g.exact("gaussian*3, zero block, ties, 37 blocks vs numpy", got, refs.quantize_q8_1(x),
+            dims=("block", "byte"))
+    g.exact("ties round half away from zero", got[2, 4:9].view(np.int8),
+            np.array([127, 3, -4, 1, -1], np.int8))
+    x = cos_pattern(64 * 32, 0.5) * np.repeat(np.geomspace(1e-3, 1e3, 64), 32).astype(np.float32)
+    g.exact("cos pattern, scales 1e-3..1e3 vs numpy", quantize_q8_1(x), refs.quantize_q8_1(x),
+            dims=("block", "byte"))
+
+
+# ---------------------------------------------------------------------------------------------
+# dequant.cu: y == f16(dequantize_row(w)) bit for bit
+
+
+def dequant(kernel, wbytes, n, w_off, y_off_elems, grid, block=256):
+    wb = Buf.of(wbytes, w_off)
+    y = Buf.out(np.float16, n, off=2 * y_off_elems)
+    E.launch(kernel, (grid,), (block,), wb, y, i64(n))
+    return y.get(np.float16)
+
+
+def check_dequant(g, t):
+    qk = refs.QTYPES[t][1]  # elements per block
+    rows = 5
+    k = qk * (3 if qk == 256 else 12)
+    blocks = refs.random_blocks(rng_for(f"dequant {t}"), t, rows * k // qk)
+    want = refs.dequantize(t, blocks, rows).reshape(-1).astype(np.float16)
+    n = want.size
+    # y + 16 bytes: the 16-byte store path; y + 2 bytes: element stores. w + 2: 2-byte aligned
+    # blocks. grid 1 with 32 threads: the grid-stride loop.
+    for w_off, y_off, grid, block in ((0, 0, cdiv(n, 2048), 256), (2, 0, cdiv(n, 2048), 256),
+                                      (0, 1, cdiv(n, 2048), 256), (2, 1, 1, 32)):
+        got = dequant(f"dequant_{t}_f16", blocks, n, w_off, y_off, grid, block)
+        g.exact(f"random blocks w+{w_off} y+{2 * y_off} grid {grid}x{block}", got, want,
+                dims=("elem",))
+    inp, exp = GOLDEN[("dequantize", t.upper())]
+    want = np.frombuffer(exp, np.float32).astype(np.float16)
+    got = dequant(f"dequant_{t}_f16", np.frombuffer(inp, np.uint8), want.size, 0, 0, 1)
+    g.exact(f"tests/data/quant/dequant-{t.upper()}.bin", got, want, dims=("elem",))
+
+
+def bf16_bits(x):
+    return (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bf16_value(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def check_dequant_bf16(g):
+    bits = bf16_bits(rng_for("bf16").standard_normal(1005) * 10)
+    want = bf16_value(bits).astype(np.float16)
+    for w_off, grid, block in ((0, 1, 256), (2, 1, 256), (0, 1, 32)):
+        got = dequant("dequant_bf16_f16", bits, bits.size, w_off, 0, grid, block)
+        g.exact(f"n=1005 w+{w_off} grid {grid}x{block}", got, want, dims=("elem",))
+    inp, exp = GOLDEN[("dequantize", "BF16")]
+    want = np.frombuffer(exp, np.float32).astype(np.float16)
+    got = dequant("dequant_bf16_f16", np.frombuffer(inp, np.uint8), want.size, 0, 0, 1)
+    g.exact("tests/data/quant/dequant-BF16.bin (inf, subnormal, zero)", got, want,
+            dims=("elem",))
+
+
+def check_f16_conversions(g, kernel):
+    # f32 -> f16 rounds to nearest even (numpy's astype does too); f16 -> f32 is exact.
+    if kernel in ("f32_to_f16", "copy_f32_to_f16"):
+        inp, exp = GOLDEN[("quantize", "F16")]
+        cases = [("tests/data/quant/quant-F16.bin (overflow, subnormal)",
+                  np.frombuffer(inp, np.float32), np.frombuffer(exp, np.float16)),
+                 ("gaussian*100, n=777", (rng_for(kernel).standard_normal(777) * 100)
+                  .astype(np.float32), None)]
+        for label, x, want in cases:
+            want = x.astype(np.float16) if want is None else want
+            y = Buf.out(np.float16, x.size)
+            E.launch(kernel, (2,), (256,), Buf.of(x), y, i64(x.size))
+            g.exact(label, y.get(np.float16), want, dims=("elem",))
+    else:
+        inp, exp = GOLDEN[("dequantize", "F16")]
+        x = np.frombuffer(inp, np.float16)
+        y = Buf.out(np.float32, x.size)
+        E.launch(kernel, (1,), (128,), Buf.of(x, 2), y, i64(x.size))
+        g.exact("tests/data/quant/dequant-F16.bin (random bits)", y.get(np.float32),
+                np.frombuffer(exp, np.float32), dims=("elem",))
+
+
+# ---------------------------------------------------------------------------------------------
+# mmvq.cu, quantised weights: |y - ref| / (|W| . |A|) <= 1e-5, ref in float64 from the same
+# (gguf-dequantised) weights and Q8_1 activations. The kernels' integer sums are exact; what
+# remains is f32 rounding of the per-block scale products and of the sums over up to ~150 blocks
+# per lane and the warp (~1e-7 relative in practice; 1e-5 leaves room for another summation
+# order and the GPU's fused multiply-adds, and still catches a wrong bit, scale or block).
+
+
+def check_mmvq(g, t):
+    qk = refs.QTYPES[t][1]  # elements per block
+    small = qk == 32
+    # 10 rows: 2.5 thread blocks of 4; n_tok > 1. First 40 units per row (not a multiple of 32
+    # lanes) with w 16-byte aligned, + 2 and + 4 bytes (the 16-, 2- and 4-byte load paths, as
+    # far as the format has them); then 2 chunks with a partial second one, w + 0, 6, 8, .., 14
+    # (staging heads and tails; rows of odd block sizes start at varying offsets too); then one
+    # row, one token, fewer units than lanes.
+    for nblk, rows, n_tok, w_offs in ((20 if small else 5, 10, 3, (0, 2, 4)),
+                                      (87 if small else 19, 10, 3, (0, 6, 8, 10, 12, 14)),
+                                      (4 if small else 1, 1, 1, (0,))):
+        k = qk * nblk
+        rng = rng_for(f"mmvq {t} {k}")
+        blocks = refs.random_blocks(rng, t, rows * nblk)
+        act = refs.quantize_q8_1(rng.standard_normal(n_tok * k).astype(np.float32))
+        ref, mag = refs.mmvq(t, blocks, rows, k, act)
+        for w_off in w_offs:
+            y = Buf.out(np.float32, n_tok * rows)
+            E.launch(f"mmvq_{t}", (cdiv(rows, 4), n_tok), (32, 4), Buf.of(blocks, w_off),
+                     Buf.of(act), y, i32(k), i32(rows), i32(n_tok))
+            g.close(f"k={k} rows={rows} n_tok={n_tok} w+{w_off}",
+                    y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag,
+                    dims=("t", "row"), metric="err/mag")
+
+
+# mmvq.cu, float weights: same metric and tolerance (f32 products and sums).
+def check_mmv(g, wname):
+    rows, n_tok = 6, 3
+    # k = 416 aligned: 16-byte loads; x + 4 bytes or w + 2 / 4 bytes: scalar loads; k = 100: a
+    # k % 8 tail; k = 1024: several 256-element steps per lane.
+    for k, w_off, x_off in ((416, 0, 0), (416, 0, 4), (416, 4 if wname == "f32" else 2, 0),
+                            (100, 0, 0), (1024, 0, 0)):
+        rng = rng_for(f"mmv {wname} {k} {w_off} {x_off}")
+        wf = rng.standard_normal((rows, k)).astype(np.float32)
+        if wname == "bf16":
+            wdata = bf16_bits(wf)
+            wval = bf16_value(wdata)
+        else:
+            wdata = wf.astype(np.float16 if wname == "f16" else np.float32)
+            wval = wdata.astype(np.float32)
+        x = cos_pattern(n_tok * k, 0.25 * k)
+        y = Buf.out(np.float32, n_tok * rows)
+        E.launch(f"mmv_{wname}w", (cdiv(rows, 4), n_tok), (32, 4), Buf.of(wdata, w_off),
+                 Buf.of(x, x_off), y, i32(k), i32(rows), i32(n_tok))
+        a = x.astype(np.float64).reshape(n_tok, k)
+        w64 = wval.astype(np.float64)
+        g.close(f"k={k} w+{w_off} x+{x_off}", y.get(np.float32).reshape(n_tok, rows), a @ w64.T,
+                1e-5, np.abs(a) @ np.abs(w64).T, dims=("t", "row"), metric="err/mag")
+
+
+# ---------------------------------------------------------------------------------------------
+# ops.cu
+
+
+def check_rms_norm(g):
+    # f32 sums of squares and IEEE sqrt / division: relative error ~1e-7; tol 1e-5 of max |y|.
+    for n, n_rows, block, inplace in ((300, 3, 256, True), (300, 3, 64, False),
+                                      (4096, 2, 1024, False)):
+        rng = rng_for(f"rms {n} {block}")
+        x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
+        w = cos_pattern(n)
+        xb = Buf.of(x)
+        y = xb if inplace else Buf.out(np.float32, x.size)
+        E.launch("rms_norm_f32", (n_rows,), (block,), xb, Buf.of(w), y, i32(n), f32(1e-5))
+        want = refs.rms_norm(x, w, 1e-5)
+        g.close(f"n={n} rows={n_rows} block={block}{' in place' if inplace else ''}",
+                y.get(np.float32).reshape(n_rows, n), want, 1e-5, np.abs(want).max(),
+                dims=("row", "i"), metric="err/max|y|")
+
+
+def check_rope(g):
+    # The angles follow the kernel's written spec exactly (refs.rope), so what remains is the
+    # f32 rounding of cos / sin and of the rotation: a few ulp of |x| <= ~4. tol 1e-5 absolute.
+    cases = [  # neox, freq factors, n_tok, n_heads, head_dim, n_dims, pos0, block
+        (0, False, 3, 4, 64, 64, 0, 128),
+        (1, False, 3, 4, 64, 64, 7, 128),
+        (0, True, 2, 2, 128, 128, 1000, 16),
+        (1, True, 2, 3, 128, 128, 1000, 128),
+        (0, False, 3, 4, 64, 48, 30000, 128),  # partial n_dims: dims 48..63 untouched
+        (1, True, 3, 4, 64, 32, 30000, 8),
+    ]
+    for neox, use_ff, n_tok, nh, hd, n_dims, pos0, block in cases:
+        label = f"neox={neox} ff={int(use_ff)} n_tok={n_tok} hd={hd} n_dims={n_dims} pos0={pos0}"
+        rng = rng_for("rope " + label)
+        x = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+        ff = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if use_ff else None
+        xb = Buf.of(x)
+        E.launch("rope_f32", (nh, n_tok), (block,), xb, i32(n_tok), i32(nh), i32(hd),
+                 i32(n_dims), i32(pos0), f32(10000.0), f32(0.5), i32(neox),
+                 Buf.of(ff) if ff is not None else None)
+        want = refs.rope(x, n_tok, nh, hd, n_dims, pos0, 10000.0, 0.5, neox, ff)
+        got = xb.get(np.float32).reshape(n_tok, nh, hd)
+        g.close(label, got, want, 1e-5, dims=("t", "head", "i"), metric="abs err")
+        if n_dims < hd:
+            g.exact(f"n_dims={n_dims}: dims {n_dims}..{hd} untouched", got[:, :, n_dims:],
+                    x.reshape(n_tok, nh, hd)[:, :, n_dims:])
+    x = cos_pattern(64)
+    xb = Buf.of(x)
+    E.launch("rope_f32", (1, 1), (128,), xb, i32(1), i32(1), i32(64), i32(80), i32(5),
+             f32(10000.0), f32(1.0), i32(0), None)
+    g.exact("n_dims > head_dim: nothing written", xb.get(np.float32), x)
+
+
+def check_elementwise(g, kernel):
+    # One f32 operation per element (add, add_bias), or a rounding to f16: bit-exact against
+    # numpy's f32 arithmetic / astype. SwiGLU uses expf (the GPU's __expf under fast math is a
+    # few ulp off): relative error <= 1e-5.
+    n = 1000
+    rng = rng_for(kernel)
+    a = (rng.standard_normal(n) * 3).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    for grid in (1, cdiv(n, 256)):
+        label = f"n={n} grid {grid}x256"
+        if kernel == "add_f32":
+            xb = Buf.of(a)
+            E.launch(kernel, (grid,), (256,), xb, Buf.of(b), i64(n))
+            g.exact(label, xb.get(np.float32), a + b)
+        elif kernel == "add_bias_f32":
+            bias = b[:40]
+            xb = Buf.of(a)
+            E.launch(kernel, (grid,), (256,), xb, Buf.of(bias), i32(40), i64(n))
+            g.exact(label + " width 40", xb.get(np.float32), a + np.tile(bias, n // 40))
+        elif kernel == "swiglu_f32":
+            xb = Buf.of(a)
+            E.launch(kernel, (grid,), (256,), xb, Buf.of(b), i64(n))
+            want = refs.silu_mul(a, b)
+            g.close(label, xb.get(np.float32), want, 1e-5, np.abs(want) + 1e-30,
+                    dims=("i",), metric="rel err")
+
+
+def check_attention(g):
+    # Online softmax in f32 with expf (the GPU's __expf: ~2 + 1.2|x| ulp) and f32 sums, against
+    # an exact float64 softmax: abs error <= 2e-5 of max |v| (in practice ~1e-7).
+    cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv
+        (64, 5, 40, 6, 2),     # GQA 3:1, pos0 > 0, n_tok > 1, 41..45 positions
+        (96, 2, 70, 4, 4),     # head_dim 96 (3 per lane), no GQA
+        (128, 3, 0, 4, 1),     # prefill from 0: warps 1..3 see no position for t = 0
+        (256, 1, 33, 2, 1),    # largest head_dim
+        (32, 1, 0, 2, 2),      # one position
+        (128, 1, 299, 8, 2),   # 300 positions: ~10 rounds of 4 warps x 8-position tiles
+        (64, 8, 0, 8, 2),      # prefill of 8 tokens from position 0, GQA 4:1
+    ]
+    cases = [c + (128,) for c in cases] + [(64, 5, 40, 6, 2, 32), (64, 5, 40, 6, 2, 96)]
+    for hd, n_tok, pos0, nh, nkv, block in cases:
+        label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv}"
+        label += f" block={block}" if block != 128 else ""
+        rng = rng_for("attention " + label)
+        n_ctx = pos0 + n_tok
+        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+        kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
+        vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
+        scale = 1.0 / np.sqrt(hd)
+        out = Buf.out(np.float32, q.size)
+        E.launch("attention_f16kv", (nh, n_tok), (block,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
+                 i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
+        g.close(label, out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
+                np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
+    # Unsupported shapes write NaN rows and touch nothing else (guard bytes): head_dim 48 (not a
+    # multiple of 32), 5 warps, a partial warp.
+    for hd, block in ((48, 128), (64, 160), (64, 48)):
+        out = Buf(4 * 2 * hd, fill=0)
+        z = Buf.of(np.zeros(hd, np.float16))
+        E.launch("attention_f16kv", (2, 1), (block,), Buf.of(np.zeros(2 * hd, np.float32)), z, z,
+                 out, i32(1), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
+        g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def check_coverage(g, src_dir):
+    """Every kernel in src/kernels/cuda was launched above; every .cu there was built."""
+    ours = {n for n, (src, _) in E.kernels.items() if os.path.exists(os.path.join(src_dir, src))}
+    sources = {f for f in os.listdir(src_dir) if f.endswith(".cu")}
+    built = {src for src, _ in E.kernels.values()}
+    g.true(f"every .cu in {src_dir} built", sources <= built,
+           f"missing: {sorted(sources - built)}" if not sources <= built else
+           f"{len(sources)} sources")
+    missing = sorted(ours - E.launched)
+    g.true("every kernel has a check", not missing,
+           f"no check for: {missing}" if missing else f"{len(ours)} kernels")
+
+
+def load_golden(data_dir):
+    with open(os.path.join(data_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    for c in manifest["cases"]:
+        with open(os.path.join(data_dir, c["input"]), "rb") as f:
+            inp = f.read()
+        with open(os.path.join(data_dir, c["expected"]), "rb") as f:
+            exp = f.read()
+        GOLDEN[(c["op"], c["type"])] = (inp, exp)
+
+
+def main():
+    global E
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--src", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    E = Emu(args.lib)
+    load_golden(args.data)
+    np.seterr(over="ignore")  # f32 -> f16 overflows to inf in the reference conversions
+    r = Report(args.verbose)
+    r.run("emulator", check_emulator)
+    r.run("quantize_q8_1", check_quantize)
+    for t in refs.QTYPES:
+        r.run(f"dequant_{t}_f16", check_dequant, t)
+    r.run("dequant_bf16_f16", check_dequant_bf16)
+    for k in ("f32_to_f16", "f16_to_f32", "copy_f32_to_f16"):
+        r.run(k, check_f16_conversions, k)
+    for t in refs.QTYPES:
+        r.run(f"mmvq_{t}", check_mmvq, t)
+    for w in ("f32", "f16", "bf16"):
+        r.run(f"mmv_{w}w", check_mmv, w)
+    r.run("rms_norm_f32", check_rms_norm)
+    r.run("rope_f32", check_rope)
+    for k in ("add_f32", "add_bias_f32", "swiglu_f32"):
+        r.run(k, check_elementwise, k)
+    r.run("attention_f16kv", check_attention)
+    r.run("coverage", check_coverage, args.src)
+    return 0 if r.summary() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
