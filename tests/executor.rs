@@ -57,6 +57,17 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
             }
             map.head_home = (rng.next() & 1) as usize;
         }
+        // Round 3 streams a random half of the device's weights (FlexGen-style).
+        if round == 3 {
+            map.streamed = map
+                .weights
+                .iter()
+                .filter(|&(_, &d)| d == 1)
+                .map(|(n, _)| n.clone())
+                .filter(|_| rng.next() & 1 == 1)
+                .collect();
+            assert!(!map.streamed.is_empty());
+        }
         let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
         let got = greedy(&mut session, &prompt, n_gen);
         assert_eq!(
@@ -77,6 +88,21 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
                 w.name
             );
             on_device += (expect > 0) as usize;
+        }
+        // Streamed weights are copied for every forward call; the others never.
+        let prefetches = dev.prefetches.lock().unwrap().clone();
+        for w in target_weights(&model) {
+            let expect = if map.streamed.contains(&w.name) {
+                calls
+            } else {
+                0
+            };
+            assert_eq!(
+                prefetches.get(&w.name).copied().unwrap_or(0),
+                expect,
+                "{}",
+                w.name
+            );
         }
         let crossings = session.transfers.copies;
         assert_eq!(

@@ -138,7 +138,7 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     let got = run_ids(&dir, &["--placement", "pl.json"], &env);
     assert_eq!(got, want, "--placement pl.json");
 
-    for policy in ["oato", "layer-split"] {
+    for policy in ["oato", "layer-split", "flexgen"] {
         for budget in ["25%", "50%", "75%"] {
             let got = run_ids(&dir, &["--vram-budget", budget, "--policy", policy], &env);
             assert_eq!(got, want, "--policy {policy} --vram-budget {budget}");

@@ -54,13 +54,6 @@ pub fn check(
             missing.name
         )));
     }
-    if p.policy == Policy::Flexgen {
-        return Err(Error::Usage(
-            "policy flexgen streams weights to the GPU layer by layer; the executor does not run \
-             it yet (plan it for comparison, run oato or layer-split)"
-                .into(),
-        ));
-    }
     let on_gpu = |name: &str| p.tensors.get(name) == Some(&Device::Gpu);
     let targets = target_weights(model);
     let target_names: HashSet<&str> = targets.iter().map(|w| w.name.as_str()).collect();
@@ -76,8 +69,27 @@ pub fn check(
         .filter(|t| !target_names.contains(t.name.as_str()) && on_gpu(&t.name))
         .map(|t| 4 * t.n_elements)
         .sum();
-    let gpu_ops = targets.iter().filter(|w| on_gpu(&w.name)).count();
-    let any_gpu = p.tensors.values().any(|d| *d == Device::Gpu);
+    let flexgen = p.policy == Policy::Flexgen;
+    let gpu_ops = if flexgen {
+        targets.len()
+    } else {
+        targets.iter().filter(|w| on_gpu(&w.name)).count()
+    };
+    // FlexGen holds two layers of streamed weights at once (the one computing, the next).
+    let mut per_layer: std::collections::BTreeMap<Option<usize>, u64> = Default::default();
+    if flexgen {
+        for w in targets.iter().filter(|w| !on_gpu(&w.name)) {
+            let layer = w
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next()?.parse().ok());
+            *per_layer.entry(layer).or_default() += w.n_bytes as u64;
+        }
+    }
+    let mut streamed: Vec<u64> = per_layer.into_values().collect();
+    streamed.sort_unstable_by(|a, b| b.cmp(a));
+    let stream_bytes: u64 = streamed.iter().take(2).sum();
+    let any_gpu = flexgen || p.tensors.values().any(|d| *d == Device::Gpu);
     if any_gpu {
         let free = gpu_free.map_err(|why| {
             Error::Usage(format!(
@@ -102,14 +114,15 @@ pub fn check(
                 p.budget.vram_budget_bytes as f64 / MIB
             )));
         }
-        let need = gpu_weight_bytes + p.budget.reserved_bytes;
+        let need = gpu_weight_bytes + p.budget.reserved_bytes + stream_bytes;
         if need > free {
             return Err(Error::Usage(format!(
                 "the placement needs {:.1} MiB on the GPU ({:.1} MiB of weights + {:.1} MiB \
-                 reserved), but only {:.1} MiB are free",
+                 reserved + {:.1} MiB for streamed layers), but only {:.1} MiB are free",
                 need as f64 / MIB,
                 gpu_weight_bytes as f64 / MIB,
                 p.budget.reserved_bytes as f64 / MIB,
+                stream_bytes as f64 / MIB,
                 free as f64 / MIB
             )));
         }
@@ -124,16 +137,25 @@ pub fn check(
 
 /// The executor's map for a checked placement: backend `cpu` or `gpu` (indices into the
 /// session's backends) for every target weight; each layer's non-target operators and KV cache
-/// where its `attn_norm` is; the output norm where `output_norm.weight` is.
+/// where its `attn_norm` is; the output norm where `output_norm.weight` is. Under `flexgen`
+/// everything computes on the GPU and the weights marked `cpu` are streamed to it.
 pub fn device_map(p: &Placement, model: &Model, cpu: usize, gpu: usize) -> DeviceMap {
+    let flexgen = p.policy == Policy::Flexgen;
     let idx = |name: &str| match p.tensors.get(name) {
         Some(Device::Gpu) => gpu,
+        _ if flexgen && name != "token_embd.weight" => gpu,
         _ => cpu,
     };
+    let weights = target_weights(model);
     DeviceMap {
-        weights: target_weights(model)
-            .into_iter()
-            .map(|w| (w.name.clone(), idx(&w.name)))
+        streamed: weights
+            .iter()
+            .filter(|w| flexgen && p.tensors.get(&w.name) != Some(&Device::Gpu))
+            .map(|w| w.name.clone())
+            .collect(),
+        weights: weights
+            .iter()
+            .map(|w| (w.name.clone(), if flexgen { gpu } else { idx(&w.name) }))
             .collect(),
         layer_home: (0..model.hp.n_layer)
             .map(|i| idx(&format!("blk.{i}.attn_norm.weight")))

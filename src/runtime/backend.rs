@@ -200,6 +200,17 @@ pub trait Backend: Send + Sync {
         })?;
         self.upload_weight(&w.name, w.ty, w.k, w.n, bytes)
     }
+    /// Starts copying weight `w` of `file` for a use soon after (FlexGen-style streaming): the
+    /// copy may overlap work already queued, and work queued later that reads the weight waits
+    /// for it. The default loads it at once.
+    fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        self.load_weight(file, w)
+    }
+    /// Gives back a streamed weight; a GPU frees it only after the queued work that reads it.
+    fn release_weight(&self, w: Weight) -> Result<()> {
+        drop(w);
+        Ok(())
+    }
     /// Host → backend: `dst[at..at + src.len()] = src`.
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()>;
     /// Backend → host: `dst = src[at..at + dst.len()]`, complete when this returns.

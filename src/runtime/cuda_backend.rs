@@ -17,8 +17,9 @@ use cudarc::driver::{
 };
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::kernels::cuda::{self as kc, SOURCES};
-use crate::model::RopeParams;
+use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
     AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
@@ -136,6 +137,9 @@ struct CudaTensor {
 struct CudaWeight {
     buf: CudaSlice<u8>,
     _res: Reservation,
+    /// For a streamed weight: recorded on the copy stream after its upload; kernels that read
+    /// it wait for it.
+    ready: Option<CudaEvent>,
 }
 
 pub struct CudaBackend {
@@ -143,6 +147,8 @@ pub struct CudaBackend {
     ledger: Arc<Ledger>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Uploads of streamed weights, overlapping the compute stream.
+    copy_stream: Arc<CudaStream>,
     blas: CudaBlas,
     name: String,
     pub arch: u32,
@@ -283,6 +289,8 @@ impl CudaBackend {
         // SAFETY: called before any allocation on this context.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
+        // Non-blocking, so its copies overlap kernels on the (legacy) default stream.
+        let copy_stream = ctx.new_stream().map_err(drv("copy stream"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(drv("compute capability"))?;
@@ -327,6 +335,7 @@ impl CudaBackend {
             ledger: Arc::default(),
             ctx,
             stream,
+            copy_stream,
             blas,
             name,
             arch,
@@ -375,8 +384,15 @@ impl CudaBackend {
         self.tptr(t, 0, need, what)
     }
 
+    /// A weight's device address; kernels queued after this wait for a streamed weight's copy.
     fn wptr(&self, w: &Weight) -> Result<u64> {
-        Ok(self.ptr_of(&weight_storage::<CudaWeight>(w, self.id)?.buf))
+        let cw = weight_storage::<CudaWeight>(w, self.id)?;
+        if let Some(ev) = &cw.ready {
+            self.stream
+                .wait(ev)
+                .map_err(drv("wait for a streamed weight"))?;
+        }
+        Ok(self.ptr_of(&cw.buf))
     }
 
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
@@ -395,6 +411,11 @@ impl CudaBackend {
     /// Host bytes to device address `dst`, through the two pinned buffers in turn so the copy
     /// into one overlaps the transfer from the other.
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.upload_on(&self.stream, dst, src)
+    }
+
+    /// As [`Self::upload`], the copies queued on `stream`.
+    fn upload_on(&self, stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
         let mut s = self.scratch()?;
         for (i, chunk) in src.chunks(PINNED_BYTES).enumerate() {
             let turn = s.turn;
@@ -406,10 +427,14 @@ impl CudaBackend {
             // SAFETY: the pinned buffer stays untouched until its event (recorded next) fires;
             // `at..at + chunk.len()` lies inside the destination allocation.
             unsafe {
-                cudarc::driver::result::memcpy_htod_async(at, &buf[..chunk.len()], self.cu_stream())
+                cudarc::driver::result::memcpy_htod_async(
+                    at,
+                    &buf[..chunk.len()],
+                    stream.cu_stream(),
+                )
             }
             .map_err(drv("host to device copy"))?;
-            p.event.record(&self.stream).map_err(drv("event record"))?;
+            p.event.record(stream).map_err(drv("event record"))?;
         }
         Ok(())
     }
@@ -647,8 +672,60 @@ impl Backend for CudaBackend {
             data: Box::new(CudaWeight {
                 buf,
                 _res: self.ledger.reserve(Category::Weights, bytes.len()),
+                ready: None,
             }),
         })
+    }
+
+    fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        self.bind()?;
+        if kernels_of(w.ty).is_none() {
+            return Err(Error::UnsupportedType(format!(
+                "{} as a GPU weight ({:?})",
+                w.ty, w.name
+            )));
+        }
+        let start = file.data_offset as usize + w.offset;
+        let bytes = file.bytes().get(start..start + w.n_bytes).ok_or_else(|| {
+            Error::Model(format!("tensor {:?} runs past the end of the file", w.name))
+        })?;
+        // Allocated and filled on the copy stream (and freed there: see release_weight).
+        // SAFETY: every byte is written by the upload below before any kernel reads it.
+        let buf = unsafe { self.copy_stream.alloc::<u8>(w.n_bytes.max(1)) }.map_err(|e| {
+            Error::Msg(format!(
+                "GPU allocation of {} bytes to stream {:?} failed: {e:?}",
+                w.n_bytes, w.name
+            ))
+        })?;
+        self.upload_on(&self.copy_stream, self.ptr_of(&buf), bytes)?;
+        let ready = self.ctx.new_event(None).map_err(drv("event"))?;
+        ready
+            .record(&self.copy_stream)
+            .map_err(drv("event record"))?;
+        Ok(Weight {
+            name: w.name.clone(),
+            ty: w.ty,
+            k: w.k,
+            n: w.n,
+            bytes: w.n_bytes,
+            device: self.id,
+            data: Box::new(CudaWeight {
+                buf,
+                _res: self.ledger.reserve(Category::Weights, w.n_bytes),
+                ready: Some(ready),
+            }),
+        })
+    }
+
+    fn release_weight(&self, w: Weight) -> Result<()> {
+        self.bind()?;
+        // The buffer is freed on the copy stream, which first waits for the kernels queued so
+        // far on the compute stream (the ones that read it).
+        let done = self.ctx.new_event(None).map_err(drv("event"))?;
+        done.record(&self.stream).map_err(drv("event record"))?;
+        self.copy_stream.wait(&done).map_err(drv("stream wait"))?;
+        drop(w);
+        Ok(())
     }
 
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {

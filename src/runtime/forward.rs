@@ -2,10 +2,11 @@
 //! the backend a `DeviceMap` names, activations moved only where consecutive operators run on
 //! different backends. With every operator on the CPU this is the CPU engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::kernels::cpu::attention::AttnShape;
 use crate::model::{Model, WeightRef};
 use crate::runtime::backend::{
@@ -29,6 +30,9 @@ pub enum Logits {
 pub struct DeviceMap {
     /// Backend of each target weight (matmul), by tensor name.
     pub weights: HashMap<String, usize>,
+    /// Target weights that stay in host memory and are copied to their backend for each use,
+    /// the next layer's while the current one computes (the `flexgen` policy).
+    pub streamed: HashSet<String>,
     /// Backend of each layer's non-target operators (norms, RoPE, attention, adds) and KV cache.
     pub layer_home: Vec<usize>,
     /// Backend of the output norm.
@@ -45,6 +49,7 @@ impl DeviceMap {
                 .collect(),
             layer_home: vec![dev; model.hp.n_layer],
             head_home: dev,
+            streamed: HashSet::new(),
         }
     }
 }
@@ -198,6 +203,41 @@ struct Acts {
     logits: Value,
 }
 
+/// A target weight on the backend the map names: resident for the session, or (streamed) copied
+/// there before each use and given back after.
+struct Slot {
+    dev: usize,
+    r: WeightRef,
+    w: Option<Weight>,
+    streamed: bool,
+}
+
+impl Slot {
+    fn weight(&self) -> Result<&Weight> {
+        self.w
+            .as_ref()
+            .ok_or_else(|| Error::Msg(format!("executor: weight {:?} not fetched", self.r.name)))
+    }
+}
+
+/// Starts the copy of every streamed weight of `slots` that is not on its backend yet.
+fn fetch(slots: &mut [Slot], bes: &[Arc<dyn Backend>], file: &Arc<GgufFile>) -> Result<()> {
+    for s in slots.iter_mut().filter(|s| s.streamed && s.w.is_none()) {
+        s.w = Some(bes[s.dev].prefetch_weight(file, &s.r)?);
+    }
+    Ok(())
+}
+
+/// Gives back the streamed weights of `slots` (after the work queued on them).
+fn release(slots: &mut [Slot], bes: &[Arc<dyn Backend>]) -> Result<()> {
+    for s in slots.iter_mut().filter(|s| s.streamed) {
+        if let Some(w) = s.w.take() {
+            bes[s.dev].release_weight(w)?;
+        }
+    }
+    Ok(())
+}
+
 /// One layer's tensors, each on its backend.
 struct Layer {
     home: usize,
@@ -205,7 +245,7 @@ struct Layer {
     ffn_norm: Tensor,
     bias: [Option<Tensor>; 3],
     /// q, k, v, o, gate, up, down.
-    w: [(usize, Weight); 7],
+    w: [Slot; 7],
     cache_k: Tensor,
     cache_v: Tensor,
 }
@@ -221,7 +261,7 @@ pub struct Session<'m> {
     layers: Vec<Layer>,
     head_home: usize,
     output_norm: Tensor,
-    output: (usize, Weight),
+    output: Slot,
     /// rope_freqs on each backend that is some layer's home.
     rope_freqs: Vec<Option<Tensor>>,
     acts: Acts,
@@ -271,12 +311,22 @@ impl<'m> Session<'m> {
             }
         };
         let file = model.file.clone();
-        let place = |w: &WeightRef| -> Result<(usize, Weight)> {
+        let place = |w: &WeightRef| -> Result<Slot> {
             let d = *map.weights.get(&w.name).ok_or_else(|| {
                 Error::Msg(format!("device map names no device for {:?}", w.name))
             })?;
             let d = check(d, &w.name)?;
-            Ok((d, backends[d].load_weight(&file, w)?))
+            let streamed = map.streamed.contains(&w.name);
+            Ok(Slot {
+                dev: d,
+                w: if streamed {
+                    None
+                } else {
+                    Some(backends[d].load_weight(&file, w)?)
+                },
+                r: w.clone(),
+                streamed,
+            })
         };
         let kvd = hp.kv_dim();
         let mut layers = Vec::with_capacity(hp.n_layer);
@@ -378,7 +428,13 @@ impl<'m> Session<'m> {
         // [n, n_embd], looked up on the CPU from the memory map.
         let cpu = &*bes[self.cpu];
         cpu.embed_rows(&self.embd, tokens, a.x.out(self.cpu, n, cpu)?)?;
-        for l in self.layers.iter_mut() {
+        let file = &self.model.file;
+        let n_layer = self.layers.len();
+        for il in 0..n_layer {
+            // Streamed weights: this layer's (if not prefetched), then the next layer's copy
+            // starts once this layer's work is queued, then this layer's are given back.
+            fetch(&mut self.layers[il].w, bes, file)?;
+            let l = &mut self.layers[il];
             let hm = l.home;
             let be = &*bes[hm];
             a.x.need(hm, n, &mut cx)?;
@@ -455,6 +511,14 @@ impl<'m> Session<'m> {
             matmul_group(&mut cx, &mut a.g, n, &l.w[6..7], [&mut a.o])?;
             a.o.need(hm, n, &mut cx)?;
             be.add(a.x.modify(hm, n, &mut cx)?, a.o.get(hm)?, n * e)?;
+            match self.layers.get_mut(il + 1) {
+                Some(next) => fetch(&mut next.w, bes, file)?,
+                None => fetch(std::slice::from_mut(&mut self.output), bes, file)?,
+            }
+            release(&mut self.layers[il].w, bes)?;
+        }
+        if n_layer == 0 {
+            fetch(std::slice::from_mut(&mut self.output), bes, file)?;
         }
         let from = match want {
             Logits::Last => n - 1,
@@ -480,9 +544,10 @@ impl<'m> Session<'m> {
             std::slice::from_ref(&self.output),
             [&mut a.logits],
         )?;
-        let (od, _) = &self.output;
+        let od = self.output.dev;
+        release(std::slice::from_mut(&mut self.output), bes)?;
         let mut logits = vec![0f32; rows * hp.n_vocab];
-        bes[*od].read(a.logits.get(*od)?, 0, &mut logits)?;
+        bes[od].read(a.logits.get(od)?, 0, &mut logits)?;
         self.n_past += n;
         Ok(logits)
     }
@@ -494,7 +559,7 @@ fn matmul_group<const N: usize>(
     cx: &mut Ctx,
     x: &mut Value,
     rows: usize,
-    ws: &[(usize, Weight)],
+    ws: &[Slot],
     mut outs: [&mut Value; N],
 ) -> Result<()> {
     let mut done = [false; N];
@@ -502,15 +567,15 @@ fn matmul_group<const N: usize>(
         if done[i] {
             continue;
         }
-        let d = ws[i].0;
+        let d = ws[i].dev;
         x.need(d, rows, cx)?;
         let be = &*cx.bes[d];
         let mut weights = Vec::with_capacity(N);
         let mut ys = Vec::with_capacity(N);
         for (j, out) in outs.iter_mut().enumerate() {
-            if !done[j] && ws[j].0 == d {
+            if !done[j] && ws[j].dev == d {
                 done[j] = true;
-                weights.push(&ws[j].1);
+                weights.push(ws[j].weight()?);
                 ys.push(out.out(d, rows, be)?);
             }
         }

@@ -20,6 +20,8 @@ pub struct TestDevice {
     total: usize,
     /// Matmuls run, by weight name.
     pub matmuls: Mutex<HashMap<String, usize>>,
+    /// Streamed-weight copies made, by weight name.
+    pub prefetches: Mutex<HashMap<String, usize>>,
 }
 
 impl TestDevice {
@@ -29,6 +31,7 @@ impl TestDevice {
             inner: CpuBackend::new(),
             total: total_bytes,
             matmuls: Mutex::default(),
+            prefetches: Mutex::default(),
         }
     }
 
@@ -79,6 +82,12 @@ impl Backend for TestDevice {
         let start = file.data_offset as usize + w.offset;
         let bytes = &file.bytes()[start..start + w.n_bytes];
         self.inner.upload_weight(&w.name, w.ty, w.k, w.n, bytes)
+    }
+    fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        if let Ok(mut m) = self.prefetches.lock() {
+            *m.entry(w.name.clone()).or_default() += 1;
+        }
+        self.load_weight(file, w)
     }
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
         self.inner.write(dst, at, src)
