@@ -6,7 +6,7 @@
 # (results/placement-sweep.md). Needs a GPU (or OATO_TEST_DEVICE, whose numbers mean nothing).
 #
 # env: OATO_BIN (target/release/oato), MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf), THREADS (all
-# cores), REPS (3), GEN (32), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split"),
+# cores), REPS (3), GEN (32), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split flexgen"),
 # OUT (results/placement-sweep), PROMPT_FILE (the first 64 tokens' worth of tests/data/golden/gpl3_2000w.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
 GEN=${GEN:-32}
 BUDGETS=${BUDGETS:-"25% 50% 75%"}
-POLICIES=${POLICIES:-"oato layer-split"}
+POLICIES=${POLICIES:-"oato layer-split flexgen"}
 OUT=${OUT:-results/placement-sweep}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -77,7 +77,7 @@ pub struct RunArgs {
     /// profile), plan, place, run.
     #[arg(long = "vram-budget", conflicts_with = "placement")]
     pub vram_budget: Option<String>,
-    /// Placement policy for --vram-budget: oato, layer-split, cpu or gpu.
+    /// Placement policy for --vram-budget: oato, layer-split, flexgen, cpu or gpu.
     #[arg(long, default_value = "oato", requires = "vram_budget")]
     pub policy: String,
     /// Run with this placement file (oato.placement/v1) instead of planning one.
