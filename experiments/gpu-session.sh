@@ -24,7 +24,7 @@ step "selftest --perf"
 step "golden, all on the GPU"
 python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$OUT/golden-gpu.json" \
     -- --device gpu > "$OUT/golden-gpu.txt" 2>&1 || status=1
-for policy in oato layer-split; do
+for policy in oato layer-split flexgen; do
     for b in 25% 50% 75%; do
         step "golden, $policy at $b"
         python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
