@@ -2,6 +2,8 @@
 //! does: queries and attention weights are rounded to f16 before their products with the cache.
 //! Query·key dots use the engine's F16 dot (`vec_dot_f16`, 4 x 8 lanes); the weighted sum of values is one
 //! FMA per element and position, in position order, so every ISA variant gives identical results.
+//! Prompts of four tokens or more on AVX-512 CPUs go through `attention_tiled`, which computes the
+//! same numbers with the query heads of one KV head and several tokens sharing each cache row.
 
 use half::f16;
 
@@ -170,6 +172,13 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512
+        && out.len() >= 4 * s.n_head * s.head_dim
+        && super::attention_tiled::supports(s)
+    {
+        return super::attention_tiled::attention(s, q, k_cache, v_cache, pos0, out);
+    }
     let simd = isa() != Isa::Scalar && Isa::Avx2.supported();
     attention_with(simd, s, q, k_cache, v_cache, pos0, out)
 }
@@ -237,17 +246,30 @@ mod tests {
     fn simd_equals_scalar_and_matches_f64() {
         // 40: the general path; 64 and 128: the register path.
         for head_dim in [40, 64, 128] {
-            check_head_dim(head_dim);
+            check(6, 2, head_dim, 5, 3);
         }
     }
 
-    fn check_head_dim(head_dim: usize) {
+    /// The AVX-512 prompt path (queries of one KV head and several tokens together) agrees with
+    /// the scalar path bit for bit: every head size it takes, group sizes 1, 2, 3 and 4, partial
+    /// token blocks, and prompts whose positions span several position blocks.
+    #[test]
+    fn tiled_equals_scalar() {
+        for head_dim in [32, 64, 96, 128] {
+            check(6, 2, head_dim, 5, 3);
+            check(9, 3, head_dim, 11, 70);
+        }
+        check(4, 1, 64, 13, 0);
+        check(4, 4, 64, 8, 130);
+        check(4, 2, 128, 9, 40);
+    }
+
+    fn check(n_head: usize, n_head_kv: usize, head_dim: usize, n_tok: usize, pos0: usize) {
         let s = AttnShape {
-            n_head: 6,
-            n_head_kv: 2,
+            n_head,
+            n_head_kv,
             head_dim,
         };
-        let (n_tok, pos0) = (5, 3);
         let n_ctx = pos0 + n_tok;
         let kv_dim = s.n_head_kv * s.head_dim;
         let val = |i: usize, o: f32| 0.1 + 2.0 * (i as f32 * 0.31 + o).cos();
@@ -262,14 +284,25 @@ mod tests {
             .collect();
         let mut scalar = vec![0f32; q.len()];
         attention_with(false, s, &q, &k, &v, pos0, &mut scalar);
+        let mut variants: Vec<(&str, Vec<f32>)> = Vec::new();
         if Isa::Avx2.supported() {
             let mut fast = vec![0f32; q.len()];
             attention_with(true, s, &q, &k, &v, pos0, &mut fast);
-            for (i, (a, b)) in scalar.iter().zip(&fast).enumerate() {
+            variants.push(("simd", fast));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx512.supported() && super::super::attention_tiled::supports(s) {
+            let mut tiled = vec![f32::NAN; q.len()];
+            super::super::attention_tiled::attention(s, &q, &k, &v, pos0, &mut tiled);
+            variants.push(("tiled", tiled));
+        }
+        for (name, fast) in &variants {
+            for (i, (a, b)) in scalar.iter().zip(fast).enumerate() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "element {i}: scalar {a} vs simd {b}"
+                    "{n_head}/{n_head_kv} heads of {head_dim}, {n_tok} tokens at {pos0}, \
+                     element {i}: scalar {a} vs {name} {b}"
                 );
             }
         }
@@ -303,7 +336,7 @@ mod tests {
         // Attention weights are rounded to f16 (relative 2^-11) before the value sum.
         assert!(
             worst < 5e-3,
-            "head_dim {head_dim}: largest difference from f64: {worst}"
+            "{n_head}/{n_head_kv} heads of {head_dim}: largest difference from f64: {worst}"
         );
     }
 }

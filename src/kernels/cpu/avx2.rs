@@ -46,15 +46,84 @@ pub fn f16_table() -> &'static [f32; 65536] {
     })
 }
 
-/// `quant::quantize_act_row` compiled for AVX2 (its rounding becomes `vroundps` instead of a libm
-/// call; the arithmetic, and so the bytes, are the same).
+/// `quant::quantize_act_row` with AVX2, byte for byte: Q8_0 / Q8_1 blocks by [`quantize_q8`],
+/// F16 rows eight at a time by `vcvtps2ph` with round-to-nearest-even (the instruction `half`
+/// uses for one value on F16C CPUs), other types by the portable code compiled for AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn quantize_act_row(
     ty: crate::quant::GgmlType,
     src: &[f32],
     dst: &mut [u8],
 ) -> crate::error::Result<()> {
+    use crate::quant::GgmlType;
+    let whole = src.len().is_multiple_of(QK) && ty.row_bytes(src.len()).ok() == Some(dst.len());
+    if ty == GgmlType::Q8_0 && whole {
+        let blocks = crate::quant::as_blocks_mut::<BlockQ8_0>(dst)?;
+        for (x, y) in src.as_chunks::<QK>().0.iter().zip(blocks) {
+            y.d = F16Le::from_f32(quantize_q8(x, &mut y.qs));
+        }
+        return Ok(());
+    }
+    if ty == GgmlType::Q8_1 && whole {
+        let blocks = crate::quant::as_blocks_mut::<BlockQ8_1>(dst)?;
+        for (x, y) in src.as_chunks::<QK>().0.iter().zip(blocks) {
+            let d = quantize_q8(x, &mut y.qs);
+            let sum: i32 = y.qs.iter().map(|&q| q as i32).sum();
+            y.d = F16Le::from_f32(d);
+            y.s = F16Le::from_f32(d * sum as f32);
+        }
+        return Ok(());
+    }
+    if ty == GgmlType::F16 && dst.len() == 2 * src.len() {
+        let (xs, rest) = src.as_chunks::<8>();
+        let (hs, hrest) = dst.as_chunks_mut::<16>();
+        for (x, h) in xs.iter().zip(hs) {
+            let v = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr()));
+            _mm_storeu_si128(h.as_mut_ptr().cast(), v);
+        }
+        for (&x, h) in rest.iter().zip(hrest.as_chunks_mut::<2>().0) {
+            *h = F16Le::from_f32(x).0;
+        }
+        return Ok(());
+    }
     crate::quant::quantize_act_row(ty, src, dst)
+}
+
+/// One block of `quant::quantize_act_row`'s Q8 quantiser; returns `d`. `amax` is the largest
+/// `|x|` ignoring NaN (as the scalar fold with `f32::max`: `vmaxps` returns its second operand,
+/// the running maximum, where the first is NaN); `d = amax / 127`; `q` is `x * (127 / amax)`
+/// rounded half to even and saturated to i8, NaN to 0 (Rust's `as i8`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8(x: &[f32; QK], qs: &mut [i8; QK]) -> f32 {
+    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x[8 * i..].as_ptr()));
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_setzero_ps();
+    for vi in v {
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
+    }
+    let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    let q: [__m256i; 4] = std::array::from_fn(|i| {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(v[i], id),
+        );
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r);
+        let r = _mm256_andnot_ps(nan, _mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        _mm256_cvttps_epi32(r)
+    });
+    let q16 = [
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    ];
+    let q8 = _mm256_packs_epi16(q16[0], q16[1]);
+    let q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(qs.as_mut_ptr().cast(), q8);
+    d
 }
 
 /// 32 nibbles as bytes: elements 0..16 (low nibbles) then 16..32 (high nibbles).

@@ -1,10 +1,37 @@
 //! Matrix multiplication with a weight in its GGUF format: activations are quantised once per
 //! operator to the weight type's dot-product format, then rows are split over the thread pool.
+//! Prefill on AVX-512 CPUs lays the activations out once more for the tiles of `qwide` (the
+//! 32-element formats) and `f16wide` (F16); other CPUs use the register tiles of `tile`.
 
 use crate::error::{Error, Result};
 use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{dot_fn, isa};
 use crate::quant::GgmlType;
+
+/// Activations laid out once per operator for the AVX-512 prefill tiles.
+enum Prepared {
+    #[cfg(target_arch = "x86_64")]
+    F16(super::f16wide::WideActs),
+    #[cfg(target_arch = "x86_64")]
+    Q8(super::qwide::PairActs),
+}
+
+impl Prepared {
+    /// The layout the AVX-512 tiles take for `acts`, when they will run (else `None`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn new(acts: &QuantizedActs) -> Option<Prepared> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(w) = super::f16wide::WideActs::new(acts) {
+                return Some(Prepared::F16(w));
+            }
+            if let Some(p) = super::qwide::PairActs::new(acts) {
+                return Some(Prepared::Q8(p));
+            }
+        }
+        None
+    }
+}
 
 /// A weight matrix view: `n` rows of `k` elements of type `ty`, rows contiguous.
 #[derive(Clone, Copy)]
@@ -229,11 +256,36 @@ impl<'a> RowJob<'a> {
         r
     }
 
-    /// Computes rows `rows` of this matrix for every token: tiles of four rows, then two, then
-    /// one; single dots for what is left (decode, or a CPU without tiles).
-    fn run(&self, acts: &QuantizedActs, rows: std::ops::Range<usize>) {
+    /// Computes rows `rows` of this matrix for every token: with the AVX-512 tiles over the
+    /// `prepared` activations when there are some, else tiles of four rows, then two, then one;
+    /// single dots for what is left (decode, the tokens after the last tile, a CPU without tiles).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn run(&self, acts: &QuantizedActs, prepared: Option<&Prepared>, rows: std::ops::Range<usize>) {
         #[allow(unused_mut)]
         let mut r = rows.start;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(prepared) = prepared {
+            let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
+            let done = match prepared {
+                Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
+                    super::f16wide::run_rows(w, acts, row, rows.clone(), put);
+                    Some(w.n_tok())
+                }
+                Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {
+                    super::qwide::run_rows(p, self.w.ty, row, rows.clone(), put);
+                    Some(p.n_tok())
+                }
+                _ => None,
+            };
+            if let Some(done) = done {
+                for t in done..acts.n_tok {
+                    for r in rows.clone() {
+                        self.put(t, r, self.dot(acts, r, t));
+                    }
+                }
+                return;
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let (t4, t2, t1) = self.tiles;
@@ -273,13 +325,14 @@ pub fn matmul_quantized_many(
     }
     starts.push(total);
     let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
+    let prepared = Prepared::new(acts);
     let pool = pool::global();
     let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
     pool.for_chunks(total, chunk, |g| {
         for (i, j) in jobs.iter().enumerate() {
             let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
             if lo < hi {
-                j.run(acts, lo - starts[i]..hi - starts[i]);
+                j.run(acts, prepared.as_ref(), lo - starts[i]..hi - starts[i]);
             }
         }
     });

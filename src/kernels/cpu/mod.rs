@@ -6,13 +6,19 @@
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+pub mod attention_tiled;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod f16wide;
 pub mod kquants;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+pub mod qwide;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
@@ -311,6 +317,71 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Activation rows quantised by the AVX2 build (Q8 blocks and F16 rows vectorised) are byte
+    /// for byte the portable quantiser's, at rounding ties, subnormals, overflow and NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_activation_quantiser_is_byte_identical() {
+        if !Isa::Avx2.supported() {
+            return;
+        }
+        let mut x = pattern(1536 + 13, 0.3);
+        let edges = [
+            1.0 + 2f32.powi(-11),       // tie: rounds to even (down)
+            1.0 + 3.0 * 2f32.powi(-11), // tie: rounds to even (up)
+            2f32.powi(-20),             // f16 subnormal
+            2f32.powi(-25),             // tie with zero
+            2f32.powi(-26),             // underflows to zero
+            -0.0,
+            65504.0, // largest f16
+            65520.0, // rounds to infinity
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7F80_0001), // signalling NaN
+        ];
+        for (i, &e) in edges.iter().enumerate() {
+            x[7 * i + 3] = e;
+            x[1536 + i] = e;
+        }
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q8_1,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::F32,
+        ] {
+            for n in [32usize, 576, 1536, 1536 + 8, 1536 + 13] {
+                let Ok(rb) = ty.row_bytes(n) else { continue };
+                let mut blocks = pattern(n, 0.3);
+                // Q8 blocks: one with a NaN, one of zeros, one with an infinity, one whose
+                // multiplier overflows (subnormal maximum), one with exact ties.
+                if n >= 5 * 32 {
+                    blocks[5] = f32::NAN;
+                    blocks[32..64].fill(0.0);
+                    blocks[64 + 7] = f32::NEG_INFINITY;
+                    for (i, v) in blocks[96..128].iter_mut().enumerate() {
+                        *v = f32::from_bits(i as u32 * 3) * if i % 2 == 0 { 1.0 } else { -1.0 };
+                    }
+                    blocks[128] = 127.0;
+                    blocks[129] = 2.5;
+                    blocks[130] = -3.5;
+                    blocks[131] = -127.0;
+                }
+                let src = if matches!(ty, GgmlType::F16 | GgmlType::BF16 | GgmlType::F32) {
+                    &x[..n]
+                } else {
+                    &blocks[..]
+                };
+                let (mut want, mut got) = (vec![0u8; rb], vec![0u8; rb]);
+                crate::quant::quantize_act_row(ty, src, &mut want).unwrap();
+                // SAFETY: AVX2, FMA and F16C are present (checked above).
+                unsafe { avx2::quantize_act_row(ty, src, &mut got) }.unwrap();
+                assert_eq!(got, want, "{ty} n={n}");
             }
         }
     }

@@ -35,10 +35,21 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, elementwise.
+/// `gate = silu(gate) * up`, elementwise: `g / (1 + expf(-g)) * u` (vectorised on AVX-512 CPUs,
+/// with the same operations).
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::isa() == super::Isa::Avx512 {
+        // SAFETY: the CPU has AVX-512 (`isa` picks only supported variants).
+        return unsafe { super::avx512::swiglu_inplace(gate, up) };
+    }
+    swiglu_scalar(gate, up)
+}
+
+/// [`swiglu_inplace`] one element at a time.
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + expf(-*g)) * u;
     }
 }
 
@@ -78,16 +89,169 @@ pub fn rope(
     }
 }
 
-/// Softmax in place over `x`.
+/// Softmax in place over `x`: [`expf`]`(x - max)`, summed in f64 in order, times `1 / sum` in f32.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
+        *v = expf(*v - max);
     }
+    // A loop of its own: with the `exp` calls in it, the running sum would go through memory.
+    let sum = x.iter().fold(0f64, |s, &v| s + v as f64);
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// glibc's `expf` table: `2^(i/32)` as bits, less `i << 47` (`__exp2f_data.tab`).
+pub(crate) const EXP2F_TAB: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+/// `32 / ln 2`.
+pub(crate) const EXPF_INV_LN2_N: f64 = f64::from_bits(0x40471547652b82fe);
+/// `1.5 * 2^52`: adding it rounds to an integer, kept in the low bits.
+pub(crate) const EXPF_SHIFT: f64 = f64::from_bits(0x4338000000000000);
+/// `2^(r/32) ~ 1 + C2 r + C1 r^2 + C0 r^3`.
+pub(crate) const EXPF_C: [f64; 3] = [
+    f64::from_bits(0x3ebc6af84b912394),
+    f64::from_bits(0x3f2ebfce50fac4f3),
+    f64::from_bits(0x3f962e42ff0c52d6),
+];
+
+/// Inputs at which [`expf`] leaves the main path (as `(bits >> 20) & 0x7ff`): |x| >= 88, inf, NaN.
+pub(crate) const EXPF_SPECIAL_TOP: u32 = 0x42b;
+
+/// `e^x` in f32, computed as glibc's `expf` computes it (glibc 2.28+, `e_expf.c`, in the x86-64
+/// build with FMA that glibc selects on every CPU with FMA): `x * 32 / ln 2` split into an
+/// integer k and r in [-1/2, 1/2] with f64 FMAs, `2^(k/32)` from a table, a cubic in r, one
+/// rounding to f32. Softmax uses this instead of the platform's `expf` so that every variant
+/// (and the SIMD one, which does the same operations on eight lanes) gives the same bits on
+/// every platform; on x86-64 glibc they are the bits of `f32::exp`.
+pub fn expf(x: f32) -> f32 {
+    if (x.to_bits() >> 20) & 0x7ff >= EXPF_SPECIAL_TOP {
+        return expf_special(x);
+    }
+    expf_main(x)
+}
+
+/// [`expf`]'s main path.
+#[inline(always)]
+fn expf_main(x: f32) -> f32 {
+    let xd = x as f64;
+    let kd = EXPF_INV_LN2_N.mul_add(xd, EXPF_SHIFT);
+    let ki = kd.to_bits();
+    let kd = kd - EXPF_SHIFT;
+    let r = EXPF_INV_LN2_N.mul_add(xd, -kd);
+    let s = f64::from_bits(EXP2F_TAB[(ki % 32) as usize].wrapping_add(ki << 47));
+    let z = r.mul_add(EXPF_C[0], EXPF_C[1]);
+    let r2 = r * r;
+    let y = r.mul_add(EXPF_C[2], 1.0);
+    (z.mul_add(r2, y) * s) as f32
+}
+
+/// [`expf`] for |x| >= 88, infinities and NaN.
+#[cold]
+pub(crate) fn expf_special(x: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        0.0
+    } else if (x.to_bits() >> 20) & 0x7ff >= 0x7f8 {
+        x + x
+    } else if x > f32::from_bits(0x42b1_7217) {
+        // Overflow (glibc: 0x1p97 * 0x1p97).
+        f32::INFINITY
+    } else if x < f32::from_bits(0xc2cf_f1b4) {
+        // Underflow (glibc: 0x1p-95 * 0x1p-95).
+        0.0
+    } else if x < f32::from_bits(0xc2ce_8ecf) {
+        // Glibc's "may underflow" value: 0x1.4p-75 * 0x1.4p-75 rounds to the least subnormal.
+        f32::from_bits(1)
+    } else {
+        expf_main(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `step`-th f32 bit pattern (and the edges of the special ranges): `expf` against the
+    /// platform's. Only on x86-64 glibc with FMA, whose `expf` this reproduces.
+    fn expf_matches_libm(step: usize) {
+        if !(cfg!(all(target_arch = "x86_64", target_env = "gnu"))
+            && crate::kernels::cpu::Isa::Avx2.supported())
+        {
+            return;
+        }
+        let edges = [
+            0x42b1_7217u32,
+            0x42b1_7218,
+            0xc2cf_f1b4,
+            0xc2cf_f1b5,
+            0xc2ce_8ecf,
+            0xc2ce_8ed0,
+            0x42b0_0000,
+            0xc2b0_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0xffc0_0001,
+            0x7f80_0001,
+            0,
+            0x8000_0000,
+        ];
+        let mut bad = 0u64;
+        let mut first = None;
+        for b in (0..=u32::MAX).step_by(step).chain(edges) {
+            let x = f32::from_bits(b);
+            let (got, want) = (expf(x), x.exp());
+            if got.to_bits() != want.to_bits() {
+                bad += 1;
+                first.get_or_insert((x, got, want));
+            }
+        }
+        assert_eq!(bad, 0, "first mismatch (x, ours, libm): {first:?}");
+    }
+
+    #[test]
+    fn expf_is_glibcs() {
+        expf_matches_libm(997);
+    }
+
+    /// Every f32 (about a minute): `cargo test --release -- --ignored expf_every`.
+    #[test]
+    #[ignore]
+    fn expf_every_input_is_glibcs() {
+        expf_matches_libm(1);
     }
 }

@@ -1,0 +1,486 @@
+//! Prefill for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX-512 CPUs. Once per
+//! operator the int8 activations are laid out by token pairs, with their group sums and scales;
+//! once per block of tokens each block of weight rows is unpacked to unsigned bytes and f32
+//! scales, in a buffer that stays in L1. The tile's inner loop is then, per weight row and token
+//! pair and block, one `vpdpbusd`, one conversion, one product of scales and one FMA.
+//!
+//! The arithmetic is the single-row kernels' (see `scalar`): per block, eight exact i32 sums of
+//! four consecutive products per output; `fma(d_x * d_y, lane, acc)` across blocks; `hsum8`;
+//! then, for Q4_1 and Q5_1, `Σ m_x s_y` added in block order. A 512-bit register holds the eight
+//! lanes of two tokens interleaved (lane 2l: token 2p's lane l; 2l + 1: token 2p + 1's), so the
+//! two tokens' scales are one 64-bit broadcast. Signed weights are offset to unsigned bytes for
+//! `vpdpbusd`, whose accumulator starts at `-c Σ y` in each lane: the offset is taken back exactly
+//! (`Σ (q - c) y = Σ q y - c Σ y`, in i32).
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::kernels::cpu::avx2::{f16_table, high_bits32, hsum8, load32, nibbles32};
+use crate::kernels::cpu::matmul::QuantizedActs;
+use crate::kernels::cpu::pool;
+use crate::quant::GgmlType;
+use crate::quant::blocks::*;
+
+/// Sixty-four bytes, aligned as a 512-bit register.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Bytes64([u8; 64]);
+
+const ZERO64: Bytes64 = Bytes64([0; 64]);
+
+/// Rows per tile: eight rows x two token pairs is 16 accumulators of the 32 registers.
+const MAX_ROWS: usize = 8;
+
+/// Bytes of rearranged activations per block of tokens (each weight row block is unpacked once
+/// per token block and runs against every quad in it): small enough to stay in L2.
+const TOKEN_BLOCK_BYTES: usize = 384 << 10;
+
+/// Q8_0 or Q8_1 activations by token pairs. Quad q (tokens 4q..4q + 4), block b, pair p: entry
+/// `(q * nb + b) * 2 + p` of `yq` holds tokens 4q + 2p and 4q + 2p + 1's 32 quants with their
+/// groups of four interleaved (group l of the first token, group l of the second, l + 1, ...),
+/// and of `nsum` minus each of those groups' sums (i32, same order). `ds[q * nb + b]` holds the
+/// four tokens' `d`, then their `s` (Q8_1; zero for Q8_0). Tokens after the last whole quad are
+/// left out.
+pub struct PairActs {
+    yq: Vec<Bytes64>,
+    nsum: Vec<Bytes64>,
+    ds: Vec<[f32; 8]>,
+    nb: usize,
+    n_quads: usize,
+}
+
+/// Pointer to a buffer that tasks fill in disjoint ranges.
+struct Shared<T>(*mut T);
+// SAFETY: tasks write disjoint ranges of the buffer, which outlives the parallel loop.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl PairActs {
+    /// Rearranges Q8_0 / Q8_1 activations when the AVX-512 tiles will use them (`None`
+    /// otherwise: another type, another instruction set, or fewer than four tokens).
+    pub fn new(acts: &QuantizedActs) -> Option<PairActs> {
+        use crate::kernels::cpu::{Isa, isa};
+        let q8 = matches!(acts.ty, GgmlType::Q8_0 | GgmlType::Q8_1);
+        if !q8 || acts.n_tok < 4 || isa() != Isa::Avx512 {
+            return None;
+        }
+        Some(Self::build(acts))
+    }
+
+    /// Rearranges the whole quads of `acts` (Q8_0 or Q8_1, on a CPU with AVX-512).
+    fn build(acts: &QuantizedActs) -> PairActs {
+        assert!(crate::kernels::cpu::Isa::Avx512.supported());
+        let with_s = match acts.ty {
+            GgmlType::Q8_0 => false,
+            GgmlType::Q8_1 => true,
+            other => panic!("PairActs of {other} activations"),
+        };
+        let nb = acts.k / 32;
+        let n_quads = acts.n_tok / 4;
+        let mut yq = vec![ZERO64; n_quads * nb * 2];
+        let mut nsum = vec![ZERO64; n_quads * nb * 2];
+        let mut ds = vec![[0f32; 8]; n_quads * nb];
+        let (yq_p, nsum_p, ds_p) = (
+            Shared(yq.as_mut_ptr()),
+            Shared(nsum.as_mut_ptr()),
+            Shared(ds.as_mut_ptr()),
+        );
+        pool::global().for_chunks(n_quads, 4, |quads| {
+            let (yq_p, nsum_p, ds_p) = (&yq_p, &nsum_p, &ds_p);
+            for q in quads {
+                // SAFETY: quad q owns these ranges, disjoint across tasks; the buffers outlive
+                // the job.
+                let (yq, nsum, ds) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(yq_p.0.add(q * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(nsum_p.0.add(q * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(ds_p.0.add(q * nb), nb),
+                    )
+                };
+                let rows = std::array::from_fn(|j| acts.row(4 * q + j));
+                // SAFETY: this CPU has AVX-512 (asserted above).
+                unsafe { build_quad(rows, with_s, yq, nsum, ds) };
+            }
+        });
+        PairActs {
+            yq,
+            nsum,
+            ds,
+            nb,
+            n_quads,
+        }
+    }
+
+    /// Tokens the tiles cover: 0..4 * n_quads.
+    pub fn n_tok(&self) -> usize {
+        4 * self.n_quads
+    }
+}
+
+/// (d, s, quants) of block b of an activation row.
+fn act_block(row: &[u8], with_s: bool, b: usize) -> (F16Le, F16Le, &[i8; 32]) {
+    if with_s {
+        let y = &blocks_of::<BlockQ8_1>(row)[b];
+        (y.d, y.s, &y.qs)
+    } else {
+        let y = &blocks_of::<BlockQ8_0>(row)[b];
+        (y.d, F16Le::from_bits(0), &y.qs)
+    }
+}
+
+/// Whole blocks of a byte slice, viewed in place.
+fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
+    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
+    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn build_quad(
+    rows: [&[u8]; 4],
+    with_s: bool,
+    yq: &mut [Bytes64],
+    nsum: &mut [Bytes64],
+    ds: &mut [[f32; 8]],
+) {
+    let tab = f16_table();
+    let interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    let ones = _mm512_set1_epi8(1);
+    for (b, d) in ds.iter_mut().enumerate() {
+        let blk: [(F16Le, F16Le, &[i8; 32]); 4] =
+            std::array::from_fn(|t| act_block(rows[t], with_s, b));
+        for p in 0..2 {
+            let (a, c) = (load32(blk[2 * p].2), load32(blk[2 * p + 1].2));
+            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
+            let y = _mm512_permutexvar_epi32(interleave, both);
+            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, y);
+            let neg = _mm512_sub_epi32(_mm512_setzero_si512(), sums);
+            _mm512_store_si512(yq[2 * b + p].0.as_mut_ptr().cast(), y);
+            _mm512_store_si512(nsum[2 * b + p].0.as_mut_ptr().cast(), neg);
+        }
+        for t in 0..4 {
+            d[t] = tab[blk[t].0.bits() as usize];
+            d[4 + t] = if with_s {
+                tab[blk[t].1.bits() as usize]
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
+/// Weight rows unpacked for the tile: row r, block b at `qx[r * nb + b]`: the 32 unsigned
+/// quants with each group of four twice (for the two interleaved tokens). `d16[g * nb + b]`
+/// holds d of rows 4g..4g + 4, each four times (lane 4 (r % 4) + t), for the products with the
+/// four tokens' d; `m16` the same of m, for the `m_x s_y` sums.
+struct Unpacked {
+    qx: Vec<Bytes64>,
+    d16: Vec<[f32; 16]>,
+    m16: Vec<[f32; 16]>,
+    /// Scratch of the tile: `d16` times a quad's d.
+    dd: Vec<[f32; 16]>,
+}
+
+/// Whether [`run_rows`] takes weights of type `ty`, with (offset shift, mins): weights are
+/// offset by `1 << shift` to unsigned bytes, or carry a minimum.
+fn format(ty: GgmlType) -> Option<(i32, bool)> {
+    match ty {
+        GgmlType::Q4_0 => Some((3, false)),
+        GgmlType::Q4_1 => Some((0, true)),
+        GgmlType::Q5_0 => Some((4, false)),
+        GgmlType::Q5_1 => Some((0, true)),
+        GgmlType::Q8_0 => Some((7, false)),
+        _ => None,
+    }
+}
+
+/// Whether [`run_rows`] takes weights of type `ty` (against activations `PairActs` holds).
+pub fn supports(ty: GgmlType) -> bool {
+    format(ty).is_some()
+}
+
+/// Unpacks `rows` (weights of type `ty`, `nb` blocks each) into `u`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack(ty: GgmlType, rows: &[&[u8]], nb: usize, u: &mut Unpacked) {
+    let none = F16Le::from_bits(0);
+    for (r, &row) in rows.iter().enumerate() {
+        match ty {
+            GgmlType::Q4_0 => unpack_row::<_, false>(blocks_of::<BlockQ4_0>(row), r, nb, u, |x| {
+                (nibbles32(&x.qs), x.d, none)
+            }),
+            GgmlType::Q4_1 => unpack_row::<_, true>(blocks_of::<BlockQ4_1>(row), r, nb, u, |x| {
+                (nibbles32(&x.qs), x.d, x.m)
+            }),
+            GgmlType::Q5_0 => unpack_row::<_, false>(blocks_of::<BlockQ5_0>(row), r, nb, u, |x| {
+                let q = _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh));
+                (q, x.d, none)
+            }),
+            GgmlType::Q5_1 => unpack_row::<_, true>(blocks_of::<BlockQ5_1>(row), r, nb, u, |x| {
+                let q = _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh));
+                (q, x.d, x.m)
+            }),
+            // x + 128 as an unsigned byte is x ^ 0x80.
+            GgmlType::Q8_0 => unpack_row::<_, false>(blocks_of::<BlockQ8_0>(row), r, nb, u, |x| {
+                let q = _mm256_xor_si256(load32(&x.qs), _mm256_set1_epi8(-128));
+                (q, x.d, none)
+            }),
+            other => unreachable!("unpack of {other} weights"),
+        }
+    }
+}
+
+/// Row `r` of [`unpack`]: `quants(block)` gives its unsigned quants, d and m (used if `MINS`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack_row<B: Block, const MINS: bool>(
+    xs: &[B],
+    r: usize,
+    nb: usize,
+    u: &mut Unpacked,
+    quants: impl Fn(&B) -> (__m256i, F16Le, F16Le),
+) {
+    let tab = f16_table();
+    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let (g, lane) = (r / 4, 4 * (r % 4));
+    let qx = &mut u.qx[r * nb..(r + 1) * nb];
+    let d16 = &mut u.d16[g * nb..(g + 1) * nb];
+    let m16 = &mut u.m16[g * nb..(g + 1) * nb];
+    for (((x, q2), d4), m4) in xs.iter().zip(qx).zip(d16).zip(m16) {
+        let (q, d, m) = quants(x);
+        let q = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(q));
+        _mm512_store_si512(q2.0.as_mut_ptr().cast(), q);
+        d4[lane..lane + 4].fill(tab[d.bits() as usize]);
+        if MINS {
+            m4[lane..lane + 4].fill(tab[m.bits() as usize]);
+        }
+    }
+}
+
+/// `R` unpacked rows against quad `q`: `out[r][t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const R: usize, const MINS: bool>(
+    u: &mut Unpacked,
+    acts: &PairActs,
+    q: usize,
+    shift: i32,
+) -> [[f32; 4]; R] {
+    let nb = acts.nb;
+    let (yq, nsum) = (
+        &acts.yq[q * nb * 2..][..nb * 2],
+        &acts.nsum[q * nb * 2..][..nb * 2],
+    );
+    let ds = &acts.ds[q * nb..][..nb];
+    let groups = R.div_ceil(4);
+    assert!(u.qx.len() >= R * nb && u.d16.len() >= groups * nb && u.m16.len() >= groups * nb);
+    assert!(u.dd.len() >= nb * groups);
+    let ld = |x: &Bytes64| _mm512_load_si512(x.0.as_ptr().cast());
+    let count = _mm_cvtsi32_si128(shift);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut summs = [_mm512_setzero_ps(); 2];
+    // The d_x * d_y products of every block first, lane 4 (r % 4) + t of entry b * groups + r / 4:
+    // read back below as one 64-bit broadcast load per (row, pair), which keeps them off the
+    // shuffle and multiply ports.
+    for (b, dsb) in ds.iter().enumerate() {
+        let dy = _mm512_broadcast_f32x4(_mm_loadu_ps(dsb.as_ptr()));
+        for g in 0..groups {
+            // SAFETY (unchecked accesses): g * nb + b < groups * nb <= len, and
+            // b * groups + g < nb * groups <= dd.len() (asserted above).
+            let dx = _mm512_loadu_ps(u.d16.get_unchecked(g * nb + b).as_ptr());
+            let dst = u.dd.get_unchecked_mut(b * groups + g).as_mut_ptr();
+            _mm512_storeu_ps(dst, _mm512_mul_ps(dx, dy));
+        }
+    }
+    for b in 0..nb {
+        let mut y = [_mm512_setzero_si512(); 2];
+        let mut off = [_mm512_setzero_si512(); 2];
+        for p in 0..2 {
+            y[p] = ld(&yq[2 * b + p]);
+            if !MINS {
+                off[p] = _mm512_sll_epi32(ld(&nsum[2 * b + p]), count);
+            }
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: r * nb + b < R * nb <= len (asserted above).
+            let qx = ld(u.qx.get_unchecked(r * nb + b));
+            for p in 0..2 {
+                // Exact in i32: the sums are far from overflowing.
+                let xy = _mm512_dpbusd_epi32(off[p], qx, y[p]);
+                // d_x * d_y of tokens 2p and 2p + 1 in alternate lanes: one 64-bit broadcast.
+                let dd = u.dd.get_unchecked(b * groups + r / 4);
+                let pair = _mm_load_sd(dd[4 * (r % 4) + 2 * p..].as_ptr().cast());
+                let d = _mm512_castpd_ps(_mm512_broadcastsd_pd(pair));
+                acc_r[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(xy), acc_r[p]);
+            }
+        }
+        if MINS {
+            // summs[r][t] += m_x(r) * s_y(t), for four rows at once.
+            let sy = _mm512_broadcast_f32x4(_mm_loadu_ps(ds[b][4..].as_ptr()));
+            for (g, s) in summs.iter_mut().enumerate().take(groups) {
+                let m = _mm512_loadu_ps(u.m16.get_unchecked(g * nb + b).as_ptr());
+                *s = _mm512_add_ps(*s, _mm512_mul_ps(m, sy));
+            }
+        }
+    }
+    let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    let mut sm = [[0f32; 16]; 2];
+    if MINS {
+        for (g, s) in summs.iter().enumerate() {
+            _mm512_storeu_ps(sm[g].as_mut_ptr(), *s);
+        }
+    }
+    let mut out = [[0f32; 4]; R];
+    for r in 0..R {
+        for p in 0..2 {
+            let v = _mm512_permutexvar_ps(split, acc[r][p]);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            out[r][2 * p] = hsum8(_mm512_castps512_ps256(v));
+            out[r][2 * p + 1] = hsum8(hi);
+            if MINS {
+                for t in 2 * p..2 * p + 2 {
+                    out[r][t] += sm[r / 4][4 * (r % 4) + t];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Rows `rows` of a weight of type `ty` (`row(r)`: its bytes) against the tokens `acts` covers,
+/// written through `put(token, row, value)`: token blocks of about [`TOKEN_BLOCK_BYTES`], in each
+/// the rows eight (then four, two, one) at a time against every quad.
+pub(crate) fn run_rows<'w>(
+    acts: &PairActs,
+    ty: GgmlType,
+    row: impl Fn(usize) -> &'w [u8],
+    rows: Range<usize>,
+    put: impl Fn(usize, usize, f32),
+) {
+    let per_quad = acts.nb * (2 * 2 * size_of::<Bytes64>() + 32);
+    let quads_per_block = (TOKEN_BLOCK_BYTES / per_quad.max(1)).max(1);
+    run_blocks(acts, ty, row, rows, quads_per_block, put)
+}
+
+/// [`run_rows`] with `quads_per_block` quads per token block.
+fn run_blocks<'w>(
+    acts: &PairActs,
+    ty: GgmlType,
+    row: impl Fn(usize) -> &'w [u8],
+    rows: Range<usize>,
+    quads_per_block: usize,
+    put: impl Fn(usize, usize, f32),
+) {
+    let Some((shift, mins)) = format(ty) else {
+        panic!("qwide::run_rows on {ty} weights");
+    };
+    let nb = acts.nb;
+    let mut u = Unpacked {
+        qx: vec![ZERO64; MAX_ROWS * nb],
+        d16: vec![[0.0; 16]; MAX_ROWS.div_ceil(4) * nb],
+        dd: vec![[0.0; 16]; MAX_ROWS.div_ceil(4) * nb],
+        m16: vec![[0.0; 16]; MAX_ROWS.div_ceil(4) * nb],
+    };
+    let mut q0 = 0;
+    while q0 < acts.n_quads {
+        let quads = q0..(q0 + quads_per_block).min(acts.n_quads);
+        let mut r = rows.start;
+        while r < rows.end {
+            let n = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&n| r + n <= rows.end)
+                .unwrap();
+            let w: [&[u8]; MAX_ROWS] =
+                std::array::from_fn(|i| if i < n { row(r + i) } else { &[] });
+            // SAFETY: `PairActs` exist only on CPUs with AVX-512.
+            unsafe { unpack(ty, &w[..n], nb, &mut u) };
+            for q in quads.clone() {
+                // SAFETY: as above.
+                let v: &[[f32; 4]] = unsafe {
+                    match (n, mins) {
+                        (8, false) => &tile::<8, false>(&mut u, acts, q, shift),
+                        (8, true) => &tile::<8, true>(&mut u, acts, q, shift),
+                        (4, false) => &tile::<4, false>(&mut u, acts, q, shift),
+                        (4, true) => &tile::<4, true>(&mut u, acts, q, shift),
+                        (2, false) => &tile::<2, false>(&mut u, acts, q, shift),
+                        (2, true) => &tile::<2, true>(&mut u, acts, q, shift),
+                        (_, false) => &tile::<1, false>(&mut u, acts, q, shift),
+                        (_, true) => &tile::<1, true>(&mut u, acts, q, shift),
+                    }
+                };
+                for (i, vr) in v.iter().enumerate() {
+                    for (j, &x) in vr.iter().enumerate() {
+                        put(4 * q + j, r + i, x);
+                    }
+                }
+            }
+            r += n;
+        }
+        q0 = quads.end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::{Isa, dot_fn};
+    use crate::quant::quantize_row;
+
+    /// Every (token, row) over several token blocks and every row block size equals the
+    /// single-row kernel bit for bit, for each format.
+    #[test]
+    fn tiles_equal_single_row_dots() {
+        if !Isa::Avx512.supported() {
+            return;
+        }
+        let val = |i: usize, o: f32| 0.1 + 2.0 * (i as f32 * 0.37 + o).cos();
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+        ] {
+            let (k, n, n_tok) = (96, 23, 14);
+            let rb = ty.row_bytes(k).unwrap();
+            let mut w = vec![0u8; rb * n];
+            for (r, dst) in w.chunks_mut(rb).enumerate() {
+                let src: Vec<f32> = (0..k).map(|i| val(r * k + i, 0.0)).collect();
+                quantize_row(ty, &src, dst).unwrap();
+            }
+            let x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
+            let acts = QuantizedActs::new(ty, &x, k).unwrap();
+            let pairs = PairActs::build(&acts);
+            assert_eq!(pairs.n_tok(), 12);
+            // Rows 1..23: 8 + 8 + 4 + 2; 0..23: 8 + 8 + 4 + 2 + 1.
+            for (rows, quads_per_block) in [(1..n, 1), (0..n, 2), (5..n, 100)] {
+                let got = std::sync::Mutex::new(vec![f32::NAN; n_tok * n]);
+                run_blocks(
+                    &pairs,
+                    ty,
+                    |r| &w[r * rb..(r + 1) * rb],
+                    rows.clone(),
+                    quads_per_block,
+                    |t, r, v| {
+                        got.lock().unwrap()[t * n + r] = v;
+                    },
+                );
+                let got = got.into_inner().unwrap();
+                for t in 0..pairs.n_tok() {
+                    for r in rows.clone() {
+                        // SAFETY: the CPU has AVX-512 (checked above).
+                        let want = unsafe {
+                            dot_fn(Isa::Avx512, ty)(&w[r * rb..(r + 1) * rb], acts.row(t), k)
+                        };
+                        assert_eq!(
+                            got[t * n + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} token {t} row {r}: {} vs {want}",
+                            got[t * n + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
