@@ -19,6 +19,9 @@ use crate::runtime::backend::{
     storage_mut, weight_storage,
 };
 
+/// Elementwise operators split their work in pieces of this many elements.
+const ELEMENT_CHUNK: usize = 1024;
+
 /// A host tensor's elements.
 pub(crate) enum HostVec {
     F32(Vec<f32>),
@@ -293,14 +296,17 @@ impl Backend for CpuBackend {
         let w = self.f32s(w, n, "rms_norm weight")?;
         let x = self.f32s(x, (row0 + n_rows) * n, "rms_norm input")?;
         let y = self.f32s_mut(y, n_rows * n, "rms_norm output")?;
-        ops::rms_norm_into(&x[row0 * n..], w, eps, y);
+        let x = &x[row0 * n..];
+        ops::par_rows(y, n, |r0, rows| {
+            ops::rms_norm_into(&x[r0 * n..r0 * n + rows.len()], w, eps, rows)
+        });
         Ok(())
     }
 
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
         let b = self.f32s(b, b.len, "bias")?;
         let x = self.f32s_mut(x, n_tok * b.len(), "add_bias")?;
-        ops::add_bias(x, b);
+        ops::par_rows(x, b.len(), |_, rows| ops::add_bias(rows, b));
         Ok(())
     }
 
@@ -319,7 +325,10 @@ impl Backend for CpuBackend {
             None => None,
         };
         let x = self.f32s_mut(x, n_tok * n_heads * head_dim, "rope")?;
-        ops::rope(x, n_heads, head_dim, pos0, p, ff);
+        let width = n_heads * head_dim;
+        ops::par_rows(x, width, |t0, rows| {
+            ops::rope(rows, n_heads, head_dim, pos0 + t0, p, ff)
+        });
         Ok(())
     }
 
@@ -367,14 +376,18 @@ impl Backend for CpuBackend {
     fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
         let u = self.f32s(u, n, "swiglu up")?;
         let g = self.f32s_mut(g, n, "swiglu gate")?;
-        ops::swiglu_inplace(g, u);
+        ops::par_rows(g, ELEMENT_CHUNK, |r0, rows| {
+            ops::swiglu_inplace(rows, &u[r0 * ELEMENT_CHUNK..][..rows.len()])
+        });
         Ok(())
     }
 
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
         let y = self.f32s(y, n, "add")?;
         let x = self.f32s_mut(x, n, "add")?;
-        ops::add_inplace(x, y);
+        ops::par_rows(x, ELEMENT_CHUNK, |r0, rows| {
+            ops::add_inplace(rows, &y[r0 * ELEMENT_CHUNK..][..rows.len()])
+        });
         Ok(())
     }
 

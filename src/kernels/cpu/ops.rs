@@ -255,3 +255,47 @@ mod tests {
         expf_matches_libm(1);
     }
 }
+
+/// Runs `f(first_row, rows)` over `x` ([n_rows, row_len], the last row possibly short) in chunks
+/// of whole rows on the pool when there is enough work to be worth it (prefill), else in one
+/// call. Each row is computed exactly as alone, so the result does not depend on the split.
+pub fn par_rows(x: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let row_len = row_len.max(1);
+    let n_rows = x.len().div_ceil(row_len);
+    let pool = super::pool::global();
+    // Below ~16 K elements a pool round trip costs more than it saves.
+    if n_rows < 2 || x.len() < 16384 || pool.n_threads() < 2 {
+        return f(0, x);
+    }
+    let per = n_rows.div_ceil(pool.n_threads() * 2).max(1);
+    let len = x.len();
+    let out = super::matmul::SharedOut(x.as_mut_ptr());
+    pool.for_chunks(n_rows, per, |rows| {
+        let out = &out;
+        let (a, b) = (rows.start * row_len, (rows.end * row_len).min(len));
+        // SAFETY: chunks of rows are disjoint, inside `x`, which outlives the pool job.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(out.0.add(a), b - a) };
+        f(rows.start, chunk);
+    });
+}
+
+#[cfg(test)]
+mod par_tests {
+    use super::*;
+
+    #[test]
+    fn par_rows_covers_every_element_once_with_ragged_tails() {
+        for len in [0usize, 5, 16384, 16385, 50_000, 65_536] {
+            let mut x = vec![1f32; len];
+            par_rows(&mut x, 1024, |r0, rows| {
+                for (i, v) in rows.iter_mut().enumerate() {
+                    *v += (r0 * 1024 + i) as f32;
+                }
+            });
+            assert!(
+                x.iter().enumerate().all(|(i, &v)| v == 1.0 + i as f32),
+                "len {len}"
+            );
+        }
+    }
+}
