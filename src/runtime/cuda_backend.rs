@@ -30,7 +30,7 @@ use crate::runtime::backend::{
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
 pub const MMVQ_MAX_TOKENS: usize = 8;
 /// f16 scratch for one slice of a dequantised weight in the prefill GEMM.
-const GEMM_SLICE_BYTES: usize = 64 << 20;
+pub const GEMM_SLICE_BYTES: usize = 64 << 20;
 /// CUDA's limit on gridDim.y (rope and attention put tokens there).
 const MAX_GRID_Y: usize = 65535;
 /// Size of each of the two pinned staging buffers.

@@ -3,6 +3,7 @@
 //! the rest runs on the GPU (placement rule 2), predicted TTFT/TPOT, and the GPU memory reserved
 //! before any weight is placed (DESIGN.md, "Budget").
 
+use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, Profile, time_at};
 
@@ -402,8 +403,10 @@ impl Reservations {
     }
 }
 
-/// The workspace the GPU needs: the f16 dequantisation buffer of the largest weight (prefill
-/// GEMM) plus f32 activations for the prompt batch, `4 P (4 n_embd + 2 n_ff + n_vocab)`.
+/// The workspace the GPU needs: the f16 dequantisation buffer of the prefill GEMM (the largest
+/// weight, or one slice of `GEMM_SLICE_BYTES` when it is larger: the backend dequantises big
+/// matrices a slice at a time) plus f32 activations for the prompt batch,
+/// `4 P (4 n_embd + 2 n_ff + n_vocab)`.
 pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
     let ops = &profile.operators;
     let largest_weight = ops
@@ -434,6 +437,7 @@ pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
     let activations = 4 * n_embd + 2 * n_ff + n_vocab;
     largest_weight
         .saturating_mul(2)
+        .min(GEMM_SLICE_BYTES as u64)
         .saturating_add((4 * prompt_tokens as u64).saturating_mul(activations))
 }
 
