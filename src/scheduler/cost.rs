@@ -3,9 +3,9 @@
 //! the rest runs on the GPU (placement rule 2), predicted TTFT/TPOT, and the GPU memory reserved
 //! before any weight is placed (DESIGN.md, "Budget").
 
-use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, Profile, time_at};
+use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 
 use super::placement::{Device, Predicted};
 use super::{Budget, PlanRequest};
@@ -510,13 +510,27 @@ pub(crate) fn weight_cap(
                 )));
             }
             let mut notes = Vec::new();
+            let mut cap_bytes = cap_bytes;
+            // Never more than the device's free memory, whatever the budget (DESIGN.md).
             if needed > gpu.free_bytes {
+                if gpu.free_bytes <= reserved_total {
+                    return Err(Error::Usage(format!(
+                        "--vram-budget {pct}%: the GPU's free memory {} leaves no room for weights \
+                         after the reservations: {}",
+                        mib(gpu.free_bytes),
+                        itemised()
+                    )));
+                }
+                let fits = (CAP_FRACTION * (gpu.free_bytes - reserved_total) as f64).floor() as u64;
                 notes.push(format!(
-                    "reservations {} + cap {} exceed the GPU's free memory {} at profiling time",
+                    "reservations {} + {pct}% of the weights ({}) exceed the GPU's free memory {}; \
+                     cap clamped to {}",
                     mib(reserved_total),
                     mib(cap_bytes),
-                    mib(gpu.free_bytes)
+                    mib(gpu.free_bytes),
+                    mib(fits)
                 ));
+                cap_bytes = fits;
             }
             Ok(WeightCap {
                 vram_budget_bytes: reserved_total
