@@ -271,3 +271,22 @@ fn bad_placements_and_budgets_fail_cleanly() {
         );
     }
 }
+
+#[test]
+fn a_model_too_big_for_the_device_is_refused_or_run_on_the_cpu() {
+    let dir = tmp("big");
+    let small = [("OATO_TEST_DEVICE", "100000000")];
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    let args = ["run", m, "-p", "hi", "-n", "2", "-t", "2", "--temp", "0"];
+    let mut gpu = args.to_vec();
+    gpu.extend(["--device", "gpu"]);
+    fails(&oato_env(&gpu, &dir, &small), "the model needs");
+    let out = oato_env(&args, &dir, &small);
+    ok(&out);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("running on the CPU (split it with --vram-budget)"),
+        "{err}"
+    );
+}

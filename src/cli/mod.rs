@@ -110,3 +110,28 @@ pub fn open_backends(dev: DeviceArg) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
         Err(e) => Err(e),
     }
 }
+
+/// Whether the whole model, its KV cache for `ctx` tokens and a workspace fit in `be`'s free
+/// memory; the reason, with the numbers, when not.
+pub fn fits_whole(model: &oato::model::Model, ctx: usize, be: &dyn Backend) -> Result<(), String> {
+    let weights: usize = model.file.tensors.iter().map(|t| t.n_bytes as usize).sum();
+    let kv = oato::runtime::kv_cache::KvCache::bytes_per_token(model.hp.n_layer, model.hp.kv_dim())
+        * ctx;
+    let workspace = oato::runtime::cuda_backend::GEMM_SLICE_BYTES;
+    let need = weights + kv + workspace;
+    let free = be.memory().map_err(|e| e.to_string())?.free;
+    if need > free {
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        return Err(format!(
+            "the model needs {:.0} MiB on {} ({:.0} MiB of weights + {:.0} MiB of KV cache for \
+             {ctx} tokens + {:.0} MiB workspace), {:.0} MiB are free",
+            mib(need),
+            be.device_name(),
+            mib(weights),
+            mib(kv),
+            mib(workspace),
+            mib(free)
+        ));
+    }
+    Ok(())
+}

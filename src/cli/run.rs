@@ -186,10 +186,23 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
 
-    let (backends, dev) = super::open_backends(a.device)?;
-    let device = backends[dev].describe();
+    let (mut backends, mut dev) = super::open_backends(a.device)?;
     let t_load = Instant::now();
     let model = Model::open(&path)?;
+    // The whole model on the GPU only when it fits; auto falls back to the CPU, saying why.
+    if dev != 0 && a.vram_budget.is_none() && a.placement.is_none() {
+        if let Err(why) = super::fits_whole(&model, a.ctx.max(1), &*backends[dev]) {
+            if a.device == super::DeviceArg::Gpu {
+                return Err(Error::Usage(format!(
+                    "--device gpu: {why}; split it with --vram-budget"
+                )));
+            }
+            eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
+            backends.truncate(1);
+            dev = 0;
+        }
+    }
+    let device = backends[dev].describe();
     let tokenizer = Tokenizer::from_gguf(&model.file)?;
     let text = if a.chat {
         let template = model
@@ -300,7 +313,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let target_bytes: u64 = target_weights(&model).iter().map(|w| w.n_bytes as u64).sum();
+    let target_bytes: u64 = target_weights(&model)
+        .iter()
+        .map(|w| w.n_bytes as u64)
+        .sum();
     let gpu_weight_bytes: u64 = target_weights(&model)
         .iter()
         .filter(|w| dev != 0 && map.weights.get(&w.name) == Some(&dev))
