@@ -190,17 +190,19 @@ pub fn run(a: RunArgs) -> Result<()> {
     let t_load = Instant::now();
     let model = Model::open(&path)?;
     // The whole model on the GPU only when it fits; auto falls back to the CPU, saying why.
-    if dev != 0 && a.vram_budget.is_none() && a.placement.is_none() {
-        if let Err(why) = super::fits_whole(&model, a.ctx.max(1), &*backends[dev]) {
-            if a.device == super::DeviceArg::Gpu {
-                return Err(Error::Usage(format!(
-                    "--device gpu: {why}; split it with --vram-budget"
-                )));
-            }
-            eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
-            backends.truncate(1);
-            dev = 0;
+    if dev != 0
+        && a.vram_budget.is_none()
+        && a.placement.is_none()
+        && let Err(why) = super::fits_whole(&model, a.ctx.max(1), &*backends[dev])
+    {
+        if a.device == super::DeviceArg::Gpu {
+            return Err(Error::Usage(format!(
+                "--device gpu: {why}; split it with --vram-budget"
+            )));
         }
+        eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
+        backends.truncate(1);
+        dev = 0;
     }
     let device = backends[dev].describe();
     let tokenizer = Tokenizer::from_gguf(&model.file)?;
