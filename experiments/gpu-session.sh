@@ -5,8 +5,16 @@
 # Results go to $OUT (default results/gpu-<date>), each file headed by device, date and commit.
 #
 # The binary comes from `cargo build --release` here (carry target/release/oato). The test model
-# (94 MiB) is over the carry limit: carry it in two halves (split -b 48M models/X.gguf
-# models/X.part-) over two calls in a row, then `cat models/X.part-* > models/X.gguf` there.
+# (94 MiB) is over the device's 64 MiB per-call limit, so it goes over in two calls in a row (the
+# machine is released after 30 s idle):
+#   here:    split -n 2 -d models/SmolLM2-135M-Instruct.Q4_1.gguf .carry/q41.part   (.carry is
+#            git-ignored)
+#   call 1:  carry [target/release/oato, .carry/q41.part00]; command: mkdir -p /tmp/m &&
+#            cp .carry/q41.part00 /tmp/m/
+#   call 2:  carry [target/release/oato, .carry/q41.part01]; command: mkdir -p models &&
+#            cat /tmp/m/q41.part00 .carry/q41.part01 > models/SmolLM2-135M-Instruct.Q4_1.gguf &&
+#            sha256sum models/*.gguf && OUT=$OUT experiments/gpu-session.sh
+# (compare the sha256 with scripts/fetch-models.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO=${OATO_BIN:-target/release/oato}
