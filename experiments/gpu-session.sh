@@ -2,7 +2,8 @@
 # Everything a borrowed GPU machine should run, in one command (it has no Rust toolchain and no
 # network): the GPU selftest and its --perf table, the all-GPU and hybrid greedy continuations
 # against the golden ids, `oato bench --device gpu`, a profile, and the placement sweep.
-# Results go to $OUT (default results/gpu-<date>), each file headed by device, date and commit.
+# Results go to $RES (default results/gpu-<date>); on the device machine they also come back as
+# $OUT/gpu-session.tgz.
 #
 # The binary comes from `cargo build --release` here (carry target/release/oato). The test model
 # (94 MiB) is over the device's 64 MiB per-call limit, so it goes over in two calls in a row (the
@@ -13,39 +14,43 @@
 #            cp .carry/q41.part00 /tmp/m/
 #   call 2:  carry [target/release/oato, .carry/q41.part01]; command: mkdir -p models &&
 #            cat /tmp/m/q41.part00 .carry/q41.part01 > models/SmolLM2-135M-Instruct.Q4_1.gguf &&
-#            sha256sum models/*.gguf && OUT=$OUT experiments/gpu-session.sh
+#            sha256sum models/*.gguf && experiments/gpu-session.sh
 # (compare the sha256 with scripts/fetch-models.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO=${OATO_BIN:-target/release/oato}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-OUT=${OUT:-results/gpu-$(date -u +%Y-%m-%d)}
-mkdir -p "$OUT"
+RES=${RES:-results/gpu-$(date -u +%Y-%m-%d)}
+mkdir -p "$RES"
 commit=$(git rev-parse --short HEAD 2>/dev/null || cat .git-commit 2>/dev/null || echo unknown)
 header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
 step() { echo "== $*" >&2; }
 status=0
 step selftest
-{ header; "$OATO" selftest --device gpu; } > "$OUT/selftest-gpu.txt" 2>&1 || status=1
+{ header; "$OATO" selftest --device gpu; } > "$RES/selftest-gpu.txt" 2>&1 || status=1
 step "selftest --perf"
-{ header; "$OATO" selftest --device gpu --perf; } > "$OUT/selftest-gpu-perf.txt" 2>&1 || status=1
+{ header; "$OATO" selftest --device gpu --perf; } > "$RES/selftest-gpu-perf.txt" 2>&1 || status=1
 step "golden, all on the GPU"
-python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$OUT/golden-gpu.json" \
-    -- --device gpu > "$OUT/golden-gpu.txt" 2>&1 || status=1
+python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$RES/golden-gpu.json" \
+    -- --device gpu > "$RES/golden-gpu.txt" 2>&1 || status=1
 for policy in oato layer-split flexgen; do
     for b in 25% 50% 75%; do
         step "golden, $policy at $b"
         python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
-            --out "$OUT/golden-$policy-${b%\%}.json" -- --vram-budget "$b" --policy "$policy" \
-            > "$OUT/golden-$policy-${b%\%}.txt" 2>&1 || status=1
+            --out "$RES/golden-$policy-${b%\%}.json" -- --vram-budget "$b" --policy "$policy" \
+            > "$RES/golden-$policy-${b%\%}.txt" 2>&1 || status=1
     done
 done
 step "bench"
-"$OATO" bench "$MODEL" --device gpu -p 64,512 -n 32,128 -r 5 --json > "$OUT/bench-gpu.json" 2> "$OUT/bench-gpu.err" || status=1
-"$OATO" bench "$MODEL" --device cpu -p 64,512 -n 32,128 -r 5 > "$OUT/bench-cpu.md" 2> "$OUT/bench-cpu.err" || status=1
+"$OATO" bench "$MODEL" --device gpu -p 64,512 -n 32,128 -r 5 --json > "$RES/bench-gpu.json" 2> "$RES/bench-gpu.err" || status=1
+"$OATO" bench "$MODEL" --device cpu -p 64,512 -n 32,128 -r 5 > "$RES/bench-cpu.md" 2> "$RES/bench-cpu.err" || status=1
 step profile
-"$OATO" profile "$MODEL" --force -o "$OUT/profile.json" > "$OUT/profile.txt" 2>&1 || status=1
+"$OATO" profile "$MODEL" --force -o "$RES/profile.json" > "$RES/profile.txt" 2>&1 || status=1
 step "placement sweep"
-OATO_BIN=$OATO MODEL=$MODEL OUT="$OUT/placement-sweep" experiments/placement-sweep.sh > "$OUT/placement-sweep.log" 2>&1 || status=1
-tail -n 3 "$OUT"/*.txt >&2 || true
+OATO_BIN=$OATO MODEL=$MODEL OUT="$RES/placement-sweep" experiments/placement-sweep.sh > "$RES/placement-sweep.log" 2>&1 || status=1
+tail -n 3 "$RES"/*.txt >&2 || true
+# On the device machine only 8 files come back from $OUT: one archive of them all.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    tar czf "$OUT/gpu-session.tgz" "$RES"
+fi
 exit $status
