@@ -22,7 +22,7 @@ OATO=${OATO_BIN:-target/release/oato}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 RES=${RES:-results/gpu-$(date -u +%Y-%m-%d)}
 mkdir -p "$RES"
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat .git-commit 2>/dev/null || echo unknown)
+commit=$("$OATO" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
 step() { echo "== $*" >&2; }
 status=0

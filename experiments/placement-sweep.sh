@@ -25,7 +25,7 @@ if [ -z "${PROMPT_FILE:-}" ]; then
     # About 64 tokens of plain English.
     head -c 300 tests/data/golden/gpl3_2000w.txt > "$PROMPT_FILE"
 fi
-commit=$(git rev-parse --short HEAD)
+commit=$("$OATO_BIN" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
 one() { # name, extra flags...

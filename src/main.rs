@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "oato",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("OATO_BUILD_COMMIT"), ")"),
     about = "Operator-aware tensor offloading for GGUF language models"
 )]
 struct Cli {
