@@ -30,10 +30,10 @@ date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
 one() { # name, extra flags...
     local name=$1; shift
-    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
+    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" -c 1024 --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
         > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
     for r in $(seq 1 "$REPS"); do
-        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --temp 0 --ignore-eos -t "$THREADS" \
+        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" -c 1024 --temp 0 --ignore-eos -t "$THREADS" \
             --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"
         runs+=("$name" "$r" "$work/$name.$r.json")
         echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2

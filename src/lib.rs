@@ -1,5 +1,6 @@
 //! oato: operator-aware tensor offloading for GGUF language models.
 
+pub mod cache;
 pub mod error;
 pub mod gguf;
 pub mod kernels;

@@ -111,13 +111,40 @@ pub fn open_backends(dev: DeviceArg) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
     }
 }
 
-/// Whether the whole model, its KV cache for `ctx` tokens and a workspace fit in `be`'s free
-/// memory; the reason, with the numbers, when not.
-pub fn fits_whole(model: &oato::model::Model, ctx: usize, be: &dyn Backend) -> Result<(), String> {
-    let weights: usize = model.file.tensors.iter().map(|t| t.n_bytes as usize).sum();
-    let kv = oato::runtime::kv_cache::KvCache::bytes_per_token(model.hp.n_layer, model.hp.kv_dim())
-        * ctx;
-    let workspace = oato::runtime::cuda_backend::GEMM_SLICE_BYTES;
+/// Whether the whole model fits in `be`'s free memory: its target and non-target weights (not the
+/// embedding table, which stays in the memory map unless it is also the output head), the KV cache
+/// for `ctx` tokens and the scheduler's workspace for a `prompt_tokens` prefill. The reason, with
+/// the numbers, when not.
+pub fn fits_whole(
+    model: &oato::model::Model,
+    ctx: usize,
+    prompt_tokens: usize,
+    be: &dyn Backend,
+) -> Result<(), String> {
+    use oato::runtime::forward::target_weights;
+    let hp = &model.hp;
+    let targets = target_weights(model);
+    let tied = model.output.name == "token_embd.weight";
+    let weights: usize = model
+        .file
+        .tensors
+        .iter()
+        .filter(|t| tied || t.name != "token_embd.weight")
+        .map(|t| t.n_bytes as usize)
+        .sum();
+    let kv = oato::runtime::kv_cache::bytes_per_token(hp.n_layer, hp.kv_dim()) * ctx;
+    let largest = targets
+        .iter()
+        .map(|w| (w.k * w.n) as u64)
+        .max()
+        .unwrap_or(0);
+    let workspace = oato::scheduler::workspace_for(
+        largest,
+        hp.n_embd as u64,
+        hp.n_ff as u64,
+        hp.n_vocab as u64,
+        prompt_tokens,
+    ) as usize;
     let need = weights + kv + workspace;
     let free = be.memory().map_err(|e| e.to_string())?.free;
     if need > free {

@@ -7,7 +7,10 @@ use clap::Args;
 
 use oato::error::{Error, Result};
 use oato::profiler::profile::Profile;
-use oato::scheduler::{PlanRequest, Policy, llama_ot, parse_budget, plan, render_table};
+use oato::scheduler::{
+    DEFAULT_CTX_TOKENS, DEFAULT_GEN_TOKENS, DEFAULT_PROMPT_TOKENS, PlanRequest, Policy, llama_ot,
+    parse_budget, plan, render_table,
+};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -22,13 +25,13 @@ pub struct PlanArgs {
     #[arg(long, default_value = "oato")]
     pub policy: String,
     /// Workload: prompt tokens (prefill batch).
-    #[arg(long = "prompt-tokens", default_value_t = 64)]
+    #[arg(long = "prompt-tokens", default_value_t = DEFAULT_PROMPT_TOKENS)]
     pub prompt_tokens: usize,
     /// Workload: generated tokens.
-    #[arg(long = "gen-tokens", default_value_t = 32)]
+    #[arg(long = "gen-tokens", default_value_t = DEFAULT_GEN_TOKENS)]
     pub gen_tokens: usize,
     /// Context the KV cache is reserved for.
-    #[arg(long = "ctx", default_value_t = 1024)]
+    #[arg(long = "ctx", default_value_t = DEFAULT_CTX_TOKENS)]
     pub ctx: usize,
     /// Where to write the placement.
     #[arg(short = 'o', long, default_value = "placement.json")]
@@ -53,7 +56,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if a.llama_ot {
         println!("llama.cpp: {}", llama_ot(&p));
     }
-    std::fs::write(&a.output, p.to_json()? + "\n").map_err(|e| Error::io(&a.output, e))?;
+    std::fs::write(&a.output, p.to_json()?).map_err(|e| Error::io(&a.output, e))?;
     eprintln!("wrote {}", a.output.display());
     Ok(())
 }

@@ -111,13 +111,9 @@ fn placed_map(
                 budget: parse_budget(budget)?,
                 prompt_tokens,
                 gen_tokens: a.n_predict,
-                ctx_tokens: a.ctx.max(prompt_tokens + a.n_predict),
+                ctx_tokens: a.ctx,
             };
-            let opts = ProfileOptions {
-                batches: vec![1, 64],
-                reps: 5,
-                progress: true,
-            };
+            let opts = ProfileOptions::default();
             let name = super::file_name(path);
             let (prof, cached) =
                 load_or_profile(model, &name, &*backends[0], gpu, threads, &opts, false)?;
@@ -189,22 +185,6 @@ pub fn run(a: RunArgs) -> Result<()> {
     let (mut backends, mut dev) = super::open_backends(a.device)?;
     let t_load = Instant::now();
     let model = Model::open(&path)?;
-    // The whole model on the GPU only when it fits; auto falls back to the CPU, saying why.
-    if dev != 0
-        && a.vram_budget.is_none()
-        && a.placement.is_none()
-        && let Err(why) = super::fits_whole(&model, a.ctx.max(1), &*backends[dev])
-    {
-        if a.device == super::DeviceArg::Gpu {
-            return Err(Error::Usage(format!(
-                "--device gpu: {why}; split it with --vram-budget"
-            )));
-        }
-        eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
-        backends.truncate(1);
-        dev = 0;
-    }
-    let device = backends[dev].describe();
     let tokenizer = Tokenizer::from_gguf(&model.file)?;
     let text = if a.chat {
         let template = model
@@ -254,6 +234,22 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
+    // The whole model on the GPU only when it fits; auto falls back to the CPU, saying why.
+    if dev != 0
+        && a.vram_budget.is_none()
+        && a.placement.is_none()
+        && let Err(why) = super::fits_whole(&model, ctx, prompt_ids.len(), &*backends[dev])
+    {
+        if a.device == super::DeviceArg::Gpu {
+            return Err(Error::Usage(format!(
+                "--device gpu: {why}; split it with --vram-budget"
+            )));
+        }
+        eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
+        backends.truncate(1);
+        dev = 0;
+    }
+    let device = backends[dev].describe();
     let (map, placement) = if a.vram_budget.is_some() || a.placement.is_some() {
         let (m, p) = placed_map(&a, &model, &path, &backends, dev, threads, prompt_ids.len())?;
         (m, Some(p))
@@ -275,8 +271,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             map.crossings(&model, 0)
         );
     }
-    // Warm-up: one token through every layer, so the first timed step does not pay page faults.
-    session.forward(&prompt_ids[..1], Logits::Last)?;
+    // Warm-up: the whole prompt, so the timed prefill pays no page faults, buffer growth or
+    // first-GEMM set-up (DESIGN.md: TTFT starts with the engine warmed up).
+    session.forward(&prompt_ids, Logits::Last)?;
     session.reset();
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
@@ -311,17 +308,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     drop(stdout);
 
-    let model_name = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let target_bytes: u64 = target_weights(&model)
-        .iter()
-        .map(|w| w.n_bytes as u64)
-        .sum();
-    let gpu_weight_bytes: u64 = target_weights(&model)
+    let model_name = super::file_name(&path);
+    let targets = target_weights(&model);
+    let target_bytes: u64 = targets.iter().map(|w| w.n_bytes as u64).sum();
+    // Weights resident on the GPU (streamed ones are not).
+    let gpu_weight_bytes: u64 = targets
         .iter()
         .filter(|w| dev != 0 && map.weights.get(&w.name) == Some(&dev))
+        .filter(|w| !map.streamed.contains(&w.name))
         .map(|w| w.n_bytes as u64)
         .sum();
     if json {

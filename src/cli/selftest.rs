@@ -12,6 +12,7 @@ use oato::error::{Error, Result};
 use oato::kernels::cpu::attention::AttnShape;
 use oato::kernels::cuda as kc;
 use oato::model::RopeParams;
+use oato::profiler::median_us;
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
@@ -566,23 +567,6 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-/// Median of `reps` timed runs of `f` after two warm-ups, in microseconds.
-fn time_op(be: &dyn Backend, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..2 {
-        f()?;
-    }
-    be.synchronize()?;
-    let mut sw = be.stopwatch()?;
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        sw.start()?;
-        f()?;
-        v.push(sw.stop()?);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
-}
-
 fn perf(be: &dyn Backend) -> Result<()> {
     let gpu = be.kind() == oato::runtime::backend::DeviceKind::Gpu;
     // Large matrices on a GPU (LLaMA3-8B's attn_q and ffn_up), the test model's on a CPU.
@@ -608,10 +592,10 @@ fn perf(be: &dyn Backend) -> Result<()> {
             let w = be.upload_weight("perf", ty, k, n, &bytes)?;
             let x1 = put(be, &pattern(k, 0.0))?;
             let mut y1 = be.alloc(DType::F32, n, Category::Workspace)?;
-            let t1 = time_op(be, reps, || be.matmul(&[&w], &x1, 1, &mut [&mut y1]))?;
+            let t1 = median_us(be, reps, || be.matmul(&[&w], &x1, 1, &mut [&mut y1]))?;
             let xb = put(be, &pattern(batch * k, 0.0))?;
             let mut yb = be.alloc(DType::F32, batch * n, Category::Workspace)?;
-            let tb = time_op(be, reps, || be.matmul(&[&w], &xb, batch, &mut [&mut yb]))?;
+            let tb = median_us(be, reps, || be.matmul(&[&w], &xb, batch, &mut [&mut yb]))?;
             println!(
                 "{:<6} {:<12} {:>12.1} {:>10.1} {:>14.1} {:>10.2}",
                 ty.name(),
@@ -628,7 +612,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
     let x = put(be, &pattern(batch * e, 0.0))?;
     let g = put(be, &pattern(e, 1.0))?;
     let mut y = be.alloc(DType::F32, batch * e, Category::Workspace)?;
-    let t = time_op(be, reps, || be.rms_norm(&x, 0, batch, &g, 1e-5, &mut y))?;
+    let t = median_us(be, reps, || be.rms_norm(&x, 0, batch, &g, 1e-5, &mut y))?;
     println!(
         "rms_norm {e} x {batch}: {t:.1} us, {:.1} GB/s",
         (2 * batch * e * 4) as f64 / t / 1e3
@@ -649,7 +633,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
         n_tok: 1,
         pos0: ctx - 1,
     };
-    let t = time_op(be, reps, || {
+    let t = median_us(be, reps, || {
         be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
     })?;
     println!(

@@ -132,26 +132,6 @@ impl Model {
             rope_freqs,
         })
     }
-
-    /// The bytes of a weight, from the memory map.
-    pub fn data(&self, w: &WeightRef) -> &[u8] {
-        let base = self.file.data_offset as usize;
-        &self.file.bytes()[base + w.offset..base + w.offset + w.n_bytes]
-    }
-
-    /// One row of the token embedding as f32.
-    pub fn embedding_row(&self, token: u32, out: &mut [f32]) -> Result<()> {
-        let w = &self.token_embd;
-        if token as usize >= w.n {
-            return Err(Error::Model(format!(
-                "token id {token} is outside the vocabulary ({})",
-                w.n
-            )));
-        }
-        let rb = w.row_bytes();
-        let row = &self.data(w)[token as usize * rb..(token as usize + 1) * rb];
-        dequantize_row(w.ty, row, out)
-    }
 }
 
 fn need<'a>(f: &'a GgufFile, name: &str) -> Result<&'a TensorInfo> {

@@ -16,7 +16,6 @@ const MIB: f64 = (1u64 << 20) as f64;
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlacementSummary {
     pub gpu_weight_bytes: u64,
-    pub gpu_other_bytes: u64,
     pub gpu_ops: usize,
     pub ops: usize,
 }
@@ -56,18 +55,10 @@ pub fn check(
     }
     let on_gpu = |name: &str| p.tensors.get(name) == Some(&Device::Gpu);
     let targets = target_weights(model);
-    let target_names: HashSet<&str> = targets.iter().map(|w| w.name.as_str()).collect();
     let gpu_weight_bytes: u64 = targets
         .iter()
         .filter(|w| on_gpu(&w.name))
         .map(|w| w.n_bytes as u64)
-        .sum();
-    let gpu_other_bytes: u64 = model
-        .file
-        .tensors
-        .iter()
-        .filter(|t| !target_names.contains(t.name.as_str()) && on_gpu(&t.name))
-        .map(|t| 4 * t.n_elements)
         .sum();
     let flexgen = p.policy == Policy::Flexgen;
     let gpu_ops = if flexgen {
@@ -79,16 +70,18 @@ pub fn check(
     let mut per_layer: std::collections::BTreeMap<Option<usize>, u64> = Default::default();
     if flexgen {
         for w in targets.iter().filter(|w| !on_gpu(&w.name)) {
-            let layer = w
-                .name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split('.').next()?.parse().ok());
+            let layer = crate::profiler::layer_of(&w.name);
             *per_layer.entry(layer).or_default() += w.n_bytes as u64;
         }
     }
     let mut streamed: Vec<u64> = per_layer.into_values().collect();
     streamed.sort_unstable_by(|a, b| b.cmp(a));
-    let stream_bytes: u64 = streamed.iter().take(2).sum();
+    // What the plan reserved for them already counts in its reserved bytes.
+    let stream_bytes: u64 = streamed
+        .iter()
+        .take(2)
+        .sum::<u64>()
+        .saturating_sub(p.budget.stream_bytes);
     let any_gpu = flexgen || p.tensors.values().any(|d| *d == Device::Gpu);
     if any_gpu {
         let free = gpu_free.map_err(|why| {
@@ -129,7 +122,6 @@ pub fn check(
     }
     Ok(PlacementSummary {
         gpu_weight_bytes,
-        gpu_other_bytes,
         gpu_ops,
         ops: targets.len(),
     })

@@ -17,7 +17,7 @@ use crate::model::{Model, WeightRef};
 use crate::quant::testdata::pattern;
 use crate::runtime::backend::{Backend, Category, DType, DeviceKind};
 use crate::runtime::forward::target_weights;
-use crate::runtime::kv_cache::KvCache;
+use crate::runtime::kv_cache;
 use profile::{
     GpuInfo, HostInfo, LinkInfo, ModelInfo, OtherTensor, PROFILE_SCHEMA, Profile, ProfileEntry,
 };
@@ -59,10 +59,12 @@ pub fn target_ops(model: &Model) -> Vec<TargetOp> {
             } else {
                 (None, "output")
             };
-            let op = match layer {
-                Some(l) => format!("blk.{l}.{kind}"),
-                None => "output".to_string(),
-            };
+            // DESIGN.md: the tensor name without `.weight` (`token_embd` for a tied head).
+            let op = w
+                .name
+                .strip_suffix(".weight")
+                .unwrap_or(&w.name)
+                .to_string();
             TargetOp {
                 op,
                 layer,
@@ -76,7 +78,7 @@ pub fn target_ops(model: &Model) -> Vec<TargetOp> {
 }
 
 /// The layer of a `blk.N.…` tensor name.
-fn layer_of(name: &str) -> Option<usize> {
+pub fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
@@ -106,13 +108,7 @@ pub fn other_tensors(model: &Model) -> Vec<OtherTensor> {
 
 /// FNV-1a (64-bit) of the GGUF header and tensor table, as 16 hex digits.
 pub fn fingerprint(file: &GgufFile) -> String {
-    let head = &file.bytes()[..(file.data_offset as usize).min(file.bytes().len())];
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in head {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", crate::cache::fnv1a(&[file.header_bytes()]))
 }
 
 /// The `model` section of a profile.
@@ -125,7 +121,7 @@ pub fn model_info(model: &Model, file_name: &str) -> ModelInfo {
         arch: hp.arch.name().to_string(),
         n_layer: hp.n_layer,
         fingerprint: fingerprint(&model.file),
-        kv_bytes_per_token: KvCache::bytes_per_token(hp.n_layer, hp.kv_dim()) as u64,
+        kv_bytes_per_token: kv_cache::bytes_per_token(hp.n_layer, hp.kv_dim()) as u64,
         other_weight_bytes: others
             .iter()
             .filter(|t| t.name != "token_embd.weight")
@@ -145,6 +141,17 @@ pub struct ProfileOptions {
     pub reps: usize,
     /// Show a progress bar on stderr (when it is a terminal).
     pub progress: bool,
+}
+
+impl Default for ProfileOptions {
+    /// Decode (1) and the paper's prompt (64), 5 repetitions, a progress bar.
+    fn default() -> Self {
+        ProfileOptions {
+            batches: vec![1, 64],
+            reps: 5,
+            progress: true,
+        }
+    }
 }
 
 /// Median of `reps` timed runs after two warm-ups, in microseconds (the backend's stopwatch).
@@ -333,32 +340,24 @@ pub fn profile_model(
     })
 }
 
-/// Where the cached profile for this model, host and GPU lives: `$OATO_CACHE_DIR/profiles` (or
-/// `~/.cache/oato/profiles`), named by a hash of the model fingerprint, CPU, ISA, threads, GPU
-/// and batch sizes.
+/// Where the cached profile for this model, host and GPU lives: `<cache root>/profiles`, named
+/// by the model fingerprint and a hash of the CPU, ISA, threads, GPU and batch sizes.
 pub fn cache_path(
     fingerprint: &str,
     threads: usize,
     gpu_name: Option<&str>,
     batches: &[usize],
 ) -> Option<PathBuf> {
-    let base = match std::env::var_os("OATO_CACHE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/oato"),
-    };
     let key = format!(
-        "{fingerprint}|{}|{}|{threads}|{}|{batches:?}",
+        "{}|{}|{threads}|{}|{batches:?}",
         cpu_name(),
         isa().name(),
         gpu_name.unwrap_or("-")
     );
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in key.as_bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = crate::cache::fnv1a(&[fingerprint.as_bytes(), key.as_bytes()]);
     Some(
-        base.join("profiles")
+        crate::cache::root()?
+            .join("profiles")
             .join(format!("{fingerprint}-{h:016x}.json")),
     )
 }

@@ -141,27 +141,57 @@ impl Profile {
         }
         let p: Profile = serde_json::from_value(v)
             .map_err(|e| Error::Msg(format!("{what}: not a valid {PROFILE_SCHEMA} file: {e}")))?;
+        // Bounds that keep the scheduler's arithmetic finite and exact.
+        const MAX_DIM: usize = 1 << 32;
+        const MAX_US: f64 = 1e12;
+        let bad = |m: String| Error::Msg(format!("{what}: {m}"));
+        let m = &p.model;
+        if m.n_embd > MAX_DIM || m.n_vocab > MAX_DIM || m.kv_bytes_per_token > 1 << 40 {
+            return Err(bad("model sizes out of range".into()));
+        }
+        let times = |t: &BTreeMap<String, f64>, dev: &str, op: &str| -> Result<()> {
+            let mut seen = std::collections::BTreeSet::new();
+            for (k, v) in t {
+                let b: usize = k.parse().map_err(|_| {
+                    bad(format!(
+                        "operator {op}: {dev} batch key {k:?} is not a whole number"
+                    ))
+                })?;
+                if b == 0 || !seen.insert(b) {
+                    return Err(bad(format!(
+                        "operator {op}: {dev} batch key {k:?} is 0 or repeated"
+                    )));
+                }
+                if !v.is_finite() || *v < 0.0 || *v > MAX_US {
+                    return Err(bad(format!(
+                        "operator {op}: {dev} time {v} at batch {k} is not a time"
+                    )));
+                }
+            }
+            if t.is_empty() {
+                return Err(bad(format!("operator {op} has no {dev} times")));
+            }
+            Ok(())
+        };
+        let mut total = 0u64;
         for o in &p.operators {
-            if o.weight_bytes == 0 {
-                return Err(Error::Msg(format!(
-                    "{what}: operator {} has no weight bytes",
-                    o.op
+            if o.weight_bytes == 0 || o.weight_bytes > m.bytes || o.k > MAX_DIM || o.n > MAX_DIM {
+                return Err(bad(format!(
+                    "operator {} has {} weight bytes and shape {}x{} (model file {} bytes)",
+                    o.op, o.weight_bytes, o.k, o.n, m.bytes
                 )));
             }
-            if o.cpu_us.is_empty() || o.cpu_us.values().any(|t| !t.is_finite() || *t < 0.0) {
-                return Err(Error::Msg(format!(
-                    "{what}: operator {} has bad CPU times",
-                    o.op
-                )));
+            total = total.saturating_add(o.weight_bytes);
+            times(&o.cpu_us, "CPU", &o.op)?;
+            if let Some(g) = &o.gpu_us {
+                times(g, "GPU", &o.op)?;
             }
-            if let Some(g) = &o.gpu_us
-                && (g.is_empty() || g.values().any(|t| !t.is_finite() || *t < 0.0))
-            {
-                return Err(Error::Msg(format!(
-                    "{what}: operator {} has bad GPU times",
-                    o.op
-                )));
-            }
+        }
+        if total > m.bytes {
+            return Err(bad(format!(
+                "the operators' weights ({total} bytes) exceed the model file ({} bytes)",
+                m.bytes
+            )));
         }
         Ok(p)
     }
@@ -178,5 +208,59 @@ mod tests {
         assert_eq!(time_at(&t, 64).unwrap(), 73.0);
         assert_eq!(time_at(&t, 32).unwrap(), 41.0);
         assert_eq!(time_at(&t, 127).unwrap(), 136.0);
+    }
+
+    fn profile_json(edit: impl Fn(&mut serde_json::Value)) -> String {
+        let mut v = serde_json::json!({
+            "schema": PROFILE_SCHEMA,
+            "model": {"file": "m.gguf", "bytes": 1000, "arch": "llama", "n_layer": 1,
+                      "fingerprint": "00", "kv_bytes_per_token": 16, "other_weight_bytes": 8},
+            "host": {"cpu": "c", "threads": 2, "isa": "avx2"},
+            "gpu": null, "link": null, "batches": [1, 64],
+            "operators": [{"op": "blk.0.attn_q", "tensor": "blk.0.attn_q.weight", "layer": 0,
+                           "kind": "attn_q", "dtype": "Q4_0", "k": 32, "n": 32,
+                           "weight_bytes": 576, "in_bytes_per_token": 128,
+                           "out_bytes_per_token": 128, "cpu_us": {"1": 1.0, "64": 9.0},
+                           "gpu_us": null}]
+        });
+        edit(&mut v);
+        v.to_string()
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_with_the_reason() {
+        assert!(Profile::from_json(&profile_json(|_| {}), "p").is_ok());
+        type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
+        let cases: [(Edit, &str); 6] = [
+            (
+                &|v| v["operators"][0]["cpu_us"]["0"] = 1.0.into(),
+                "is 0 or repeated",
+            ),
+            (
+                &|v| v["operators"][0]["cpu_us"]["01"] = 1.0.into(),
+                "is 0 or repeated",
+            ),
+            (
+                &|v| v["operators"][0]["cpu_us"]["x"] = 1.0.into(),
+                "not a whole number",
+            ),
+            (
+                &|v| v["operators"][0]["cpu_us"]["1"] = 1e300.into(),
+                "is not a time",
+            ),
+            (
+                &|v| v["operators"][0]["weight_bytes"] = 5000.into(),
+                "weight bytes",
+            ),
+            (&|v| v["schema"] = "oato.placement/v1".into(), "schema"),
+        ];
+        for (edit, want) in cases {
+            let e = Profile::from_json(&profile_json(edit), "p")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let e = Profile::from_json("{", "p").unwrap_err().to_string();
+        assert!(e.contains("not valid JSON"), "{e}");
     }
 }

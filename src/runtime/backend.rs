@@ -19,15 +19,6 @@ pub enum DeviceKind {
     Gpu,
 }
 
-impl DeviceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Gpu => "gpu",
-        }
-    }
-}
-
 /// Element type of an activation tensor or cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -134,12 +125,6 @@ pub struct Tensor {
     pub dtype: DType,
     pub len: usize,
     pub(crate) data: Box<dyn Any + Send + Sync>,
-}
-
-impl Tensor {
-    pub fn bytes(&self) -> usize {
-        self.len * self.dtype.size()
-    }
 }
 
 /// A weight matrix held by one backend in its GGUF format: `n` rows of `k` (`y = W x`).

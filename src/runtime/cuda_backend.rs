@@ -307,7 +307,7 @@ impl CudaBackend {
                 // A stale or damaged cache file: compile afresh once.
                 Err(_) if cached => {
                     from_cache -= 1;
-                    let bin = kc::compile(src, arch)?;
+                    let bin = kc::compile_fresh(src, arch)?;
                     ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))
                         .map_err(drv(src.name))?
                 }
@@ -605,7 +605,14 @@ impl Backend for CudaBackend {
     }
 
     fn describe(&self) -> String {
-        format!("gpu ({}, sm_{})", self.name, self.arch)
+        format!(
+            "gpu ({}, sm_{}; kernels ready in {:.0} ms, {}/{} from the cache)",
+            self.name,
+            self.arch,
+            self.compile_ms,
+            self.kernels_from_cache,
+            SOURCES.len()
+        )
     }
 
     fn device_name(&self) -> String {

@@ -388,10 +388,6 @@ impl<'m> Session<'m> {
         })
     }
 
-    pub fn backends(&self) -> &[Arc<dyn Backend>] {
-        &self.backends
-    }
-
     /// Forgets every position (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;

@@ -77,12 +77,6 @@ impl Backend for TestDevice {
     ) -> Result<Weight> {
         self.inner.upload_weight(name, ty, k, n, bytes)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
-        // A copy, as a GPU upload makes, not a view of the map.
-        let start = file.data_offset as usize + w.offset;
-        let bytes = &file.bytes()[start..start + w.n_bytes];
-        self.inner.upload_weight(&w.name, w.ty, w.k, w.n, bytes)
-    }
     fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         if let Ok(mut m) = self.prefetches.lock() {
             *m.entry(w.name.clone()).or_default() += 1;

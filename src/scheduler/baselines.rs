@@ -33,6 +33,7 @@ pub(crate) fn plan_cpu(
         kv_bytes: 0,
         workspace_bytes: 0,
         other_weight_bytes: 0,
+        stream_bytes: 0,
         percent: req.budget.percent(),
     };
     let mut notes = Vec::new();
@@ -112,6 +113,7 @@ pub(crate) fn plan_gpu(
         kv_bytes: reservations.kv_bytes,
         workspace_bytes: reservations.workspace_bytes,
         other_weight_bytes: reservations.other_weight_bytes,
+        stream_bytes: 0,
         percent: req.budget.percent(),
     };
     Ok(PlanParts {
@@ -215,16 +217,33 @@ pub(crate) fn plan_layer_split(
         head_target
     };
 
+    // Whatever the budget, the GPU layers with their KV cache and tensors stay within 90% of
+    // the free memory left after the workspace and the non-layer tensors (DESIGN.md: never more
+    // than the free memory); with bytes the cap already says so.
+    let memory_room = (CAP_FRACTION
+        * gpu
+            .free_bytes
+            .saturating_sub(workspace.saturating_add(global_other)) as f64)
+        .floor() as u64;
+    let memory = |b: &LayerBytes| b.target.saturating_add(b.other).saturating_add(b.kv);
     // Walk the layers from the last, stop at the first that does not fit.
     let mut used = 0u64;
+    let mut used_memory = 0u64;
     let mut on_gpu: BTreeMap<usize, bool> = BTreeMap::new();
     let mut misfit: Option<(usize, u64)> = None;
     for (&l, b) in layers.iter().rev() {
         let cum = used.saturating_add(layer_cost(b));
-        let fits = misfit.is_none() && cum <= cap_bytes;
+        let cum_memory = used_memory.saturating_add(memory(b));
+        let fits = misfit.is_none() && cum <= cap_bytes && cum_memory <= memory_room;
         if fits {
             used = cum;
+            used_memory = cum_memory;
         } else if misfit.is_none() {
+            if cum <= cap_bytes {
+                notes.push(format!(
+                    "layer {l} fits the cap but not the GPU's free memory; the layers stop there"
+                ));
+            }
             misfit = Some((l, cum));
         }
         on_gpu.insert(l, fits);
@@ -232,7 +251,9 @@ pub(crate) fn plan_layer_split(
     let gpu_layers = on_gpu.values().filter(|&&g| g).count();
     let all_layers = gpu_layers == layers.len();
     let head_cum = used.saturating_add(head_cost);
-    let head_on_gpu = head_target > 0 && all_layers && head_cum <= cap_bytes;
+    let head_memory = used_memory.saturating_add(head_target + head_norm);
+    let head_on_gpu =
+        head_target > 0 && all_layers && head_cum <= cap_bytes && head_memory <= memory_room;
 
     let mut devices = Vec::with_capacity(model.ops.len());
     let mut rules = Vec::with_capacity(model.ops.len());
@@ -321,6 +342,7 @@ pub(crate) fn plan_layer_split(
         kv_bytes,
         workspace_bytes,
         other_weight_bytes,
+        stream_bytes: 0,
         percent: req.budget.percent(),
     };
     Ok(PlanParts {
@@ -345,7 +367,15 @@ pub(crate) fn plan_flexgen(
     model: &CostModel,
 ) -> Result<Placement> {
     let gpu = gpu_info(profile, req.policy)?;
-    let reservations = Reservations::for_request(profile, req);
+    let mut reservations = Reservations::for_request(profile, req);
+    // Streamed weights need room for two layers at a time: the two largest stages.
+    let mut stages: Vec<u64> = model
+        .stages()
+        .iter()
+        .map(|s| s.iter().map(|&i| model.ops[i].weight_bytes).sum())
+        .collect();
+    stages.sort_unstable_by(|a, b| b.cmp(a));
+    reservations.stream_bytes = stages.iter().take(2).sum();
     let cap = weight_cap(
         req.budget,
         &reservations.parts(req.ctx_tokens),

@@ -304,7 +304,7 @@ impl CostModel {
     }
 
     /// Stages in execution order: each layer's operators (by index), then the head's.
-    fn stages(&self) -> Vec<Vec<usize>> {
+    pub(crate) fn stages(&self) -> Vec<Vec<usize>> {
         let mut order: Vec<usize> = (0..self.ops.len()).collect();
         order.sort_by_key(|&i| (self.ops[i].layer.is_none(), self.ops[i].layer, i));
         let mut stages: Vec<Vec<usize>> = Vec::new();
@@ -373,6 +373,8 @@ pub(crate) struct Reservations {
     pub kv_bytes: u64,
     pub workspace_bytes: u64,
     pub other_weight_bytes: u64,
+    /// flexgen: room for two layers of streamed weights (the one computing, the next).
+    pub stream_bytes: u64,
 }
 
 impl Reservations {
@@ -384,6 +386,7 @@ impl Reservations {
                 .saturating_mul(req.ctx_tokens as u64),
             workspace_bytes: workspace_bytes(profile, req.prompt_tokens),
             other_weight_bytes: profile.model.other_weight_bytes,
+            stream_bytes: 0,
         }
     }
 
@@ -391,15 +394,20 @@ impl Reservations {
         self.kv_bytes
             .saturating_add(self.workspace_bytes)
             .saturating_add(self.other_weight_bytes)
+            .saturating_add(self.stream_bytes)
     }
 
     /// The named parts, for messages.
     pub fn parts(&self, ctx_tokens: usize) -> Vec<(String, u64)> {
-        vec![
+        let mut v = vec![
             (format!("KV cache for {ctx_tokens} tokens"), self.kv_bytes),
             ("workspace".to_string(), self.workspace_bytes),
             ("non-target weights".to_string(), self.other_weight_bytes),
-        ]
+        ];
+        if self.stream_bytes > 0 {
+            v.push(("two streamed layers".to_string(), self.stream_bytes));
+        }
+        v
     }
 }
 
@@ -434,8 +442,19 @@ pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
             .map_or(0, |o| o.n as u64),
         n => n as u64,
     };
+    workspace_for(largest_weight, n_embd, n_ff, n_vocab, prompt_tokens)
+}
+
+/// [`workspace_bytes`] from the shapes: the largest weight's k×n, the widths, the prompt length.
+pub fn workspace_for(
+    largest_kn: u64,
+    n_embd: u64,
+    n_ff: u64,
+    n_vocab: u64,
+    prompt_tokens: usize,
+) -> u64 {
     let activations = 4 * n_embd + 2 * n_ff + n_vocab;
-    largest_weight
+    largest_kn
         .saturating_mul(2)
         .min(GEMM_SLICE_BYTES as u64)
         .saturating_add((4 * prompt_tokens as u64).saturating_mul(activations))
@@ -511,20 +530,21 @@ pub(crate) fn weight_cap(
             }
             let mut notes = Vec::new();
             let mut cap_bytes = cap_bytes;
-            // Never more than the device's free memory, whatever the budget (DESIGN.md).
-            if needed > gpu.free_bytes {
-                if gpu.free_bytes <= reserved_total {
-                    return Err(Error::Usage(format!(
-                        "--vram-budget {pct}%: the GPU's free memory {} leaves no room for weights \
-                         after the reservations: {}",
-                        mib(gpu.free_bytes),
-                        itemised()
-                    )));
-                }
-                let fits = (CAP_FRACTION * (gpu.free_bytes - reserved_total) as f64).floor() as u64;
+            // Never more than the device's free memory, whatever the budget (DESIGN.md): the cap
+            // is at most what a byte budget of all the free memory would give.
+            if gpu.free_bytes <= reserved_total {
+                return Err(Error::Usage(format!(
+                    "--vram-budget {pct}%: the GPU's free memory {} leaves no room for weights \
+                     after the reservations: {}",
+                    mib(gpu.free_bytes),
+                    itemised()
+                )));
+            }
+            let fits = (CAP_FRACTION * (gpu.free_bytes - reserved_total) as f64).floor() as u64;
+            if cap_bytes > fits {
                 notes.push(format!(
-                    "reservations {} + {pct}% of the weights ({}) exceed the GPU's free memory {}; \
-                     cap clamped to {}",
+                    "reservations {} + {pct}% of the weights ({}) go past 90% of the GPU's free \
+                     memory {} after the reservations; cap clamped to {}",
                     mib(reserved_total),
                     mib(cap_bytes),
                     mib(gpu.free_bytes),

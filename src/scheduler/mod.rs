@@ -23,6 +23,7 @@ use crate::profiler::profile::{GpuInfo, Profile};
 use cost::{CostModel, MIB, PerPass, Reservations, WeightCap};
 use oato::Ranking;
 
+pub use cost::workspace_for;
 pub use oato::MAX_ROUNDS;
 pub use placement::{
     BudgetReport, Device, OrderEntry, PLACEMENT_SCHEMA, Placement, PlacementModel, Predicted,
@@ -289,6 +290,7 @@ impl BudgetReport {
             kv_bytes: reservations.kv_bytes,
             workspace_bytes: reservations.workspace_bytes,
             other_weight_bytes: reservations.other_weight_bytes,
+            stream_bytes: reservations.stream_bytes,
             percent: budget.percent(),
         }
     }

@@ -71,7 +71,8 @@ pub(crate) fn fill(
     let mut stopped = false;
     for &i in &ranking.order {
         let weight = model.ops[i].weight_bytes;
-        rules[i] = if ranking.benefits[i] <= 0.0 {
+        let positive = ranking.benefits[i] > 0.0; // NaN is not positive
+        rules[i] = if !positive {
             "benefit ≤ 0".to_string()
         } else if stopped {
             "after stop".to_string()

@@ -9,6 +9,10 @@ use crate::error::{Error, Result};
 
 use super::Policy;
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 pub const PLACEMENT_SCHEMA: &str = "oato.placement/v1";
 
 /// Where a weight lives. Under `flexgen`, `Cpu` means streamed to the GPU for each use.
@@ -87,6 +91,9 @@ pub struct BudgetReport {
     pub workspace_bytes: u64,
     #[serde(default)]
     pub other_weight_bytes: u64,
+    /// Extra (flexgen): room for two layers of streamed weights.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stream_bytes: u64,
     /// Extra: the percentage given, when the budget was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<f64>,

@@ -785,3 +785,86 @@ fn the_table_shows_every_operator_and_the_budget() {
     assert!(table.contains(&format!("rounds: {}", p.rounds)), "{table}");
     assert!(table.contains("predicted: TTFT"), "{table}");
 }
+
+#[test]
+fn a_larger_percentage_never_gets_a_smaller_cap() {
+    let mut prof = reserving_profile();
+    let probe = plan(
+        &prof,
+        &PlanRequest::new(Policy::Oato, Budget::Percent(10.0)),
+    )
+    .unwrap();
+    let reserved = probe.budget.reserved_bytes;
+    // 4 MiB free after the reservations: at most 3.6 MiB of the 6 MiB of weights.
+    prof.gpu.as_mut().unwrap().free_bytes = reserved + 4 * MIB_BYTES;
+    let limit = (0.9 * (4 * MIB_BYTES) as f64).floor() as u64;
+    let mut last = 0;
+    for pct in [10.0, 30.0, 50.0, 59.0, 61.0, 70.0, 90.0, 100.0] {
+        let p = plan(&prof, &PlanRequest::new(Policy::Oato, Budget::Percent(pct))).unwrap();
+        assert!(
+            p.budget.cap_bytes >= last,
+            "{pct}%: cap {} < {last}",
+            p.budget.cap_bytes
+        );
+        assert!(
+            p.budget.cap_bytes <= limit,
+            "{pct}%: cap {}",
+            p.budget.cap_bytes
+        );
+        assert_eq!(
+            p.notes.iter().any(|n| n.contains("clamped")),
+            pct > 60.0,
+            "{pct}%"
+        );
+        last = p.budget.cap_bytes;
+    }
+    assert_eq!(last, limit);
+}
+
+#[test]
+fn layer_split_with_a_percentage_stays_within_free_memory() {
+    let mut prof = layered_profile();
+    // Each layer takes 2 MiB of weights + 1 KiB of tensors + 0.25 MiB of KV cache (256 tokens);
+    // the non-layer tensors (rope_freqs) 512 bytes; no workspace. Free memory for 2.5 layers.
+    let per_layer = 2 * MIB_BYTES + 1024 + MIB_BYTES / 4;
+    prof.gpu.as_mut().unwrap().free_bytes = 512 + ((2.5 * per_layer as f64) / 0.9).ceil() as u64;
+    let p = plan(
+        &prof,
+        &layered_request(Policy::LayerSplit, Budget::Percent(100.0)),
+    )
+    .unwrap();
+    let gpu_layers: Vec<&str> = p
+        .order
+        .iter()
+        .filter(|e| e.device == Device::Gpu)
+        .map(|e| e.op.as_str())
+        .collect();
+    assert_eq!(gpu_layers.len(), 4, "{gpu_layers:?}");
+    assert!(
+        gpu_layers
+            .iter()
+            .all(|o| o.starts_with("blk.2.") || o.starts_with("blk.3."))
+    );
+    assert!(
+        p.notes.iter().any(|n| n.contains("free memory")),
+        "{:?}",
+        p.notes
+    );
+}
+
+#[test]
+fn flexgen_reserves_two_streamed_layers_and_the_placer_agrees() {
+    let prof = layered_profile();
+    let p = plan(
+        &prof,
+        &layered_request(Policy::Flexgen, Budget::Percent(50.0)),
+    )
+    .unwrap();
+    // The two largest stages: two layers of 2 MiB.
+    assert_eq!(p.budget.stream_bytes, 4 * MIB_BYTES);
+    assert_eq!(
+        p.budget.reserved_bytes,
+        p.budget.kv_bytes + p.budget.workspace_bytes + p.budget.other_weight_bytes + 4 * MIB_BYTES
+    );
+    assert!(p.to_json().unwrap().contains("\"stream_bytes\""));
+}

@@ -36,7 +36,7 @@ const ZERO: Lanes16 = Lanes16([0.0; 16]);
 
 /// Whether [`attention`] takes these shapes: head sizes that are a multiple of 32 up to 128.
 pub fn supports(s: AttnShape) -> bool {
-    s.head_dim.is_multiple_of(32) && s.head_dim <= 128 && s.n_head_kv > 0
+    matches!(s.head_dim, 32 | 64 | 96 | 128) && s.n_head_kv > 0
 }
 
 /// As `attention::attention`, for shapes [`supports`] takes, on a CPU with AVX-512.
@@ -54,7 +54,8 @@ pub fn attention(
         1 => unsafe { run::<1>(s, q, k_cache, v_cache, pos0, out) },
         2 => unsafe { run::<2>(s, q, k_cache, v_cache, pos0, out) },
         3 => unsafe { run::<3>(s, q, k_cache, v_cache, pos0, out) },
-        _ => unsafe { run::<4>(s, q, k_cache, v_cache, pos0, out) },
+        4 => unsafe { run::<4>(s, q, k_cache, v_cache, pos0, out) },
+        _ => unreachable!("supports() admits head sizes 32, 64, 96 and 128 only"),
     }
 }
 

@@ -310,7 +310,7 @@ pub unsafe fn expf8(x: __m256) -> __m256 {
     _mm256_loadu_ps(os.as_ptr())
 }
 
-/// [`super::ops::swiglu_inplace`] sixteen elements at a time: `g / (1 + expf(-g)) * u`, the same
+/// [`super::ops::swiglu_inplace`] eight elements at a time: `g / (1 + expf(-g)) * u`, the same
 /// f32 operations lane by lane.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use cudarc::nvrtc::sys as nv;
 
+use crate::cache::fnv1a;
 use crate::error::{Error, Result};
 
 /// The header every source includes, mirroring `src/quant`'s block layouts.
@@ -197,61 +198,47 @@ fn cubin(prog: nv::nvrtcProgram) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// FNV-1a over the parts, as the cache key.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// `$OATO_CACHE_DIR`, else `$XDG_CACHE_HOME/oato`, else `~/.cache/oato`; then `cuda/`.
-fn cache_dir() -> Option<PathBuf> {
-    let base = if let Some(d) = std::env::var_os("OATO_CACHE_DIR") {
-        PathBuf::from(d)
-    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        PathBuf::from(d).join("oato")
-    } else {
-        PathBuf::from(std::env::var_os("HOME")?).join(".cache/oato")
-    };
-    Some(base.join("cuda"))
-}
-
 /// The CUBIN of `src` for `sm_<arch>`: from the disk cache when a file with the same source,
 /// header, options, architecture and NVRTC version exists, else compiled and stored. The flag
 /// says whether it came from the cache.
 pub fn compile_cached(src: &Source, arch: u32) -> Result<(Vec<u8>, bool)> {
-    let (major, minor) = nvrtc_version()?;
-    let opts = options(arch).join(" ");
-    let key = fnv1a(&[src.code.as_bytes(), HEADER.1.as_bytes(), opts.as_bytes()]);
-    let file = cache_dir().map(|d| {
-        d.join(format!(
-            "{}-{key:016x}-sm{arch}-nvrtc{major}.{minor}.cubin",
-            src.name.trim_end_matches(".cu")
-        ))
-    });
+    let file = cache_file(src, arch)?;
     if let Some(f) = &file
         && let Ok(bytes) = std::fs::read(f)
         && !bytes.is_empty()
     {
         return Ok((bytes, true));
     }
+    Ok((compile_fresh(src, arch)?, false))
+}
+
+/// Compiles `src` for `sm_<arch>` and stores the CUBIN in the cache, replacing what was there
+/// (also a damaged entry the driver refused).
+pub fn compile_fresh(src: &Source, arch: u32) -> Result<Vec<u8>> {
     let bin = compile(src, arch)?;
-    if let Some(f) = &file {
+    if let Some(f) = cache_file(src, arch)? {
         // A cache that cannot be written only costs a recompile next time.
         if let Some(dir) = f.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         let tmp = f.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &bin).is_ok() {
-            let _ = std::fs::rename(&tmp, f);
+            let _ = std::fs::rename(&tmp, &f);
         }
     }
-    Ok((bin, false))
+    Ok(bin)
+}
+
+/// The cache entry for `src` on `sm_<arch>`: named by a hash of the source, the header and the
+/// options, the architecture and the NVRTC version.
+fn cache_file(src: &Source, arch: u32) -> Result<Option<PathBuf>> {
+    let (major, minor) = nvrtc_version()?;
+    let opts = options(arch).join(" ");
+    let key = fnv1a(&[src.code.as_bytes(), HEADER.1.as_bytes(), opts.as_bytes()]);
+    Ok(crate::cache::root().map(|d| {
+        d.join("cuda").join(format!(
+            "{}-{key:016x}-sm{arch}-nvrtc{major}.{minor}.cubin",
+            src.name.trim_end_matches(".cu")
+        ))
+    }))
 }
