@@ -542,6 +542,10 @@ impl<'m> Session<'m> {
         )?;
         let od = self.output.dev;
         release(std::slice::from_mut(&mut self.output), bes)?;
+        // The next call starts with layer 0: its streamed weights' copy starts now.
+        if let Some(first) = self.layers.first_mut() {
+            fetch(&mut first.w, bes, file)?;
+        }
         let mut logits = vec![0f32; rows * hp.n_vocab];
         bes[od].read(a.logits.get(od)?, 0, &mut logits)?;
         self.n_past += n;
