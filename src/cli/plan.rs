@@ -21,9 +21,9 @@ pub struct PlanArgs {
     /// weights (75%).
     #[arg(long = "vram-budget")]
     pub vram_budget: String,
-    /// oato, layer-split, flexgen, cpu or gpu.
-    #[arg(long, default_value = "oato")]
-    pub policy: String,
+    /// How the weights are placed.
+    #[arg(long, value_enum, default_value = "oato")]
+    pub policy: Policy,
     /// Workload: prompt tokens (prefill batch).
     #[arg(long = "prompt-tokens", default_value_t = DEFAULT_PROMPT_TOKENS)]
     pub prompt_tokens: usize,
@@ -45,7 +45,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.profile).map_err(|e| Error::io(&a.profile, e))?;
     let profile = Profile::from_json(&text, &a.profile.display().to_string())?;
     let req = PlanRequest {
-        policy: Policy::from_name(&a.policy)?,
+        policy: a.policy,
         budget: parse_budget(&a.vram_budget)?,
         prompt_tokens: a.prompt_tokens,
         gen_tokens: a.gen_tokens,

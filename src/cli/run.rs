@@ -77,9 +77,9 @@ pub struct RunArgs {
     /// profile), plan, place, run.
     #[arg(long = "vram-budget", conflicts_with = "placement")]
     pub vram_budget: Option<String>,
-    /// Placement policy for --vram-budget: oato, layer-split, flexgen, cpu or gpu.
-    #[arg(long, default_value = "oato", requires = "vram_budget")]
-    pub policy: String,
+    /// Placement policy for --vram-budget.
+    #[arg(long, value_enum, default_value = "oato", requires = "vram_budget")]
+    pub policy: Policy,
     /// Run with this placement file (oato.placement/v1) instead of planning one.
     #[arg(long)]
     pub placement: Option<PathBuf>,
@@ -107,7 +107,7 @@ fn placed_map(
         }
         (None, Some(budget)) => {
             let req = PlanRequest {
-                policy: Policy::from_name(&a.policy)?,
+                policy: a.policy,
                 budget: parse_budget(budget)?,
                 prompt_tokens,
                 gen_tokens: a.n_predict,

@@ -8,9 +8,10 @@ use crate::error::{Error, Result};
 use crate::profiler::profile::Profile;
 
 use super::cost::{
-    CAP_FRACTION, CostModel, Reservations, check_percent, mib, weight_cap, workspace_bytes,
+    CAP_FRACTION, CostModel, Reservations, WeightCap, check_percent, mib, weight_cap,
+    workspace_bytes,
 };
-use super::oato::Ranking;
+use super::oato::{Fill, Fit, Ranking};
 use super::placement::{BudgetReport, Device, Placement};
 use super::{Budget, PlanParts, PlanRequest, Policy, gpu_info, is_head_norm};
 
@@ -22,20 +23,15 @@ pub(crate) fn plan_cpu(
 ) -> Result<Placement> {
     let n = model.ops.len();
     let devices = vec![Device::Cpu; n];
-    let budget = BudgetReport {
+    let nothing = WeightCap {
         vram_budget_bytes: match req.budget {
             Budget::Bytes(b) => b,
             Budget::Percent(_) => 0,
         },
-        reserved_bytes: 0,
-        cap_fraction: CAP_FRACTION,
         cap_bytes: 0,
-        kv_bytes: 0,
-        workspace_bytes: 0,
-        other_weight_bytes: 0,
-        stream_bytes: 0,
-        percent: req.budget.percent(),
+        notes: Vec::new(),
     };
+    let budget = BudgetReport::new(req.budget, &nothing, &Reservations::default(), CAP_FRACTION);
     let mut notes = Vec::new();
     if !model.has_gpu() {
         notes.push("the profile has no GPU timings: every benefit is 0".to_string());
@@ -103,19 +99,14 @@ pub(crate) fn plan_gpu(
     }
     let n = model.ops.len();
     let devices = vec![Device::Gpu; n];
-    let budget = BudgetReport {
+    let cap = WeightCap {
         vram_budget_bytes,
-        reserved_bytes: reservations.total(),
-        cap_fraction: 1.0,
         cap_bytes: vram_budget_bytes
             .min(gpu.free_bytes)
             .saturating_sub(reservations.total()),
-        kv_bytes: reservations.kv_bytes,
-        workspace_bytes: reservations.workspace_bytes,
-        other_weight_bytes: reservations.other_weight_bytes,
-        stream_bytes: 0,
-        percent: req.budget.percent(),
+        notes: Vec::new(),
     };
+    let budget = BudgetReport::new(req.budget, &cap, &reservations, 1.0);
     Ok(PlanParts {
         policy: Policy::Gpu,
         ranking: Ranking::new(model, None),
@@ -226,19 +217,13 @@ pub(crate) fn plan_layer_split(
             .saturating_sub(workspace.saturating_add(global_other)) as f64)
         .floor() as u64;
     let memory = |b: &LayerBytes| b.target.saturating_add(b.other).saturating_add(b.kv);
-    // Walk the layers from the last, stop at the first that does not fit.
-    let mut used = 0u64;
-    let mut used_memory = 0u64;
+    // Walk the layers from the last, stop at the first that does not fit the cap or the memory.
+    let mut fill = Fill::new([cap_bytes, memory_room]);
     let mut on_gpu: BTreeMap<usize, bool> = BTreeMap::new();
     let mut misfit: Option<(usize, u64)> = None;
     for (&l, b) in layers.iter().rev() {
-        let cum = used.saturating_add(layer_cost(b));
-        let cum_memory = used_memory.saturating_add(memory(b));
-        let fits = misfit.is_none() && cum <= cap_bytes && cum_memory <= memory_room;
-        if fits {
-            used = cum;
-            used_memory = cum_memory;
-        } else if misfit.is_none() {
+        let fit = fill.offer([layer_cost(b), memory(b)]);
+        if let Fit::FirstMisfit([cum, _]) = fit {
             if cum <= cap_bytes {
                 notes.push(format!(
                     "layer {l} fits the cap but not the GPU's free memory; the layers stop there"
@@ -246,8 +231,9 @@ pub(crate) fn plan_layer_split(
             }
             misfit = Some((l, cum));
         }
-        on_gpu.insert(l, fits);
+        on_gpu.insert(l, matches!(fit, Fit::Fits(_)));
     }
+    let [used, used_memory] = fill.used;
     let gpu_layers = on_gpu.values().filter(|&&g| g).count();
     let all_layers = gpu_layers == layers.len();
     let head_cum = used.saturating_add(head_cost);
@@ -293,14 +279,17 @@ pub(crate) fn plan_layer_split(
             other: acc.other + b.other,
             kv: acc.kv + b.kv,
         });
-    let kv_bytes = gpu_layer_bytes.kv;
-    let other_weight_bytes = if gpu_in_use {
-        gpu_layer_bytes.other + global_other + if head_on_gpu { head_norm } else { 0 }
-    } else {
-        0
+    let reservations = Reservations {
+        kv_bytes: gpu_layer_bytes.kv,
+        workspace_bytes: if gpu_in_use { workspace } else { 0 },
+        other_weight_bytes: if gpu_in_use {
+            gpu_layer_bytes.other + global_other + if head_on_gpu { head_norm } else { 0 }
+        } else {
+            0
+        },
+        stream_bytes: 0,
     };
-    let workspace_bytes = if gpu_in_use { workspace } else { 0 };
-    let reserved_bytes = kv_bytes + other_weight_bytes + workspace_bytes;
+    let reserved_bytes = reservations.total();
     let gpu_weights = gpu_layer_bytes.target + if head_on_gpu { head_target } else { 0 };
 
     let vram_budget_bytes = match req.budget {
@@ -334,17 +323,12 @@ pub(crate) fn plan_layer_split(
                 .to_string(),
         );
     }
-    let budget = BudgetReport {
+    let cap = WeightCap {
         vram_budget_bytes,
-        reserved_bytes,
-        cap_fraction: CAP_FRACTION,
         cap_bytes,
-        kv_bytes,
-        workspace_bytes,
-        other_weight_bytes,
-        stream_bytes: 0,
-        percent: req.budget.percent(),
+        notes: Vec::new(),
     };
+    let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
     Ok(PlanParts {
         policy: Policy::LayerSplit,
         ranking: Ranking::new(model, None),
@@ -386,19 +370,15 @@ pub(crate) fn plan_flexgen(
     walk.sort_by_key(|&i| (model.ops[i].layer.is_none(), model.ops[i].layer, i));
     let mut devices = vec![Device::Cpu; model.ops.len()];
     let mut rules = vec![String::new(); model.ops.len()];
-    let mut used = 0u64;
-    let mut stopped = false;
+    let mut fill = Fill::new([cap.cap_bytes]);
     for i in walk {
-        let cum = used.saturating_add(model.ops[i].weight_bytes);
-        rules[i] = if stopped {
-            "streamed".to_string()
-        } else if cum <= cap.cap_bytes {
-            used = cum;
-            devices[i] = Device::Gpu;
-            format!("resident (cum {} ≤ cap)", mib(cum))
-        } else {
-            stopped = true;
-            format!("streamed: first misfit (cum {} > cap)", mib(cum))
+        rules[i] = match fill.offer([model.ops[i].weight_bytes]) {
+            Fit::Fits([cum]) => {
+                devices[i] = Device::Gpu;
+                format!("resident (cum {} ≤ cap)", mib(cum))
+            }
+            Fit::FirstMisfit([cum]) => format!("streamed: first misfit (cum {} > cap)", mib(cum)),
+            Fit::AfterStop => "streamed".to_string(),
         };
     }
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);

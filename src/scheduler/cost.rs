@@ -4,7 +4,7 @@
 //! before any weight is placed (DESIGN.md, "Budget").
 
 use crate::error::{Error, Result};
-use crate::profiler::profile::{GpuInfo, Profile, time_at};
+use crate::profiler::profile::{GpuInfo, LinkInfo, Profile, time_at};
 use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 
 use super::placement::{Device, Predicted};
@@ -62,8 +62,9 @@ pub(crate) struct OpCost {
     pub layer: Option<usize>,
     pub weight_bytes: u64,
     pub cpu: PerPass,
-    /// `None` when the profile has no GPU timings.
-    pub gpu: Option<PerPass>,
+    /// Zero when the profile has no GPU timings ([`CostModel::has_gpu`]): then only the `cpu`
+    /// policy plans, and nothing asks for a GPU time.
+    pub gpu: PerPass,
     pub in_bytes_per_token: u64,
     /// GPU→CPU copy of the operator's input activation.
     pub input_copy: PerPass,
@@ -75,21 +76,13 @@ pub(crate) struct OpCost {
 }
 
 impl OpCost {
-    /// Time on `device`; an operator without GPU timings is charged its CPU time.
+    /// Time on `device`.
     fn time_on(&self, device: Device) -> PerPass {
-        match (device, self.gpu) {
-            (Device::Gpu, Some(g)) => g,
-            _ => self.cpu,
+        match device {
+            Device::Gpu => self.gpu,
+            Device::Cpu => self.cpu,
         }
     }
-}
-
-/// The link's speeds, from the profile.
-#[derive(Clone, Copy, Debug)]
-struct Link {
-    h2d_gbps: f64,
-    d2h_gbps: f64,
-    latency_us: f64,
 }
 
 /// Direction of a copy over the link.
@@ -106,7 +99,7 @@ pub(crate) struct CostModel {
     pub gen_tokens: f64,
     prompt_tokens: usize,
     /// `None` without a GPU: nothing crosses.
-    link: Option<Link>,
+    link: Option<LinkInfo>,
 }
 
 /// Which activation an operator reads, for the shared-copy rule: q/k/v of a layer read one, gate
@@ -136,7 +129,7 @@ impl CostModel {
                         l.h2d_gbps, l.d2h_gbps, l.latency_us
                     )));
                 }
-                Some(Link {
+                Some(LinkInfo {
                     h2d_gbps: l.h2d_gbps,
                     d2h_gbps: l.d2h_gbps,
                     latency_us: l.latency_us.max(0.0),
@@ -178,8 +171,8 @@ impl CostModel {
             };
             let cpu = per_pass(&e.cpu_us)?;
             let gpu = match (&e.gpu_us, has_gpu) {
-                (Some(t), true) => Some(per_pass(t)?),
-                _ => None,
+                (Some(t), true) => per_pass(t)?,
+                _ => PerPass::default(),
             };
             let key = input_family(&e.kind).map(|family| (e.layer, family));
             let input_group = match groups.iter().position(|g| key.is_some() && *g == key) {
@@ -213,7 +206,7 @@ impl CostModel {
     /// Link time of `bytes_per_token` for each pass (zero without a link):
     /// `latency + bytes / (gbps * 1e3)` microseconds.
     fn copy(&self, bytes_per_token: u64, direction: Direction) -> PerPass {
-        let Some(link) = self.link else {
+        let Some(link) = &self.link else {
             return PerPass::default();
         };
         let gbps = match direction {
@@ -260,17 +253,15 @@ impl CostModel {
     /// `B_i = (Tc_i - Tg_i + ΔX_i(π)) / M_i` in microseconds per byte for every operator.
     /// Without GPU timings every benefit is 0.
     pub fn benefits(&self, placement: Option<&[Device]>) -> Vec<f64> {
+        if !self.has_gpu() {
+            return vec![0.0; self.ops.len()];
+        }
         let g = self.gen_tokens;
         (0..self.ops.len())
             .map(|i| {
                 let op = &self.ops[i];
-                match op.gpu {
-                    Some(gpu) => {
-                        (op.cpu.total(g) - gpu.total(g) + self.transfer_penalty(i, placement))
-                            / op.weight_bytes as f64
-                    }
-                    None => 0.0,
-                }
+                (op.cpu.total(g) - op.gpu.total(g) + self.transfer_penalty(i, placement))
+                    / op.weight_bytes as f64
             })
             .collect()
     }
@@ -331,7 +322,7 @@ impl CostModel {
                     streamed_bytes += self.ops[i].weight_bytes;
                 }
             }
-            let upload = match self.link {
+            let upload = match &self.link {
                 Some(l) if streamed_bytes > 0 => {
                     l.latency_us + streamed_bytes as f64 / (l.h2d_gbps * 1e3)
                 }

@@ -13,7 +13,6 @@ mod report;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -80,27 +79,6 @@ impl Policy {
             Policy::Gpu => "gpu",
         }
     }
-
-    /// Parses a policy name as `--policy` takes it.
-    pub fn from_name(name: &str) -> Result<Policy> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
-                Error::Usage(format!(
-                    "--policy {name:?}: unknown policy (one of {})",
-                    names.join(", ")
-                ))
-            })
-    }
-}
-
-impl FromStr for Policy {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Policy> {
-        Policy::from_name(s)
-    }
 }
 
 impl std::fmt::Display for Policy {
@@ -123,13 +101,6 @@ impl Budget {
             Budget::Percent(p) => Some(p),
             Budget::Bytes(_) => None,
         }
-    }
-}
-
-impl FromStr for Budget {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Budget> {
-        parse_budget(s)
     }
 }
 

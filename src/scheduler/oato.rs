@@ -55,10 +55,57 @@ pub(crate) fn affinities(benefits: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// The fill: walk the order, put each operator on the GPU while the cumulative weight bytes stay
-/// within `cap_bytes`; at the first that does not fit stop, leaving it and all after it on the
-/// CPU. An operator whose benefit is not positive stays on the CPU. Returns each operator's
-/// device and the rule that placed it, by operator index.
+/// How one item fared in a [`Fill`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Fit<const N: usize> {
+    /// Taken: the cumulative bytes with it, against each cap.
+    Fits([u64; N]),
+    /// The first item that did not fit: the cumulative bytes it would have made. The fill stops.
+    FirstMisfit([u64; N]),
+    /// Not tried: an earlier item did not fit.
+    AfterStop,
+}
+
+/// The fill every policy shares: items are offered in order and taken while the cumulative bytes
+/// stay within every one of the `N` caps (the weight cap; for `layer-split` also the GPU's free
+/// memory); the first that does not fit stops it, and it and every later item are left out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fill<const N: usize> {
+    caps: [u64; N],
+    /// The cumulative bytes taken so far, against each cap.
+    pub used: [u64; N],
+    stopped: bool,
+}
+
+impl<const N: usize> Fill<N> {
+    pub fn new(caps: [u64; N]) -> Fill<N> {
+        Fill {
+            caps,
+            used: [0; N],
+            stopped: false,
+        }
+    }
+
+    /// Offers an item that takes `bytes` against each cap.
+    pub fn offer(&mut self, bytes: [u64; N]) -> Fit<N> {
+        if self.stopped {
+            return Fit::AfterStop;
+        }
+        let cum: [u64; N] = std::array::from_fn(|k| self.used[k].saturating_add(bytes[k]));
+        if cum.iter().zip(&self.caps).all(|(c, cap)| c <= cap) {
+            self.used = cum;
+            Fit::Fits(cum)
+        } else {
+            self.stopped = true;
+            Fit::FirstMisfit(cum)
+        }
+    }
+}
+
+/// OATO's fill: walk the order, put each operator on the GPU while the cumulative weight bytes
+/// stay within `cap_bytes`; at the first that does not fit stop, leaving it and all after it on
+/// the CPU. An operator whose benefit is not positive stays on the CPU (and is not offered).
+/// Returns each operator's device and the rule that placed it, by operator index.
 pub(crate) fn fill(
     model: &CostModel,
     ranking: &Ranking,
@@ -67,25 +114,20 @@ pub(crate) fn fill(
     let n = model.ops.len();
     let mut devices = vec![Device::Cpu; n];
     let mut rules = vec![String::new(); n];
-    let mut used = 0u64;
-    let mut stopped = false;
+    let mut walk = Fill::new([cap_bytes]);
     for &i in &ranking.order {
-        let weight = model.ops[i].weight_bytes;
         let positive = ranking.benefits[i] > 0.0; // NaN is not positive
         rules[i] = if !positive {
             "benefit ≤ 0".to_string()
-        } else if stopped {
-            "after stop".to_string()
-        } else if used.saturating_add(weight) <= cap_bytes {
-            used += weight;
-            devices[i] = Device::Gpu;
-            format!("fits (cum {} ≤ cap)", mib(used))
         } else {
-            stopped = true;
-            format!(
-                "first misfit (cum {} > cap): stop",
-                mib(used.saturating_add(weight))
-            )
+            match walk.offer([model.ops[i].weight_bytes]) {
+                Fit::Fits([cum]) => {
+                    devices[i] = Device::Gpu;
+                    format!("fits (cum {} ≤ cap)", mib(cum))
+                }
+                Fit::FirstMisfit([cum]) => format!("first misfit (cum {} > cap): stop", mib(cum)),
+                Fit::AfterStop => "after stop".to_string(),
+            }
         };
     }
     (devices, rules)

@@ -183,9 +183,4 @@ impl Placement {
             })
             .map_err(|e| Error::Msg(format!("placement: cannot write JSON: {e}")))
     }
-
-    /// The device of every target operator's weight, by op id.
-    pub fn op_device(&self, op: &str) -> Option<Device> {
-        self.order.iter().find(|e| e.op == op).map(|e| e.device)
-    }
 }

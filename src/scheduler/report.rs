@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
+use crate::profiler::layer_of;
+
 use super::Policy;
 use super::cost::mib;
 use super::placement::{Device, OrderEntry, Placement};
@@ -130,8 +132,7 @@ pub fn llama_ot(p: &Placement) -> String {
 
 /// An entry's layer, from the field or (older files) from a `blk.N.` op id.
 fn entry_layer(e: &OrderEntry) -> Option<usize> {
-    e.layer
-        .or_else(|| e.op.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+    e.layer.or_else(|| layer_of(&e.op))
 }
 
 /// `name` with the characters that mean something in a regular expression escaped.

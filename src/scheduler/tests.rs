@@ -136,7 +136,10 @@ fn order_of(p: &Placement) -> Vec<&str> {
 }
 
 fn device(p: &Placement, op: &str) -> Device {
-    p.op_device(op)
+    p.order
+        .iter()
+        .find(|e| e.op == op)
+        .map(|e| e.device)
         .unwrap_or_else(|| panic!("{op} not in the order"))
 }
 
@@ -449,23 +452,31 @@ fn budgets_parse_with_binary_units_and_percentages() {
         );
         assert!(msg.contains(why), "{text}: {msg}");
     }
-    assert_eq!("24G".parse::<Budget>().unwrap(), Budget::Bytes(24 << 30));
+    assert_eq!(parse_budget("24G").unwrap(), Budget::Bytes(24 << 30));
 }
 
 #[test]
 fn policies_parse_by_name() {
+    let parse = |name: &str| <Policy as clap::ValueEnum>::from_str(name, false);
     for p in Policy::ALL {
-        assert_eq!(Policy::from_name(p.name()).unwrap(), p);
-        assert_eq!(p.to_string().parse::<Policy>().unwrap(), p);
+        assert_eq!(parse(p.name()).unwrap(), p);
+        assert_eq!(parse(&p.to_string()).unwrap(), p);
     }
-    assert_eq!(
-        Policy::from_name("layer-split").unwrap(),
-        Policy::LayerSplit
+    assert_eq!(parse("layer-split").unwrap(), Policy::LayerSplit);
+    // `--policy` refuses an unknown name, listing every policy.
+    let cli = clap::Command::new("oato").arg(
+        clap::Arg::new("policy")
+            .long("policy")
+            .value_parser(clap::value_parser!(Policy)),
     );
-    let msg = Policy::from_name("fast").unwrap_err().to_string();
-    assert_eq!(
-        msg,
-        "--policy \"fast\": unknown policy (one of oato, layer-split, flexgen, cpu, gpu)"
+    let msg = cli
+        .try_get_matches_from(["oato", "--policy", "fast"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("'fast'")
+            && msg.contains("[possible values: oato, layer-split, flexgen, cpu, gpu]"),
+        "{msg}"
     );
 }
 
