@@ -76,7 +76,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
         );
 
         // Each forward call runs every target operator once, on its mapped backend only.
-        let counts = dev.counts();
+        let counts = dev.matmul_counts();
         let calls = n_gen; // one prefill + (n_gen - 1) decode steps
         let mut on_device = 0;
         for w in target_weights(&model) {
@@ -91,7 +91,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
         }
         // Streamed weights are copied for every forward call (layer 0's once more: its copy for
         // the next call starts when a call ends); the others never.
-        let prefetches = dev.prefetches.lock().unwrap().clone();
+        let prefetches = dev.prefetch_counts();
         for w in target_weights(&model) {
             let first_layer = w.name.starts_with("blk.0.") as usize;
             let expect = if map.streamed.contains(&w.name) {

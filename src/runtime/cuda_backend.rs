@@ -262,14 +262,18 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The kernels `KERNELS` lists for source file `source`.
+fn kernels_in(source: &str) -> &'static [&'static str] {
+    KERNELS
+        .iter()
+        .find(|(s, _)| *s == source)
+        .map_or(&[][..], |(_, n)| *n)
+}
+
 /// Kernels of `KERNELS` for `source` that the CUBIN does not define (looked up as the
 /// `.text.<name>` section each kernel gets).
 pub fn missing_kernels(source: &str, cubin: &[u8]) -> Vec<&'static str> {
-    let names = KERNELS
-        .iter()
-        .find(|(s, _)| *s == source)
-        .map_or(&[][..], |(_, n)| *n);
-    names
+    kernels_in(source)
         .iter()
         .filter(|n| {
             let pat = format!(".text.{n}\0");
@@ -313,11 +317,7 @@ impl CudaBackend {
                 }
                 Err(e) => return Err(drv(src.name)(e)),
             };
-            let names = KERNELS
-                .iter()
-                .find(|(s, _)| *s == src.name)
-                .map_or(&[][..], |(_, n)| *n);
-            for n in names {
+            for n in kernels_in(src.name) {
                 let f = module
                     .load_function(n)
                     .map_err(|e| Error::Msg(format!("kernel {n} in {}: {e:?}", src.name)))?;
@@ -462,85 +462,44 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `y = W x` by cuBLAS: W [n, k] row-major (A, transposed), X [n_tok, k] row-major, Y
-    /// [n_tok, n] row-major, in column-major terms Y^T = W X^T.
+    /// Rows `r0..r0 + r` of `y = W x` by cuBLAS, with `w` pointing at those rows ([r, k]
+    /// row-major) and `x` at the input ([n_tok, k] row-major), both of type `ty`; `y` is the whole
+    /// output ([n_tok, n] row-major). In column-major terms the [r, n_tok] block of Y^T starting at
+    /// row r0 (leading dimension n) is W_rows X^T.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
         w: u64,
-        w_ty: cublas::sys::cudaDataType,
         x: u64,
-        x_ty: cublas::sys::cudaDataType,
+        ty: cublas::sys::cudaDataType,
         y: u64,
         k: usize,
         n: usize,
+        rows: std::ops::Range<usize>,
         n_tok: usize,
     ) -> Result<()> {
         let (alpha, beta) = (1f32, 0f32);
-        // SAFETY: the pointers are live device buffers of n*k, n_tok*k and n_tok*n elements of
-        // the given types; alpha and beta are host f32 (the default pointer mode).
+        // SAFETY: w holds rows.len()*k and x n_tok*k elements of `ty`, y n_tok*n f32 (C starts
+        // at row rows.start of each column of length n); alpha and beta are host f32 (the default
+        // pointer mode).
         unsafe {
             cublas::result::gemm_ex(
                 *self.blas.handle(),
                 cublas::sys::cublasOperation_t::CUBLAS_OP_T,
                 cublas::sys::cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
+                rows.len() as i32,
                 n_tok as i32,
                 k as i32,
                 (&alpha as *const f32).cast::<c_void>(),
                 w as *const c_void,
-                w_ty,
+                ty,
                 k as i32,
                 x as *const c_void,
-                x_ty,
+                ty,
                 k as i32,
                 (&beta as *const f32).cast::<c_void>(),
-                y as *mut c_void,
+                (y + (rows.start * 4) as u64) as *mut c_void,
                 cublas::sys::cudaDataType::CUDA_R_32F,
-                n as i32,
-                cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(blas_err)
-    }
-
-    /// Rows `r0..r0 + r` of `y = W x` from those rows in f16 at `w16`: column-major, C is the
-    /// [r, n_tok] block of Y^T starting at row r0 (leading dimension n).
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_rows(
-        &self,
-        w16: u64,
-        x16: u64,
-        y: u64,
-        k: usize,
-        n: usize,
-        r0: usize,
-        r: usize,
-        n_tok: usize,
-    ) -> Result<()> {
-        let (alpha, beta) = (1f32, 0f32);
-        use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
-        // SAFETY: w16 holds r*k f16, x16 n_tok*k f16, y n_tok*n f32 (C starts at row r0 of
-        // each column of length n); alpha and beta are host f32.
-        unsafe {
-            cublas::result::gemm_ex(
-                *self.blas.handle(),
-                cublas::sys::cublasOperation_t::CUBLAS_OP_T,
-                cublas::sys::cublasOperation_t::CUBLAS_OP_N,
-                r as i32,
-                n_tok as i32,
-                k as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                w16 as *const c_void,
-                CUDA_R_16F,
-                k as i32,
-                x16 as *const c_void,
-                CUDA_R_16F,
-                k as i32,
-                (&beta as *const f32).cast::<c_void>(),
-                (y + (r0 * 4) as u64) as *mut c_void,
-                CUDA_R_32F,
                 n as i32,
                 cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -801,8 +760,8 @@ impl Backend for CudaBackend {
             let wp = self.wptr(w)?;
             use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
             match w.ty {
-                GgmlType::F32 => self.gemm(wp, CUDA_R_32F, xp, CUDA_R_32F, yp, k, w.n, n_tok)?,
-                GgmlType::F16 => self.gemm(wp, CUDA_R_16F, x16, CUDA_R_16F, yp, k, w.n, n_tok)?,
+                GgmlType::F32 => self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, 0..w.n, n_tok)?,
+                GgmlType::F16 => self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, 0..w.n, n_tok)?,
                 ty => {
                     let (_, deq) = kernels_of(ty)
                         .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
@@ -816,7 +775,7 @@ impl Backend for CudaBackend {
                     while r0 < w.n {
                         let r = rows.min(w.n - r0);
                         self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?;
-                        self.gemm_rows(w16, x16, yp, k, w.n, r0, r, n_tok)?;
+                        self.gemm(w16, x16, CUDA_R_16F, yp, k, w.n, r0..r0 + r, n_tok)?;
                         r0 += r;
                     }
                 }

@@ -52,9 +52,7 @@ impl DeviceMap {
             streamed: HashSet::new(),
         }
     }
-}
 
-impl DeviceMap {
     /// Activation copies between backends in one forward call, as the executor makes them: the
     /// residual stream follows the layer homes; an input crosses once to each other backend that
     /// runs operators on it; each output crosses back to the home. `cpu` is where the embedding

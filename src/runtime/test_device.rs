@@ -19,9 +19,9 @@ pub struct TestDevice {
     inner: CpuBackend,
     total: usize,
     /// Matmuls run, by weight name.
-    pub matmuls: Mutex<HashMap<String, usize>>,
+    matmuls: Mutex<HashMap<String, usize>>,
     /// Streamed-weight copies made, by weight name.
-    pub prefetches: Mutex<HashMap<String, usize>>,
+    prefetches: Mutex<HashMap<String, usize>>,
 }
 
 impl TestDevice {
@@ -35,9 +35,17 @@ impl TestDevice {
         }
     }
 
-    /// The matmul counts so far.
-    pub fn counts(&self) -> HashMap<String, usize> {
+    /// Matmuls run so far, by weight name.
+    pub fn matmul_counts(&self) -> HashMap<String, usize> {
         self.matmuls.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Streamed-weight copies made so far, by weight name.
+    pub fn prefetch_counts(&self) -> HashMap<String, usize> {
+        self.prefetches
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
     }
 }
 
