@@ -6,11 +6,14 @@
 # One line per check group, then "cuda-emu: N passed, N failed"; exits non-zero on a failure.
 #
 # Usage:  scripts/emulate-cuda-kernels.sh [-v]      (-v: one line per check)
+#         scripts/emulate-cuda-kernels.sh --build-only  (just the libraries, for scripts/fake-gpu.sh)
 # Env:    OATO_CUDA_EMU_VENV   Python venv (default ~/.cache/oato/cuda-emu-venv), made on demand
 #         OATO_CUDA_EMU_SAN=1  build with AddressSanitizer + UBSan and exact-size buffers (slower)
 #         OATO_CUDA_EMU_ORDER  thread order in a block: alternate (default), forward, reverse
 #         CXX                  the C++ compiler (default g++; needs C++20)
-# Builds into target/cuda-emu/ and rebuilds only when a source, the emulator or the flags change.
+# Builds into target/cuda-emu/ and rebuilds only when a source, the emulator or the flags change:
+# libcudaemu.so (the kernels, for the checks) and fake/libcuda.so (the same kernels behind a
+# stand-in CUDA driver and cuBLAS, tests/cuda_emu/fake_cuda.cpp, for scripts/fake-gpu.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s.%N)
@@ -61,13 +64,14 @@ else
 fi
 BUILD="target/cuda-emu/$MODE"
 LIB="$BUILD/libcudaemu.so"
+FAKE="$BUILD/fake"
 SOURCES=("$SRC"/*.cu "$EMU/selftest.cu")
 mkdir -p "$BUILD"
 key=$({
     "$CXX" --version
     echo "${FLAGS[@]} ${LINK[@]}"
     cat "$SRC"/*.cu "$SRC"/*.cuh "$EMU"/emu.h "$EMU"/runtime.cpp "$EMU"/kernel_tu.cpp \
-        "$EMU"/selftest.cu "$EMU"/requirements.txt
+        "$EMU"/selftest.cu "$EMU"/fake_cuda.cpp "$EMU"/requirements.txt
     printf '%s\n' "${SOURCES[@]}"
 } | sha256sum | cut -c1-32)
 (
@@ -76,7 +80,7 @@ key=$({
         echo "cuda-emu: $LIB is up to date"
         exit 0
     fi
-    rm -f "$BUILD"/*.o "$BUILD"/*.exports "$BUILD/stamp" "$LIB"
+    rm -rf "$BUILD"/*.o "$BUILD"/*.exports "$BUILD/stamp" "$LIB" "$FAKE"
     pids=()
     objs=()
     for cu in "${SOURCES[@]}"; do
@@ -98,6 +102,13 @@ key=$({
     "$CXX" "${FLAGS[@]}" -c "$EMU/runtime.cpp" -o "$BUILD/runtime.o" &
     pids+=($!)
     objs+=("$BUILD/runtime.o")
+    # The stand-in driver is plain C++ (no emu.h).
+    FAKE_FLAGS=()
+    for f in "${FLAGS[@]}"; do
+        case "$f" in "-include" | "$EMU/emu.h") ;; *) FAKE_FLAGS+=("$f") ;; esac
+    done
+    "$CXX" "${FAKE_FLAGS[@]}" -fvisibility=hidden -c "$EMU/fake_cuda.cpp" -o "$BUILD/fake_cuda.o" &
+    pids+=($!)
     status=0
     for p in "${pids[@]}"; do wait "$p" || status=1; done
     if [ "$status" != 0 ]; then
@@ -105,9 +116,17 @@ key=$({
         exit 1
     fi
     "$CXX" -shared -pthread -o "$LIB" "${objs[@]}" "${LINK[@]}"
+    # One file for both libraries cudarc opens (glibc gives the second name the same handle).
+    mkdir -p "$FAKE"
+    "$CXX" -shared -pthread -o "$FAKE/libcuda.so.1" "${objs[@]}" "$BUILD/fake_cuda.o" "${LINK[@]}"
+    for n in libcuda.so libcublas.so libcublas.so.13; do ln -sf libcuda.so.1 "$FAKE/$n"; done
     echo "$key" >"$BUILD/stamp"
     echo "cuda-emu: built $LIB ($(elapsed))"
 ) 9>"target/cuda-emu/$MODE.lock"
+
+if [ "${1:-}" = --build-only ]; then
+    exit 0
+fi
 
 # 3. The checks.
 # A sanitizer report aborts, so that Python's faulthandler names the check that was running.
