@@ -5,7 +5,10 @@ and our token is its second choice). For machines without a Rust toolchain (the 
 runs `oato run --json` per prompt with the given extra flags, e.g. `--device gpu`.
 
 Usage: golden_check.py [--oato target/release/oato] [--golden tests/data/golden/smollm2-q4_1.json]
-                       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--out FILE.json] -- [oato run flags]
+                       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--out FILE.json]
+                       [--prompts N] [--max-tokens N] -- [oato run flags]
+--prompts N checks the first N prompts only, --max-tokens N the first N tokens of each (for the
+slow CPU-emulated GPU of scripts/fake-gpu.sh).
 Exit status 1 when any prompt breaks the rule. Standard library only.
 """
 
@@ -36,12 +39,14 @@ def main():
     ap.add_argument("--golden", default="tests/data/golden/smollm2-q4_1.json")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out")
+    ap.add_argument("--prompts", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--max-tokens", type=int, default=0, help="only the first N tokens of each")
     ap.add_argument("flags", nargs="*")
     a = ap.parse_args()
     g = json.load(open(a.golden))
     results, ok_all = [], True
-    for p in g["prompts"]:
-        want = p["output_ids"]
+    for p in g["prompts"][: a.prompts or None]:
+        want = p["output_ids"][: a.max_tokens or None]
         cmd = [a.oato, "run", a.model, "-p", p["prompt"], "-n", str(len(want)), "--temp", "0",
                "--ignore-eos", "--json", *a.flags]
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -26,3 +26,5 @@ OATO_CUDA_INCLUDE="$(dirname "$FP16")" OATO_NVRTC_WERROR=1 \
     target/release/oato selftest --compile-only "$@"
 # Then run every kernel on the CPU in the emulator against independent references.
 scripts/emulate-cuda-kernels.sh
+# Then the engine's whole GPU backend, on those kernels behind a stand-in CUDA driver.
+scripts/fake-gpu-checks.sh

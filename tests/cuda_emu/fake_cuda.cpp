@@ -519,8 +519,8 @@ API(cuStreamDestroy_v2)(void* h) {
     Stream* s = stream_of(h);
     if (s == &legacy) return INVALID_HANDLE;
     drain(s, s->queued); // work already queued still runs
+    // Events recorded on it and waits on them stay valid, so the (finished) stream is kept.
     streams.erase(s);
-    delete s;
     return OK;
 }
 
@@ -553,7 +553,7 @@ API(cuEventDestroy_v2)(void* ev) {
     // A recorded event may still be queued: its op keeps a generation check, so retire the
     // event object only after its stream has passed it.
     auto* e = (Event*)ev;
-    if (e->stream && streams.count(e->stream)) drain(e->stream, e->seq);
+    if (e->stream) drain(e->stream, e->seq);
     delete e;
     return OK;
 }
