@@ -192,10 +192,19 @@ fn time_op(
     Ok(out)
 }
 
-/// Host→device and device→host bandwidth (64 MiB copies) and the latency of a 4-byte copy,
+/// Host→device and device→host bandwidth (64 MiB copies, less on a nearly full device) and the latency of a 4-byte copy,
 /// through the backend's pinned staging.
 pub fn measure_link(gpu: &dyn Backend) -> Result<LinkInfo> {
-    let n = 16 << 20; // f32 elements: 64 MiB
+    // 64 MiB, or a quarter of the free memory on a small or busy device.
+    let free = gpu.memory()?.free;
+    if free < 4 << 20 {
+        return Err(Error::Msg(format!(
+            "{}: only {:.1} MiB free, too little to measure the link",
+            gpu.describe(),
+            free as f64 / (1u64 << 20) as f64
+        )));
+    }
+    let n = (16 << 20).min(free / 16); // f32 elements
     let host = pattern(n, 0.0);
     let mut back = vec![0f32; n];
     let mut t = gpu.alloc(DType::F32, n, Category::Workspace)?;
@@ -289,7 +298,17 @@ pub fn profile_model(
         progress.step(&format!("{} cpu", op.op));
         let gpu_us = match gpu {
             Some(g) => {
-                let t = time_op(g, &model.file, op, opts)?;
+                let t = time_op(g, &model.file, op, opts).map_err(|e| {
+                    let free = g.memory().map_or(0, |m| m.free);
+                    Error::Msg(format!(
+                        "profiling {} ({:.1} MiB of {}) on {}, {:.1} MiB free: {e}",
+                        op.op,
+                        op.weight.n_bytes as f64 / (1u64 << 20) as f64,
+                        op.weight.ty.name(),
+                        g.describe(),
+                        free as f64 / (1u64 << 20) as f64
+                    ))
+                })?;
                 progress.step(&format!("{} gpu", op.op));
                 Some(t)
             }
@@ -399,4 +418,23 @@ pub fn load_or_profile(
         }
     }
     Ok((prof, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::test_device::TestDevice;
+
+    #[test]
+    fn the_link_is_measured_within_a_small_devices_free_memory() {
+        // 8 MiB free: the copies shrink to a quarter of it instead of failing at 64 MiB.
+        let small = TestDevice::new(8 << 20);
+        let link = measure_link(&small).unwrap();
+        assert!(link.h2d_gbps > 0.0 && link.d2h_gbps > 0.0 && link.latency_us > 0.0);
+        assert_eq!(small.usage().total(), 0, "the measurement's buffer is freed");
+        // Under 4 MiB: a clear error naming the free memory.
+        let tiny = TestDevice::new(3 << 20);
+        let e = measure_link(&tiny).unwrap_err().to_string();
+        assert!(e.contains("3.0 MiB free"), "{e}");
+    }
 }

@@ -698,7 +698,13 @@ API(cuGetExportTable)(const void** table, const void* id) {
 }
 
 API(cuGetErrorString)(CUresult e, const char** s) {
-    *s = "fake-cuda error (see the fake-cuda: line on stderr)";
+    switch (e) {
+    case OUT_OF_MEMORY: *s = "out of memory (fake-cuda, OATO_FAKE_CUDA_MEM)"; break;
+    case NOT_INITIALIZED: *s = "initialization error"; break;
+    case INVALID_DEVICE: *s = "invalid device ordinal"; break;
+    case NOT_FOUND: *s = "named symbol not found"; break;
+    default: *s = "fake-cuda error (see the fake-cuda: line above on stderr)";
+    }
     return OK;
 }
 
