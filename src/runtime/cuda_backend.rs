@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::cublas::{self, CudaBlas};
+use cudarc::cublas;
 use cudarc::driver::sys::{CUevent_flags, CUstream};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
@@ -77,6 +77,31 @@ pub fn probe() -> Result<usize, String> {
         return Err("libcublas not found".into());
     }
     Ok(n as usize)
+}
+
+/// The cuBLAS handle. cudarc's `CudaBlas` is not used because its drop panics when
+/// cublasDestroy fails, as it can after a device error; this one ignores that at teardown.
+struct BlasHandle(cublas::sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread (cudarc's CudaBlas is Send + Sync on the
+// same grounds); the backend issues its calls on its one compute stream.
+unsafe impl Send for BlasHandle {}
+unsafe impl Sync for BlasHandle {}
+
+impl BlasHandle {
+    fn new(stream: &CudaStream) -> Result<Self> {
+        let h = BlasHandle(cublas::result::create_handle().map_err(blas_err)?);
+        // SAFETY: a live handle and the backend's stream, which outlives it.
+        unsafe { cublas::result::set_stream(h.0, stream.cu_stream() as _) }.map_err(blas_err)?;
+        Ok(h)
+    }
+}
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `new` and is destroyed once.
+        let _ = unsafe { cublas::result::destroy_handle(self.0) };
+    }
 }
 
 /// Page-locked host memory with an event marking the last copy that used it.
@@ -149,7 +174,7 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     /// Uploads of streamed weights, overlapping the compute stream.
     copy_stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    blas: BlasHandle,
     name: String,
     pub arch: u32,
     funcs: HashMap<String, CudaFunction>,
@@ -325,7 +350,7 @@ impl CudaBackend {
             }
         }
         let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
+        let blas = BlasHandle::new(&stream)?;
         let pinned = vec![
             Pinned::new(&ctx, PINNED_BYTES)?,
             Pinned::new(&ctx, PINNED_BYTES)?,
@@ -484,7 +509,7 @@ impl CudaBackend {
         // pointer mode).
         unsafe {
             cublas::result::gemm_ex(
-                *self.blas.handle(),
+                self.blas.0,
                 cublas::sys::cublasOperation_t::CUBLAS_OP_T,
                 cublas::sys::cublasOperation_t::CUBLAS_OP_N,
                 rows.len() as i32,
