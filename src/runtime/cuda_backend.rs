@@ -150,6 +150,8 @@ struct Scratch {
     q8: Option<(CudaSlice<u8>, Reservation)>,
     w16: Option<(CudaSlice<u8>, Reservation)>,
     x16: Option<(CudaSlice<u8>, Reservation)>,
+    /// Prefill activations rounded to 8 bits (for quantised weights), as f16.
+    xq16: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
 }
@@ -236,7 +238,7 @@ fn kernels_of(ty: GgmlType) -> Option<(&'static str, Option<&'static str>)> {
 /// Every kernel the backend launches, by source file (the compile-only selftest checks that
 /// each is in its CUBIN).
 pub const KERNELS: &[(&str, &[&str])] = &[
-    ("quantize.cu", &["quantize_q8_1"]),
+    ("quantize.cu", &["quantize_q8_1", "round_q8_f16"]),
     (
         "mmvq.cu",
         &[
@@ -776,14 +778,33 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
-        // Prefill: f16 activations once, each weight as f16, one GEMM each.
-        let x16 = self.grow(&mut s.x16, n_tok * k * 2)?;
-        launch!(self, "f32_to_f16", stride_grid(n_tok * k, 4), B256;
-            a: u64 = xp, b: u64 = x16, n: i64 = (n_tok * k) as i64);
+        // Prefill: f16 activations once (rounded to 8 bits first for quantised weights, as the
+        // matrix-vector kernels see them), each weight as f16, one GEMM each.
+        let x16 = if ws.iter().any(|w| matches!(w.ty, GgmlType::F16 | GgmlType::BF16)) {
+            let x16 = self.grow(&mut s.x16, n_tok * k * 2)?;
+            launch!(self, "f32_to_f16", stride_grid(n_tok * k, 4), B256;
+                a: u64 = xp, b: u64 = x16, n: i64 = (n_tok * k) as i64);
+            x16
+        } else {
+            0
+        };
+        let xq16 = if ws.iter().any(|w| w.ty.is_quantized()) {
+            if !k.is_multiple_of(32) {
+                return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
+            }
+            let n_blocks = n_tok * k / 32;
+            let xq16 = self.grow(&mut s.xq16, n_tok * k * 2)?;
+            launch!(self, "round_q8_f16", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
+                a: u64 = xp, b: u64 = xq16, nb: i32 = n_blocks as i32);
+            xq16
+        } else {
+            0
+        };
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
             let wp = self.wptr(w)?;
             use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
+            let x16 = if w.ty.is_quantized() { xq16 } else { x16 };
             match w.ty {
                 GgmlType::F32 => self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, 0..w.n, n_tok)?,
                 GgmlType::F16 => self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, 0..w.n, n_tok)?,

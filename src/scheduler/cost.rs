@@ -444,7 +444,9 @@ pub fn workspace_for(
     n_vocab: u64,
     prompt_tokens: usize,
 ) -> u64 {
-    let activations = 4 * n_embd + 2 * n_ff + n_vocab;
+    // f32 per token: the hidden state and attention buffers, the FFN's gate and up, the logits;
+    // then the two f16 copies of the widest GEMM input (plain, and rounded to 8 bits).
+    let activations = 4 * n_embd + 2 * n_ff + n_vocab + n_ff.max(n_embd);
     largest_kn
         .saturating_mul(2)
         .min(GEMM_SLICE_BYTES as u64)

@@ -321,7 +321,7 @@ fn zero_and_negative_benefits_stay_on_the_cpu() {
 }
 
 /// A profile with every reservation: KV cache 1 KiB/token, 2 MiB of non-target weights and
-/// shapes that make the workspace `2 * 64 * 256 + 4 * P * (4 * 64 + 2 * 128 + 256)` bytes.
+/// shapes that make the workspace `2 * 64 * 256 + 4 * P * (4 * 64 + 2 * 128 + 256 + 128)` bytes.
 fn reserving_profile() -> Profile {
     let mut prof = profile(&[
         op("blk.0.attn_q", 1, 30.0, 10.0).shape(64, 64),
@@ -340,7 +340,7 @@ fn reservations_come_off_the_budget_before_the_cap() {
     let prof = reserving_profile();
     let req = PlanRequest::new(Policy::Oato, Budget::Bytes(10 * MIB_BYTES));
     let p = plan(&prof, &req).unwrap();
-    let workspace = 2 * 64 * 256 + 4 * 64 * (4 * 64 + 2 * 128 + 256);
+    let workspace = 2 * 64 * 256 + 4 * 64 * (4 * 64 + 2 * 128 + 256 + 128);
     assert_eq!(p.budget.workspace_bytes, workspace);
     assert_eq!(p.budget.kv_bytes, MIB_BYTES);
     assert_eq!(p.budget.other_weight_bytes, 2 * MIB_BYTES);

@@ -125,6 +125,23 @@ def check_quantize(g):
             dims=("block", "byte"))
 
 
+def check_round_q8_f16(g):
+    # The same 37 blocks as above: f16(f16(d) * q) of quantize_q8_1's own blocks, bit for bit.
+    x = (rng_for("q8_1 random").standard_normal(37 * 32) * 3).astype(np.float32)
+    x[32:64] = 0.0
+    x[64:69] = [127.0, 2.5, -3.5, 1.49, -0.5]
+    x = np.concatenate([x, cos_pattern(64 * 32, 0.5) *
+                        np.repeat(np.geomspace(1e-3, 1e3, 64), 32).astype(np.float32)])
+    nb = x.size // 32
+    xb = Buf.of(x, 4)
+    y = Buf.out(np.float16, x.size)
+    E.launch("round_q8_f16", (cdiv(nb, 8),), (256,), xb, y, i32(nb))
+    d, _, q = refs.q8_1_fields(refs.quantize_q8_1(x))
+    want = (d.astype(np.float32)[:, None] * q.astype(np.float32)).astype(np.float16).reshape(-1)
+    g.exact("f16(d * q) of quantize_q8_1's blocks, 101 blocks", y.get(np.float16).view(np.uint16),
+            want.view(np.uint16), dims=("element",))
+
+
 # ---------------------------------------------------------------------------------------------
 # dequant.cu: y == f16(dequantize_row(w)) bit for bit
 
@@ -416,6 +433,7 @@ def main():
     r = Report(args.verbose)
     r.run("emulator", check_emulator)
     r.run("quantize_q8_1", check_quantize)
+    r.run("round_q8_f16", check_round_q8_f16)
     for t in refs.QTYPES:
         r.run(f"dequant_{t}_f16", check_dequant, t)
     r.run("dequant_bf16_f16", check_dequant_bf16)

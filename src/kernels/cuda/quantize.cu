@@ -31,3 +31,24 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1
         *(__half2*)&b->d = __halves2half2(__float2half_rn(d), __float2half_rn((float)sum * d));
     }
 }
+
+// Activations of a prefill GEMM with a quantised weight: each 32-element block rounded exactly as
+// quantize_q8_1 rounds it, then written back as f16(f16(d) * q), the value the mmvq kernels (and
+// ggml's CPU dot products) multiply. So a token's result does not depend on whether it came in a
+// batch for the matrix-vector kernels or for the GEMM, and the GEMM sees 8-bit activations as the
+// CPU engine does (|q| <= 127 times an f16 scale needs at most 18 bits; the f16 store rounds it).
+// launch: as quantize_q8_1. x: [n_blocks * 32] f32; y: [n_blocks * 32] f16, 2-byte aligned.
+extern "C" __global__ void round_q8_f16(const float* __restrict__ x, __half* __restrict__ y,
+                                        int n_blocks) {
+    const int lane = threadIdx.x & 31;
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+
+    const float v = x[ib * QK + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+    const float r = roundf(v * id);
+    const int q = r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+    y[ib * QK + lane] = __float2half_rn(__half2float(__float2half_rn(d)) * (float)q);
+}
