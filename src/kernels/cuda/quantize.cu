@@ -8,6 +8,17 @@
 
 #include "common.cuh"
 
+// This lane's q of the 32-element block its warp holds (v is the lane's element) and the block's
+// scale d, as quantize_row(Q8_1) computes them. All 32 lanes must call it (a warp reduction).
+static __device__ __forceinline__ int q8_lane(float v, float& d) {
+    const float amax = warp_max(fabsf(v));
+    d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+    // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
+    const float r = roundf(v * id);
+    return r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+}
+
 // launch: grid (ceil(n_blocks / 8), 1, 1), block (256, 1, 1): one warp per 32-element block,
 // lane i quantises element i. x: [n_blocks * 32] f32; y: [n_blocks] block_q8_1, 4-byte aligned.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1* __restrict__ y,
@@ -16,13 +27,8 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1
     const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (ib >= n_blocks) return; // the whole warp leaves together
 
-    const float v = x[ib * QK + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
-    // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
-    const float r = roundf(v * id);
-    const int q = r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+    float d;
+    const int q = q8_lane(x[ib * QK + lane], d);
     const int sum = warp_sum_int(q);
 
     block_q8_1* b = y + ib;
@@ -44,11 +50,7 @@ extern "C" __global__ void round_q8_f16(const float* __restrict__ x, __half* __r
     const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (ib >= n_blocks) return; // the whole warp leaves together
 
-    const float v = x[ib * QK + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
-    const float r = roundf(v * id);
-    const int q = r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+    float d;
+    const int q = q8_lane(x[ib * QK + lane], d);
     y[ib * QK + lane] = __float2half_rn(__half2float(__float2half_rn(d)) * (float)q);
 }
