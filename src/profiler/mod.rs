@@ -431,7 +431,11 @@ mod tests {
         let small = TestDevice::new(8 << 20);
         let link = measure_link(&small).unwrap();
         assert!(link.h2d_gbps > 0.0 && link.d2h_gbps > 0.0 && link.latency_us > 0.0);
-        assert_eq!(small.usage().total(), 0, "the measurement's buffer is freed");
+        assert_eq!(
+            small.usage().total(),
+            0,
+            "the measurement's buffer is freed"
+        );
         // Under 4 MiB: a clear error naming the free memory.
         let tiny = TestDevice::new(3 << 20);
         let e = measure_link(&tiny).unwrap_err().to_string();

@@ -780,7 +780,10 @@ impl Backend for CudaBackend {
         }
         // Prefill: f16 activations once (rounded to 8 bits first for quantised weights, as the
         // matrix-vector kernels see them), each weight as f16, one GEMM each.
-        let x16 = if ws.iter().any(|w| matches!(w.ty, GgmlType::F16 | GgmlType::BF16)) {
+        let x16 = if ws
+            .iter()
+            .any(|w| matches!(w.ty, GgmlType::F16 | GgmlType::BF16))
+        {
             let x16 = self.grow(&mut s.x16, n_tok * k * 2)?;
             launch!(self, "f32_to_f16", stride_grid(n_tok * k, 4), B256;
                 a: u64 = xp, b: u64 = x16, n: i64 = (n_tok * k) as i64);
