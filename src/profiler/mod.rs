@@ -18,6 +18,7 @@ use crate::quant::testdata::pattern;
 use crate::runtime::backend::{Backend, Category, DType, DeviceKind};
 use crate::runtime::forward::target_weights;
 use crate::runtime::kv_cache;
+use crate::scheduler::mib;
 use profile::{
     GpuInfo, HostInfo, LinkInfo, ModelInfo, OtherTensor, PROFILE_SCHEMA, Profile, ProfileEntry,
 };
@@ -192,16 +193,16 @@ fn time_op(
     Ok(out)
 }
 
-/// Host→device and device→host bandwidth (64 MiB copies, less on a nearly full device) and the latency of a 4-byte copy,
-/// through the backend's pinned staging.
+/// Host→device and device→host bandwidth (64 MiB copies, less on a nearly full device) and the
+/// latency of a 4-byte copy, through the backend's pinned staging.
 pub fn measure_link(gpu: &dyn Backend) -> Result<LinkInfo> {
     // 64 MiB, or a quarter of the free memory on a small or busy device.
     let free = gpu.memory()?.free;
     if free < 4 << 20 {
         return Err(Error::Msg(format!(
-            "{}: only {:.1} MiB free, too little to measure the link",
+            "{}: only {} free, too little to measure the link",
             gpu.describe(),
-            free as f64 / (1u64 << 20) as f64
+            mib(free as u64)
         )));
     }
     let n = (16 << 20).min(free / 16); // f32 elements
@@ -301,12 +302,12 @@ pub fn profile_model(
                 let t = time_op(g, &model.file, op, opts).map_err(|e| {
                     let free = g.memory().map_or(0, |m| m.free);
                     Error::Msg(format!(
-                        "profiling {} ({:.1} MiB of {}) on {}, {:.1} MiB free: {e}",
+                        "profiling {} ({} of {}) on {}, {} free: {e}",
                         op.op,
-                        op.weight.n_bytes as f64 / (1u64 << 20) as f64,
+                        mib(op.weight.n_bytes as u64),
                         op.weight.ty.name(),
                         g.describe(),
-                        free as f64 / (1u64 << 20) as f64
+                        mib(free as u64)
                     ))
                 })?;
                 progress.step(&format!("{} gpu", op.op));

@@ -540,6 +540,28 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(drv("bind context"))
     }
 
+    /// Activations `xp` ([n_tok, k] f32) rounded to 8 bits per 32-element block by `kernel`
+    /// (`quantize_q8_1`: Q8_1 blocks, 36 bytes each; `round_q8_f16`: f16 values, 64 bytes per
+    /// block) into the scratch `slot`; returns the scratch's address.
+    fn round_q8(
+        &self,
+        kernel: &'static str,
+        slot: &mut Option<(CudaSlice<u8>, Reservation)>,
+        bytes_per_block: usize,
+        xp: u64,
+        n_tok: usize,
+        k: usize,
+    ) -> Result<u64> {
+        if !k.is_multiple_of(32) {
+            return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
+        }
+        let n_blocks = n_tok * k / 32;
+        let out = self.grow(slot, n_blocks * bytes_per_block)?;
+        launch!(self, kernel, ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
+            xx: u64 = xp, yy: u64 = out, nb: i32 = n_blocks as i32);
+        Ok(out)
+    }
+
     fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
             w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
@@ -753,16 +775,8 @@ impl Backend for CudaBackend {
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
-            let quantised = ws.iter().any(|w| w.ty.is_quantized());
-            let q8 = if quantised {
-                if !k.is_multiple_of(32) {
-                    return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
-                }
-                let n_blocks = n_tok * k / 32;
-                let q8 = self.grow(&mut s.q8, n_blocks * 36)?;
-                launch!(self, "quantize_q8_1", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
-                    xx: u64 = xp, yy: u64 = q8, nb: i32 = n_blocks as i32);
-                q8
+            let q8 = if ws.iter().any(|w| w.ty.is_quantized()) {
+                self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?
             } else {
                 0
             };
@@ -792,14 +806,7 @@ impl Backend for CudaBackend {
             0
         };
         let xq16 = if ws.iter().any(|w| w.ty.is_quantized()) {
-            if !k.is_multiple_of(32) {
-                return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
-            }
-            let n_blocks = n_tok * k / 32;
-            let xq16 = self.grow(&mut s.xq16, n_tok * k * 2)?;
-            launch!(self, "round_q8_f16", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
-                a: u64 = xp, b: u64 = xq16, nb: i32 = n_blocks as i32);
-            xq16
+            self.round_q8("round_q8_f16", &mut s.xq16, 64, xp, n_tok, k)?
         } else {
             0
         };
