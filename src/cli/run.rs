@@ -17,7 +17,7 @@ use oato::runtime::backend::Backend;
 use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
 use oato::runtime::generate::{Utf8Stream, generate};
 use oato::runtime::sampler::{Sampler, SamplerConfig};
-use oato::scheduler::{Placement, PlanRequest, Policy, parse_budget, plan};
+use oato::scheduler::{Placement, PlanRequest, Policy, mib, parse_budget, plan};
 use oato::tokenizer::Tokenizer;
 use oato::tokenizer::chat::{ChatMessage, render_chat};
 
@@ -135,12 +135,16 @@ fn placed_map(
         ),
     };
     let s = check(&placement, model, free)?;
+    let b = &placement.budget;
     eprintln!(
-        "plan: {} policy, {:.1} MiB of weights for the GPU ({}/{} operators), predicted TTFT {:.1} ms, TPOT {:.2} ms",
+        "plan: {} policy, {} of weights for the GPU ({}/{} operators), budget {}, reserved {}, cap {}, predicted TTFT {:.1} ms, TPOT {:.2} ms",
         placement.policy,
-        s.gpu_weight_bytes as f64 / (1u64 << 20) as f64,
+        mib(s.gpu_weight_bytes),
         s.gpu_ops,
         s.ops,
+        mib(b.vram_budget_bytes),
+        mib(b.reserved_bytes),
+        mib(b.cap_bytes),
         placement.predicted.ttft_ms,
         placement.predicted.tpot_ms
     );

@@ -30,6 +30,20 @@ impl WeightRef {
     pub fn row_bytes(&self) -> usize {
         self.n_bytes / self.n
     }
+
+    /// The weight's bytes in `file`'s memory map; an error when they run past its end.
+    pub fn bytes<'f>(&self, file: &'f GgufFile) -> Result<&'f [u8]> {
+        let start = file.data_offset as usize + self.offset;
+        start
+            .checked_add(self.n_bytes)
+            .and_then(|end| file.bytes().get(start..end))
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "tensor {:?} runs past the end of the file",
+                    self.name
+                ))
+            })
+    }
 }
 
 /// The tensors of one transformer block.

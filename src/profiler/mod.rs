@@ -361,18 +361,20 @@ pub fn profile_model(
 }
 
 /// Where the cached profile for this model, host and GPU lives: `<cache root>/profiles`, named
-/// by the model fingerprint and a hash of the CPU, ISA, threads, GPU and batch sizes.
+/// by the model fingerprint and a hash of the CPU, ISA, threads, GPU, batch sizes and repetitions.
 pub fn cache_path(
     fingerprint: &str,
     threads: usize,
     gpu_name: Option<&str>,
-    batches: &[usize],
+    opts: &ProfileOptions,
 ) -> Option<PathBuf> {
     let key = format!(
-        "{}|{}|{threads}|{}|{batches:?}",
+        "{}|{}|{threads}|{}|{:?}|{}",
         cpu_name(),
         isa().name(),
-        gpu_name.unwrap_or("-")
+        gpu_name.unwrap_or("-"),
+        opts.batches,
+        opts.reps
     );
     let h = crate::cache::fnv1a(&[fingerprint.as_bytes(), key.as_bytes()]);
     Some(
@@ -399,7 +401,7 @@ pub fn load_or_profile(
         &fingerprint(&model.file),
         threads,
         gpu_name.as_deref(),
-        &opts.batches,
+        opts,
     );
     if !force
         && let Some(p) = &cache

@@ -179,11 +179,7 @@ pub trait Backend: Send + Sync {
     /// Makes `w` (a tensor of `file`) usable by `matmul` and `embed_rows`: a GPU uploads it, the
     /// CPU keeps a view of the memory map.
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
-        let start = file.data_offset as usize + w.offset;
-        let bytes = file.bytes().get(start..start + w.n_bytes).ok_or_else(|| {
-            Error::Model(format!("tensor {:?} runs past the end of the file", w.name))
-        })?;
-        self.upload_weight(&w.name, w.ty, w.k, w.n, bytes)
+        self.upload_weight(&w.name, w.ty, w.k, w.n, w.bytes(file)?)
     }
     /// Starts copying weight `w` of `file` for a use soon after (FlexGen-style streaming): the
     /// copy may overlap work already queued, and work queued later that reads the weight waits

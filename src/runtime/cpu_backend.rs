@@ -186,13 +186,8 @@ impl Backend for CpuBackend {
     }
 
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        w.bytes(file)?; // in range
         let start = file.data_offset as usize + w.offset;
-        if start + w.n_bytes > file.bytes().len() {
-            return Err(Error::Model(format!(
-                "tensor {:?} runs past the end of the file",
-                w.name
-            )));
-        }
         Ok(Weight {
             name: w.name.clone(),
             ty: w.ty,

@@ -700,10 +700,7 @@ impl Backend for CudaBackend {
                 w.ty, w.name
             )));
         }
-        let start = file.data_offset as usize + w.offset;
-        let bytes = file.bytes().get(start..start + w.n_bytes).ok_or_else(|| {
-            Error::Model(format!("tensor {:?} runs past the end of the file", w.name))
-        })?;
+        let bytes = w.bytes(file)?;
         // Allocated and filled on the copy stream (and freed there: see release_weight).
         // SAFETY: every byte is written by the upload below before any kernel reads it.
         let buf = unsafe { self.copy_stream.alloc::<u8>(w.n_bytes.max(1)) }.map_err(|e| {

@@ -16,7 +16,7 @@ pub(crate) const CAP_FRACTION: f64 = 0.90;
 pub(crate) const MIB: f64 = 1048576.0;
 
 /// Bytes as MiB with one decimal, the unit of every message and table.
-pub(crate) fn mib(bytes: u64) -> String {
+pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB)
 }
 

@@ -6,7 +6,7 @@
 
 mod baselines;
 mod cost;
-pub(crate) use cost::mib;
+pub use cost::mib;
 mod oato;
 mod placement;
 mod report;

@@ -60,9 +60,14 @@ pub fn render_table(p: &Placement) -> String {
         mib(p.cpu_weight_bytes)
     );
     let b = &p.budget;
+    let streamed = if b.stream_bytes > 0 {
+        format!(" + two streamed layers {}", mib(b.stream_bytes))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "reserved: KV cache {} + workspace {} + non-target weights {} = {}",
+        "reserved: KV cache {} + workspace {} + non-target weights {}{streamed} = {}",
         mib(b.kv_bytes),
         mib(b.workspace_bytes),
         mib(b.other_weight_bytes),
