@@ -540,6 +540,54 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(drv("bind context"))
     }
 
+    /// A weight uploaded on `stream`: the compute stream (resident weights), or the copy stream
+    /// (streamed ones, which then carry an event that kernels reading them wait for).
+    fn weight_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        name: &str,
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        bytes: &[u8],
+    ) -> Result<Weight> {
+        check_weight_bytes(name, ty, k, n, bytes)?;
+        self.bind()?;
+        if kernels_of(ty).is_none() {
+            return Err(Error::UnsupportedType(format!(
+                "{ty} as a GPU weight ({name:?})"
+            )));
+        }
+        // SAFETY: every byte is written by the upload below before any kernel reads it.
+        let buf = unsafe { stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
+            Error::Msg(format!(
+                "GPU allocation of {} bytes for {name:?} failed: {e:?}",
+                bytes.len()
+            ))
+        })?;
+        self.upload_on(stream, self.ptr_of(&buf), bytes)?;
+        let ready = if Arc::ptr_eq(stream, &self.stream) {
+            None
+        } else {
+            let ev = self.ctx.new_event(None).map_err(drv("event"))?;
+            ev.record(stream).map_err(drv("event record"))?;
+            Some(ev)
+        };
+        Ok(Weight {
+            name: name.to_string(),
+            ty,
+            k,
+            n,
+            bytes: bytes.len(),
+            device: self.id,
+            data: Box::new(CudaWeight {
+                buf,
+                _res: self.ledger.reserve(Category::Weights, bytes.len()),
+                ready,
+            }),
+        })
+    }
+
     /// Activations `xp` ([n_tok, k] f32) rounded to 8 bits per 32-element block by `kernel`
     /// (`quantize_q8_1`: Q8_1 blocks, 36 bytes each; `round_q8_f16`: f16 values, 64 bytes per
     /// block) into the scratch `slot`; returns the scratch's address.
@@ -662,71 +710,12 @@ impl Backend for CudaBackend {
         n: usize,
         bytes: &[u8],
     ) -> Result<Weight> {
-        check_weight_bytes(name, ty, k, n, bytes)?;
-        self.bind()?;
-        if kernels_of(ty).is_none() {
-            return Err(Error::UnsupportedType(format!(
-                "{ty} as a GPU weight ({name:?})"
-            )));
-        }
-        // SAFETY: every byte is written by the upload below before any kernel reads it.
-        let buf = unsafe { self.stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
-            Error::Msg(format!(
-                "GPU allocation of {} bytes for {name:?} failed: {e:?}",
-                bytes.len()
-            ))
-        })?;
-        self.upload(self.ptr_of(&buf), bytes)?;
-        Ok(Weight {
-            name: name.to_string(),
-            ty,
-            k,
-            n,
-            bytes: bytes.len(),
-            device: self.id,
-            data: Box::new(CudaWeight {
-                buf,
-                _res: self.ledger.reserve(Category::Weights, bytes.len()),
-                ready: None,
-            }),
-        })
+        self.weight_on(&self.stream, name, ty, k, n, bytes)
     }
 
     fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
-        self.bind()?;
-        if kernels_of(w.ty).is_none() {
-            return Err(Error::UnsupportedType(format!(
-                "{} as a GPU weight ({:?})",
-                w.ty, w.name
-            )));
-        }
-        let bytes = w.bytes(file)?;
         // Allocated and filled on the copy stream (and freed there: see release_weight).
-        // SAFETY: every byte is written by the upload below before any kernel reads it.
-        let buf = unsafe { self.copy_stream.alloc::<u8>(w.n_bytes.max(1)) }.map_err(|e| {
-            Error::Msg(format!(
-                "GPU allocation of {} bytes to stream {:?} failed: {e:?}",
-                w.n_bytes, w.name
-            ))
-        })?;
-        self.upload_on(&self.copy_stream, self.ptr_of(&buf), bytes)?;
-        let ready = self.ctx.new_event(None).map_err(drv("event"))?;
-        ready
-            .record(&self.copy_stream)
-            .map_err(drv("event record"))?;
-        Ok(Weight {
-            name: w.name.clone(),
-            ty: w.ty,
-            k: w.k,
-            n: w.n,
-            bytes: w.n_bytes,
-            device: self.id,
-            data: Box::new(CudaWeight {
-                buf,
-                _res: self.ledger.reserve(Category::Weights, w.n_bytes),
-                ready: Some(ready),
-            }),
-        })
+        self.weight_on(&self.copy_stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?)
     }
 
     fn release_weight(&self, w: Weight) -> Result<()> {
