@@ -264,7 +264,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.vram_budget.is_some() || a.placement.is_some() {
         let u = backends[dev].usage();
         eprintln!(
-            "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} boundaries per token",
+            "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} crossings in the \
+             prefill, {} per decode step",
             u.weights as f64 / (1u64 << 20) as f64,
             backends[dev].describe(),
             map.weights
@@ -272,7 +273,8 @@ pub fn run(a: RunArgs) -> Result<()> {
                 .filter(|&&d| d == dev && dev != 0)
                 .count(),
             map.weights.len(),
-            map.crossings(&model, 0)
+            map.crossings(&model, 0, prompt_ids.len()),
+            map.crossings(&model, 0, 1)
         );
     }
     // Warm-up: the whole prompt, so the timed prefill pays no page faults, buffer growth or

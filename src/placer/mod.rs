@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::profiler::fingerprint;
 use crate::runtime::forward::{DeviceMap, target_weights};
+use crate::runtime::plan::CrossCost;
 use crate::scheduler::{Device, Placement, Policy};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -128,8 +129,9 @@ pub fn check(
 }
 
 /// The executor's map for a checked placement: backend `cpu` or `gpu` (indices into the
-/// session's backends) for every target weight; each layer's non-target operators and KV cache
-/// where its `attn_norm` is; the output norm where `output_norm.weight` is. Under `flexgen`
+/// session's backends) for every target weight; each layer's attention and KV cache where its
+/// `attn_norm` is; the other non-target operators as rule 2 places them, with the link figures
+/// the plan was made with. Under `flexgen`
 /// everything computes on the GPU and the weights marked `cpu` are streamed to it.
 pub fn device_map(p: &Placement, model: &Model, cpu: usize, gpu: usize) -> DeviceMap {
     let flexgen = p.policy == Policy::Flexgen;
@@ -152,6 +154,10 @@ pub fn device_map(p: &Placement, model: &Model, cpu: usize, gpu: usize) -> Devic
         layer_home: (0..model.hp.n_layer)
             .map(|i| idx(&format!("blk.{i}.attn_norm.weight")))
             .collect(),
-        head_home: idx("output_norm.weight"),
+        link: p.link.map_or_else(CrossCost::default, |l| CrossCost {
+            fixed_us: l.crossing_us,
+            h2d_gbps: l.h2d_gbps,
+            d2h_gbps: l.d2h_gbps,
+        }),
     }
 }

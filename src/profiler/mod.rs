@@ -15,7 +15,8 @@ use crate::gguf::GgufFile;
 use crate::kernels::cpu::{cpu_name, isa};
 use crate::model::{Model, WeightRef};
 use crate::quant::testdata::pattern;
-use crate::runtime::backend::{Backend, Category, DType, DeviceKind};
+use crate::kernels::cpu::attention::AttnShape;
+use crate::runtime::backend::{AttnCall, Backend, Category, DType, DeviceKind, transfer};
 use crate::runtime::forward::target_weights;
 use crate::runtime::kv_cache;
 use crate::scheduler::mib;
@@ -38,7 +39,7 @@ pub struct TargetOp {
     pub out_bytes_per_token: u64,
 }
 
-const LAYER_KINDS: [&str; 7] = [
+pub const LAYER_KINDS: [&str; 7] = [
     "attn_q",
     "attn_k",
     "attn_v",
@@ -193,9 +194,137 @@ fn time_op(
     Ok(out)
 }
 
-/// Host→device and device→host bandwidth (64 MiB copies, less on a nearly full device) and the
-/// latency of a 4-byte copy, through the backend's pinned staging.
-pub fn measure_link(gpu: &dyn Backend) -> Result<LinkInfo> {
+/// Times every operator on a backend whose weights are views of the memory map (the CPU) the way
+/// a forward pass meets them: at each batch size, passes over all operators in execution order
+/// (one untimed, then `reps` timed), each operator timed alone, so a weight is as cold in the
+/// caches as in a real pass (timing one weight over and over would measure the cache, not the
+/// memory). The median of each operator's passes, by operator.
+fn time_in_order(
+    be: &dyn Backend,
+    file: &Arc<GgufFile>,
+    ops: &[TargetOp],
+    opts: &ProfileOptions,
+) -> Result<Vec<BTreeMap<String, f64>>> {
+    let ws = ops
+        .iter()
+        .map(|op| be.load_weight(file, &op.weight))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = vec![BTreeMap::new(); ops.len()];
+    let mut sw = be.stopwatch()?;
+    let widest_in = ops.iter().map(|o| o.weight.k).max().unwrap_or(0);
+    let widest_out = ops.iter().map(|o| o.weight.n).max().unwrap_or(0);
+    for &b in &opts.batches {
+        let mut x = be.alloc(DType::F32, b * widest_in, Category::Workspace)?;
+        be.write(&mut x, 0, &pattern(b * widest_in, 0.25))?;
+        let mut y = be.alloc(DType::F32, b * widest_out, Category::Workspace)?;
+        let mut times = vec![Vec::with_capacity(opts.reps); ops.len()];
+        for pass in 0..=opts.reps.max(1) {
+            for (i, w) in ws.iter().enumerate() {
+                sw.start()?;
+                be.matmul(&[w], &x, b, &mut [&mut y])?;
+                let t = sw.stop()?;
+                if pass > 0 {
+                    times[i].push(t);
+                }
+            }
+        }
+        for (i, mut t) in times.into_iter().enumerate() {
+            t.sort_by(f64::total_cmp);
+            out[i].insert(b.to_string(), t[t.len() / 2]);
+        }
+    }
+    Ok(out)
+}
+
+/// Median times of one layer's non-target operators on `be`, by name and batch size: at 1
+/// (decode, attention at position `p`, after a prompt of `p`) and at `p` (prefill from 0).
+fn time_non_target(
+    be: &dyn Backend,
+    model: &Model,
+    p: usize,
+    reps: usize,
+) -> Result<BTreeMap<String, BTreeMap<String, f64>>> {
+    let hp = &model.hp;
+    let (e, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+    let ctx = p + 2;
+    let f32s = |n: usize, off: f32| -> Result<crate::runtime::backend::Tensor> {
+        let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
+        be.write(&mut t, 0, &pattern(n, off))?;
+        Ok(t)
+    };
+    let norm_w = f32s(e, 0.5)?;
+    let bias = f32s(qd, 0.1)?;
+    let mut out: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut cache_k = be.alloc(DType::F16, ctx * kvd, Category::Workspace)?;
+    let mut cache_v = be.alloc(DType::F16, ctx * kvd, Category::Workspace)?;
+    for (b, pos0) in [(1usize, p), (p, 0)] {
+        let x = f32s(b * e, 0.25)?;
+        let mut h = f32s(b * e, 0.0)?;
+        let mut q = f32s(b * qd, 0.3)?;
+        let mut k = f32s(b * kvd, 0.2)?;
+        let v = f32s(b * kvd, 0.1)?;
+        let mut att = f32s(b * qd, 0.0)?;
+        let mut g = f32s(b * ff, 0.4)?;
+        let u = f32s(b * ff, 0.6)?;
+        let mut xx = f32s(b * e, 0.7)?;
+        let key = b.to_string();
+        let mut put = |name: &str, t: f64| {
+            out.entry(name.to_string())
+                .or_default()
+                .insert(key.clone(), t);
+        };
+        let (nh, nkv, hd) = (hp.n_head, hp.n_head_kv, hp.head_dim);
+        put(
+            "rms_norm",
+            median_us(be, reps, || {
+                be.rms_norm(&x, 0, b, &norm_w, hp.rms_eps, &mut h)
+            })?,
+        );
+        put("bias", median_us(be, reps, || be.add_bias(&mut q, &bias, b))?);
+        put(
+            "rope_q",
+            median_us(be, reps, || {
+                be.rope(&mut q, b, nh, hd, pos0, &hp.rope, None)
+            })?,
+        );
+        put(
+            "rope_k",
+            median_us(be, reps, || {
+                be.rope(&mut k, b, nkv, hd, pos0, &hp.rope, None)
+            })?,
+        );
+        let call = AttnCall {
+            shape: AttnShape {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+            },
+            n_tok: b,
+            pos0,
+        };
+        put(
+            "attention",
+            median_us(be, reps, || {
+                be.attention(call, &q, &k, &v, &mut cache_k, &mut cache_v, &mut att)
+            })?,
+        );
+        put("add", median_us(be, reps, || be.add(&mut xx, &h, b * e))?);
+        put("swiglu", median_us(be, reps, || be.swiglu(&mut g, &u, b * ff))?);
+    }
+    Ok(out)
+}
+
+/// The link as the executor uses it (DESIGN.md rule 8 and 4): `h2d_gbps`, uploads of the
+/// model's largest weights through `load_weight` (the registered memory map, or staging), when a
+/// model is given, else of an activation buffer; `d2h_gbps`, activation reads (64 MiB, less on
+/// a small device); `latency_us`, a 4-byte copy; `pinned_*`, a plain pinned copy (the
+/// hardware's figure); `crossing_us`, one decode-sized activation crossing through the
+/// executor's own transfer path (half of a GPU→CPU→GPU round trip).
+pub fn measure_link(
+    gpu: &dyn Backend,
+    cpu: &dyn Backend,
+    model: Option<&Model>,
+) -> Result<LinkInfo> {
     // 64 MiB, or a quarter of the free memory on a small or busy device.
     let free = gpu.memory()?.free;
     if free < 4 << 20 {
@@ -221,17 +350,95 @@ pub fn measure_link(gpu: &dyn Backend) -> Result<LinkInfo> {
         v.sort_by(f64::total_cmp);
         Ok(v[v.len() / 2])
     };
-    let h2d = wall(&mut || gpu.write(&mut t, 0, &host))?;
+    let bytes = (n * 4) as f64;
+    let h2d_gbps = match model {
+        Some(m) => weight_upload_gbps(gpu, m, free / 4)?,
+        None => None,
+    };
+    let h2d_gbps = match h2d_gbps {
+        Some(g) => g,
+        None => bytes / wall(&mut || gpu.write(&mut t, 0, &host))? / 1e9,
+    };
     let d2h = wall(&mut || gpu.read(&t, 0, &mut back))?;
     let mut one = [0f32; 1];
     let lat_w = wall(&mut || gpu.write(&mut t, 0, &one))?;
     let lat_r = wall(&mut || gpu.read(&t, 0, &mut one))?;
-    let bytes = (n * 4) as f64;
+    let crossing_us = crossing_us(gpu, cpu, model.map_or(4096, |m| m.hp.n_embd))?;
+    let pinned = gpu.pinned_copy_gbps(n * 4)?;
     Ok(LinkInfo {
-        h2d_gbps: bytes / h2d / 1e9,
+        h2d_gbps,
         d2h_gbps: bytes / d2h / 1e9,
         latency_us: (lat_w + lat_r) / 2.0 * 1e6,
+        pinned_h2d_gbps: pinned.map(|p| p.0),
+        pinned_d2h_gbps: pinned.map(|p| p.1),
+        crossing_us: Some(crossing_us),
     })
+}
+
+/// GB/s of weight uploads as the executor makes them: the largest target weights, up to
+/// `limit` bytes together (at least one), loaded with `load_weight` and freed; the first load
+/// (which may register the memory map with the driver) is not timed. `None` if no weight fits.
+fn weight_upload_gbps(gpu: &dyn Backend, model: &Model, limit: usize) -> Result<Option<f64>> {
+    let mut ws = target_weights(model);
+    ws.sort_by_key(|w| std::cmp::Reverse(w.n_bytes));
+    let Some(first) = ws.last() else {
+        return Ok(None);
+    };
+    drop(gpu.load_weight(&model.file, first)?);
+    gpu.synchronize()?;
+    let mut chosen = Vec::new();
+    let mut total = 0usize;
+    for w in &ws {
+        if total + w.n_bytes > limit && !chosen.is_empty() {
+            break;
+        }
+        if w.n_bytes > limit {
+            continue;
+        }
+        total += w.n_bytes;
+        chosen.push(*w);
+        if total >= 512 << 20 {
+            break;
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(None);
+    }
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        gpu.synchronize()?;
+        let t0 = Instant::now();
+        let mut held = Vec::with_capacity(chosen.len());
+        for w in &chosen {
+            held.push(gpu.load_weight(&model.file, w)?);
+        }
+        gpu.synchronize()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+        drop(held);
+    }
+    Ok(Some(total as f64 / best / 1e9))
+}
+
+/// One decode-sized crossing through the executor's transfer path: the mean of 100 round trips
+/// of `width` f32 (GPU→CPU, then CPU→GPU, each waiting for the one before), halved.
+pub fn crossing_us(gpu: &dyn Backend, cpu: &dyn Backend, width: usize) -> Result<f64> {
+    let mut g = gpu.alloc(DType::F32, width, Category::Workspace)?;
+    let mut c = cpu.alloc(DType::F32, width, Category::Workspace)?;
+    gpu.write(&mut g, 0, &pattern(width, 0.5))?;
+    let mut staging = Vec::new();
+    let mut round = |n: usize| -> Result<f64> {
+        gpu.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            transfer(gpu, &g, cpu, &mut c, width, &mut staging)?;
+            transfer(cpu, &c, gpu, &mut g, width, &mut staging)?;
+        }
+        gpu.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e6)
+    };
+    round(10)?;
+    let n = 100;
+    Ok(round(n)? / (2 * n) as f64)
 }
 
 /// A one-line progress bar on stderr.
@@ -294,8 +501,9 @@ pub fn profile_model(
         start: t0,
     };
     let mut entries = Vec::with_capacity(ops.len());
+    let mut cpu_times = time_in_order(cpu, &model.file, &ops, opts)?.into_iter();
     for op in &ops {
-        let cpu_us = time_op(cpu, &model.file, op, opts)?;
+        let cpu_us = cpu_times.next().unwrap_or_default();
         progress.step(&format!("{} cpu", op.op));
         let gpu_us = match gpu {
             Some(g) => {
@@ -339,7 +547,7 @@ pub fn profile_model(
                     total_bytes: m.total as u64,
                     free_bytes: m.free as u64,
                 }),
-                Some(measure_link(g)?),
+                Some(measure_link(g, cpu, Some(model))?),
             )
         }
         None => (None, None),
@@ -356,6 +564,15 @@ pub fn profile_model(
         link,
         batches: opts.batches.clone(),
         operators: entries,
+        non_target_us: {
+            let mut m = BTreeMap::new();
+            let p = opts.batches.iter().copied().max().unwrap_or(1);
+            m.insert("cpu".to_string(), time_non_target(cpu, model, p, opts.reps)?);
+            if let Some(g) = gpu {
+                m.insert("gpu".to_string(), time_non_target(g, model, p, opts.reps)?);
+            }
+            m
+        },
         profiling_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -432,8 +649,11 @@ mod tests {
     fn the_link_is_measured_within_a_small_devices_free_memory() {
         // 8 MiB free: the copies shrink to a quarter of it instead of failing at 64 MiB.
         let small = TestDevice::new(8 << 20);
-        let link = measure_link(&small).unwrap();
+        let cpu = crate::runtime::cpu_backend::CpuBackend::new();
+        let link = measure_link(&small, &cpu, None).unwrap();
         assert!(link.h2d_gbps > 0.0 && link.d2h_gbps > 0.0 && link.latency_us > 0.0);
+        assert!(link.crossing_us.is_some_and(|c| c > 0.0));
+        assert!(link.pinned_h2d_gbps.is_some_and(|g| g > 0.0));
         assert_eq!(
             small.usage().total(),
             0,
@@ -441,7 +661,7 @@ mod tests {
         );
         // Under 4 MiB: a clear error naming the free memory.
         let tiny = TestDevice::new(3 << 20);
-        let e = measure_link(&tiny).unwrap_err().to_string();
+        let e = measure_link(&tiny, &cpu, None).unwrap_err().to_string();
         assert!(e.contains("3.0 MiB free"), "{e}");
     }
 }

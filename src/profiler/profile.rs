@@ -18,6 +18,11 @@ pub struct Profile {
     pub link: Option<LinkInfo>,
     pub batches: Vec<usize>,
     pub operators: Vec<ProfileEntry>,
+    /// Extra: non-target operators' median times in microseconds on each device (`cpu`, `gpu`),
+    /// by operator (`rms_norm`, `rope_q`, `rope_k`, `attention`, `add`, `swiglu`, `bias`) and
+    /// batch size (decode attention at the position after a prompt of the largest batch).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub non_target_us: BTreeMap<String, BTreeMap<String, BTreeMap<String, f64>>>,
     /// Seconds the profiling took (an extra field).
     #[serde(default)]
     pub profiling_s: f64,
@@ -71,9 +76,20 @@ pub struct GpuInfo {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinkInfo {
+    /// Weight uploads through the executor's own path (from the registered memory map, or
+    /// staged), and activation reads back.
     pub h2d_gbps: f64,
     pub d2h_gbps: f64,
     pub latency_us: f64,
+    /// Extra: a plain pinned-memory copy, the hardware's figure (DESIGN.md rule 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_h2d_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_d2h_gbps: Option<f64>,
+    /// Extra: one decode-sized activation crossing (GPU→CPU→GPU, half of the round trip)
+    /// through the executor's own path, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crossing_us: Option<f64>,
 }
 
 /// One target operator and its median times in microseconds, by batch size (keys are the batch

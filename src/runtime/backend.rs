@@ -258,6 +258,13 @@ pub trait Backend: Send + Sync {
     /// Rows `ids` of the embedding table `table` as f32 into `out` ([ids.len(), table.k]).
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()>;
 
+    /// Host→device and device→host GB/s of a plain copy between page-locked host memory and
+    /// the device (`bytes` each way): the hardware's figure the executor's copies are held to
+    /// (DESIGN.md rule 8). `None` where there is no such thing to measure.
+    fn pinned_copy_gbps(&self, _bytes: usize) -> Result<Option<(f64, f64)>> {
+        Ok(None)
+    }
+
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<()>;
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>>;

@@ -33,8 +33,11 @@ pub const MMVQ_MAX_TOKENS: usize = 8;
 pub const GEMM_SLICE_BYTES: usize = 64 << 20;
 /// CUDA's limit on gridDim.y (rope and attention put tokens there).
 const MAX_GRID_Y: usize = 65535;
-/// Size of each of the two pinned staging buffers.
-const PINNED_BYTES: usize = 8 << 20;
+/// Size of each of the two pinned staging buffers (the path for host memory the driver could not
+/// register).
+const PINNED_BYTES: usize = 32 << 20;
+/// Host copies into pinned staging at least this large are split over threads.
+const PAR_COPY_BYTES: usize = 4 << 20;
 
 fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Msg(format!("CUDA {what}: {e:?}"))
@@ -144,6 +147,70 @@ impl Pinned {
     }
 }
 
+/// Host memory ranges registered with the driver (the model's memory map), so weights are copied
+/// from them by DMA with no staging copy (DESIGN.md rule 8). Each keeps its file alive; dropped
+/// after the device has finished every copy.
+struct HostRegistrations {
+    ctx: Arc<CudaContext>,
+    files: Vec<(Arc<GgufFile>, bool)>,
+}
+
+impl HostRegistrations {
+    /// Whether `file`'s mapping is registered, trying once per file
+    /// (`OATO_CUDA_REGISTER=0` turns registration off, for tests of the staged path).
+    fn ensure(&mut self, file: &Arc<GgufFile>) -> bool {
+        if let Some((_, ok)) = self.files.iter().find(|(f, _)| Arc::ptr_eq(f, file)) {
+            return *ok;
+        }
+        let bytes = file.bytes();
+        let off = std::env::var("OATO_CUDA_REGISTER").is_ok_and(|v| v == "0");
+        let ok = !off
+            && !bytes.is_empty()
+            // SAFETY: the range is the file's live read-only mapping, kept alive by the Arc
+            // stored next to it until it is unregistered in `drop`.
+            && unsafe {
+                cudarc::driver::sys::cuMemHostRegister_v2(
+                    bytes.as_ptr() as *mut c_void,
+                    bytes.len(),
+                    cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY,
+                )
+            } == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+        self.files.push((file.clone(), ok));
+        ok
+    }
+}
+
+impl Drop for HostRegistrations {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.ctx.synchronize();
+        for (f, ok) in &self.files {
+            if *ok {
+                // SAFETY: registered in `ensure`, unregistered once, after the device is idle.
+                unsafe {
+                    cudarc::driver::sys::cuMemHostUnregister(f.bytes().as_ptr() as *mut c_void);
+                }
+            }
+        }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, over a few threads when it is large (pageable memory into pinned
+/// staging: one thread moves well below the link's speed).
+fn par_copy(dst: &mut [u8], src: &[u8]) {
+    if src.len() < PAR_COPY_BYTES {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let parts = 4;
+    let per = src.len().div_ceil(parts);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
 /// Device scratch space reused across calls, grown on demand.
 #[derive(Default)]
 struct Scratch {
@@ -181,6 +248,7 @@ pub struct CudaBackend {
     pub arch: u32,
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<Scratch>,
+    host: Mutex<HostRegistrations>,
     /// Kernel compilation (or cache loading) at start-up, excluded from every measurement.
     pub compile_ms: f64,
     pub kernels_from_cache: usize,
@@ -315,6 +383,18 @@ impl CudaBackend {
     /// architecture and creates the cuBLAS handle.
     pub fn new(ordinal: usize) -> Result<Self> {
         probe().map_err(Error::Msg)?;
+        // The host spins while it waits for the device (an activation crossing waits for a few
+        // microseconds of GPU work; a yielding or sleeping wait costs far more than that).
+        cudarc::driver::result::init().map_err(drv("init"))?;
+        let dev = cudarc::driver::result::device::get(ordinal as i32).map_err(drv("device"))?;
+        // SAFETY: a valid device handle; the flags only choose how the host waits. A failure
+        // (a context already active with other flags) leaves the driver's default.
+        let _ = unsafe {
+            cudarc::driver::sys::cuDevicePrimaryCtxSetFlags_v2(
+                dev,
+                cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_SPIN as u32,
+            )
+        };
         let ctx = CudaContext::new(ordinal).map_err(drv("context"))?;
         // One stream and explicit events: cudarc's per-buffer event tracking is not needed.
         // SAFETY: called before any allocation on this context.
@@ -357,6 +437,7 @@ impl CudaBackend {
             Pinned::new(&ctx, PINNED_BYTES)?,
             Pinned::new(&ctx, PINNED_BYTES)?,
         ];
+        let host_ctx = ctx.clone();
         Ok(CudaBackend {
             id: next_backend_id(),
             ledger: Arc::default(),
@@ -370,6 +451,10 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch {
                 pinned,
                 ..Default::default()
+            }),
+            host: Mutex::new(HostRegistrations {
+                ctx: host_ctx,
+                files: Vec::new(),
             }),
             compile_ms,
             kernels_from_cache: from_cache,
@@ -449,7 +534,7 @@ impl CudaBackend {
             s.turn ^= 1;
             let p = &mut s.pinned[turn];
             let buf = p.slice()?;
-            buf[..chunk.len()].copy_from_slice(chunk);
+            par_copy(&mut buf[..chunk.len()], chunk);
             let at = dst + (i * PINNED_BYTES) as u64;
             // SAFETY: the pinned buffer stays untouched until its event (recorded next) fires;
             // `at..at + chunk.len()` lies inside the destination allocation.
@@ -536,12 +621,31 @@ impl CudaBackend {
     }
 
     /// Makes the context current on the calling thread (the backend may be used from any).
+    /// Whether `file`'s memory map is registered with the driver (registering it on first use).
+    fn registered(&self, file: &Arc<GgufFile>) -> Result<bool> {
+        self.bind()?;
+        let mut h = self
+            .host
+            .lock()
+            .map_err(|_| Error::Msg("CUDA host registrations lock poisoned".into()))?;
+        Ok(h.ensure(file))
+    }
+
+    /// Whether weights of `file` travel by DMA from its registered mapping (true) or through
+    /// pinned staging (false), registering it if it was not yet.
+    pub fn weights_registered(&self, file: &Arc<GgufFile>) -> Result<bool> {
+        self.registered(file)
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv("bind context"))
     }
 
     /// A weight uploaded on `stream`: the compute stream (resident weights), or the copy stream
     /// (streamed ones, which then carry an event that kernels reading them wait for).
+    /// `registered`: `bytes` lie in host memory registered with the driver (and stay alive until
+    /// the copy has run), so they are copied by DMA directly, without staging.
+    #[allow(clippy::too_many_arguments)]
     fn weight_on(
         &self,
         stream: &Arc<CudaStream>,
@@ -550,6 +654,7 @@ impl CudaBackend {
         k: usize,
         n: usize,
         bytes: &[u8],
+        registered: bool,
     ) -> Result<Weight> {
         check_weight_bytes(name, ty, k, n, bytes)?;
         self.bind()?;
@@ -565,7 +670,20 @@ impl CudaBackend {
                 bytes.len()
             ))
         })?;
-        self.upload_on(stream, self.ptr_of(&buf), bytes)?;
+        if registered {
+            // SAFETY: `bytes` is registered host memory that outlives the copy (see
+            // HostRegistrations); the destination holds `bytes.len()` bytes.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    self.ptr_of(&buf),
+                    bytes,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(drv("host to device copy"))?;
+        } else {
+            self.upload_on(stream, self.ptr_of(&buf), bytes)?;
+        }
         let ready = if Arc::ptr_eq(stream, &self.stream) {
             None
         } else {
@@ -710,12 +828,18 @@ impl Backend for CudaBackend {
         n: usize,
         bytes: &[u8],
     ) -> Result<Weight> {
-        self.weight_on(&self.stream, name, ty, k, n, bytes)
+        self.weight_on(&self.stream, name, ty, k, n, bytes, false)
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        let direct = self.registered(file)?;
+        self.weight_on(&self.stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?, direct)
     }
 
     fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         // Allocated and filled on the copy stream (and freed there: see release_weight).
-        self.weight_on(&self.copy_stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?)
+        let direct = self.registered(file)?;
+        self.weight_on(&self.copy_stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?, direct)
     }
 
     fn release_weight(&self, w: Weight) -> Result<()> {
@@ -1004,6 +1128,36 @@ impl Backend for CudaBackend {
                 a: u64 = f16_row, b: u64 = dst, n: i64 = k as i64);
         }
         Ok(())
+    }
+
+    fn pinned_copy_gbps(&self, bytes: usize) -> Result<Option<(f64, f64)>> {
+        self.bind()?;
+        let mut host = Pinned::new(&self.ctx, bytes)?;
+        // SAFETY: written by the copies below before it is read.
+        let dev = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv("link buffer"))?;
+        let d = self.ptr_of(&dev);
+        let buf = host.slice()?;
+        buf.fill(1);
+        let mut best = (f64::MAX, f64::MAX);
+        for _ in 0..4 {
+            let mut sw = self.stopwatch()?;
+            sw.start()?;
+            // SAFETY: both ranges are `bytes` long and live until the stream is synchronised
+            // (the stopwatch waits for the copy).
+            unsafe { cudarc::driver::result::memcpy_htod_async(d, &buf[..], self.cu_stream()) }
+                .map_err(drv("pinned copy"))?;
+            let h2d = sw.stop()?;
+            sw.start()?;
+            // SAFETY: as above.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut buf[..], d, self.cu_stream())
+            }
+            .map_err(drv("pinned copy"))?;
+            let d2h = sw.stop()?;
+            best = (best.0.min(h2d), best.1.min(d2h));
+        }
+        let gbps = |us: f64| bytes as f64 / us.max(1e-3) / 1e3;
+        Ok(Some((gbps(best.0), gbps(best.1))))
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -1,6 +1,6 @@
-//! The forward pass over backends: embedding, transformer blocks and output head, each operator on
-//! the backend a `DeviceMap` names, activations moved only where consecutive operators run on
-//! different backends. With every operator on the CPU this is the CPU engine.
+//! The executor: runs the steps `plan` lowers from a `DeviceMap` (embedding, transformer blocks,
+//! output head, each operator on its backend), moving activations only where a step reads a value
+//! on a backend that does not hold it. With every operator on the CPU this is the CPU engine.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,6 +13,10 @@ use crate::runtime::backend::{
     AttnCall, Backend, Category, DType, DeviceKind, Tensor, Weight, transfer,
 };
 use crate::runtime::cpu_backend::CpuBackend;
+use crate::runtime::plan::{
+    self, CrossCost, LayerDevs, LayerTargets, OpKind, Step, Val, Widths, forward_steps,
+    head_steps, layer_steps, place_non_target,
+};
 
 /// Which positions' logits a forward call returns.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -33,10 +37,12 @@ pub struct DeviceMap {
     /// Target weights that stay in host memory and are copied to their backend for each use,
     /// the next layer's while the current one computes (the `flexgen` policy).
     pub streamed: HashSet<String>,
-    /// Backend of each layer's non-target operators (norms, RoPE, attention, adds) and KV cache.
+    /// Backend of each layer's KV cache, RoPE, biases and attention. The other non-target
+    /// operators (norms, SwiGLU, residual adds) go where the fewest bytes cross (placement
+    /// rule 2, `plan::place_non_target`).
     pub layer_home: Vec<usize>,
-    /// Backend of the output norm.
-    pub head_home: usize,
+    /// The link's cost, for the rule-2 decision.
+    pub link: CrossCost,
 }
 
 impl DeviceMap {
@@ -48,38 +54,52 @@ impl DeviceMap {
                 .map(|w| (w.name.clone(), dev))
                 .collect(),
             layer_home: vec![dev; model.hp.n_layer],
-            head_home: dev,
             streamed: HashSet::new(),
+            link: CrossCost::default(),
         }
     }
 
-    /// Activation copies between backends in one forward call, as the executor makes them: the
-    /// residual stream follows the layer homes; an input crosses once to each other backend that
-    /// runs operators on it; each output crosses back to the home. `cpu` is where the embedding
-    /// lookup runs.
-    pub fn crossings(&self, model: &Model, cpu: usize) -> usize {
+    /// Each layer's target devices and attention device, and the head's device.
+    pub fn targets(&self, model: &Model, cpu: usize) -> (Vec<LayerTargets>, usize) {
         let dev = |w: &WeightRef| self.weights.get(&w.name).copied().unwrap_or(cpu);
-        let mut n = 0;
-        let mut x_at = cpu;
-        for (l, &home) in model.layers.iter().zip(&self.layer_home) {
-            n += (x_at != home) as usize;
-            x_at = home;
-            for group in [&[&l.wq, &l.wk, &l.wv][..], &[&l.w_gate, &l.w_up][..]] {
-                let mut devs: Vec<usize> = group.iter().map(|w| dev(w)).collect();
-                // Each output that was computed away from home comes back.
-                n += devs.iter().filter(|&&d| d != home).count();
-                devs.sort_unstable();
-                devs.dedup();
-                // The input goes once to each other backend.
-                n += devs.iter().filter(|&&d| d != home).count();
-            }
-            for w in [&l.wo, &l.w_down] {
-                n += 2 * (dev(w) != home) as usize;
-            }
-        }
-        n += (x_at != self.head_home) as usize;
-        n += (dev(&model.output) != self.head_home) as usize;
-        n
+        let layers = model
+            .layers
+            .iter()
+            .zip(&self.layer_home)
+            .map(|(l, &home)| LayerTargets {
+                w: [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(dev),
+                attn: home,
+                bias: [l.bq.is_some(), l.bk.is_some(), l.bv.is_some()],
+            })
+            .collect();
+        (layers, dev(&model.output))
+    }
+
+    /// The steps of a forward call of `n_tok` tokens, as the executor runs them. `cpu` is where
+    /// the embedding lookup runs.
+    pub fn steps(&self, model: &Model, cpu: usize, n_tok: usize) -> Vec<Step> {
+        let (layers, out) = self.targets(model, cpu);
+        let (devs, norm) =
+            place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu);
+        forward_steps(&layers, &devs, norm, out, cpu)
+    }
+
+    /// Activation copies between backends in one forward call of `n_tok` tokens, as the
+    /// executor makes them (the logits' read to the host is not counted).
+    pub fn crossings(&self, model: &Model, cpu: usize, n_tok: usize) -> usize {
+        plan::copies(&self.steps(model, cpu, n_tok)).len()
+    }
+}
+
+/// The activations' widths of `model`.
+pub fn widths(model: &Model) -> Widths {
+    let hp = &model.hp;
+    Widths {
+        embd: hp.n_embd,
+        q: hp.q_dim(),
+        kv: hp.kv_dim(),
+        ff: hp.n_ff,
+        vocab: hp.n_vocab,
     }
 }
 
@@ -188,19 +208,6 @@ impl Value {
     }
 }
 
-struct Acts {
-    x: Value,
-    h: Value,
-    q: Value,
-    k: Value,
-    v: Value,
-    att: Value,
-    g: Value,
-    u: Value,
-    o: Value,
-    logits: Value,
-}
-
 /// A target weight on the backend the map names: resident for the session, or (streamed) copied
 /// there before each use and given back after.
 struct Slot {
@@ -238,9 +245,9 @@ fn release(slots: &mut [Slot], bes: &[Arc<dyn Backend>]) -> Result<()> {
 
 /// One layer's tensors, each on its backend.
 struct Layer {
-    home: usize,
-    attn_norm: Tensor,
-    ffn_norm: Tensor,
+    /// The norms' weights on every backend (rule 2 may run a norm on either).
+    attn_norm: Vec<Tensor>,
+    ffn_norm: Vec<Tensor>,
     bias: [Option<Tensor>; 3],
     /// q, k, v, o, gate, up, down.
     w: [Slot; 7],
@@ -257,13 +264,15 @@ pub struct Session<'m> {
     cpu: usize,
     embd: Weight,
     layers: Vec<Layer>,
-    head_home: usize,
-    output_norm: Tensor,
+    output_norm: Vec<Tensor>,
     output: Slot,
     /// rope_freqs on each backend that is some layer's home.
     rope_freqs: Vec<Option<Tensor>>,
-    acts: Acts,
+    vals: Vec<Value>,
     staging: Vec<f32>,
+    map: DeviceMap,
+    /// Non-target devices per batch size (rule 2 weighs bytes, so prefill may differ).
+    placed: HashMap<usize, (Vec<LayerDevs>, usize)>,
     pub transfers: TransferStats,
 }
 
@@ -271,6 +280,15 @@ fn vector_on(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
     let mut t = be.alloc(DType::F32, v.len(), Category::Weights)?;
     be.write(&mut t, 0, v)?;
     Ok(t)
+}
+
+fn on_all(bes: &[Arc<dyn Backend>], v: &[f32]) -> Result<Vec<Tensor>> {
+    bes.iter().map(|b| vector_on(&**b, v)).collect()
+}
+
+/// Splits `vals` into the value at `i` and the rest (the slot at `i` left empty until put back).
+fn take(vals: &mut [Value], v: Val) -> Value {
+    std::mem::replace(&mut vals[v.index()], Value::new(0, 0))
 }
 
 impl<'m> Session<'m> {
@@ -337,9 +355,8 @@ impl<'m> Session<'m> {
             }
             let bias = |b: &Option<Vec<f32>>| b.as_deref().map(|b| vector_on(be, b)).transpose();
             layers.push(Layer {
-                home,
-                attn_norm: vector_on(be, &l.attn_norm)?,
-                ffn_norm: vector_on(be, &l.ffn_norm)?,
+                attn_norm: on_all(&backends, &l.attn_norm)?,
+                ffn_norm: on_all(&backends, &l.ffn_norm)?,
                 bias: [bias(&l.bq)?, bias(&l.bk)?, bias(&l.bv)?],
                 w: [
                     place(&l.wq)?,
@@ -354,32 +371,35 @@ impl<'m> Session<'m> {
                 cache_v: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
             });
         }
-        let head_home = check(map.head_home, "head home")?;
-        let (e, qd) = (hp.n_embd, hp.q_dim());
-        let val = |w| Value::new(w, nd);
+        let wd = widths(model);
+        let vals = [
+            Val::X,
+            Val::H,
+            Val::Q,
+            Val::K,
+            Val::V,
+            Val::Att,
+            Val::G,
+            Val::U,
+            Val::O,
+            Val::Logits,
+        ]
+        .iter()
+        .map(|&v| Value::new(Widths::of(v, &wd), nd))
+        .collect();
         Ok(Session {
             model,
             n_ctx,
             n_past: 0,
             embd: backends[cpu].load_weight(&file, &model.token_embd)?,
-            output_norm: vector_on(&*backends[head_home], &model.output_norm)?,
+            output_norm: on_all(&backends, &model.output_norm)?,
             output: place(&model.output)?,
-            head_home,
             layers,
             rope_freqs,
-            acts: Acts {
-                x: val(e),
-                h: val(e),
-                q: val(qd),
-                k: val(kvd),
-                v: val(kvd),
-                att: val(qd),
-                g: val(hp.n_ff),
-                u: val(hp.n_ff),
-                o: val(e),
-                logits: val(hp.n_vocab),
-            },
+            vals,
             staging: Vec::new(),
+            map: map.clone(),
+            placed: HashMap::new(),
             transfers: TransferStats::default(),
             cpu,
             backends,
@@ -391,10 +411,30 @@ impl<'m> Session<'m> {
         self.n_past = 0;
     }
 
+    /// The devices of the non-target operators for a batch of `n` tokens.
+    fn non_target(&mut self, n: usize) -> (Vec<LayerDevs>, usize) {
+        if let Some(p) = self.placed.get(&n) {
+            return p.clone();
+        }
+        let (targets, out) = self.map.targets(self.model, self.cpu);
+        let p = place_non_target(
+            &targets,
+            out,
+            &widths(self.model),
+            n,
+            &self.map.link,
+            self.cpu,
+        );
+        if self.placed.len() > 64 {
+            self.placed.clear();
+        }
+        self.placed.insert(n, p.clone());
+        p
+    }
+
     /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names
     /// ([rows, n_vocab]).
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        let hp = &self.model.hp;
         let n = tokens.len();
         if n == 0 {
             return Err(Error::Msg("forward: no tokens".into()));
@@ -406,178 +446,191 @@ impl<'m> Session<'m> {
                 pos0, n, self.n_ctx
             )));
         }
-        let bes = &self.backends;
-        let a = &mut self.acts;
-        let mut cx = Ctx {
-            bes,
-            staging: &mut self.staging,
-            stats: &mut self.transfers,
-        };
-        let (e, ff) = (hp.n_embd, hp.n_ff);
-        let shape = AttnShape {
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim: hp.head_dim,
-        };
-        // [n, n_embd], looked up on the CPU from the memory map.
-        let cpu = &*bes[self.cpu];
-        cpu.embed_rows(&self.embd, tokens, a.x.out(self.cpu, n, cpu)?)?;
-        let file = &self.model.file;
+        let (devs, head_norm) = self.non_target(n);
+        let (targets, head_out) = self.map.targets(self.model, self.cpu);
+        let cpu = self.cpu;
+        let file = self.model.file.clone();
+        let bes = self.backends.clone();
+        {
+            let x = &mut self.vals[Val::X.index()];
+            bes[cpu].embed_rows(&self.embd, tokens, x.out(cpu, n, &*bes[cpu])?)?;
+        }
         let n_layer = self.layers.len();
         for il in 0..n_layer {
             // Streamed weights: this layer's (if not prefetched), then the next layer's copy
             // starts once this layer's work is queued, then this layer's are given back.
-            fetch(&mut self.layers[il].w, bes, file)?;
-            let l = &mut self.layers[il];
-            let hm = l.home;
-            let be = &*bes[hm];
-            a.x.need(hm, n, &mut cx)?;
-            be.rms_norm(
-                a.x.get(hm)?,
-                0,
-                n,
-                &l.attn_norm,
-                hp.rms_eps,
-                a.h.out(hm, n, be)?,
-            )?;
-            matmul_group(
-                &mut cx,
-                &mut a.h,
-                n,
-                &l.w[..3],
-                [&mut a.q, &mut a.k, &mut a.v],
-            )?;
-            for (val, b) in [&mut a.q, &mut a.k, &mut a.v].into_iter().zip(&l.bias) {
-                if let Some(b) = b {
-                    be.add_bias(val.modify(hm, n, &mut cx)?, b, n)?;
-                }
+            fetch(&mut self.layers[il].w, &bes, &file)?;
+            for s in layer_steps(&targets[il], &devs[il], cpu) {
+                self.exec(&s, Some(il), n, 0, pos0)?;
             }
-            let freqs = self.rope_freqs[hm].as_ref();
-            let (nh, nkv, hd) = (hp.n_head, hp.n_head_kv, hp.head_dim);
-            be.rope(
-                a.q.modify(hm, n, &mut cx)?,
-                n,
-                nh,
-                hd,
-                pos0,
-                &hp.rope,
-                freqs,
-            )?;
-            be.rope(
-                a.k.modify(hm, n, &mut cx)?,
-                n,
-                nkv,
-                hd,
-                pos0,
-                &hp.rope,
-                freqs,
-            )?;
-            a.v.need(hm, n, &mut cx)?;
-            let call = AttnCall {
-                shape,
-                n_tok: n,
-                pos0,
-            };
-            be.attention(
-                call,
-                a.q.get(hm)?,
-                a.k.get(hm)?,
-                a.v.get(hm)?,
-                &mut l.cache_k,
-                &mut l.cache_v,
-                a.att.out(hm, n, be)?,
-            )?;
-            matmul_group(&mut cx, &mut a.att, n, &l.w[3..4], [&mut a.o])?;
-            a.o.need(hm, n, &mut cx)?;
-            be.add(a.x.modify(hm, n, &mut cx)?, a.o.get(hm)?, n * e)?;
-
-            be.rms_norm(
-                a.x.get(hm)?,
-                0,
-                n,
-                &l.ffn_norm,
-                hp.rms_eps,
-                a.h.out(hm, n, be)?,
-            )?;
-            matmul_group(&mut cx, &mut a.h, n, &l.w[4..6], [&mut a.g, &mut a.u])?;
-            a.u.need(hm, n, &mut cx)?;
-            be.swiglu(a.g.modify(hm, n, &mut cx)?, a.u.get(hm)?, n * ff)?;
-            matmul_group(&mut cx, &mut a.g, n, &l.w[6..7], [&mut a.o])?;
-            a.o.need(hm, n, &mut cx)?;
-            be.add(a.x.modify(hm, n, &mut cx)?, a.o.get(hm)?, n * e)?;
             match self.layers.get_mut(il + 1) {
-                Some(next) => fetch(&mut next.w, bes, file)?,
-                None => fetch(std::slice::from_mut(&mut self.output), bes, file)?,
+                Some(next) => fetch(&mut next.w, &bes, &file)?,
+                None => fetch(std::slice::from_mut(&mut self.output), &bes, &file)?,
             }
-            release(&mut self.layers[il].w, bes)?;
+            release(&mut self.layers[il].w, &bes)?;
         }
         if n_layer == 0 {
-            fetch(std::slice::from_mut(&mut self.output), bes, file)?;
+            fetch(std::slice::from_mut(&mut self.output), &bes, &file)?;
         }
         let from = match want {
             Logits::Last => n - 1,
             Logits::All => 0,
             Logits::From(i) => i.min(n - 1),
         };
-        let rows = n - from;
-        let hh = self.head_home;
-        let be = &*bes[hh];
-        a.x.need(hh, n, &mut cx)?;
-        be.rms_norm(
-            a.x.get(hh)?,
-            from,
-            rows,
-            &self.output_norm,
-            hp.rms_eps,
-            a.h.out(hh, rows, be)?,
-        )?;
-        matmul_group(
-            &mut cx,
-            &mut a.h,
-            rows,
-            std::slice::from_ref(&self.output),
-            [&mut a.logits],
-        )?;
+        for s in head_steps(head_norm, head_out, cpu) {
+            self.exec(&s, None, n, from, pos0)?;
+        }
         let od = self.output.dev;
-        release(std::slice::from_mut(&mut self.output), bes)?;
+        release(std::slice::from_mut(&mut self.output), &bes)?;
         // The next call starts with layer 0: its streamed weights' copy starts now.
         if let Some(first) = self.layers.first_mut() {
-            fetch(&mut first.w, bes, file)?;
+            fetch(&mut first.w, &bes, &file)?;
         }
-        let mut logits = vec![0f32; rows * hp.n_vocab];
-        bes[od].read(a.logits.get(od)?, 0, &mut logits)?;
+        let rows = n - from;
+        let mut logits = vec![0f32; rows * self.model.hp.n_vocab];
+        bes[od].read(self.vals[Val::Logits.index()].get(od)?, 0, &mut logits)?;
         self.n_past += n;
         Ok(logits)
     }
-}
 
-/// Runs the matrices `ws` (each on its backend) on the input `x` ([rows, k]) into `outs`: those on
-/// one backend run as one call, so the input crosses to each backend once.
-fn matmul_group<const N: usize>(
-    cx: &mut Ctx,
-    x: &mut Value,
-    rows: usize,
-    ws: &[Slot],
-    mut outs: [&mut Value; N],
-) -> Result<()> {
-    let mut done = [false; N];
-    for i in 0..N {
-        if done[i] {
-            continue;
-        }
-        let d = ws[i].dev;
-        x.need(d, rows, cx)?;
-        let be = &*cx.bes[d];
-        let mut weights = Vec::with_capacity(N);
-        let mut ys = Vec::with_capacity(N);
-        for (j, out) in outs.iter_mut().enumerate() {
-            if !done[j] && ws[j].dev == d {
-                done[j] = true;
-                weights.push(ws[j].weight()?);
-                ys.push(out.out(d, rows, be)?);
+    /// Runs one step of layer `layer` (the head when `None`) on `n` tokens at `pos0`; the head
+    /// computes rows `from..n` only.
+    fn exec(
+        &mut self,
+        s: &Step,
+        layer: Option<usize>,
+        n: usize,
+        from: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let hp = &self.model.hp;
+        let bes = &self.backends;
+        let mut cx = Ctx {
+            bes,
+            staging: &mut self.staging,
+            stats: &mut self.transfers,
+        };
+        let vals = &mut self.vals;
+        // Rows of each value: the head's norm output and logits cover `from..n` only.
+        let rows = |v: Val| if layer.is_none() && v != Val::X { n - from } else { n };
+        let d = s.dev;
+        let be = &*bes[d];
+        if let OpKind::Matmul { parts } = &s.op {
+            let input = s.reads[0];
+            let r = rows(input);
+            // Every copy of the input first, so a copy to the CPU does not wait for the kernels
+            // of the GPU's part (placement rule 6); then each device's part, the GPU's first.
+            for (pd, _) in parts {
+                vals[input.index()].need(*pd, r, &mut cx)?;
             }
+            let slots: Vec<&Slot> = match layer {
+                Some(il) => self.layers[il].w.iter().collect(),
+                None => vec![&self.output],
+            };
+            for (pd, ss) in parts {
+                let pbe = &*bes[*pd];
+                let mut outs: Vec<(Val, Value)> = Vec::with_capacity(ss.len());
+                let mut weights = Vec::with_capacity(ss.len());
+                for &slot in ss {
+                    let i = if layer.is_some() { slot } else { 0 };
+                    weights.push(slots[i].weight()?);
+                    // The write of slot `slot` is the write at its position in the step.
+                    let pos = parts
+                        .iter()
+                        .flat_map(|p| p.1.iter())
+                        .filter(|&&x| x < slot)
+                        .count();
+                    let v = s.writes[pos];
+                    outs.push((v, take(vals, v)));
+                }
+                let x = vals[input.index()].get(*pd)?;
+                let mut ys = Vec::with_capacity(outs.len());
+                for (v, val) in outs.iter_mut() {
+                    ys.push(val.out(*pd, rows(*v), pbe)?);
+                }
+                let res = pbe.matmul(&weights, x, r, &mut ys);
+                drop(ys);
+                for (v, val) in outs {
+                    vals[v.index()] = val;
+                }
+                res?;
+            }
+            return Ok(());
         }
-        be.matmul(&weights, x.get(d)?, rows, &mut ys)?;
+        for &r in &s.reads {
+            vals[r.index()].need(d, rows(r), &mut cx)?;
+        }
+        let w = s.writes[0];
+        let mut out = take(vals, w);
+        let res = (|| -> Result<()> {
+            let in_place = s.reads.contains(&w);
+            let y = if in_place {
+                out.modify(d, rows(w), &mut cx)?
+            } else {
+                out.out(d, rows(w), be)?
+            };
+            let get = |v: Val| vals[v.index()].get(d);
+            match (&s.op, layer) {
+                (OpKind::AttnNorm | OpKind::FfnNorm, Some(il)) => {
+                    let l = &self.layers[il];
+                    let nw = if s.op == OpKind::AttnNorm {
+                        &l.attn_norm[d]
+                    } else {
+                        &l.ffn_norm[d]
+                    };
+                    be.rms_norm(get(Val::X)?, 0, n, nw, hp.rms_eps, y)
+                }
+                (OpKind::HeadNorm, None) => be.rms_norm(
+                    get(Val::X)?,
+                    from,
+                    n - from,
+                    &self.output_norm[d],
+                    hp.rms_eps,
+                    y,
+                ),
+                (OpKind::Bias(i), Some(il)) => match &self.layers[il].bias[*i] {
+                    Some(b) => be.add_bias(y, b, n),
+                    None => Ok(()),
+                },
+                (OpKind::RopeQ | OpKind::RopeK, Some(_)) => {
+                    let heads = if s.op == OpKind::RopeQ {
+                        hp.n_head
+                    } else {
+                        hp.n_head_kv
+                    };
+                    let freqs = self.rope_freqs[d].as_ref();
+                    be.rope(y, n, heads, hp.head_dim, pos0, &hp.rope, freqs)
+                }
+                (OpKind::Attention, Some(il)) => {
+                    let l = &mut self.layers[il];
+                    let call = AttnCall {
+                        shape: AttnShape {
+                            n_head: hp.n_head,
+                            n_head_kv: hp.n_head_kv,
+                            head_dim: hp.head_dim,
+                        },
+                        n_tok: n,
+                        pos0,
+                    };
+                    be.attention(
+                        call,
+                        get(Val::Q)?,
+                        get(Val::K)?,
+                        get(Val::V)?,
+                        &mut l.cache_k,
+                        &mut l.cache_v,
+                        y,
+                    )
+                }
+                (OpKind::Residual, _) => be.add(y, get(Val::O)?, n * hp.n_embd),
+                (OpKind::Swiglu, _) => be.swiglu(y, get(Val::U)?, n * hp.n_ff),
+                (op, _) => Err(Error::Msg(format!(
+                    "executor: step {op:?} does not belong to {}",
+                    layer.map_or("the head".to_string(), |l| format!("layer {l}"))
+                ))),
+            }
+        })();
+        vals[w.index()] = out;
+        res
     }
-    Ok(())
 }

@@ -8,5 +8,6 @@ pub mod forward;
 pub mod generate;
 pub mod kv_cache;
 pub mod perplexity;
+pub mod plan;
 pub mod sampler;
 pub mod test_device;

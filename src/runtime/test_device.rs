@@ -94,6 +94,16 @@ impl Backend for TestDevice {
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
         self.inner.write(dst, at, src)
     }
+    /// A plain host copy stands in for the pinned-memory copy of a real device.
+    fn pinned_copy_gbps(&self, bytes: usize) -> Result<Option<(f64, f64)>> {
+        let src = vec![1u8; bytes];
+        let mut dst = vec![0u8; bytes];
+        let t0 = std::time::Instant::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&dst);
+        let g = bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e9;
+        Ok(Some((g, g)))
+    }
     fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()> {
         self.inner.read(src, at, dst)
     }

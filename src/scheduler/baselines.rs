@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::profiler::profile::Profile;
 
+use super::oato::predict_with_crossings;
 use super::cost::{
     CAP_FRACTION, CostModel, Reservations, WeightCap, check_percent, mib, weight_cap,
     workspace_bytes,
@@ -39,7 +40,8 @@ pub(crate) fn plan_cpu(
     Ok(PlanParts {
         policy: Policy::Cpu,
         ranking: Ranking::new(model, None),
-        predicted: model.predict(&devices),
+        predicted: predict_with_crossings(model, &devices).0,
+        crossings: predict_with_crossings(model, &devices).1,
         devices,
         rules: vec!["policy cpu".to_string(); n],
         budget,
@@ -110,7 +112,8 @@ pub(crate) fn plan_gpu(
     Ok(PlanParts {
         policy: Policy::Gpu,
         ranking: Ranking::new(model, None),
-        predicted: model.predict(&devices),
+        predicted: predict_with_crossings(model, &devices).0,
+        crossings: predict_with_crossings(model, &devices).1,
         devices,
         rules: vec!["policy gpu".to_string(); n],
         budget,
@@ -332,7 +335,8 @@ pub(crate) fn plan_layer_split(
     Ok(PlanParts {
         policy: Policy::LayerSplit,
         ranking: Ranking::new(model, None),
-        predicted: model.predict_layer_split(&devices),
+        predicted: layer_split_prediction(model, &devices).0,
+        crossings: layer_split_prediction(model, &devices).1,
         devices,
         rules,
         budget,
@@ -385,7 +389,12 @@ pub(crate) fn plan_flexgen(
     Ok(PlanParts {
         policy: Policy::Flexgen,
         ranking: Ranking::new(model, None),
-        predicted: model.predict_streamed(&devices),
+        predicted: model
+            .predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true)
+            .0,
+        crossings: model
+            .predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true)
+            .1,
         devices,
         rules,
         budget,
@@ -393,4 +402,18 @@ pub(crate) fn plan_flexgen(
         notes: cap.notes,
     }
     .into_placement(profile, req, model))
+}
+
+/// Layer-split's prediction: each layer's attention where its weights are (its home).
+fn layer_split_prediction(model: &CostModel, devices: &[Device]) -> (super::cost::PerPass, [usize; 2]) {
+    let n_layer = model.ops.iter().filter_map(|o| o.layer).max().map_or(0, |l| l + 1);
+    let mut homes = vec![Device::Cpu; n_layer];
+    for (o, &d) in model.ops.iter().zip(devices) {
+        if let Some(l) = o.layer
+            && d == Device::Gpu
+        {
+            homes[l] = Device::Gpu;
+        }
+    }
+    model.predict_plan(devices, &homes, false)
 }

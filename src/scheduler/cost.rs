@@ -3,9 +3,15 @@
 //! the rest runs on the GPU (placement rule 2), predicted TTFT/TPOT, and the GPU memory reserved
 //! before any weight is placed (DESIGN.md, "Budget").
 
+use std::collections::BTreeMap;
+
 use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, LinkInfo, Profile, time_at};
 use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
+use crate::runtime::plan::{
+    self, CrossCost, HEAD, LayerTargets, OpKind, Step, Validity, Widths, head_steps,
+    layer_steps, place_non_target,
+};
 
 use super::placement::{Device, Predicted};
 use super::{Budget, PlanRequest};
@@ -34,22 +40,12 @@ impl PerPass {
         self.prefill + gen_tokens * self.decode
     }
 
-    pub fn add(&mut self, other: PerPass) {
-        self.prefill += other.prefill;
-        self.decode += other.decode;
-    }
-
-    fn max(self, other: PerPass) -> PerPass {
-        PerPass {
-            prefill: self.prefill.max(other.prefill),
-            decode: self.decode.max(other.decode),
-        }
-    }
-
     pub fn to_predicted(self) -> Predicted {
         Predicted {
             ttft_ms: self.prefill / 1e3,
             tpot_ms: self.decode / 1e3,
+            prefill_crossings: 0,
+            decode_crossings: 0,
         }
     }
 }
@@ -65,7 +61,6 @@ pub(crate) struct OpCost {
     /// Zero when the profile has no GPU timings ([`CostModel::has_gpu`]): then only the `cpu`
     /// policy plans, and nothing asks for a GPU time.
     pub gpu: PerPass,
-    pub in_bytes_per_token: u64,
     /// GPU→CPU copy of the operator's input activation.
     pub input_copy: PerPass,
     /// CPU→GPU copy of its output activation.
@@ -73,16 +68,10 @@ pub(crate) struct OpCost {
     /// Operators with the same group read the same activation (q/k/v, gate/up of one layer) and
     /// share one input copy (placement rule 4).
     pub input_group: usize,
-}
-
-impl OpCost {
-    /// Time on `device`.
-    fn time_on(&self, device: Device) -> PerPass {
-        match device {
-            Device::Gpu => self.gpu,
-            Device::Cpu => self.cpu,
-        }
-    }
+    /// The weight's slot in its layer (q k v o gate up down = 0..7; the head `plan::HEAD`).
+    pub slot: usize,
+    /// (kind, k, n, dtype): operators with the same key share one cost under `oato`.
+    pub shape_key: String,
 }
 
 /// Direction of a copy over the link.
@@ -100,6 +89,15 @@ pub(crate) struct CostModel {
     prompt_tokens: usize,
     /// `None` without a GPU: nothing crosses.
     link: Option<LinkInfo>,
+    /// The crossing cost the executor's rule 2 and the prediction use.
+    pub cross: CrossCost,
+    widths: Widths,
+    n_layer: usize,
+    /// Layers with q/k/v biases.
+    biases: std::collections::BTreeSet<(usize, usize)>,
+    /// Non-target operator times by device (0 = CPU, 1 = GPU) and name (`rms_norm`, `rope_q`,
+    /// `rope_k`, `attention`, `add`, `swiglu`, `bias`), per pass; absent ones cost nothing.
+    non_target: [BTreeMap<String, PerPass>; 2],
 }
 
 /// Which activation an operator reads, for the shared-copy rule: q/k/v of a layer read one, gate
@@ -133,15 +131,71 @@ impl CostModel {
                     h2d_gbps: l.h2d_gbps,
                     d2h_gbps: l.d2h_gbps,
                     latency_us: l.latency_us.max(0.0),
+                    ..l.clone()
                 })
             }
             _ => None,
         };
+        let cross = link.as_ref().map_or_else(CrossCost::default, |l| CrossCost {
+            fixed_us: l
+                .crossing_us
+                .filter(|c| c.is_finite() && *c >= 0.0)
+                .unwrap_or(l.latency_us),
+            h2d_gbps: l.h2d_gbps,
+            d2h_gbps: l.d2h_gbps,
+        });
+        let ops = &profile.operators;
+        let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
+        let embd = match profile.model.n_embd {
+            0 => find("attn_q").map_or(0, |o| o.k),
+            n => n,
+        };
+        let widths = Widths {
+            embd,
+            q: find("attn_q").map_or(embd, |o| o.n),
+            kv: find("attn_k").map_or(embd, |o| o.n),
+            ff: find("ffn_up").map_or(embd, |o| o.n),
+            vocab: match profile.model.n_vocab {
+                0 => find("output").map_or(0, |o| o.n),
+                n => n,
+            },
+        };
+        let biases = profile
+            .model
+            .other_tensors
+            .iter()
+            .filter_map(|t| {
+                let i = ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+                    .iter()
+                    .position(|b| t.name.ends_with(b))?;
+                Some((t.layer?, i))
+            })
+            .collect();
+        let mut non_target: [BTreeMap<String, PerPass>; 2] = Default::default();
+        for (d, name) in ["cpu", "gpu"].iter().enumerate() {
+            if d == 1 && !has_gpu {
+                continue;
+            }
+            if let Some(table) = profile.non_target_us.get(*name) {
+                for (op, times) in table {
+                    let pp = PerPass {
+                        prefill: time_at(times, req.prompt_tokens).unwrap_or(0.0),
+                        decode: time_at(times, 1).unwrap_or(0.0),
+                    };
+                    non_target[d].insert(op.clone(), pp);
+                }
+            }
+        }
         let mut model = CostModel {
             ops: Vec::with_capacity(profile.operators.len()),
             gen_tokens: req.gen_tokens as f64,
             prompt_tokens: req.prompt_tokens,
             link,
+            cross,
+            widths,
+            n_layer: profile.model.n_layer,
+            biases,
+            non_target,
         };
         let mut seen = std::collections::BTreeSet::new();
         // One entry per input group: the (layer, family) of a shared input, `None` for an
@@ -189,13 +243,212 @@ impl CostModel {
                 weight_bytes: e.weight_bytes,
                 cpu,
                 gpu,
-                in_bytes_per_token: e.in_bytes_per_token,
                 input_copy: model.copy(e.in_bytes_per_token, Direction::DeviceToHost),
                 output_copy: model.copy(e.out_bytes_per_token, Direction::HostToDevice),
                 input_group,
+                slot: crate::profiler::LAYER_KINDS
+                    .iter()
+                    .position(|k| *k == e.kind)
+                    .unwrap_or(HEAD),
+                shape_key: format!("{}|{}|{}|{}", e.kind, e.k, e.n, e.dtype),
             });
         }
+        if model.n_layer == 0 {
+            model.n_layer = model.ops.iter().filter_map(|o| o.layer).max().map_or(0, |l| l + 1);
+        }
         Ok(model)
+    }
+
+    /// Operators of the same kind, shape and type share one cost: the median over the layers
+    /// (DESIGN.md, "The OATO scheduler"), so measurement noise cannot scatter the plan.
+    pub fn with_shared_costs(mut self) -> CostModel {
+        let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, o) in self.ops.iter().enumerate() {
+            groups.entry(o.shape_key.clone()).or_default().push(i);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let m = v.len() / 2;
+            if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
+        };
+        for members in groups.values() {
+            let pick = |f: &dyn Fn(&OpCost) -> f64| median(members.iter().map(|&i| f(&self.ops[i])).collect());
+            let shared_cpu = PerPass {
+                prefill: pick(&|o| o.cpu.prefill),
+                decode: pick(&|o| o.cpu.decode),
+            };
+            let shared_gpu = PerPass {
+                prefill: pick(&|o| o.gpu.prefill),
+                decode: pick(&|o| o.gpu.decode),
+            };
+            for &i in members {
+                self.ops[i].cpu = shared_cpu;
+                self.ops[i].gpu = shared_gpu;
+            }
+        }
+        self
+    }
+
+    /// The layers' placement inputs for `devices` (0 = CPU, 1 = GPU): each layer's attention on
+    /// `attn[l]`; with `all_gpu`, every weight computes on the GPU (streamed ones too).
+    fn layer_targets(&self, devices: &[Device], attn: &[Device], all_gpu: bool) -> (Vec<LayerTargets>, usize) {
+        let id = |d: Device| if all_gpu { 1 } else { (d == Device::Gpu) as usize };
+        let mut layers: Vec<LayerTargets> = (0..self.n_layer)
+            .map(|l| LayerTargets {
+                w: [0; 7],
+                attn: attn.get(l).map_or(0, |&d| (d == Device::Gpu) as usize),
+                bias: std::array::from_fn(|i| self.biases.contains(&(l, i))),
+            })
+            .collect();
+        let mut head = 0;
+        for (op, &d) in self.ops.iter().zip(devices) {
+            match op.layer {
+                Some(l) if l < layers.len() && op.slot < 7 => layers[l].w[op.slot] = id(d),
+                None => head = id(d),
+                _ => {}
+            }
+        }
+        (layers, head)
+    }
+
+    /// Time of one step on `n` tokens (`pass` picks the prefill or decode figure): a matmul
+    /// group takes the longest of its devices' parts (they run at the same time, rule 6).
+    fn step_us(&self, s: &Step, layer: Option<usize>, index: &BTreeMap<(Option<usize>, usize), usize>, prefill: bool) -> f64 {
+        let pick = |p: PerPass| if prefill { p.prefill } else { p.decode };
+        let nt = |d: usize, name: &str| self.non_target[d.min(1)].get(name).map_or(0.0, |&p| pick(p));
+        match &s.op {
+            OpKind::Matmul { parts } => parts
+                .iter()
+                .map(|(d, slots)| {
+                    slots
+                        .iter()
+                        .filter_map(|&sl| index.get(&(layer, sl)))
+                        .map(|&i| pick(if *d == 0 { self.ops[i].cpu } else { self.ops[i].gpu }))
+                        .sum::<f64>()
+                })
+                .fold(0.0, f64::max),
+            OpKind::Embed => 0.0,
+            OpKind::AttnNorm | OpKind::FfnNorm | OpKind::HeadNorm => nt(s.dev, "rms_norm"),
+            OpKind::Bias(_) => nt(s.dev, "bias"),
+            OpKind::RopeQ => nt(s.dev, "rope_q"),
+            OpKind::RopeK => nt(s.dev, "rope_k"),
+            OpKind::Attention => nt(s.dev, "attention"),
+            OpKind::Residual => nt(s.dev, "add"),
+            OpKind::Swiglu => nt(s.dev, "swiglu"),
+        }
+    }
+
+    /// Predicted prefill and decode-step time of a placement, by costing the very steps the
+    /// executor runs (`runtime::plan`): every operator on its device, the non-target operators
+    /// placed by rule 2, each copy at the measured crossing cost, parts of a matmul group on
+    /// different devices at the same time, the logits read back. `attn`: each layer's
+    /// attention device. `streamed`: every weight computes on the GPU and the ones on `Cpu` are
+    /// uploaded for each pass, a layer's upload overlapping the previous layer's compute.
+    /// Returns the times and the copies of the prefill and of a decode step.
+    pub fn predict_plan(&self, devices: &[Device], attn: &[Device], streamed: bool) -> (PerPass, [usize; 2]) {
+        let (layers, head_out) = self.layer_targets(devices, attn, streamed);
+        let index: BTreeMap<(Option<usize>, usize), usize> = self
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| ((o.layer, o.slot), i))
+            .collect();
+        let mut out = PerPass::default();
+        let mut crossings = [0usize; 2];
+        for (k, (prefill, n_tok)) in [(true, self.prompt_tokens), (false, 1)].into_iter().enumerate() {
+            let (devs, norm) = place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+            let mut v = Validity::only(plan::Val::X, 0);
+            let mut total = 0.0;
+            let run = |steps: Vec<Step>, layer: Option<usize>, v: &mut Validity, crossings: &mut usize| -> f64 {
+                let mut t = 0.0;
+                for s in &steps {
+                    v.run(s, |c| {
+                        *crossings += 1;
+                        t += self.cross.copy_us(4 * n_tok * Widths::of(c.val, &self.widths), c.from, c.to, 0);
+                    });
+                    t += self.step_us(s, layer, &index, prefill);
+                }
+                t
+            };
+            for (l, (t, d)) in layers.iter().zip(&devs).enumerate() {
+                let compute = run(layer_steps(t, d, 0), Some(l), &mut v, &mut crossings[k]);
+                let upload = if streamed {
+                    let bytes: u64 = self
+                        .ops
+                        .iter()
+                        .zip(devices)
+                        .filter(|(o, d)| o.layer == Some(l) && **d == Device::Cpu)
+                        .map(|(o, _)| o.weight_bytes)
+                        .sum();
+                    if bytes > 0 { self.cross.fixed_us + bytes as f64 / (self.cross.h2d_gbps * 1e3) } else { 0.0 }
+                } else {
+                    0.0
+                };
+                total += compute.max(upload);
+            }
+            total += run(head_steps(norm, head_out, 0), None, &mut v, &mut crossings[k]);
+            if head_out != 0 {
+                // The logits of the last token come back to the host for sampling.
+                total += self.cross.copy_us(4 * self.widths.vocab, head_out, 0, 0);
+            }
+            if prefill {
+                out.prefill = total;
+            } else {
+                out.decode = total;
+            }
+        }
+        (out, crossings)
+    }
+
+    /// The link part of placing operator `i` on the CPU rather than the GPU under `devices`
+    /// (`ΔX_i(π)` of the improved `oato` policy), over the workload: the difference in the
+    /// copies' cost of its layer (or the head), each placed by rule 2.
+    pub fn link_delta(&self, i: usize, devices: &[Device], attn_gpu: bool) -> f64 {
+        if !self.has_gpu() {
+            return 0.0;
+        }
+        let op = &self.ops[i];
+        let attn = if attn_gpu { 1 } else { 0 };
+        let mut t = LayerTargets { w: [attn; 7], attn, bias: [false; 3] };
+        let mut head_out = attn;
+        for (o, &d) in self.ops.iter().zip(devices) {
+            if o.layer == op.layer {
+                match o.layer {
+                    Some(_) if o.slot < 7 => t.w[o.slot] = (d == Device::Gpu) as usize,
+                    None => head_out = (d == Device::Gpu) as usize,
+                    _ => {}
+                }
+            }
+        }
+        let cost = |t: &LayerTargets, head_out: usize, n_tok: usize| -> f64 {
+            // The layer alone, the residual stream arriving at and leaving for the attention
+            // device (the neighbouring layers' attention).
+            let layers: Vec<LayerTargets> = if op.layer.is_some() { vec![*t] } else { vec![] };
+            let (devs, norm) = place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+            let mut v = Validity::only(plan::Val::X, attn);
+            let mut total = 0.0;
+            let steps: Vec<Step> = match op.layer {
+                Some(_) => layer_steps(t, &devs[0], 0),
+                None => head_steps(norm, head_out, 0),
+            };
+            for s in &steps {
+                v.run(s, |c| total += self.cross.copy_us(4 * n_tok * Widths::of(c.val, &self.widths), c.from, c.to, 0));
+            }
+            if op.layer.is_some() && !v.on(plan::Val::X, attn) {
+                total += self.cross.copy_us(4 * n_tok * self.widths.embd, v.source(plan::Val::X).unwrap_or(0), attn, 0);
+            }
+            total
+        };
+        let on = |dev: usize| {
+            let mut t2 = t;
+            let mut h2 = head_out;
+            match op.layer {
+                Some(_) => t2.w[op.slot] = dev,
+                None => h2 = dev,
+            }
+            cost(&t2, h2, self.prompt_tokens) + self.gen_tokens * cost(&t2, h2, 1)
+        };
+        on(0) - on(1)
     }
 
     /// GPU info, link and every operator's GPU timings are present.
@@ -266,34 +519,6 @@ impl CostModel {
             .collect()
     }
 
-    /// Predicted prefill (TTFT) and decode-step (TPOT) time with every operator on its device,
-    /// the non-target operators on the GPU when any target operator is there, and the link
-    /// copies of the CPU-placed operators (a shared input copied once).
-    pub fn predict(&self, devices: &[Device]) -> PerPass {
-        let mut pass = PerPass::default();
-        for (op, &d) in self.ops.iter().zip(devices) {
-            pass.add(op.time_on(d));
-        }
-        if !devices.contains(&Device::Gpu) {
-            return pass;
-        }
-        let mut group_input: Vec<PerPass> = Vec::new();
-        for (op, &d) in self.ops.iter().zip(devices) {
-            if d != Device::Cpu {
-                continue;
-            }
-            pass.add(op.output_copy);
-            if group_input.len() <= op.input_group {
-                group_input.resize(op.input_group + 1, PerPass::default());
-            }
-            group_input[op.input_group] = group_input[op.input_group].max(op.input_copy);
-        }
-        for copy in group_input {
-            pass.add(copy);
-        }
-        pass
-    }
-
     /// Stages in execution order: each layer's operators (by index), then the head's.
     pub(crate) fn stages(&self) -> Vec<Vec<usize>> {
         let mut order: Vec<usize> = (0..self.ops.len()).collect();
@@ -306,55 +531,6 @@ impl CostModel {
             }
         }
         stages
-    }
-
-    /// Predicted times when every operator computes on the GPU and the non-resident weights
-    /// (`Device::Cpu`) are uploaded for each pass, one stage (a layer, then the head)
-    /// overlapping its upload with its compute (placement rule 5): a stage costs the longer.
-    pub fn predict_streamed(&self, resident: &[Device]) -> PerPass {
-        let mut pass = PerPass::default();
-        for stage in self.stages() {
-            let mut compute = PerPass::default();
-            let mut streamed_bytes = 0u64;
-            for &i in &stage {
-                compute.add(self.ops[i].time_on(Device::Gpu));
-                if resident[i] == Device::Cpu {
-                    streamed_bytes += self.ops[i].weight_bytes;
-                }
-            }
-            let upload = match &self.link {
-                Some(l) if streamed_bytes > 0 => {
-                    l.latency_us + streamed_bytes as f64 / (l.h2d_gbps * 1e3)
-                }
-                _ => 0.0,
-            };
-            pass.add(PerPass {
-                prefill: compute.prefill.max(upload),
-                decode: compute.decode.max(upload),
-            });
-        }
-        pass
-    }
-
-    /// Predicted times for a split by whole layers: every operator on its device, and one copy
-    /// of the hidden state (the input of the first operator on the new device) each time
-    /// execution moves between devices, layers in order and the head last.
-    pub fn predict_layer_split(&self, devices: &[Device]) -> PerPass {
-        let mut pass = PerPass::default();
-        let mut previous: Option<Device> = None;
-        for i in self.stages().into_iter().flatten() {
-            let (op, d) = (&self.ops[i], devices[i]);
-            if previous.is_some_and(|p| p != d) {
-                let direction = match d {
-                    Device::Gpu => Direction::HostToDevice,
-                    Device::Cpu => Direction::DeviceToHost,
-                };
-                pass.add(self.copy(op.in_bytes_per_token, direction));
-            }
-            pass.add(op.time_on(d));
-            previous = Some(d);
-        }
-        pass
     }
 }
 

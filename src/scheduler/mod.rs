@@ -50,8 +50,10 @@ fn is_head_norm(name: &str) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// Operator-aware tensor offloading (the paper's method).
+    /// Operator-aware tensor offloading, improved: shared costs per shape, rule-2 crossings.
     Oato,
+    /// The paper's Algorithm 1 exactly as first built (each operator's own cost).
+    OatoPaper,
     /// llama.cpp's `-ngl`: the last whole layers on the GPU.
     LayerSplit,
     /// Resident weights in layer order, the rest streamed; all compute on the GPU.
@@ -63,8 +65,9 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Oato,
+        Policy::OatoPaper,
         Policy::LayerSplit,
         Policy::Flexgen,
         Policy::Cpu,
@@ -74,6 +77,7 @@ impl Policy {
     pub fn name(self) -> &'static str {
         match self {
             Policy::Oato => "oato",
+            Policy::OatoPaper => "oato-paper",
             Policy::LayerSplit => "layer-split",
             Policy::Flexgen => "flexgen",
             Policy::Cpu => "cpu",
@@ -226,7 +230,7 @@ pub fn plan(profile: &Profile, req: &PlanRequest) -> Result<Placement> {
         return Err(no_gpu(req.policy));
     }
     match req.policy {
-        Policy::Oato => oato::plan_oato(profile, req, &model),
+        Policy::Oato | Policy::OatoPaper => oato::plan_oato(profile, req, &model),
         Policy::LayerSplit => baselines::plan_layer_split(profile, req, &model),
         Policy::Flexgen => baselines::plan_flexgen(profile, req, &model),
         Policy::Cpu => baselines::plan_cpu(profile, req, &model),
@@ -279,6 +283,8 @@ struct PlanParts {
     budget: BudgetReport,
     rounds: usize,
     predicted: PerPass,
+    /// Copies in the prefill and in a decode step (as the executor makes them).
+    crossings: [usize; 2],
     notes: Vec<String>,
 }
 
@@ -329,7 +335,16 @@ impl PlanParts {
             tensors: tensor_map(profile, model, self.policy, &self.devices),
             gpu_weight_bytes: weight_on(Device::Gpu),
             cpu_weight_bytes: weight_on(Device::Cpu),
-            predicted: self.predicted.to_predicted(),
+            predicted: Predicted {
+                prefill_crossings: self.crossings[0],
+                decode_crossings: self.crossings[1],
+                ..self.predicted.to_predicted()
+            },
+            link: model.has_gpu().then_some(placement::PlacementLink {
+                crossing_us: model.cross.fixed_us,
+                h2d_gbps: model.cross.h2d_gbps,
+                d2h_gbps: model.cross.d2h_gbps,
+            }),
             notes: self.notes,
         }
     }

@@ -28,12 +28,34 @@ impl Ranking {
     /// Benefits with the transfer correction for `placement` (`None`: round one, no
     /// correction), affinities, and the order: affinity descending, ties by tensor name.
     pub fn new(model: &CostModel, placement: Option<&[Device]>) -> Ranking {
-        let benefits = model.benefits(placement);
+        Self::with(model, placement, false)
+    }
+
+    /// `improved` (the `oato` policy): ΔX is what the crossings of the operator's layer cost
+    /// under rule 2 (`CostModel::link_delta`), and ties in affinity go to the operator whose
+    /// GPU placement saves more link time. Otherwise the paper's (`oato-paper`).
+    pub fn with(model: &CostModel, placement: Option<&[Device]>, improved: bool) -> Ranking {
+        let (benefits, deltas) = if improved && model.has_gpu() {
+            let g = model.gen_tokens;
+            let deltas: Vec<f64> = (0..model.ops.len())
+                .map(|i| placement.map_or(0.0, |p| model.link_delta(i, p, true)))
+                .collect();
+            let b = model
+                .ops
+                .iter()
+                .zip(&deltas)
+                .map(|(o, dx)| (o.cpu.total(g) - o.gpu.total(g) + dx) / o.weight_bytes as f64)
+                .collect();
+            (b, deltas)
+        } else {
+            (model.benefits(placement), vec![0.0; model.ops.len()])
+        };
         let affinities = affinities(&benefits);
         let mut order: Vec<usize> = (0..model.ops.len()).collect();
         order.sort_by(|&a, &b| {
             affinities[b]
                 .total_cmp(&affinities[a])
+                .then_with(|| deltas[b].total_cmp(&deltas[a]))
                 .then_with(|| model.ops[a].tensor.cmp(&model.ops[b].tensor))
         });
         Ranking {
@@ -143,10 +165,10 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    fn new(model: &CostModel, previous: Option<&[Device]>, cap_bytes: u64) -> Round {
-        let ranking = Ranking::new(model, previous);
+    fn new(model: &CostModel, previous: Option<&[Device]>, cap_bytes: u64, improved: bool) -> Round {
+        let ranking = Ranking::with(model, previous, improved);
         let (devices, rules) = fill(model, &ranking, cap_bytes);
-        let predicted = model.predict(&devices);
+        let predicted = predict_resident(model, &devices);
         Round {
             ranking,
             devices,
@@ -175,8 +197,8 @@ pub(crate) struct Outcome {
 /// Rounds until the order repeats the previous round's (converged: keep that placement), repeats
 /// an earlier one (a cycle) or `MAX_ROUNDS` pass (then keep the visited placement with the lowest
 /// predicted time, the earliest on a tie).
-pub(crate) fn iterate(model: &CostModel, cap_bytes: u64) -> Outcome {
-    let mut rounds = vec![Round::new(model, None, cap_bytes)];
+pub(crate) fn iterate(model: &CostModel, cap_bytes: u64, improved: bool) -> Outcome {
+    let mut rounds = vec![Round::new(model, None, cap_bytes, improved)];
     let best = |rounds: &[Round]| {
         let mut kept = 0;
         for (i, r) in rounds.iter().enumerate() {
@@ -201,7 +223,7 @@ pub(crate) fn iterate(model: &CostModel, cap_bytes: u64) -> Outcome {
             };
         }
         let previous = &rounds[rounds.len() - 1];
-        let next = Round::new(model, Some(&previous.devices), cap_bytes);
+        let next = Round::new(model, Some(&previous.devices), cap_bytes, improved);
         let converged = next.ranking.order == previous.ranking.order;
         let repeats = rounds[..rounds.len() - 1]
             .iter()
@@ -233,13 +255,38 @@ pub(crate) fn iterate(model: &CostModel, cap_bytes: u64) -> Outcome {
     }
 }
 
-/// The `oato` policy: reservations, cap, iteration; the non-target weights on the GPU when any
-/// target weight is there.
+/// Predicted times of a placement whose attention (and KV cache) is on the GPU whenever any
+/// weight is (the `oato` policies).
+pub(crate) fn predict_resident(model: &CostModel, devices: &[Device]) -> PerPass {
+    predict_with_crossings(model, devices).0
+}
+
+pub(crate) fn predict_with_crossings(model: &CostModel, devices: &[Device]) -> (PerPass, [usize; 2]) {
+    let home = if devices.contains(&Device::Gpu) {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    };
+    model.predict_plan(devices, &vec![home; model.ops.len()], false)
+}
+
+/// The `oato` and `oato-paper` policies: reservations, cap, iteration; the non-target weights
+/// on the GPU when any target weight is there. `oato` (improved) shares one cost per operator
+/// shape, weighs crossings by rule 2, and keeps layer-split's placement when that is predicted
+/// faster; `oato-paper` is the paper's Algorithm 1 as first built.
 pub(crate) fn plan_oato(
     profile: &Profile,
     req: &PlanRequest,
     model: &CostModel,
 ) -> Result<Placement> {
+    let improved = req.policy == Policy::Oato;
+    let shared;
+    let model = if improved {
+        shared = model.clone().with_shared_costs();
+        &shared
+    } else {
+        model
+    };
     let gpu = gpu_info(profile, req.policy)?;
     let reservations = Reservations::for_request(profile, req);
     let cap = weight_cap(
@@ -248,20 +295,41 @@ pub(crate) fn plan_oato(
         model.total_target_bytes(),
         gpu,
     )?;
-    let outcome = iterate(model, cap.cap_bytes);
+    let outcome = iterate(model, cap.cap_bytes, improved);
     let rounds = outcome.rounds.len();
     let kept = &outcome.rounds[outcome.kept];
     let mut notes = cap.notes.clone();
     notes.extend(outcome.note.clone());
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
+    if improved {
+        let mut ls_req = req.clone();
+        ls_req.policy = Policy::LayerSplit;
+        if let Ok(mut ls) = super::baselines::plan_layer_split(profile, &ls_req, model) {
+            let g = model.gen_tokens;
+            let score = |p: &super::placement::Predicted| p.ttft_ms + g * p.tpot_ms;
+            let ours = kept.predicted.to_predicted();
+            if score(&ls.predicted) < score(&ours) {
+                ls.policy = Policy::Oato;
+                ls.notes.push(format!(
+                    "layer-split's placement is predicted faster ({:.1} ms vs {:.1} ms for the \
+                     workload than the OATO order's); kept it",
+                    score(&ls.predicted),
+                    score(&ours)
+                ));
+                ls.rounds = rounds;
+                return Ok(ls);
+            }
+        }
+    }
     Ok(PlanParts {
-        policy: Policy::Oato,
+        policy: req.policy,
         ranking: kept.ranking.clone(),
         devices: kept.devices.clone(),
         rules: kept.rules.clone(),
         budget,
         rounds,
         predicted: kept.predicted,
+        crossings: predict_with_crossings(model, &kept.devices).1,
         notes,
     }
     .into_placement(profile, req, model))

@@ -55,6 +55,10 @@ pub struct Placement {
     pub gpu_weight_bytes: u64,
     pub cpu_weight_bytes: u64,
     pub predicted: Predicted,
+    /// Extra: the link's measured cost, which places the non-target operators (rule 2) as the
+    /// scheduler predicted them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<PlacementLink>,
     /// Extra: what a reader should know about this plan (a cycle, a budget past free memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -132,6 +136,19 @@ impl OrderEntry {
 pub struct Predicted {
     pub ttft_ms: f64,
     pub tpot_ms: f64,
+    /// Extra: activation copies over the link in the prefill and in each decode step.
+    #[serde(default)]
+    pub prefill_crossings: usize,
+    #[serde(default)]
+    pub decode_crossings: usize,
+}
+
+/// The link figures a placement was planned with.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementLink {
+    pub crossing_us: f64,
+    pub h2d_gbps: f64,
+    pub d2h_gbps: f64,
 }
 
 impl Placement {

@@ -113,9 +113,13 @@ fn profile(ops: &[TestOp]) -> Profile {
             h2d_gbps: 0.001,
             d2h_gbps: 0.001,
             latency_us: 0.0,
+            pinned_h2d_gbps: None,
+            pinned_d2h_gbps: None,
+            crossing_us: None,
         }),
         batches: vec![1, 64],
         operators: ops.iter().map(TestOp::entry).collect(),
+        non_target_us: Default::default(),
         profiling_s: 0.0,
     }
 }
@@ -162,8 +166,11 @@ fn benefit_is_time_saved_per_mib_with_the_link_correction() {
         h2d_gbps: 1.0,
         d2h_gbps: 1.0,
         latency_us: 5.0,
+        pinned_h2d_gbps: None,
+        pinned_d2h_gbps: None,
+        crossing_us: None,
     });
-    let req = PlanRequest::new(Policy::Oato, Budget::Percent(100.0));
+    let req = PlanRequest::new(Policy::OatoPaper, Budget::Percent(100.0));
     let p = plan(&prof, &req).unwrap();
     // Round 1: (100 + 32*10 - 5 - 32*2) = 351 us over 1 MiB. Round 2 adds the copies: input
     // 1000 B/token at 1 GB/s is 1 us/token: (5 + 64) + 32 (5 + 1) = 261; output 2 us/token:
@@ -188,7 +195,7 @@ fn fill_stops_at_the_first_misfit() {
         op("blk.1.ffn_down", 4, 600.0, 10.0),
         op("blk.0.ffn_down", 4, 1000.0, 10.0),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(
         order_of(&p),
         [
@@ -229,7 +236,7 @@ fn ties_go_by_tensor_name() {
         op("blk.1.ffn_down", 1, 30.0, 10.0),
         op("blk.0.attn_output", 1, 30.0, 10.0),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(order_of(&p), ["blk.0.attn_output", "blk.1.ffn_down"]);
     assert!(p.order.iter().all(|e| e.affinity == 1.0));
     assert_eq!(device(&p, "blk.0.attn_output"), Device::Gpu);
@@ -244,7 +251,7 @@ fn the_transfer_correction_changes_the_order() {
         op("blk.0.attn_output", 1, 300.0, 100.0),
         op("blk.0.ffn_down", 1, 200.0, 100.0).io(0, 500),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(p.rounds, 3);
     assert_eq!(order_of(&p), ["blk.0.ffn_down", "blk.0.attn_output"]);
     assert!(close(p.order[0].benefit_us_per_mib, 1200.0));
@@ -268,7 +275,7 @@ fn an_oscillating_order_ends_with_the_best_placement_seen() {
         op("blk.0.attn_q", 1, 15.0, 10.0).io(50, 0),
         op("blk.0.attn_k", 1, 12.5, 10.0).io(50, 10),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(p.rounds, 3);
     assert!(p.rounds <= MAX_ROUNDS);
     assert_eq!(order_of(&p), ["blk.0.attn_k", "blk.0.attn_q"]);
@@ -297,7 +304,7 @@ fn the_kept_placement_of_a_cycle_is_the_fastest_of_all_rounds() {
     ]);
     // Round 1: q 60 > k 5. Round 2: k 125 > q 60. Round 3: q 160 > k 25: cycle.
     // q on the GPU: 20 + 25 + 120 = 165; k on the GPU: 20 + 80 + 100 = 200.
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(p.rounds, 3);
     assert_eq!(order_of(&p), ["blk.0.attn_q", "blk.0.attn_k"]);
     assert_eq!(device(&p, "blk.0.attn_q"), Device::Gpu);
@@ -311,7 +318,7 @@ fn zero_and_negative_benefits_stay_on_the_cpu() {
         op("blk.0.ffn_up", 1, 10.0, 10.0),
         op("blk.0.ffn_gate", 1, 5.0, 10.0),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(100.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(100.0))).unwrap();
     assert_eq!(device(&p, "blk.0.ffn_down"), Device::Gpu);
     assert_eq!(device(&p, "blk.0.ffn_up"), Device::Cpu);
     assert_eq!(device(&p, "blk.0.ffn_gate"), Device::Cpu);
@@ -338,7 +345,7 @@ fn reserving_profile() -> Profile {
 #[test]
 fn reservations_come_off_the_budget_before_the_cap() {
     let prof = reserving_profile();
-    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(10 * MIB_BYTES));
+    let req = PlanRequest::new(Policy::OatoPaper, Budget::Bytes(10 * MIB_BYTES));
     let p = plan(&prof, &req).unwrap();
     let workspace = 2 * 64 * 256 + 4 * 64 * (4 * 64 + 2 * 128 + 256 + 128);
     assert_eq!(p.budget.workspace_bytes, workspace);
@@ -362,7 +369,7 @@ fn reservations_come_off_the_budget_before_the_cap() {
 #[test]
 fn a_budget_below_the_reservations_is_refused_with_the_numbers() {
     let prof = reserving_profile();
-    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(3 * MIB_BYTES));
+    let req = PlanRequest::new(Policy::OatoPaper, Budget::Bytes(3 * MIB_BYTES));
     let err = plan(&prof, &req).unwrap_err();
     assert!(matches!(err, Error::Usage(_)), "{err:?}");
     let msg = err.to_string();
@@ -374,7 +381,7 @@ fn a_budget_below_the_reservations_is_refused_with_the_numbers() {
     // A budget past the GPU's free memory is planned within the free memory.
     let mut small_gpu = prof.clone();
     small_gpu.gpu.as_mut().unwrap().free_bytes = 3 * MIB_BYTES;
-    let req = PlanRequest::new(Policy::Oato, Budget::Bytes(100 * MIB_BYTES));
+    let req = PlanRequest::new(Policy::OatoPaper, Budget::Bytes(100 * MIB_BYTES));
     let msg = plan(&small_gpu, &req).unwrap_err().to_string();
     assert!(msg.contains("(the GPU has 3.0 MiB free)"), "{msg}");
 }
@@ -382,7 +389,7 @@ fn a_budget_below_the_reservations_is_refused_with_the_numbers() {
 #[test]
 fn a_percentage_budget_caps_that_share_of_the_target_weights() {
     let prof = reserving_profile();
-    let mut req = PlanRequest::new(Policy::Oato, Budget::Percent(50.0));
+    let mut req = PlanRequest::new(Policy::OatoPaper, Budget::Percent(50.0));
     let p = plan(&prof, &req).unwrap();
     // 6 MiB of target weights: cap 3 MiB; the budget reported is reserved + cap / 0.9.
     assert_eq!(p.budget.cap_bytes, 3 * MIB_BYTES);
@@ -647,7 +654,7 @@ fn without_gpu_timings_only_the_cpu_policy_plans() {
         e.gpu_us = None;
     }
     for policy in [
-        Policy::Oato,
+        Policy::OatoPaper,
         Policy::LayerSplit,
         Policy::Flexgen,
         Policy::Gpu,
@@ -670,7 +677,7 @@ fn without_gpu_timings_only_the_cpu_policy_plans() {
 #[test]
 fn tensors_name_every_weight_and_the_embedding_stays_on_the_cpu() {
     let mut prof = layered_profile();
-    let p = plan(&prof, &layered_request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &layered_request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(p.tensors.len(), 9 + 7);
     assert_eq!(p.tensors["token_embd.weight"], Device::Cpu);
     assert_eq!(p.tensors["blk.0.attn_norm.weight"], Device::Gpu);
@@ -690,7 +697,7 @@ fn tensors_name_every_weight_and_the_embedding_stays_on_the_cpu() {
         .unwrap();
     head.tensor = "token_embd.weight".to_string();
     head.cpu_us = [("1".to_string(), 1000.0)].into();
-    let p = plan(&prof, &layered_request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &layered_request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(p.order[0].op, "output");
     assert_eq!(p.tensors["token_embd.weight"], Device::Gpu);
     assert!(!p.tensors.contains_key("output.weight"));
@@ -703,7 +710,7 @@ fn tensors_name_every_weight_and_the_embedding_stays_on_the_cpu() {
 #[test]
 fn placement_json_round_trips_and_is_deterministic() {
     let prof = layered_profile();
-    let req = layered_request(Policy::Oato, Budget::Percent(50.0));
+    let req = layered_request(Policy::OatoPaper, Budget::Percent(50.0));
     let p = plan(&prof, &req).unwrap();
     let text = p.to_json().unwrap();
     assert_eq!(text, plan(&prof, &req).unwrap().to_json().unwrap());
@@ -729,7 +736,7 @@ fn placement_json_round_trips_and_is_deterministic() {
 fn placement_from_json_names_what_is_wrong() {
     let p = plan(
         &layered_profile(),
-        &layered_request(Policy::Oato, Budget::Percent(50.0)),
+        &layered_request(Policy::OatoPaper, Budget::Percent(50.0)),
     )
     .unwrap();
     let text = p.to_json().unwrap();
@@ -770,7 +777,7 @@ fn llama_ot_lists_exactly_the_cpu_weights() {
         op("blk.1.ffn_down", 4, 600.0, 10.0),
         op("blk.0.ffn_down", 4, 1000.0, 10.0),
     ]);
-    let p = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0))).unwrap();
+    let p = plan(&prof, &request(Policy::OatoPaper, Budget::Percent(50.0))).unwrap();
     assert_eq!(
         llama_ot(&p),
         r#"-ngl 999 -ot "^(blk\.1\.ffn_down\.weight|blk\.2\.attn_output\.weight|output\.weight)$=CPU""#
@@ -781,7 +788,7 @@ fn llama_ot_lists_exactly_the_cpu_weights() {
 fn the_table_shows_every_operator_and_the_budget() {
     let p = plan(
         &reserving_profile(),
-        &PlanRequest::new(Policy::Oato, Budget::Bytes(10 * MIB_BYTES)),
+        &PlanRequest::new(Policy::OatoPaper, Budget::Bytes(10 * MIB_BYTES)),
     )
     .unwrap();
     let table = render_table(&p);
@@ -802,7 +809,7 @@ fn a_larger_percentage_never_gets_a_smaller_cap() {
     let mut prof = reserving_profile();
     let probe = plan(
         &prof,
-        &PlanRequest::new(Policy::Oato, Budget::Percent(10.0)),
+        &PlanRequest::new(Policy::OatoPaper, Budget::Percent(10.0)),
     )
     .unwrap();
     let reserved = probe.budget.reserved_bytes;
@@ -811,7 +818,7 @@ fn a_larger_percentage_never_gets_a_smaller_cap() {
     let limit = (0.9 * (4 * MIB_BYTES) as f64).floor() as u64;
     let mut last = 0;
     for pct in [10.0, 30.0, 50.0, 59.0, 61.0, 70.0, 90.0, 100.0] {
-        let p = plan(&prof, &PlanRequest::new(Policy::Oato, Budget::Percent(pct))).unwrap();
+        let p = plan(&prof, &PlanRequest::new(Policy::OatoPaper, Budget::Percent(pct))).unwrap();
         assert!(
             p.budget.cap_bytes >= last,
             "{pct}%: cap {} < {last}",

@@ -376,6 +376,7 @@ API(cuDevicePrimaryCtxRetain)(void** ctx, int dev) {
 }
 
 API(cuDevicePrimaryCtxRelease_v2)(int dev) { return OK; }
+API(cuDevicePrimaryCtxSetFlags_v2)(int dev, unsigned flags) { return OK; }
 
 thread_local void* current_ctx = nullptr;
 API(cuCtxSetCurrent)(void* ctx) {
@@ -447,6 +448,27 @@ API(cuMemFreeHost)(void* p) {
     drain_all(); // a real free waits for the copies that read it
     pinned.erase(it);
     free(p);
+    return OK;
+}
+
+// Registered host memory (the model's memory map) reads like pinned memory: copies from it run
+// when the stream does, so a source freed or changed too early shows up as wrong data.
+API(cuMemHostRegister_v2)(void* p, size_t n, unsigned flags) {
+    LOCK;
+    logf("cuMemHostRegister %zu bytes at %p flags %u", n, p, flags);
+    if (!p || n == 0) return fault(INVALID_VALUE, "cuMemHostRegister of %zu bytes at %p", n, p);
+    if (is_pinned(p, 1) || is_pinned((const char*)p + n - 1, 1)) return 712; // ALREADY_REGISTERED
+    if (getenv("OATO_FAKE_CUDA_NO_REGISTER")) return 801; // CUDA_ERROR_NOT_SUPPORTED
+    pinned[(uintptr_t)p] = n;
+    return OK;
+}
+
+API(cuMemHostUnregister)(void* p) {
+    LOCK;
+    auto it = pinned.find((uintptr_t)p);
+    if (it == pinned.end()) return 713; // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    drain_all(); // copies from it must have run
+    pinned.erase(it);
     return OK;
 }
 
