@@ -7,7 +7,10 @@
 #
 # env: OATO_BIN (target/release/oato), MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf), THREADS (all
 # cores), REPS (3), GEN (32), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split flexgen"),
-# OUT (results/placement-sweep), PROMPT_FILE (the first 64 tokens' worth of tests/data/golden/gpl3_2000w.txt)
+# OUT (results/placement-sweep), PROMPT_FILE (text from tests/data/golden/gpl3_2000w.txt), P (64: the
+# prompt is cut or repeated to exactly P tokens), PLAIN ("cpu gpu": the whole-model runs; "" skips
+# them, e.g. for a model larger than the GPU). The table shows the plan's predicted TTFT/TPOT beside
+# the measured medians, and the activation copies per prefill and per decode step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO_BIN=${OATO_BIN:-target/release/oato}
@@ -16,31 +19,32 @@ THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
 GEN=${GEN:-32}
 BUDGETS=${BUDGETS:-"25% 50% 75%"}
-POLICIES=${POLICIES:-"oato layer-split flexgen"}
+POLICIES=${POLICIES:-"oato oato-paper layer-split flexgen"}
+P=${P:-64}
+PLAIN=${PLAIN-"cpu gpu"}
 OUT=${OUT:-results/placement-sweep}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ -z "${PROMPT_FILE:-}" ]; then
     PROMPT_FILE=$work/prompt.txt
     # About 64 tokens of plain English.
-    head -c 300 tests/data/golden/gpl3_2000w.txt > "$PROMPT_FILE"
+    head -c 2000 tests/data/golden/gpl3_2000w.txt > "$PROMPT_FILE"
 fi
 commit=$("$OATO_BIN" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
 one() { # name, extra flags...
     local name=$1; shift
-    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" -c 1024 --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
+    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c 1024 --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
         > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
     for r in $(seq 1 "$REPS"); do
-        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" -c 1024 --temp 0 --ignore-eos -t "$THREADS" \
+        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c 1024 --temp 0 --ignore-eos -t "$THREADS" \
             --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"
         runs+=("$name" "$r" "$work/$name.$r.json")
         echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
     done
 }
-one cpu --device cpu
-one gpu --device gpu
+for d in $PLAIN; do one "$d" --device "$d"; done
 for policy in $POLICIES; do
     for b in $BUDGETS; do
         one "$policy-${b%\%}pct" --vram-budget "$b" --policy "$policy"
@@ -52,7 +56,8 @@ out, date, commit, threads = sys.argv[1:5]
 rest = sys.argv[5:]
 fields = ["date", "commit", "device", "host_cpu", "threads", "model", "model_dtype", "policy",
           "vram_budget_bytes", "gpu_weight_fraction", "prompt_tokens", "gen_tokens", "rep", "load_ms",
-          "ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s"]
+          "ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s", "predicted_ttft_ms", "predicted_tpot_ms",
+          "crossings_prefill", "crossings_decode"]
 rows, groups = [], {}
 for i in range(0, len(rest), 3):
     name, rep, path = rest[i], int(rest[i + 1]), rest[i + 2]
@@ -66,6 +71,8 @@ for i in range(0, len(rest), 3):
         "load_ms": round(d["load_ms"], 3), "ttft_ms": round(d["ttft_ms"], 3),
         "tpot_ms": round(d["tpot_ms"], 4), "e2e_ms": round(d["e2e_ms"], 3),
         "tokens_per_s": round(d["gen_tokens_per_s"], 2),
+        "predicted_ttft_ms": d.get("predicted_ttft_ms"), "predicted_tpot_ms": d.get("predicted_tpot_ms"),
+        "crossings_prefill": d.get("crossings_prefill"), "crossings_decode": d.get("crossings_decode"),
     }
     rows.append(row)
     groups.setdefault(name, []).append(row)
@@ -79,10 +86,14 @@ with open(out + ".md", "w") as f:
     f.write(f"{date}, commit {commit}, {first['device']} + {first['host_cpu']}, {threads} threads, "
             f"P={first['prompt_tokens']}, G={first['gen_tokens']}; medians of {len(groups[next(iter(groups))])} runs "
             "after a warm-up (tokens/s: decode).\n\n")
-    f.write("| run | policy | GPU weight share | TTFT ms | TPOT ms | tokens/s |\n|---|---|---:|---:|---:|---:|\n")
+    f.write("| run | policy | GPU weight share | TTFT ms | predicted | TPOT ms | predicted | tokens/s | copies prefill / decode |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    fmt = lambda v, p: "" if v is None else f"{v:.{p}f}"
     for name, rs in groups.items():
         med = lambda k: statistics.median(r[k] for r in rs)
-        f.write(f"| {name} | {rs[0]['policy']} | {rs[0]['gpu_weight_fraction']:.2f} | {med('ttft_ms'):.2f} | "
-                f"{med('tpot_ms'):.3f} | {med('tokens_per_s'):.1f} |\n")
+        r0 = rs[0]
+        f.write(f"| {name} | {r0['policy']} | {r0['gpu_weight_fraction']:.2f} | {med('ttft_ms'):.2f} | "
+                f"{fmt(r0['predicted_ttft_ms'], 2)} | {med('tpot_ms'):.3f} | {fmt(r0['predicted_tpot_ms'], 3)} | "
+                f"{med('tokens_per_s'):.1f} | {r0['crossings_prefill']} / {r0['crossings_decode']} |\n")
 print(f"wrote {out}.csv and {out}.md", file=sys.stderr)
 PY

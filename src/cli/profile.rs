@@ -83,9 +83,19 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         }
     );
     if let Some(l) = &prof.link {
+        let of = |got: f64, pinned: Option<f64>| match pinned {
+            Some(p) if p > 0.0 => format!(" ({:.0}% of a pinned copy's {p:.1})", 100.0 * got / p),
+            _ => String::new(),
+        };
         eprintln!(
-            "link: host→device {:.1} GB/s, device→host {:.1} GB/s, latency {:.1} us",
-            l.h2d_gbps, l.d2h_gbps, l.latency_us
+            "link: host→device {:.1} GB/s{}, device→host {:.1} GB/s{}, latency {:.1} us, \
+             crossing {} us",
+            l.h2d_gbps,
+            of(l.h2d_gbps, l.pinned_h2d_gbps),
+            l.d2h_gbps,
+            of(l.d2h_gbps, l.pinned_d2h_gbps),
+            l.latency_us,
+            l.crossing_us.map_or("?".to_string(), |c| format!("{c:.1}"))
         );
     }
     eprintln!("wrote {}", a.output.display());

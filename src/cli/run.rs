@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Print one JSON object (ids, text, timings) instead of streaming the text.
     #[arg(long)]
     pub json: bool,
+    /// Use exactly this many prompt tokens: the encoded prompt cut, or repeated (after its
+    /// first token) until it is long enough; for timing at a fixed prompt length.
+    #[arg(long = "prompt-tokens")]
+    pub prompt_tokens: Option<usize>,
     /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto); with
     /// --vram-budget or --placement, the GPU the placement uses.
     #[arg(long, value_enum, default_value = "auto")]
@@ -226,9 +230,24 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         prompt
     };
-    let prompt_ids = tokenizer.encode(&text, true, true)?;
+    let mut prompt_ids = tokenizer.encode(&text, true, true)?;
     if prompt_ids.is_empty() {
         return Err(Error::Usage("the prompt encodes to no tokens".into()));
+    }
+    if let Some(want) = a.prompt_tokens {
+        if want == 0 {
+            return Err(Error::Usage("--prompt-tokens must be at least 1".into()));
+        }
+        let body: Vec<u32> = if prompt_ids.len() > 1 {
+            prompt_ids[1..].to_vec()
+        } else {
+            prompt_ids.clone()
+        };
+        while prompt_ids.len() < want {
+            let more = want - prompt_ids.len();
+            prompt_ids.extend(body.iter().take(more));
+        }
+        prompt_ids.truncate(want);
     }
     let ctx = a.ctx.max(1);
     if prompt_ids.len() + a.n_predict > ctx {
@@ -347,6 +366,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             "tpot_ms": g.tpot_ms,
             "e2e_ms": g.e2e_ms,
             "prompt_tokens_per_s": g.prompt_tps(),
+            "predicted_ttft_ms": placement.as_ref().map(|p| p.predicted.ttft_ms),
+            "predicted_tpot_ms": placement.as_ref().map(|p| p.predicted.tpot_ms),
+            "crossings_prefill": map.crossings(&model, 0, g.prompt_ids.len()),
+            "crossings_decode": map.crossings(&model, 0, 1),
             "gen_tokens_per_s": g.decode_tps(),
         });
         println!(

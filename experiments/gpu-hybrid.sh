@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 10's measurement on a borrowed GPU machine: a synthetic LLaMA3-8B-shape Q4_0 file, oato's
+# placements (oato, oato-paper, layer-split, flexgen) at 25/50/75% of the weights on the GPU with
+# predicted beside measured TTFT/TPOT, and llama.cpp's -ngl at the same shares in the same session.
+# The device runs one command for at most 10 minutes and keeps /tmp while it stays warm (30 s
+# between calls), so it runs in three back-to-back stages:
+#   experiments/gpu-hybrid.sh build   llama.cpp CUDA build (foreground, ~6 min) and the synth file
+#   experiments/gpu-hybrid.sh oato    profile (link, crossing), placement sweep
+#   experiments/gpu-hybrid.sh peer    llama-bench -ngl at the same shares; archive of $RES in $OUT
+# Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
+# no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
+# RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OATO=${OATO_BIN:-target/release/oato}
+SYNTH=${SYNTH_BIN:-$OATO}
+MODEL=${MODEL:-/tmp/m/llama3-8b-q4_0.gguf}
+RES=${RES:-results/gpu-$(date -u +%Y-%m-%d)-8b}
+THREADS=${THREADS:-$(nproc)}
+export OATO_CACHE_DIR=${OATO_CACHE_DIR:-/tmp/oato-cache}
+mkdir -p "$RES" "$(dirname "$MODEL")"
+commit=$("$OATO" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
+header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit, $THREADS threads"; }
+case ${1:-} in
+build)
+    [ -f "$MODEL" ] || { time "$SYNTH" synth --shape llama3-8b --type Q4_0 --seed 42 -o "$MODEL"; } 2>&1 | tail -3
+    JOBS=${JOBS:-16} experiments/build-llamacpp-cuda.sh > "$RES/llamacpp-build.log" 2>&1 \
+        && echo "llama.cpp built: $(tail -1 "$RES/llamacpp-build.log")" \
+        || { tail -30 "$RES/llamacpp-build.log"; exit 1; }
+    ;;
+oato)
+    { header; "$OATO" profile "$MODEL" --force -t "$THREADS" -o "$RES/profile.json"; } > "$RES/profile.txt" 2>&1
+    cat "$RES/profile.txt"
+    for pol in ${POLICIES:-oato oato-paper layer-split}; do
+        for b in ${BUDGETS:-25% 50% 75%}; do
+            "$OATO" plan --profile "$RES/profile.json" --vram-budget "$b" --policy "$pol" \
+                -o "$RES/plan-$pol-${b%\%}.json" > "$RES/plan-$pol-${b%\%}.txt" 2>&1 || true
+        done
+    done
+    OATO_BIN=$OATO MODEL=$MODEL OUT="$RES/placement-sweep" PLAIN="" THREADS=$THREADS \
+        POLICIES=${POLICIES:-"oato oato-paper layer-split flexgen"} REPS=${REPS:-3} \
+        experiments/placement-sweep.sh 2>&1 | tee "$RES/placement-sweep.log" | grep -v "^== " || true
+    { header; cat "$RES/placement-sweep.md"; } > "$RES/placement-sweep.header.md" 2>/dev/null || true
+    cat "$RES/placement-sweep.md" || true
+    ;;
+peer)
+    MODEL=$MODEL RES=$RES THREADS=$THREADS REPS=${REPS:-3} experiments/hybrid-vs-llamacpp.sh 2>&1 | tail -40
+    ;;
+*)
+    echo "usage: $0 build|oato|peer" >&2
+    exit 2
+    ;;
+esac
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    tar czf "$OUT/gpu-hybrid.tgz" "$RES"
+fi
