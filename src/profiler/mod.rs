@@ -12,10 +12,10 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::kernels::cpu::attention::AttnShape;
 use crate::kernels::cpu::{cpu_name, isa};
 use crate::model::{Model, WeightRef};
 use crate::quant::testdata::pattern;
-use crate::kernels::cpu::attention::AttnShape;
 use crate::runtime::backend::{AttnCall, Backend, Category, DType, DeviceKind, transfer};
 use crate::runtime::forward::target_weights;
 use crate::runtime::kv_cache;
@@ -280,7 +280,10 @@ fn time_non_target(
                 be.rms_norm(&x, 0, b, &norm_w, hp.rms_eps, &mut h)
             })?,
         );
-        put("bias", median_us(be, reps, || be.add_bias(&mut q, &bias, b))?);
+        put(
+            "bias",
+            median_us(be, reps, || be.add_bias(&mut q, &bias, b))?,
+        );
         put(
             "rope_q",
             median_us(be, reps, || {
@@ -309,7 +312,10 @@ fn time_non_target(
             })?,
         );
         put("add", median_us(be, reps, || be.add(&mut xx, &h, b * e))?);
-        put("swiglu", median_us(be, reps, || be.swiglu(&mut g, &u, b * ff))?);
+        put(
+            "swiglu",
+            median_us(be, reps, || be.swiglu(&mut g, &u, b * ff))?,
+        );
     }
     Ok(out)
 }
@@ -567,7 +573,10 @@ pub fn profile_model(
         non_target_us: {
             let mut m = BTreeMap::new();
             let p = opts.batches.iter().copied().max().unwrap_or(1);
-            m.insert("cpu".to_string(), time_non_target(cpu, model, p, opts.reps)?);
+            m.insert(
+                "cpu".to_string(),
+                time_non_target(cpu, model, p, opts.reps)?,
+            );
             if let Some(g) = gpu {
                 m.insert("gpu".to_string(), time_non_target(g, model, p, opts.reps)?);
             }

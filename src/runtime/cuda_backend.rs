@@ -833,13 +833,29 @@ impl Backend for CudaBackend {
 
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         let direct = self.registered(file)?;
-        self.weight_on(&self.stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?, direct)
+        self.weight_on(
+            &self.stream,
+            &w.name,
+            w.ty,
+            w.k,
+            w.n,
+            w.bytes(file)?,
+            direct,
+        )
     }
 
     fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         // Allocated and filled on the copy stream (and freed there: see release_weight).
         let direct = self.registered(file)?;
-        self.weight_on(&self.copy_stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?, direct)
+        self.weight_on(
+            &self.copy_stream,
+            &w.name,
+            w.ty,
+            w.k,
+            w.n,
+            w.bytes(file)?,
+            direct,
+        )
     }
 
     fn release_weight(&self, w: Weight) -> Result<()> {
@@ -1149,10 +1165,8 @@ impl Backend for CudaBackend {
             let h2d = sw.stop()?;
             sw.start()?;
             // SAFETY: as above.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(&mut buf[..], d, self.cu_stream())
-            }
-            .map_err(drv("pinned copy"))?;
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut buf[..], d, self.cu_stream()) }
+                .map_err(drv("pinned copy"))?;
             let d2h = sw.stop()?;
             best = (best.0.min(h2d), best.1.min(d2h));
         }

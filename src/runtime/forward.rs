@@ -14,8 +14,8 @@ use crate::runtime::backend::{
 };
 use crate::runtime::cpu_backend::CpuBackend;
 use crate::runtime::plan::{
-    self, CrossCost, LayerDevs, LayerTargets, OpKind, Step, Val, Widths, forward_steps,
-    head_steps, layer_steps, place_non_target,
+    self, CrossCost, LayerDevs, LayerTargets, OpKind, Step, Val, Widths, forward_steps, head_steps,
+    layer_steps, place_non_target,
 };
 
 /// Which positions' logits a forward call returns.
@@ -79,8 +79,7 @@ impl DeviceMap {
     /// the embedding lookup runs.
     pub fn steps(&self, model: &Model, cpu: usize, n_tok: usize) -> Vec<Step> {
         let (layers, out) = self.targets(model, cpu);
-        let (devs, norm) =
-            place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu);
+        let (devs, norm) = place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu);
         forward_steps(&layers, &devs, norm, out, cpu)
     }
 
@@ -512,7 +511,13 @@ impl<'m> Session<'m> {
         };
         let vals = &mut self.vals;
         // Rows of each value: the head's norm output and logits cover `from..n` only.
-        let rows = |v: Val| if layer.is_none() && v != Val::X { n - from } else { n };
+        let rows = |v: Val| {
+            if layer.is_none() && v != Val::X {
+                n - from
+            } else {
+                n
+            }
+        };
         let d = s.dev;
         let be = &*bes[d];
         if let OpKind::Matmul { parts } = &s.op {

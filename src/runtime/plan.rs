@@ -72,7 +72,9 @@ pub enum OpKind {
     /// Target matmuls reading one input: for each device, the weight slots it runs there, in
     /// the order given (devices other than the CPU first: their work is queued before the CPU
     /// computes, placement rule 6). The input crosses once to each device.
-    Matmul { parts: Vec<(Dev, Vec<usize>)> },
+    Matmul {
+        parts: Vec<(Dev, Vec<usize>)>,
+    },
     /// q, k or v bias (0, 1, 2), in place.
     Bias(usize),
     RopeQ,

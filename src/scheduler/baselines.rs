@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::profiler::profile::Profile;
 
-use super::oato::predict_with_crossings;
 use super::cost::{
     CAP_FRACTION, CostModel, Reservations, WeightCap, check_percent, mib, weight_cap,
     workspace_bytes,
 };
+use super::oato::predict_with_crossings;
 use super::oato::{Fill, Fit, Ranking};
 use super::placement::{BudgetReport, Device, Placement};
 use super::{Budget, PlanParts, PlanRequest, Policy, gpu_info, is_head_norm};
@@ -405,8 +405,16 @@ pub(crate) fn plan_flexgen(
 }
 
 /// Layer-split's prediction: each layer's attention where its weights are (its home).
-fn layer_split_prediction(model: &CostModel, devices: &[Device]) -> (super::cost::PerPass, [usize; 2]) {
-    let n_layer = model.ops.iter().filter_map(|o| o.layer).max().map_or(0, |l| l + 1);
+fn layer_split_prediction(
+    model: &CostModel,
+    devices: &[Device],
+) -> (super::cost::PerPass, [usize; 2]) {
+    let n_layer = model
+        .ops
+        .iter()
+        .filter_map(|o| o.layer)
+        .max()
+        .map_or(0, |l| l + 1);
     let mut homes = vec![Device::Cpu; n_layer];
     for (o, &d) in model.ops.iter().zip(devices) {
         if let Some(l) = o.layer

@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, LinkInfo, Profile, time_at};
 use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 use crate::runtime::plan::{
-    self, CrossCost, HEAD, LayerTargets, OpKind, Step, Validity, Widths, head_steps,
-    layer_steps, place_non_target,
+    self, CrossCost, HEAD, LayerTargets, OpKind, Step, Validity, Widths, head_steps, layer_steps,
+    place_non_target,
 };
 
 use super::placement::{Device, Predicted};
@@ -38,6 +38,18 @@ impl PerPass {
     /// Time over the whole workload: prefill once, then one decode step per generated token.
     pub fn total(self, gen_tokens: f64) -> f64 {
         self.prefill + gen_tokens * self.decode
+    }
+
+    pub fn add(&mut self, other: PerPass) {
+        self.prefill += other.prefill;
+        self.decode += other.decode;
+    }
+
+    fn max(self, other: PerPass) -> PerPass {
+        PerPass {
+            prefill: self.prefill.max(other.prefill),
+            decode: self.decode.max(other.decode),
+        }
     }
 
     pub fn to_predicted(self) -> Predicted {
@@ -136,14 +148,16 @@ impl CostModel {
             }
             _ => None,
         };
-        let cross = link.as_ref().map_or_else(CrossCost::default, |l| CrossCost {
-            fixed_us: l
-                .crossing_us
-                .filter(|c| c.is_finite() && *c >= 0.0)
-                .unwrap_or(l.latency_us),
-            h2d_gbps: l.h2d_gbps,
-            d2h_gbps: l.d2h_gbps,
-        });
+        let cross = link
+            .as_ref()
+            .map_or_else(CrossCost::default, |l| CrossCost {
+                fixed_us: l
+                    .crossing_us
+                    .filter(|c| c.is_finite() && *c >= 0.0)
+                    .unwrap_or(l.latency_us),
+                h2d_gbps: l.h2d_gbps,
+                d2h_gbps: l.d2h_gbps,
+            });
         let ops = &profile.operators;
         let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
         let embd = match profile.model.n_embd {
@@ -254,7 +268,12 @@ impl CostModel {
             });
         }
         if model.n_layer == 0 {
-            model.n_layer = model.ops.iter().filter_map(|o| o.layer).max().map_or(0, |l| l + 1);
+            model.n_layer = model
+                .ops
+                .iter()
+                .filter_map(|o| o.layer)
+                .max()
+                .map_or(0, |l| l + 1);
         }
         Ok(model)
     }
@@ -269,10 +288,16 @@ impl CostModel {
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             let m = v.len() / 2;
-            if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
+            if v.len() % 2 == 1 {
+                v[m]
+            } else {
+                (v[m - 1] + v[m]) / 2.0
+            }
         };
         for members in groups.values() {
-            let pick = |f: &dyn Fn(&OpCost) -> f64| median(members.iter().map(|&i| f(&self.ops[i])).collect());
+            let pick = |f: &dyn Fn(&OpCost) -> f64| {
+                median(members.iter().map(|&i| f(&self.ops[i])).collect())
+            };
             let shared_cpu = PerPass {
                 prefill: pick(&|o| o.cpu.prefill),
                 decode: pick(&|o| o.cpu.decode),
@@ -291,8 +316,19 @@ impl CostModel {
 
     /// The layers' placement inputs for `devices` (0 = CPU, 1 = GPU): each layer's attention on
     /// `attn[l]`; with `all_gpu`, every weight computes on the GPU (streamed ones too).
-    fn layer_targets(&self, devices: &[Device], attn: &[Device], all_gpu: bool) -> (Vec<LayerTargets>, usize) {
-        let id = |d: Device| if all_gpu { 1 } else { (d == Device::Gpu) as usize };
+    fn layer_targets(
+        &self,
+        devices: &[Device],
+        attn: &[Device],
+        all_gpu: bool,
+    ) -> (Vec<LayerTargets>, usize) {
+        let id = |d: Device| {
+            if all_gpu {
+                1
+            } else {
+                (d == Device::Gpu) as usize
+            }
+        };
         let mut layers: Vec<LayerTargets> = (0..self.n_layer)
             .map(|l| LayerTargets {
                 w: [0; 7],
@@ -313,9 +349,19 @@ impl CostModel {
 
     /// Time of one step on `n` tokens (`pass` picks the prefill or decode figure): a matmul
     /// group takes the longest of its devices' parts (they run at the same time, rule 6).
-    fn step_us(&self, s: &Step, layer: Option<usize>, index: &BTreeMap<(Option<usize>, usize), usize>, prefill: bool) -> f64 {
+    fn step_us(
+        &self,
+        s: &Step,
+        layer: Option<usize>,
+        index: &BTreeMap<(Option<usize>, usize), usize>,
+        prefill: bool,
+    ) -> f64 {
         let pick = |p: PerPass| if prefill { p.prefill } else { p.decode };
-        let nt = |d: usize, name: &str| self.non_target[d.min(1)].get(name).map_or(0.0, |&p| pick(p));
+        let nt = |d: usize, name: &str| {
+            self.non_target[d.min(1)]
+                .get(name)
+                .map_or(0.0, |&p| pick(p))
+        };
         match &s.op {
             OpKind::Matmul { parts } => parts
                 .iter()
@@ -323,7 +369,13 @@ impl CostModel {
                     slots
                         .iter()
                         .filter_map(|&sl| index.get(&(layer, sl)))
-                        .map(|&i| pick(if *d == 0 { self.ops[i].cpu } else { self.ops[i].gpu }))
+                        .map(|&i| {
+                            pick(if *d == 0 {
+                                self.ops[i].cpu
+                            } else {
+                                self.ops[i].gpu
+                            })
+                        })
                         .sum::<f64>()
                 })
                 .fold(0.0, f64::max),
@@ -345,7 +397,12 @@ impl CostModel {
     /// attention device. `streamed`: every weight computes on the GPU and the ones on `Cpu` are
     /// uploaded for each pass, a layer's upload overlapping the previous layer's compute.
     /// Returns the times and the copies of the prefill and of a decode step.
-    pub fn predict_plan(&self, devices: &[Device], attn: &[Device], streamed: bool) -> (PerPass, [usize; 2]) {
+    pub fn predict_plan(
+        &self,
+        devices: &[Device],
+        attn: &[Device],
+        streamed: bool,
+    ) -> (PerPass, [usize; 2]) {
         let (layers, head_out) = self.layer_targets(devices, attn, streamed);
         let index: BTreeMap<(Option<usize>, usize), usize> = self
             .ops
@@ -355,16 +412,29 @@ impl CostModel {
             .collect();
         let mut out = PerPass::default();
         let mut crossings = [0usize; 2];
-        for (k, (prefill, n_tok)) in [(true, self.prompt_tokens), (false, 1)].into_iter().enumerate() {
-            let (devs, norm) = place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+        for (k, (prefill, n_tok)) in [(true, self.prompt_tokens), (false, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let (devs, norm) =
+                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
             let mut v = Validity::only(plan::Val::X, 0);
             let mut total = 0.0;
-            let run = |steps: Vec<Step>, layer: Option<usize>, v: &mut Validity, crossings: &mut usize| -> f64 {
+            let run = |steps: Vec<Step>,
+                       layer: Option<usize>,
+                       v: &mut Validity,
+                       crossings: &mut usize|
+             -> f64 {
                 let mut t = 0.0;
                 for s in &steps {
                     v.run(s, |c| {
                         *crossings += 1;
-                        t += self.cross.copy_us(4 * n_tok * Widths::of(c.val, &self.widths), c.from, c.to, 0);
+                        t += self.cross.copy_us(
+                            4 * n_tok * Widths::of(c.val, &self.widths),
+                            c.from,
+                            c.to,
+                            0,
+                        );
                     });
                     t += self.step_us(s, layer, &index, prefill);
                 }
@@ -380,13 +450,34 @@ impl CostModel {
                         .filter(|(o, d)| o.layer == Some(l) && **d == Device::Cpu)
                         .map(|(o, _)| o.weight_bytes)
                         .sum();
-                    if bytes > 0 { self.cross.fixed_us + bytes as f64 / (self.cross.h2d_gbps * 1e3) } else { 0.0 }
+                    if bytes > 0 {
+                        self.cross.fixed_us + bytes as f64 / (self.cross.h2d_gbps * 1e3)
+                    } else {
+                        0.0
+                    }
                 } else {
                     0.0
                 };
                 total += compute.max(upload);
             }
-            total += run(head_steps(norm, head_out, 0), None, &mut v, &mut crossings[k]);
+            let head = run(
+                head_steps(norm, head_out, 0),
+                None,
+                &mut v,
+                &mut crossings[k],
+            );
+            let head_upload: u64 = self
+                .ops
+                .iter()
+                .zip(devices)
+                .filter(|(o, d)| streamed && o.layer.is_none() && **d == Device::Cpu)
+                .map(|(o, _)| o.weight_bytes)
+                .sum();
+            total += if head_upload > 0 {
+                head.max(self.cross.fixed_us + head_upload as f64 / (self.cross.h2d_gbps * 1e3))
+            } else {
+                head
+            };
             if head_out != 0 {
                 // The logits of the last token come back to the host for sampling.
                 total += self.cross.copy_us(4 * self.widths.vocab, head_out, 0, 0);
@@ -409,7 +500,11 @@ impl CostModel {
         }
         let op = &self.ops[i];
         let attn = if attn_gpu { 1 } else { 0 };
-        let mut t = LayerTargets { w: [attn; 7], attn, bias: [false; 3] };
+        let mut t = LayerTargets {
+            w: [attn; 7],
+            attn,
+            bias: [false; 3],
+        };
         let mut head_out = attn;
         for (o, &d) in self.ops.iter().zip(devices) {
             if o.layer == op.layer {
@@ -424,7 +519,8 @@ impl CostModel {
             // The layer alone, the residual stream arriving at and leaving for the attention
             // device (the neighbouring layers' attention).
             let layers: Vec<LayerTargets> = if op.layer.is_some() { vec![*t] } else { vec![] };
-            let (devs, norm) = place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+            let (devs, norm) =
+                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
             let mut v = Validity::only(plan::Val::X, attn);
             let mut total = 0.0;
             let steps: Vec<Step> = match op.layer {
@@ -432,10 +528,22 @@ impl CostModel {
                 None => head_steps(norm, head_out, 0),
             };
             for s in &steps {
-                v.run(s, |c| total += self.cross.copy_us(4 * n_tok * Widths::of(c.val, &self.widths), c.from, c.to, 0));
+                v.run(s, |c| {
+                    total += self.cross.copy_us(
+                        4 * n_tok * Widths::of(c.val, &self.widths),
+                        c.from,
+                        c.to,
+                        0,
+                    )
+                });
             }
             if op.layer.is_some() && !v.on(plan::Val::X, attn) {
-                total += self.cross.copy_us(4 * n_tok * self.widths.embd, v.source(plan::Val::X).unwrap_or(0), attn, 0);
+                total += self.cross.copy_us(
+                    4 * n_tok * self.widths.embd,
+                    v.source(plan::Val::X).unwrap_or(0),
+                    attn,
+                    0,
+                );
             }
             total
         };
@@ -517,6 +625,37 @@ impl CostModel {
                     / op.weight_bytes as f64
             })
             .collect()
+    }
+
+    /// The paper's own estimate (`oato-paper` scores its rounds by it): every operator on its device,
+    /// the non-target operators on the GPU when any target operator is there, and the link
+    /// copies of the CPU-placed operators (a shared input copied once).
+    pub fn predict_paper(&self, devices: &[Device]) -> PerPass {
+        let mut pass = PerPass::default();
+        for (op, &d) in self.ops.iter().zip(devices) {
+            pass.add(match d {
+                Device::Gpu => op.gpu,
+                Device::Cpu => op.cpu,
+            });
+        }
+        if !devices.contains(&Device::Gpu) {
+            return pass;
+        }
+        let mut group_input: Vec<PerPass> = Vec::new();
+        for (op, &d) in self.ops.iter().zip(devices) {
+            if d != Device::Cpu {
+                continue;
+            }
+            pass.add(op.output_copy);
+            if group_input.len() <= op.input_group {
+                group_input.resize(op.input_group + 1, PerPass::default());
+            }
+            group_input[op.input_group] = group_input[op.input_group].max(op.input_copy);
+        }
+        for copy in group_input {
+            pass.add(copy);
+        }
+        pass
     }
 
     /// Stages in execution order: each layer's operators (by index), then the head's.

@@ -165,10 +165,19 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    fn new(model: &CostModel, previous: Option<&[Device]>, cap_bytes: u64, improved: bool) -> Round {
+    fn new(
+        model: &CostModel,
+        previous: Option<&[Device]>,
+        cap_bytes: u64,
+        improved: bool,
+    ) -> Round {
         let ranking = Ranking::with(model, previous, improved);
         let (devices, rules) = fill(model, &ranking, cap_bytes);
-        let predicted = predict_resident(model, &devices);
+        let predicted = if improved {
+            predict_resident(model, &devices)
+        } else {
+            model.predict_paper(&devices)
+        };
         Round {
             ranking,
             devices,
@@ -261,7 +270,10 @@ pub(crate) fn predict_resident(model: &CostModel, devices: &[Device]) -> PerPass
     predict_with_crossings(model, devices).0
 }
 
-pub(crate) fn predict_with_crossings(model: &CostModel, devices: &[Device]) -> (PerPass, [usize; 2]) {
+pub(crate) fn predict_with_crossings(
+    model: &CostModel,
+    devices: &[Device],
+) -> (PerPass, [usize; 2]) {
     let home = if devices.contains(&Device::Gpu) {
         Device::Gpu
     } else {
@@ -328,7 +340,7 @@ pub(crate) fn plan_oato(
         rules: kept.rules.clone(),
         budget,
         rounds,
-        predicted: kept.predicted,
+        predicted: predict_with_crossings(model, &kept.devices).0,
         crossings: predict_with_crossings(model, &kept.devices).1,
         notes,
     }
