@@ -8,6 +8,7 @@ pub mod model;
 pub mod placer;
 pub mod profiler;
 pub mod quant;
+pub mod rng;
 pub mod runtime;
 pub mod scheduler;
 pub mod tokenizer;

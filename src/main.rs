@@ -32,6 +32,9 @@ enum Command {
     /// Check every operator and weight type on a backend against a reference; --perf times
     /// them; --compile-only compiles the CUDA kernels with NVRTC (no GPU needed).
     Selftest(cli::selftest::SelftestArgs),
+    /// Write a GGUF file with a real model's tensor names, shapes and quantisation types and
+    /// seeded random weights, for timing.
+    Synth(cli::synth::SynthArgs),
 }
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
         Command::Selftest(a) => cli::selftest::run(a),
         Command::Profile(a) => cli::profile::run(a),
         Command::Plan(a) => cli::plan::run(a),
+        Command::Synth(a) => cli::synth::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

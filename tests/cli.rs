@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Output;
 
 use oato::gguf::{GgufWriter, Value};
 use oato::quant::GgmlType;
 
-use common::{golden, golden_dir, ids, model_path, oato, repo, text};
+use common::{golden, golden_dir, ids, model_path, oato, repo, text, tmp_dir};
 
 /// Asserts a clean failure: exit code 1 or 2, `want` in stderr, no panic.
 fn assert_fails(out: &Output, want: &str) {
@@ -22,12 +21,6 @@ fn assert_fails(out: &Output, want: &str) {
     );
     assert!(!err.contains("panicked"), "panicked: {err}");
     assert!(err.contains(want), "stderr lacks {want:?}: {err}");
-}
-
-fn tmp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oato-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[test]
@@ -155,7 +148,7 @@ fn chat_output_ends_with_the_end_of_generation_token() {
 
 #[test]
 fn perplexity_json_on_a_short_text() {
-    let dir = tmp_dir("ppl");
+    let dir = tmp_dir("cli", "ppl");
     let full = std::fs::read_to_string(golden_dir().join("gpl3_2000w.txt")).unwrap();
     let short: String = full.chars().take(1200).collect();
     let f = dir.join("short.txt");
@@ -199,14 +192,14 @@ fn perplexity_json_on_a_short_text() {
 
 #[test]
 fn missing_default_model_names_the_fetch_command() {
-    let dir = tmp_dir("empty");
+    let dir = tmp_dir("cli", "empty");
     let out = oato(&["run", "-p", "hi"], &dir);
     assert_fails(&out, "scripts/fetch-models.sh");
 }
 
 #[test]
 fn bad_files_and_flags_fail_cleanly() {
-    let dir = tmp_dir("bad");
+    let dir = tmp_dir("cli", "bad");
     let m = std::fs::read(model_path()).unwrap();
     let truncated = dir.join("truncated.gguf");
     std::fs::write(&truncated, &m[..10_000_000]).unwrap();

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use oato::gguf::{GgufFile, GgufWriter, Value, ValueType};
+use oato::gguf::{GgufFile, GgufWriter, TensorEntry, Value, ValueType};
 use oato::quant::GgmlType;
 
 fn tmp(name: &str) -> PathBuf {
@@ -292,4 +292,54 @@ fn missing_file_names_the_path() {
         .unwrap()
         .to_string();
     assert!(e.contains("/nonexistent/model.gguf"), "{e}");
+}
+
+#[test]
+fn streamed_tensors_write_the_same_bytes_as_tensors_in_memory() {
+    // In memory: the sample's two tensors, then a Q8_0 and an odd-sized F16 one (padding).
+    let q8: Vec<u8> = (0..68u8).collect();
+    let f16: Vec<u8> = (0..6u8).map(|b| b.wrapping_mul(37)).collect();
+    let mut all = sample_writer();
+    all.add_tensor("c.weight", &[64], GgmlType::Q8_0, q8.clone())
+        .unwrap();
+    all.add_tensor("d.weight", &[3], GgmlType::F16, f16.clone())
+        .unwrap();
+    // Streamed: the same two made by the producer, one at a time, after the sample's.
+    let entries = [
+        TensorEntry::new("c.weight", &[64], GgmlType::Q8_0).unwrap(),
+        TensorEntry::new("d.weight", &[3], GgmlType::F16).unwrap(),
+    ];
+    let path = tmp("streamed.gguf");
+    let mut calls = Vec::new();
+    let n = sample_writer()
+        .write_streamed(&path, &entries, |i, buf| {
+            calls.push((i, buf.len()));
+            buf.copy_from_slice(if i == 0 { &q8 } else { &f16 });
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(calls, [(0, 68), (1, 6)]);
+    let want = all.to_bytes();
+    assert_eq!(n, want.len() as u64);
+    assert!(
+        std::fs::read(&path).unwrap() == want,
+        "streamed bytes differ"
+    );
+    let f = GgufFile::open(&path).unwrap();
+    assert_eq!(f.tensor_data("d.weight").unwrap(), f16);
+
+    // A producer that fails leaves no file behind, and its error comes back.
+    let e = sample_writer()
+        .write_streamed(&path, &entries, |i, _| match i {
+            0 => Ok(()),
+            _ => Err(oato::Error::Msg("no bytes for d.weight".into())),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("no bytes for d.weight"), "{e}");
+    assert!(!path.exists());
+    let e = TensorEntry::new("e", &[33], GgmlType::Q4_0).unwrap_err();
+    assert!(
+        e.to_string().contains("\"e\"") && e.to_string().contains("Q4_0"),
+        "{e}"
+    );
 }

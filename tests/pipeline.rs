@@ -4,28 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
-use common::{model_path, oato, oato_env, text};
+use common::{model_path, oato, oato_env, ok, text, tmp_dir};
 
 const DEVICE: (&str, &str) = ("OATO_TEST_DEVICE", "2000000000");
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("oato-pipeline-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
 
 fn fails(out: &Output, want: &str) {
     let err = text(&out.stderr);
@@ -63,7 +47,7 @@ fn run_ids(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<u64> {
 
 #[test]
 fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
-    let dir = tmp("ok");
+    let dir = tmp_dir("pipeline", "ok");
     let cache = dir.join("cache");
     let cache = cache.to_str().unwrap();
     let env = [DEVICE, ("OATO_CACHE_DIR", cache)];
@@ -148,7 +132,7 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
 
 #[test]
 fn bad_placements_and_budgets_fail_cleanly() {
-    let dir = tmp("bad");
+    let dir = tmp_dir("pipeline", "bad");
     let cache = dir.join("cache");
     let env = [DEVICE, ("OATO_CACHE_DIR", cache.to_str().unwrap())];
     let model = model_path();
@@ -274,7 +258,7 @@ fn bad_placements_and_budgets_fail_cleanly() {
 
 #[test]
 fn a_model_too_big_for_the_device_is_refused_or_run_on_the_cpu() {
-    let dir = tmp("big");
+    let dir = tmp_dir("pipeline", "big");
     let small = [("OATO_TEST_DEVICE", "100000000")];
     let model = model_path();
     let m = model.to_str().unwrap();

@@ -24,6 +24,7 @@ use oato::error::{Error, Result};
 use oato::gguf::GgufFile;
 use oato::model::Model;
 use oato::quant::GgmlType;
+use oato::rng::SplitMix64;
 use oato::runtime::backend::{Backend, DeviceKind};
 use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::tokenizer::Tokenizer;
@@ -290,24 +291,16 @@ fn ftype_name(f: &GgufFile) -> String {
     )
 }
 
-/// splitmix64: a small seeded generator for the token ids (their values do not affect timing).
-struct TokenRng(u64);
+/// Seeded token ids (their values do not affect timing).
+struct TokenRng(SplitMix64);
 
 impl TokenRng {
-    fn below(&mut self, n: usize) -> u32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % n.max(1) as u64) as u32
-    }
-
     /// `n` ids: the first `bos` when given, the rest random in 0..n_vocab.
     fn tokens(&mut self, n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
         (0..n)
             .map(|i| match bos {
                 Some(b) if i == 0 => b,
-                _ => self.below(n_vocab),
+                _ => self.0.below(n_vocab as u64) as u32,
             })
             .collect()
     }
@@ -620,7 +613,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .filter(|&(p, g)| p + g > 0)
         .collect();
     let total = plan.models.len() * plan.threads.len() * tests.len();
-    let mut rng = TokenRng(a.seed);
+    let mut rng = TokenRng(SplitMix64::new(a.seed));
     let mut done = 0;
     // Open every model first, so a bad file fails before any timing (they are memory-mapped).
     let models = plan

@@ -7,6 +7,7 @@ pub mod plan;
 pub mod profile;
 pub mod run;
 pub mod selftest;
+pub mod synth;
 
 use std::path::PathBuf;
 use std::sync::Arc;

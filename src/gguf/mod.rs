@@ -6,4 +6,4 @@ pub mod writer;
 
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{Value, ValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, TensorEntry};

@@ -1,21 +1,57 @@
-//! GGUF writer: metadata and tensors to a version-3 file with aligned tensor data. Used by tests,
-//! fixtures and `oato synth`. Tensor type ids are written as given, so tests can make bad files.
+//! GGUF writer: metadata and tensors to a version-3 file with aligned tensor data, from memory or
+//! streamed one tensor at a time. Used by tests, fixtures and `oato synth`. Tensor type ids are
+//! written as given, so tests can make bad files.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use super::value::Value;
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
+/// A tensor's entry in the tensor table: name, dims in ggml order (row length first), type id and
+/// the bytes its data takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub type_id: u32,
+    pub n_bytes: u64,
+}
+
+impl TensorEntry {
+    /// The entry of a `ty` tensor of `dims`; an error when a row is not a whole number of blocks or
+    /// the byte count overflows.
+    pub fn new(name: &str, dims: &[u64], ty: GgmlType) -> Result<Self> {
+        let bs = ty.block_size() as u64;
+        let n_bytes = dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| (n / bs).checked_mul(ty.type_size() as u64))
+            .filter(|_| dims.first().is_some_and(|d| d % bs == 0))
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "tensor {name:?}: {dims:?} is not rows of whole {bs}-element {ty} blocks, or \
+                     overflows"
+                ))
+            })?;
+        Ok(TensorEntry {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            type_id: ty.id(),
+            n_bytes,
+        })
+    }
+}
+
 struct PendingTensor {
-    name: String,
-    dims: Vec<u64>,
-    type_id: u32,
+    entry: TensorEntry,
     data: Vec<u8>,
 }
 
-/// Collects metadata and tensors, then writes them as one GGUF file.
+/// Collects metadata and tensors, then writes them as one GGUF file: all at once from memory
+/// ([`GgufWriter::write`]), or with tensors whose bytes are made one at a time while writing
+/// ([`GgufWriter::write_streamed`]).
 pub struct GgufWriter {
     pub version: u32,
     pub alignment: u64,
@@ -62,44 +98,50 @@ impl GgufWriter {
         ty: GgmlType,
         data: Vec<u8>,
     ) -> Result<()> {
-        let n: u64 = dims.iter().product();
-        let want = n / ty.block_size() as u64 * ty.type_size() as u64;
-        if dims.first().is_none_or(|d| d % ty.block_size() as u64 != 0) || want != data.len() as u64
-        {
+        let entry = TensorEntry::new(name, dims, ty)?;
+        if entry.n_bytes != data.len() as u64 {
             return Err(Error::Msg(format!(
-                "tensor {name:?}: {ty} {dims:?} needs {want} bytes, got {}",
+                "tensor {name:?}: {ty} {dims:?} needs {} bytes, got {}",
+                entry.n_bytes,
                 data.len()
             )));
         }
-        self.add_tensor_raw(name, dims, ty.id(), data);
+        self.tensors.push(PendingTensor { entry, data });
         Ok(())
     }
 
     /// Adds a tensor without any check (for making malformed files in tests).
     pub fn add_tensor_raw(&mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) {
-        self.tensors.push(PendingTensor {
+        let entry = TensorEntry {
             name: name.to_string(),
             dims: dims.to_vec(),
             type_id,
-            data,
-        });
+            n_bytes: data.len() as u64,
+        };
+        self.tensors.push(PendingTensor { entry, data });
     }
 
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// Header, metadata and tensor table for the added tensors followed by `streamed`, padded to
+    /// the alignment: everything before the first tensor's data.
+    fn header(&self, streamed: &[TensorEntry]) -> Vec<u8> {
+        let entries: Vec<&TensorEntry> = self
+            .tensors
+            .iter()
+            .map(|t| &t.entry)
+            .chain(streamed)
+            .collect();
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
             write_string(&mut out, k);
             out.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
             write_value(&mut out, v);
         }
-        let align = self.alignment;
         let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
+        for t in entries {
             write_string(&mut out, &t.name);
             out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
             for d in &t.dims {
@@ -107,30 +149,81 @@ impl GgufWriter {
             }
             out.extend_from_slice(&t.type_id.to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + t.data.len() as u64).div_ceil(align) * align;
+            offset = self.padded(offset + t.n_bytes);
         }
-        pad_to(&mut out, align);
-        let data_start = out.len() as u64;
-        for (t, off) in self.tensors.iter().zip(offsets) {
-            out.resize((data_start + off) as usize, 0);
-            out.extend_from_slice(&t.data);
+        out.resize(self.padded(out.len() as u64) as usize, 0);
+        out
+    }
+
+    /// `n` rounded up to the alignment.
+    fn padded(&self, n: u64) -> u64 {
+        n.div_ceil(self.alignment) * self.alignment
+    }
+
+    /// Writes the file to `w`: the added tensors' data from memory, then each of `streamed`'s from
+    /// `produce(i, buf)`, which fills `buf` (its `n_bytes` long, zeroed the first time) with tensor
+    /// `i`'s bytes. One streamed tensor is in memory at a time. Returns the bytes written.
+    fn write_to(
+        &self,
+        w: &mut impl Write,
+        streamed: &[TensorEntry],
+        mut produce: impl FnMut(usize, &mut [u8]) -> Result<()>,
+        io: impl Fn(std::io::Error) -> Error,
+    ) -> Result<u64> {
+        let header = self.header(streamed);
+        w.write_all(&header).map_err(&io)?;
+        let mut written = header.len() as u64;
+        let zeros = vec![0u8; self.alignment as usize];
+        let mut put = |w: &mut dyn Write, bytes: &[u8]| -> Result<()> {
+            let pad = (self.padded(bytes.len() as u64) - bytes.len() as u64) as usize;
+            w.write_all(bytes).map_err(&io)?;
+            w.write_all(&zeros[..pad]).map_err(&io)?;
+            written += (bytes.len() + pad) as u64;
+            Ok(())
+        };
+        for t in &self.tensors {
+            put(w, &t.data)?;
         }
-        pad_to(&mut out, align);
+        let mut buf = Vec::new();
+        for (i, t) in streamed.iter().enumerate() {
+            buf.resize(t.n_bytes as usize, 0);
+            produce(i, &mut buf)?;
+            put(w, &buf)?;
+        }
+        w.flush().map_err(&io)?;
+        Ok(written)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_to(&mut out, &[], |_, _| Ok(()), |e| Error::Msg(e.to_string()))
+            .expect("writing to memory does not fail");
         out
     }
 
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        f.write_all(&self.to_bytes())
-            .map_err(|e| Error::io(path, e))
+        self.write_streamed(path, &[], |_, _| Ok(())).map(|_| ())
     }
-}
 
-fn pad_to(out: &mut Vec<u8>, align: u64) {
-    let len = (out.len() as u64).div_ceil(align) * align;
-    out.resize(len as usize, 0);
+    /// Writes the file at `path` through a buffer: the metadata, the added tensors, then the
+    /// `streamed` tensors whose bytes `produce(i, buf)` makes one at a time (see `write_to`). A
+    /// file left half-written by an error is removed. Returns the file's size.
+    pub fn write_streamed(
+        &self,
+        path: impl AsRef<Path>,
+        streamed: &[TensorEntry],
+        produce: impl FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let path = path.as_ref();
+        let f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        let r = self.write_to(&mut w, streamed, produce, |e| Error::io(path, e));
+        if r.is_err() {
+            drop(w);
+            let _ = std::fs::remove_file(path);
+        }
+        r
+    }
 }
 
 fn write_string(out: &mut Vec<u8>, s: &str) {

@@ -2,6 +2,7 @@
 //! shapes the architecture needs. Weights stay in the GGUF memory map.
 
 pub mod hparams;
+pub mod synth;
 
 use std::path::Path;
 use std::sync::Arc;

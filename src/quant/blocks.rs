@@ -382,6 +382,19 @@ pub fn k4_scales_mins(raw: &[u8; K_SCALE_SIZE]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// The inverse of [`k4_scales_mins`]: eight 6-bit scales and eight 6-bit mins packed as Q4_K / Q5_K
+/// store them. Values above 63 keep only their low 6 bits.
+#[inline]
+pub fn pack_k4_scales_mins(sc: &[u8; 8], m: &[u8; 8]) -> [u8; K_SCALE_SIZE] {
+    let mut raw = [0u8; K_SCALE_SIZE];
+    for j in 0..4 {
+        raw[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        raw[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+        raw[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
+    }
+    raw
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,5 +487,16 @@ mod tests {
         assert_eq!(m[6], 0x9 | (0b01 << 4));
         assert_eq!(sc[2], 1);
         assert_eq!(m[2], 3);
+    }
+
+    #[test]
+    fn packed_k4_scales_round_trip() {
+        let sc = [0, 63, 17, 42, 5, 63, 48, 33];
+        let m = [63, 0, 1, 62, 60, 31, 16, 47];
+        let raw = pack_k4_scales_mins(&sc, &m);
+        assert_eq!(k4_scales_mins(&raw), (sc, m));
+        // scale 6 = 48 = 0b11_0000: low nibble 0 in raw[10], high bits 0b11 at the top of raw[2]
+        assert_eq!(raw[10] & 0x0F, 0);
+        assert_eq!(raw[2] >> 6, 0b11);
     }
 }

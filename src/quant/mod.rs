@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod dequantize;
 pub mod dot;
 pub mod quantize;
+pub mod random;
 pub mod types;
 
 pub mod testdata;

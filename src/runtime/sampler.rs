@@ -1,6 +1,8 @@
 //! Token sampling: repeat penalty, top-k, top-p, min-p, temperature, then a seeded draw; greedy
 //! when the temperature is 0. The chain's order is llama.cpp's default.
 
+use crate::rng::SplitMix64;
+
 /// Sampling settings (llama.cpp's defaults).
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
@@ -33,15 +35,8 @@ struct Rng([u64; 4]);
 
 impl Rng {
     fn new(seed: u64) -> Self {
-        let mut s = seed;
-        let mut next = || {
-            s = s.wrapping_add(0x9E3779B97F4A7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-            z ^ (z >> 31)
-        };
-        Rng([next(), next(), next(), next()])
+        let mut s = SplitMix64::new(seed);
+        Rng([s.next_u64(), s.next_u64(), s.next_u64(), s.next_u64()])
     }
     fn next_u64(&mut self) -> u64 {
         let s = &mut self.0;

@@ -25,6 +25,24 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The stdout of a command that must have succeeded (its stdout and stderr in the failure).
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// A folder for case `name` of test file `tag`, under the temp dir, one per process.
+pub fn tmp_dir(tag: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oato-{tag}-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -1,0 +1,308 @@
+//! `oato synth`: the real shapes' tensor tables and llama-quantize type mixes (from the library,
+//! without writing their gigabytes), and on the hidden `tiny` shapes, files that `oato inspect`
+//! reads back, that run with finite logits, give the same greedy tokens on the CPU and placed on the
+//! CPU-backed test device, and that the seed alone decides.
+
+mod common;
+
+use oato::gguf::GgufFile;
+use oato::model::Model;
+use oato::model::synth::{SynthShape, SynthTensor, SynthType, tensor_table, write_synth};
+use oato::quant::{GgmlType, dequantize_row};
+use oato::runtime::forward::{Logits, Session};
+
+use common::{ids, oato, oato_env, ok, text, tmp_dir};
+
+fn table(shape: SynthShape, ty: SynthType) -> Vec<SynthTensor> {
+    tensor_table(&shape.spec(), ty).unwrap()
+}
+
+fn find<'a>(t: &'a [SynthTensor], name: &str) -> &'a SynthTensor {
+    t.iter()
+        .find(|t| t.entry.name == name)
+        .unwrap_or_else(|| panic!("no tensor {name}"))
+}
+
+/// Layers whose `suffix` tensor has type `ty`.
+fn layers_of(t: &[SynthTensor], suffix: &str, ty: GgmlType) -> Vec<usize> {
+    t.iter()
+        .filter(|t| t.ty == ty)
+        .filter_map(|t| t.entry.name.strip_suffix(suffix)?.strip_prefix("blk."))
+        .map(|i| i.trim_end_matches('.').parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn real_shapes_have_the_published_tensor_tables() {
+    // (shape, tensors, parameters as their model cards give them, an output.weight)
+    for (shape, n_tensors, params, untied) in [
+        (SynthShape::Llama3_8B, 291, 8_030_261_248u64, true),
+        (SynthShape::Llama3_2_1B, 146, 1_235_814_400, false),
+        (SynthShape::QwQ32B, 771, 32_763_876_352, true),
+    ] {
+        let t = table(shape, SynthType::Q4_K_M);
+        assert_eq!(t.len(), n_tensors, "{shape:?}");
+        let p: u64 = t.iter().map(|t| t.entry.dims.iter().product::<u64>()).sum();
+        assert_eq!(p, params, "{shape:?}");
+        assert_eq!(
+            t.iter().any(|t| t.entry.name == "output.weight"),
+            untied,
+            "{shape:?}"
+        );
+    }
+    let t = table(SynthShape::Llama3_8B, SynthType::F16);
+    assert_eq!(find(&t, "token_embd.weight").entry.dims, [4096, 128256]);
+    assert_eq!(find(&t, "blk.31.attn_k.weight").entry.dims, [4096, 1024]);
+    assert_eq!(find(&t, "blk.31.ffn_down.weight").entry.dims, [14336, 4096]);
+    assert_eq!(find(&t, "output_norm.weight").ty, GgmlType::F32);
+    assert!(
+        t.iter()
+            .all(|t| t.ty == GgmlType::F16 || t.entry.dims.len() == 1)
+    );
+    let t = table(SynthShape::QwQ32B, SynthType::Q8_0);
+    assert_eq!(find(&t, "blk.63.attn_q.bias").entry.dims, [5120]);
+    assert_eq!(find(&t, "blk.63.attn_v.bias").ty, GgmlType::F32);
+    assert_eq!(find(&t, "blk.0.ffn_up.weight").entry.dims, [5120, 27648]);
+    assert_eq!(find(&t, "output.weight").ty, GgmlType::Q8_0);
+}
+
+#[test]
+fn quantised_types_mix_as_llama_quantize_mixes_them() {
+    let more_bits_32 = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31];
+    let t = table(SynthShape::Llama3_8B, SynthType::Q4_K_M);
+    assert_eq!(
+        layers_of(&t, ".attn_v.weight", GgmlType::Q6_K),
+        more_bits_32
+    );
+    assert_eq!(
+        layers_of(&t, ".ffn_down.weight", GgmlType::Q6_K),
+        more_bits_32
+    );
+    assert_eq!(find(&t, "output.weight").ty, GgmlType::Q6_K);
+    assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q4_K);
+    let q6: Vec<_> = t.iter().filter(|t| t.ty == GgmlType::Q6_K).collect();
+    assert_eq!(q6.len(), 33);
+    assert!(layers_of(&t, ".attn_q.weight", GgmlType::Q4_K).len() == 32);
+    // Tied embeddings are the head: llama-quantize gives them the head's type.
+    let t = table(SynthShape::Llama3_2_1B, SynthType::Q4_K_M);
+    assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q6_K);
+    assert_eq!(
+        layers_of(&t, ".ffn_down.weight", GgmlType::Q6_K),
+        [0, 1, 4, 7, 10, 13, 14, 15]
+    );
+    // Q4_0: Q6_K head, Q4_0 for every other matrix.
+    let t = table(SynthShape::Llama3_8B, SynthType::Q4_0);
+    assert_eq!(find(&t, "output.weight").ty, GgmlType::Q6_K);
+    assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q4_0);
+    assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q4_0).len(), 32);
+}
+
+#[test]
+fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
+    let dir = tmp_dir("synth", "run");
+    let out = oato(
+        &[
+            "synth", "--shape", "tiny", "--type", "Q4_K_M", "--layers", "8", "-o", "t.gguf",
+        ],
+        &dir,
+    );
+    ok(&out);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("t.gguf") && err.contains("Q4_K_M") && err.contains("75 tensors"),
+        "{err}"
+    );
+
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&oato(&["inspect", "t.gguf", "--json"], &dir))).unwrap();
+    assert_eq!(v["arch"], "llama");
+    assert_eq!(v["hparams"]["n_layer"], 8);
+    assert_eq!(v["hparams"]["n_vocab"], 512);
+    assert_eq!(v["metadata"]["general.file_type"], 15);
+    let tok = v["tokenizer"].as_str().unwrap();
+    assert!(
+        tok.starts_with("llama SentencePiece, 512 tokens, bos 1 \"<s>\", eos 2 \"</s>\""),
+        "{tok}"
+    );
+    let type_of = |name: &str| {
+        v["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"))["type"]
+            .clone()
+    };
+    // 8 layers: the first and last eighth (0, 7) and every third from 1 (3, 6) get more bits.
+    for i in 0..8 {
+        let want = if [0, 3, 6, 7].contains(&i) {
+            "Q6_K"
+        } else {
+            "Q4_K"
+        };
+        assert_eq!(
+            type_of(&format!("blk.{i}.attn_v.weight")),
+            want,
+            "layer {i}"
+        );
+        assert_eq!(
+            type_of(&format!("blk.{i}.ffn_down.weight")),
+            want,
+            "layer {i}"
+        );
+        assert_eq!(type_of(&format!("blk.{i}.ffn_up.weight")), "Q4_K");
+    }
+    assert_eq!(type_of("output.weight"), "Q6_K");
+    assert_eq!(type_of("output_norm.weight"), "F32");
+
+    let cache = dir.join("cache");
+    let run = |extra: &[&str], env: &[(&str, &str)]| -> Vec<u32> {
+        let mut args = vec![
+            "run",
+            "t.gguf",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-t",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(&ok(&oato_env(&args, &dir, env))).unwrap();
+        ids(&v["output_ids"])
+    };
+    let cpu = run(&["--device", "cpu"], &[]);
+    assert_eq!(cpu.len(), 6);
+    assert!(cpu.iter().all(|&id| id < 512), "{cpu:?}");
+    let env = [
+        ("OATO_TEST_DEVICE", "2000000000"),
+        ("OATO_CACHE_DIR", cache.to_str().unwrap()),
+    ];
+    for budget in ["30%", "70%"] {
+        assert_eq!(run(&["--vram-budget", budget], &env), cpu, "{budget}");
+    }
+}
+
+/// The mean and spread of a tensor's values, read back from the file.
+fn stats(f: &GgufFile, name: &str) -> (f64, f64) {
+    let t = f.tensor(name).unwrap();
+    let mut x = vec![0f32; t.n_elements as usize];
+    dequantize_row(t.ty, f.data_of(t), &mut x).unwrap();
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+#[test]
+fn every_type_and_both_architectures_give_finite_spread_logits() {
+    let dir = tmp_dir("synth", "types");
+    for shape in [SynthShape::Tiny, SynthShape::TinyQwen2] {
+        for ty in [
+            SynthType::Q4_0,
+            SynthType::Q4_K_M,
+            SynthType::Q8_0,
+            SynthType::F16,
+        ] {
+            let what = format!("{shape:?} {ty:?}");
+            let path = dir.join(format!("{shape:?}-{ty:?}.gguf"));
+            let sum = write_synth(&path, &shape.spec(), ty, 7, 2).unwrap();
+            assert_eq!(sum.bytes, std::fs::metadata(&path).unwrap().len(), "{what}");
+
+            let f = GgufFile::open(&path).unwrap();
+            let (mean, std) = stats(&f, "blk.1.ffn_up.weight");
+            assert!(
+                mean.abs() < 1e-3 && (std / 0.02 - 1.0).abs() < 0.05,
+                "{what}: ffn_up mean {mean} std {std}"
+            );
+            let (mean, std) = stats(&f, "blk.1.ffn_norm.weight");
+            assert!(
+                (mean - 1.0).abs() < 0.02 && std > 0.03 && std < 0.08,
+                "{what}: ffn_norm mean {mean} std {std}"
+            );
+
+            let model = Model::from_gguf(f).unwrap();
+            assert_eq!(model.layers[1].bq.is_some(), shape == SynthShape::TinyQwen2);
+            let mut s = Session::new(&model, 64).unwrap();
+            let logits = s.forward(&[1, 300, 301, 302, 77], Logits::All).unwrap();
+            assert_eq!(logits.len(), 5 * 512);
+            assert!(logits.iter().all(|x| x.is_finite()), "{what}");
+            let last = &logits[4 * 512..];
+            let m = last.iter().sum::<f32>() / 512.0;
+            let sd = (last.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / 512.0).sqrt();
+            // W_out's rows have spread 0.02 over 256 unit-rms inputs: logits spread ~0.32.
+            assert!(sd > 0.2 && sd < 0.5, "{what}: logit spread {sd}");
+        }
+    }
+}
+
+#[test]
+fn the_seed_alone_decides_the_weights() {
+    let dir = tmp_dir("synth", "seed");
+    for (name, seed) in [("a.gguf", "5"), ("b.gguf", "5"), ("c.gguf", "6")] {
+        ok(&oato(
+            &[
+                "synth",
+                "--shape",
+                "tiny-qwen2",
+                "--type",
+                "q4_0",
+                "--seed",
+                seed,
+                "-t",
+                if name == "b.gguf" { "1" } else { "2" },
+                "-o",
+                name,
+            ],
+            &dir,
+        ));
+    }
+    let read = |n: &str| std::fs::read(dir.join(n)).unwrap();
+    assert!(read("a.gguf") == read("b.gguf"), "same seed, other bytes");
+    let (a, c) = (
+        GgufFile::open(dir.join("a.gguf")).unwrap(),
+        GgufFile::open(dir.join("c.gguf")).unwrap(),
+    );
+    for t in &a.tensors {
+        assert_ne!(
+            a.data_of(t),
+            c.data_of(c.tensor(&t.name).unwrap()),
+            "{} is the same under seeds 5 and 6",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_types_and_paths_fail_cleanly() {
+    let dir = tmp_dir("synth", "bad");
+    // `oato synth --shape S --type T -o O`, its exit code and stderr.
+    let synth = |shape: &str, ty: &str, out: &str, extra: &[&str]| {
+        let mut args = vec!["synth", "--shape", shape, "--type", ty, "-o", out];
+        args.extend_from_slice(extra);
+        let o = oato(&args, &dir);
+        (o.status.code(), text(&o.stderr))
+    };
+    let (code, err) = synth("llama3-9b", "Q4_0", "x.gguf", &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("'llama3-9b'") && err.contains("llama3-8b, llama3.2-1b, qwq-32b"),
+        "{err}"
+    );
+    let (code, err) = synth("tiny", "Q5_K", "x.gguf", &[]);
+    assert!(code == Some(2) && err.contains("'Q5_K'"), "{err}");
+    let (code, err) = synth("tiny", "Q4_0", "x.gguf", &["--layers", "0"]);
+    assert!(code == Some(2) && err.contains("--layers"), "{err}");
+
+    let (code, err) = synth("tiny", "Q4_0", "no-such-dir/x.gguf", &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no-such-dir/x.gguf") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert!(!dir.join("x.gguf").exists());
+}
