@@ -631,10 +631,16 @@ impl CudaBackend {
         Ok(h.ensure(file))
     }
 
-    /// Whether weights of `file` travel by DMA from its registered mapping (true) or through
-    /// pinned staging (false), registering it if it was not yet.
-    pub fn weights_registered(&self, file: &Arc<GgufFile>) -> Result<bool> {
-        self.registered(file)
+    /// Weight `w` of `file` uploaded on `stream`, by DMA from the registered memory map when the
+    /// driver took the registration, else through staging.
+    fn file_weight_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        file: &Arc<GgufFile>,
+        w: &WeightRef,
+    ) -> Result<Weight> {
+        let direct = self.registered(file)?;
+        self.weight_on(stream, &w.name, w.ty, w.k, w.n, w.bytes(file)?, direct)
     }
 
     fn bind(&self) -> Result<()> {
@@ -832,30 +838,12 @@ impl Backend for CudaBackend {
     }
 
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
-        let direct = self.registered(file)?;
-        self.weight_on(
-            &self.stream,
-            &w.name,
-            w.ty,
-            w.k,
-            w.n,
-            w.bytes(file)?,
-            direct,
-        )
+        self.file_weight_on(&self.stream, file, w)
     }
 
     fn prefetch_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         // Allocated and filled on the copy stream (and freed there: see release_weight).
-        let direct = self.registered(file)?;
-        self.weight_on(
-            &self.copy_stream,
-            &w.name,
-            w.ty,
-            w.k,
-            w.n,
-            w.bytes(file)?,
-            direct,
-        )
+        self.file_weight_on(&self.copy_stream, file, w)
     }
 
     fn release_weight(&self, w: Weight) -> Result<()> {

@@ -14,7 +14,7 @@ use crate::runtime::backend::{
 };
 use crate::runtime::cpu_backend::CpuBackend;
 use crate::runtime::plan::{
-    self, CrossCost, LayerDevs, LayerTargets, OpKind, Step, Val, Widths, forward_steps, head_steps,
+    self, CrossCost, LayerTargets, OpKind, Step, Val, Widths, forward_steps, head_steps,
     layer_steps, place_non_target,
 };
 
@@ -79,7 +79,8 @@ impl DeviceMap {
     /// the embedding lookup runs.
     pub fn steps(&self, model: &Model, cpu: usize, n_tok: usize) -> Vec<Step> {
         let (layers, out) = self.targets(model, cpu);
-        let (devs, norm) = place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu);
+        let (devs, norm) =
+            place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu, cpu);
         forward_steps(&layers, &devs, norm, out, cpu)
     }
 
@@ -269,10 +270,19 @@ pub struct Session<'m> {
     rope_freqs: Vec<Option<Tensor>>,
     vals: Vec<Value>,
     staging: Vec<f32>,
-    map: DeviceMap,
-    /// Non-target devices per batch size (rule 2 weighs bytes, so prefill may differ).
-    placed: HashMap<usize, (Vec<LayerDevs>, usize)>,
+    link: CrossCost,
+    /// Each layer's target and attention devices, and the head's, from the map.
+    targets: Vec<LayerTargets>,
+    head_out: usize,
+    /// The lowered steps per batch size (rule 2 weighs bytes, so prefill may differ).
+    lowered: HashMap<usize, Arc<Lowered>>,
     pub transfers: TransferStats,
+}
+
+/// A forward call's steps: each layer's, then the head's.
+struct Lowered {
+    layers: Vec<Vec<Step>>,
+    head: Vec<Step>,
 }
 
 fn vector_on(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
@@ -370,6 +380,7 @@ impl<'m> Session<'m> {
                 cache_v: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
             });
         }
+        let (targets, head_out) = map.targets(model, cpu);
         let wd = widths(model);
         let vals = [
             Val::X,
@@ -397,8 +408,10 @@ impl<'m> Session<'m> {
             rope_freqs,
             vals,
             staging: Vec::new(),
-            map: map.clone(),
-            placed: HashMap::new(),
+            link: map.link,
+            targets,
+            head_out,
+            lowered: HashMap::new(),
             transfers: TransferStats::default(),
             cpu,
             backends,
@@ -410,25 +423,35 @@ impl<'m> Session<'m> {
         self.n_past = 0;
     }
 
-    /// The devices of the non-target operators for a batch of `n` tokens.
-    fn non_target(&mut self, n: usize) -> (Vec<LayerDevs>, usize) {
-        if let Some(p) = self.placed.get(&n) {
-            return p.clone();
+    /// The steps of a batch of `n` tokens, lowered once per batch size.
+    fn lowered(&mut self, n: usize) -> Arc<Lowered> {
+        if let Some(l) = self.lowered.get(&n) {
+            return l.clone();
         }
-        let (targets, out) = self.map.targets(self.model, self.cpu);
-        let p = place_non_target(
-            &targets,
-            out,
+        let cpu = self.cpu;
+        let (devs, norm) = place_non_target(
+            &self.targets,
+            self.head_out,
             &widths(self.model),
             n,
-            &self.map.link,
-            self.cpu,
+            &self.link,
+            cpu,
+            cpu,
         );
-        if self.placed.len() > 64 {
-            self.placed.clear();
+        let l = Arc::new(Lowered {
+            layers: self
+                .targets
+                .iter()
+                .zip(&devs)
+                .map(|(t, d)| layer_steps(t, d, cpu))
+                .collect(),
+            head: head_steps(norm, self.head_out, cpu),
+        });
+        if self.lowered.len() > 64 {
+            self.lowered.clear();
         }
-        self.placed.insert(n, p.clone());
-        p
+        self.lowered.insert(n, l.clone());
+        l
     }
 
     /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names
@@ -445,8 +468,7 @@ impl<'m> Session<'m> {
                 pos0, n, self.n_ctx
             )));
         }
-        let (devs, head_norm) = self.non_target(n);
-        let (targets, head_out) = self.map.targets(self.model, self.cpu);
+        let plan = self.lowered(n);
         let cpu = self.cpu;
         let file = self.model.file.clone();
         let bes = self.backends.clone();
@@ -459,8 +481,8 @@ impl<'m> Session<'m> {
             // Streamed weights: this layer's (if not prefetched), then the next layer's copy
             // starts once this layer's work is queued, then this layer's are given back.
             fetch(&mut self.layers[il].w, &bes, &file)?;
-            for s in layer_steps(&targets[il], &devs[il], cpu) {
-                self.exec(&s, Some(il), n, 0, pos0)?;
+            for s in &plan.layers[il] {
+                self.exec(s, Some(il), n, 0, pos0)?;
             }
             match self.layers.get_mut(il + 1) {
                 Some(next) => fetch(&mut next.w, &bes, &file)?,
@@ -476,8 +498,8 @@ impl<'m> Session<'m> {
             Logits::All => 0,
             Logits::From(i) => i.min(n - 1),
         };
-        for s in head_steps(head_norm, head_out, cpu) {
-            self.exec(&s, None, n, from, pos0)?;
+        for s in &plan.head {
+            self.exec(s, None, n, from, pos0)?;
         }
         let od = self.output.dev;
         release(std::slice::from_mut(&mut self.output), &bes)?;
@@ -528,24 +550,16 @@ impl<'m> Session<'m> {
             for (pd, _) in parts {
                 vals[input.index()].need(*pd, r, &mut cx)?;
             }
-            let slots: Vec<&Slot> = match layer {
-                Some(il) => self.layers[il].w.iter().collect(),
-                None => vec![&self.output],
-            };
             for (pd, ss) in parts {
                 let pbe = &*bes[*pd];
                 let mut outs: Vec<(Val, Value)> = Vec::with_capacity(ss.len());
                 let mut weights = Vec::with_capacity(ss.len());
-                for &slot in ss {
-                    let i = if layer.is_some() { slot } else { 0 };
-                    weights.push(slots[i].weight()?);
-                    // The write of slot `slot` is the write at its position in the step.
-                    let pos = parts
-                        .iter()
-                        .flat_map(|p| p.1.iter())
-                        .filter(|&&x| x < slot)
-                        .count();
-                    let v = s.writes[pos];
+                for &(slot, v) in ss {
+                    let w = match layer {
+                        Some(il) => &self.layers[il].w[slot],
+                        None => &self.output,
+                    };
+                    weights.push(w.weight()?);
                     outs.push((v, take(vals, v)));
                 }
                 let x = vals[input.index()].get(*pd)?;

@@ -69,11 +69,11 @@ pub enum OpKind {
     FfnNorm,
     /// The output norm, over the rows whose logits are wanted.
     HeadNorm,
-    /// Target matmuls reading one input: for each device, the weight slots it runs there, in
-    /// the order given (devices other than the CPU first: their work is queued before the CPU
-    /// computes, placement rule 6). The input crosses once to each device.
+    /// Target matmuls reading one input: for each device, the weight slots it runs there and the
+    /// value each writes, in the order given (devices other than the CPU first: their work is
+    /// queued before the CPU computes, placement rule 6). The input crosses once to each device.
     Matmul {
-        parts: Vec<(Dev, Vec<usize>)>,
+        parts: Vec<(Dev, Vec<(usize, Val)>)>,
     },
     /// q, k or v bias (0, 1, 2), in place.
     Bias(usize),
@@ -130,6 +130,11 @@ impl Default for CrossCost {
 }
 
 impl CrossCost {
+    /// Microseconds for copy `c` of `n_tok` rows of its value.
+    pub fn of(&self, c: Copy, n_tok: usize, widths: &Widths, cpu: Dev) -> f64 {
+        self.copy_us(4 * n_tok * Widths::of(c.val, widths), c.from, c.to, cpu)
+    }
+
     /// Microseconds to copy `bytes` from device `from` to `to` (`cpu` is host memory; a copy
     /// between two non-CPU devices goes through the host, both directions).
     pub fn copy_us(&self, bytes: usize, from: Dev, to: Dev, cpu: Dev) -> f64 {
@@ -158,11 +163,11 @@ pub struct LayerTargets {
 }
 
 fn matmul_step(input: Val, slots: &[(usize, Val)], w: &[Dev], cpu: Dev) -> Step {
-    let mut parts: Vec<(Dev, Vec<usize>)> = Vec::new();
-    for &(s, _) in slots {
+    let mut parts: Vec<(Dev, Vec<(usize, Val)>)> = Vec::new();
+    for &(s, v) in slots {
         match parts.iter_mut().find(|p| p.0 == w[s]) {
-            Some(p) => p.1.push(s),
-            None => parts.push((w[s], vec![s])),
+            Some(p) => p.1.push((s, v)),
+            None => parts.push((w[s], vec![(s, v)])),
         }
     }
     // Devices other than the CPU first (their work is queued, then the CPU computes).
@@ -288,14 +293,10 @@ impl Validity {
         }
         match &s.op {
             OpKind::Matmul { parts } => {
-                // Output i is written on the device of the part holding slot i's position.
-                let mut slots: Vec<(usize, Dev)> = parts
-                    .iter()
-                    .flat_map(|(d, ss)| ss.iter().map(move |&x| (x, *d)))
-                    .collect();
-                slots.sort();
-                for (w, (_, d)) in s.writes.iter().zip(slots) {
-                    self.0[w.index()] = 1 << d;
+                for (d, outs) in parts {
+                    for (_, w) in outs {
+                        self.0[w.index()] = 1 << d;
+                    }
                 }
             }
             _ => {
@@ -320,9 +321,7 @@ fn copies_cost(
     let mut v = start;
     let mut total = 0.0;
     for s in steps {
-        v.run(s, |c| {
-            total += cost.copy_us(4 * n_tok * Widths::of(c.val, widths), c.from, c.to, cpu)
-        });
+        v.run(s, |c| total += cost.of(c, n_tok, widths, cpu));
     }
     (v, total)
 }
@@ -350,8 +349,9 @@ fn assignments(n: usize, devs: &[Dev], cpu: Dev) -> Vec<Vec<Dev>> {
 /// Placement rule 2: the device of every non-target operator of each layer, and of the output
 /// norm, such that the activation copies of a forward call of `n_tok` tokens cost the least
 /// (ties to the GPU), given the target weights' devices and each layer's attention device.
-/// The residual stream starts on `cpu` (the embedding lookup). Exact over the chain of layers
-/// (a dynamic programme over where the residual stream is between the halves of each layer).
+/// The residual stream starts on `x_start` (`cpu` for a forward call: the embedding lookup).
+/// Exact over the chain of layers (a dynamic programme over where the residual stream is
+/// between the halves of each layer).
 pub fn place_non_target(
     layers: &[LayerTargets],
     head_out: Dev,
@@ -359,11 +359,12 @@ pub fn place_non_target(
     n_tok: usize,
     cost: &CrossCost,
     cpu: Dev,
+    x_start: Dev,
 ) -> (Vec<LayerDevs>, Dev) {
     let mut devs: Vec<Dev> = layers
         .iter()
         .flat_map(|l| l.w.iter().copied().chain([l.attn]))
-        .chain([cpu, head_out])
+        .chain([cpu, head_out, x_start])
         .collect();
     devs.sort_unstable();
     devs.dedup();
@@ -372,7 +373,7 @@ pub fn place_non_target(
     let three = assignments(3, &devs, cpu);
     // best[d] = (cost so far, choices) with the residual stream on device d.
     let mut best: Vec<Option<(f64, Vec<LayerDevs>)>> = vec![None; nd];
-    best[cpu] = Some((0.0, Vec::new()));
+    best[x_start] = Some((0.0, Vec::new()));
     // A tiny penalty per CPU choice keeps exact ties on the GPU.
     let tie = |a: &[Dev]| 1e-9 * a.iter().filter(|&&d| d == cpu).count() as f64;
     for l in layers {
@@ -488,7 +489,7 @@ mod tests {
         // Attention weights on the GPU, the whole FFN on the CPU: x goes out once and comes back
         // once per layer (not five copies as with every non-target operator on the GPU).
         let layers = vec![layer([1, 1, 1, 1, 0, 0, 0]); 4];
-        let (devs, norm) = place_non_target(&layers, 1, &W, 1, &CrossCost::default(), 0);
+        let (devs, norm) = place_non_target(&layers, 1, &W, 1, &CrossCost::default(), 0, 0);
         for d in &devs {
             // SwiGLU with its producers and consumer; the attention half on the GPU.
             assert_eq!(d.swiglu, 0, "{d:?}");
@@ -511,7 +512,7 @@ mod tests {
     #[test]
     fn everything_on_one_device_crosses_only_for_the_embedding() {
         let layers = vec![layer([1; 7]); 3];
-        let (devs, norm) = place_non_target(&layers, 1, &W, 64, &CrossCost::default(), 0);
+        let (devs, norm) = place_non_target(&layers, 1, &W, 64, &CrossCost::default(), 0, 0);
         let c = copies(&forward_steps(&layers, &devs, norm, 1, 0));
         assert_eq!(c.len(), 1);
         assert!(devs.iter().all(|d| d.attn_norm == 1 && d.ffn_add == 1));
@@ -535,7 +536,7 @@ mod tests {
                     .map(|_| layer(std::array::from_fn(|_| next())))
                     .collect();
                 let out = next();
-                let (devs, norm) = place_non_target(&layers, out, &W, n_tok, &cost, 0);
+                let (devs, norm) = place_non_target(&layers, out, &W, n_tok, &cost, 0, 0);
                 let old: Vec<LayerDevs> = layers
                     .iter()
                     .map(|l| LayerDevs {
@@ -550,7 +551,7 @@ mod tests {
                 let total = |d: &[LayerDevs], norm| {
                     copies(&forward_steps(&layers, d, norm, out, 0))
                         .iter()
-                        .map(|c| cost.copy_us(4 * n_tok * Widths::of(c.val, &W), c.from, c.to, 0))
+                        .map(|c| cost.of(*c, n_tok, &W, 0))
                         .sum::<f64>()
                 };
                 let new = total(&devs, norm);
@@ -584,7 +585,7 @@ mod tests {
         assert_eq!(
             s.op,
             OpKind::Matmul {
-                parts: vec![(1, vec![0]), (0, vec![1, 2])]
+                parts: vec![(1, vec![(0, Val::Q)]), (0, vec![(1, Val::K), (2, Val::V)])]
             }
         );
     }

@@ -37,11 +37,12 @@ pub(crate) fn plan_cpu(
     if !model.has_gpu() {
         notes.push("the profile has no GPU timings: every benefit is 0".to_string());
     }
+    let (predicted, crossings) = predict_with_crossings(model, &devices);
     Ok(PlanParts {
         policy: Policy::Cpu,
         ranking: Ranking::new(model, None),
-        predicted: predict_with_crossings(model, &devices).0,
-        crossings: predict_with_crossings(model, &devices).1,
+        predicted,
+        crossings,
         devices,
         rules: vec!["policy cpu".to_string(); n],
         budget,
@@ -109,11 +110,12 @@ pub(crate) fn plan_gpu(
         notes: Vec::new(),
     };
     let budget = BudgetReport::new(req.budget, &cap, &reservations, 1.0);
+    let (predicted, crossings) = predict_with_crossings(model, &devices);
     Ok(PlanParts {
         policy: Policy::Gpu,
         ranking: Ranking::new(model, None),
-        predicted: predict_with_crossings(model, &devices).0,
-        crossings: predict_with_crossings(model, &devices).1,
+        predicted,
+        crossings,
         devices,
         rules: vec!["policy gpu".to_string(); n],
         budget,
@@ -332,11 +334,12 @@ pub(crate) fn plan_layer_split(
         notes: Vec::new(),
     };
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
+    let (predicted, crossings) = layer_split_prediction(model, &devices);
     Ok(PlanParts {
         policy: Policy::LayerSplit,
         ranking: Ranking::new(model, None),
-        predicted: layer_split_prediction(model, &devices).0,
-        crossings: layer_split_prediction(model, &devices).1,
+        predicted,
+        crossings,
         devices,
         rules,
         budget,
@@ -386,15 +389,13 @@ pub(crate) fn plan_flexgen(
         };
     }
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
+    let (predicted, crossings) =
+        model.predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true);
     Ok(PlanParts {
         policy: Policy::Flexgen,
         ranking: Ranking::new(model, None),
-        predicted: model
-            .predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true)
-            .0,
-        crossings: model
-            .predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true)
-            .1,
+        predicted,
+        crossings,
         devices,
         rules,
         budget,
@@ -409,16 +410,11 @@ fn layer_split_prediction(
     model: &CostModel,
     devices: &[Device],
 ) -> (super::cost::PerPass, [usize; 2]) {
-    let n_layer = model
-        .ops
-        .iter()
-        .filter_map(|o| o.layer)
-        .max()
-        .map_or(0, |l| l + 1);
-    let mut homes = vec![Device::Cpu; n_layer];
+    let mut homes = vec![Device::Cpu; model.n_layer];
     for (o, &d) in model.ops.iter().zip(devices) {
         if let Some(l) = o.layer
             && d == Device::Gpu
+            && l < homes.len()
         {
             homes[l] = Device::Gpu;
         }

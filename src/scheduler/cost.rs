@@ -104,7 +104,7 @@ pub(crate) struct CostModel {
     /// The crossing cost the executor's rule 2 and the prediction use.
     pub cross: CrossCost,
     widths: Widths,
-    n_layer: usize,
+    pub n_layer: usize,
     /// Layers with q/k/v biases.
     biases: std::collections::BTreeSet<(usize, usize)>,
     /// Non-target operator times by device (0 = CPU, 1 = GPU) and name (`rms_norm`, `rope_q`,
@@ -368,7 +368,7 @@ impl CostModel {
                 .map(|(d, slots)| {
                     slots
                         .iter()
-                        .filter_map(|&sl| index.get(&(layer, sl)))
+                        .filter_map(|&(sl, _)| index.get(&(layer, sl)))
                         .map(|&i| {
                             pick(if *d == 0 {
                                 self.ops[i].cpu
@@ -417,7 +417,7 @@ impl CostModel {
             .enumerate()
         {
             let (devs, norm) =
-                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0, 0);
             let mut v = Validity::only(plan::Val::X, 0);
             let mut total = 0.0;
             let run = |steps: Vec<Step>,
@@ -429,12 +429,7 @@ impl CostModel {
                 for s in &steps {
                     v.run(s, |c| {
                         *crossings += 1;
-                        t += self.cross.copy_us(
-                            4 * n_tok * Widths::of(c.val, &self.widths),
-                            c.from,
-                            c.to,
-                            0,
-                        );
+                        t += self.cross.of(c, n_tok, &self.widths, 0);
                     });
                     t += self.step_us(s, layer, &index, prefill);
                 }
@@ -494,12 +489,13 @@ impl CostModel {
     /// The link part of placing operator `i` on the CPU rather than the GPU under `devices`
     /// (`ΔX_i(π)` of the improved `oato` policy), over the workload: the difference in the
     /// copies' cost of its layer (or the head), each placed by rule 2.
-    pub fn link_delta(&self, i: usize, devices: &[Device], attn_gpu: bool) -> f64 {
+    /// The layer's attention is on the GPU (as under `oato`).
+    pub fn link_delta(&self, i: usize, devices: &[Device]) -> f64 {
         if !self.has_gpu() {
             return 0.0;
         }
         let op = &self.ops[i];
-        let attn = if attn_gpu { 1 } else { 0 };
+        let attn = 1;
         let mut t = LayerTargets {
             w: [attn; 7],
             attn,
@@ -520,7 +516,7 @@ impl CostModel {
             // device (the neighbouring layers' attention).
             let layers: Vec<LayerTargets> = if op.layer.is_some() { vec![*t] } else { vec![] };
             let (devs, norm) =
-                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0);
+                place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0, attn);
             let mut v = Validity::only(plan::Val::X, attn);
             let mut total = 0.0;
             let steps: Vec<Step> = match op.layer {
@@ -528,14 +524,7 @@ impl CostModel {
                 None => head_steps(norm, head_out, 0),
             };
             for s in &steps {
-                v.run(s, |c| {
-                    total += self.cross.copy_us(
-                        4 * n_tok * Widths::of(c.val, &self.widths),
-                        c.from,
-                        c.to,
-                        0,
-                    )
-                });
+                v.run(s, |c| total += self.cross.of(c, n_tok, &self.widths, 0));
             }
             if op.layer.is_some() && !v.on(plan::Val::X, attn) {
                 total += self.cross.copy_us(

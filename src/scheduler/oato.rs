@@ -38,7 +38,7 @@ impl Ranking {
         let (benefits, deltas) = if improved && model.has_gpu() {
             let g = model.gen_tokens;
             let deltas: Vec<f64> = (0..model.ops.len())
-                .map(|i| placement.map_or(0.0, |p| model.link_delta(i, p, true)))
+                .map(|i| placement.map_or(0.0, |p| model.link_delta(i, p)))
                 .collect();
             let b = model
                 .ops
@@ -333,6 +333,7 @@ pub(crate) fn plan_oato(
             }
         }
     }
+    let (predicted, crossings) = predict_with_crossings(model, &kept.devices);
     Ok(PlanParts {
         policy: req.policy,
         ranking: kept.ranking.clone(),
@@ -340,8 +341,8 @@ pub(crate) fn plan_oato(
         rules: kept.rules.clone(),
         budget,
         rounds,
-        predicted: predict_with_crossings(model, &kept.devices).0,
-        crossings: predict_with_crossings(model, &kept.devices).1,
+        predicted,
+        crossings,
         notes,
     }
     .into_placement(profile, req, model))
