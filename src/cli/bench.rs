@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
     #[arg(long, value_enum, default_value = "auto")]
     pub device: super::DeviceArg,
+    /// Measure this machine's memory read bandwidth at each -t thread count (a buffer of the given
+    /// size, default 2 GiB, far larger than the caches) instead of running models.
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "2G")]
+    pub membw: Option<String>,
 }
 
 /// The flags, checked.
@@ -584,6 +588,9 @@ impl Printer {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(size) = &a.membw {
+        return membw(size, &a.threads);
+    }
     let plan = Plan::from_args(&a)?;
     let isa = oato::kernels::cpu::check_isa_env().map_err(Error::Usage)?;
     let (backends, dev) = super::open_backends(a.device)?;
@@ -706,4 +713,87 @@ mod tests {
         assert_eq!(params_label(8_030_261_248), "8B");
         assert_eq!(params_label(1_543_714_304), "1.5B");
     }
+}
+
+/// `oato bench --membw`: read bandwidth of a buffer far larger than the caches, each thread
+/// reading the part it first touched (so pages sit near it), best of five passes per thread count.
+fn membw(size: &str, threads: &[String]) -> Result<()> {
+    let bytes = match oato::scheduler::parse_budget(size) {
+        Ok(oato::scheduler::Budget::Bytes(b)) => usize::try_from(b).unwrap_or(usize::MAX),
+        _ => {
+            return Err(Error::Usage(format!(
+                "--membw {size:?}: give a size with a unit, e.g. 2G"
+            )));
+        }
+    };
+    if bytes < (64 << 20) {
+        return Err(Error::Usage(format!(
+            "--membw {size}: give at least 64M, far more than the caches hold"
+        )));
+    }
+    let threads = parse_list("-t", threads, 0)?;
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let words = bytes / 8;
+    println!("| threads | read GB/s |");
+    println!("|---:|---:|");
+    for t in threads {
+        let t = if t == 0 { all } else { t };
+        let gbps = read_bandwidth(words, t)?;
+        println!("| {t} | {gbps:.1} |");
+    }
+    Ok(())
+}
+
+/// GB/s reading `words` u64s with `t` threads: each thread allocates and first touches its share,
+/// then all read their shares together (released by a barrier); the best of five passes.
+pub fn read_bandwidth(words: usize, t: usize) -> Result<f64> {
+    let t = t.max(1);
+    let per = words.div_ceil(t);
+    let barrier = std::sync::Barrier::new(t);
+    let best = std::sync::Mutex::new(f64::MAX);
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for i in 0..t {
+            let (barrier, best, failed) = (&barrier, &best, &failed);
+            s.spawn(move || {
+                let mut n = per.min(words.saturating_sub(i * per));
+                let mut v: Vec<u64> = Vec::new();
+                if v.try_reserve_exact(n).is_err() {
+                    // Still meets the barriers, with nothing to read.
+                    *failed.lock().unwrap() = Some(n * 8);
+                    n = 0;
+                }
+                v.resize(n, i as u64 + 1);
+                for _ in 0..5 {
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    let sum = sum_words(&v);
+                    barrier.wait();
+                    let dt = t0.elapsed().as_secs_f64();
+                    std::hint::black_box(sum);
+                    let mut b = best.lock().unwrap();
+                    *b = b.min(dt);
+                }
+            });
+        }
+    });
+    if let Some(n) = failed.into_inner().unwrap() {
+        return Err(Error::Msg(format!("--membw: could not allocate {n} bytes")));
+    }
+    let dt = best.into_inner().unwrap();
+    Ok((words * 8) as f64 / dt / 1e9)
+}
+
+/// A sum over eight independent lanes (the compiler vectorises it), so the loop is bound by
+/// memory, not by one addition chain.
+fn sum_words(v: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let chunks = v.chunks_exact(8);
+    let tail: u64 = chunks.remainder().iter().fold(0, |a, &x| a.wrapping_add(x));
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(x);
+        }
+    }
+    acc.iter().fold(tail, |a, &x| a.wrapping_add(x))
 }

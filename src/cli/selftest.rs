@@ -641,5 +641,44 @@ fn perf(be: &dyn Backend) -> Result<()> {
         ctx - 1,
         (2 * ctx * kvd * 2) as f64 / t / 1e3
     );
+    link_perf(be)
+}
+
+/// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a
+/// bulk size (wall time, median of 9), beside a plain pinned copy's GB/s.
+fn link_perf(be: &dyn Backend) -> Result<()> {
+    if be.kind() != oato::runtime::backend::DeviceKind::Gpu {
+        return Ok(());
+    }
+    let pinned = be.pinned_copy_gbps(64 << 20)?;
+    if let Some((h, d)) = pinned {
+        println!("pinned copy 64 MiB: host→device {h:.1} GB/s, device→host {d:.1} GB/s");
+    }
+    for n in [4096usize, 256 << 10, 16 << 20] {
+        let host = pattern(n, 0.0);
+        let mut back = vec![0f32; n];
+        let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
+        let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let mut v = Vec::new();
+            for _ in 0..9 {
+                be.synchronize()?;
+                let t0 = std::time::Instant::now();
+                f()?;
+                be.synchronize()?;
+                v.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            v.sort_by(f64::total_cmp);
+            Ok(v[v.len() / 2])
+        };
+        let w = wall(&mut || be.write(&mut t, 0, &host))?;
+        let r = wall(&mut || be.read(&t, 0, &mut back))?;
+        let gb = |us: f64| (n * 4) as f64 / us / 1e3;
+        println!(
+            "activation copy {} KiB: write {w:.1} us ({:.1} GB/s), read {r:.1} us ({:.1} GB/s)",
+            n * 4 / 1024,
+            gb(w),
+            gb(r)
+        );
+    }
     Ok(())
 }

@@ -39,6 +39,10 @@ const PINNED_BYTES: usize = 32 << 20;
 /// Host copies into pinned staging at least this large are split over threads.
 const PAR_COPY_BYTES: usize = 4 << 20;
 
+/// Chunk of a device-to-host read: small enough that the copy out of one pinned buffer overlaps
+/// the DMA into the other, large enough that the per-chunk wait is a small part.
+const DOWNLOAD_CHUNK: usize = 8 << 20;
+
 fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Msg(format!("CUDA {what}: {e:?}"))
 }
@@ -202,7 +206,8 @@ fn par_copy(dst: &mut [u8], src: &[u8]) {
         dst.copy_from_slice(src);
         return;
     }
-    let parts = 4;
+    // One thread per 2 MiB, at most eight: a single core copies well below the link's speed.
+    let parts = (src.len() >> 21).clamp(2, 8);
     let per = src.len().div_ceil(parts);
     std::thread::scope(|s| {
         for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
@@ -551,15 +556,20 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Device address `src` to host bytes, complete on return.
+    /// Device address `src` to host bytes, complete on return. Large reads go in chunks through
+    /// the two pinned buffers in turn: the DMA of one chunk runs while the threads copy the chunk
+    /// before it out of the other buffer.
     fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         let mut s = self.scratch()?;
-        for (i, chunk) in dst.chunks_mut(PINNED_BYTES).enumerate() {
-            let p = &mut s.pinned[0];
+        // The chunk whose bytes wait in a pinned buffer: (buffer, destination).
+        let mut pending: Option<(usize, &mut [u8])> = None;
+        for (i, chunk) in dst.chunks_mut(DOWNLOAD_CHUNK).enumerate() {
+            let b = i % 2;
+            let p = &mut s.pinned[b];
             let buf = p.slice()?;
-            let at = src + (i * PINNED_BYTES) as u64;
-            // SAFETY: `at..at + chunk.len()` lies inside the source allocation; the stream is
-            // synchronised before the pinned bytes are read.
+            let at = src + (i * DOWNLOAD_CHUNK) as u64;
+            // SAFETY: `at..at + chunk.len()` lies inside the source allocation; the pinned bytes
+            // are read only after the event recorded next has fired (`slice` waits for it).
             unsafe {
                 cudarc::driver::result::memcpy_dtoh_async(
                     &mut buf[..chunk.len()],
@@ -568,8 +578,16 @@ impl CudaBackend {
                 )
             }
             .map_err(drv("device to host copy"))?;
-            self.stream.synchronize().map_err(drv("synchronize"))?;
-            chunk.copy_from_slice(&buf[..chunk.len()]);
+            p.event.record(&self.stream).map_err(drv("event record"))?;
+            if let Some((pb, d)) = pending.take() {
+                let buf = s.pinned[pb].slice()?;
+                par_copy(d, &buf[..d.len()]);
+            }
+            pending = Some((b, chunk));
+        }
+        if let Some((pb, d)) = pending {
+            let buf = s.pinned[pb].slice()?;
+            par_copy(d, &buf[..d.len()]);
         }
         Ok(())
     }

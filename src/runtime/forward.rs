@@ -277,6 +277,36 @@ pub struct Session<'m> {
     /// The lowered steps per batch size (rule 2 weighs bytes, so prefill may differ).
     lowered: HashMap<usize, Arc<Lowered>>,
     pub transfers: TransferStats,
+    /// `OATO_TRACE_STEPS=1`: wall time per (op, device, batch size), each step waited for;
+    /// printed to stderr when the session is dropped. A diagnostic: waiting serialises devices.
+    trace: Option<StepTrace>,
+}
+
+/// Accumulated step times of a traced session.
+#[derive(Default)]
+struct StepTrace {
+    /// (op, device, n) -> (seconds, calls).
+    times: HashMap<(String, usize, usize), (f64, usize)>,
+    forwards: HashMap<usize, usize>,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let Some(t) = self.trace.take() else {
+            return;
+        };
+        let mut rows: Vec<_> = t.times.into_iter().collect();
+        rows.sort_by(|a, b| (a.0.2, a.0.1, &a.0.0).cmp(&(b.0.2, b.0.1, &b.0.0)));
+        eprintln!("step trace (OATO_TRACE_STEPS): ms per forward call, by batch size, device, op");
+        for ((op, dev, n), (secs, calls)) in rows {
+            let per = t.forwards.get(&n).copied().unwrap_or(1).max(1);
+            eprintln!(
+                "  n={n:<5} dev={dev} {op:<24} {:>9.3} ms/forward ({} calls)",
+                secs * 1e3 / per as f64,
+                calls
+            );
+        }
+    }
 }
 
 /// A forward call's steps: each layer's, then the head's.
@@ -413,6 +443,9 @@ impl<'m> Session<'m> {
             head_out,
             lowered: HashMap::new(),
             transfers: TransferStats::default(),
+            trace: std::env::var("OATO_TRACE_STEPS")
+                .is_ok_and(|v| v == "1")
+                .then(StepTrace::default),
             cpu,
             backends,
         })
@@ -469,6 +502,10 @@ impl<'m> Session<'m> {
             )));
         }
         let plan = self.lowered(n);
+        let started = std::time::Instant::now();
+        if let Some(t) = self.trace.as_mut() {
+            *t.forwards.entry(n).or_default() += 1;
+        }
         let cpu = self.cpu;
         let file = self.model.file.clone();
         let bes = self.backends.clone();
@@ -511,12 +548,56 @@ impl<'m> Session<'m> {
         let mut logits = vec![0f32; rows * self.model.hp.n_vocab];
         bes[od].read(self.vals[Val::Logits.index()].get(od)?, 0, &mut logits)?;
         self.n_past += n;
+        if let Some(t) = self.trace.as_mut() {
+            let e = t.times.entry(("(whole forward)".into(), cpu, n)).or_default();
+            e.0 += started.elapsed().as_secs_f64();
+            e.1 += 1;
+        }
         Ok(logits)
     }
 
     /// Runs one step of layer `layer` (the head when `None`) on `n` tokens at `pos0`; the head
     /// computes rows `from..n` only.
     fn exec(
+        &mut self,
+        s: &Step,
+        layer: Option<usize>,
+        n: usize,
+        from: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        if self.trace.is_none() {
+            return self.exec_step(s, layer, n, from, pos0);
+        }
+        for b in &self.backends {
+            b.synchronize()?;
+        }
+        let t0 = std::time::Instant::now();
+        self.exec_step(s, layer, n, from, pos0)?;
+        for b in &self.backends {
+            b.synchronize()?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let name = match &s.op {
+            OpKind::Matmul { parts } => {
+                let mut slots: Vec<String> = parts
+                    .iter()
+                    .flat_map(|(_, ss)| ss.iter().map(|(_, v)| format!("{v:?}")))
+                    .collect();
+                slots.dedup();
+                format!("matmul->{}", slots.join(","))
+            }
+            op => format!("{op:?}"),
+        };
+        if let Some(t) = self.trace.as_mut() {
+            let e = t.times.entry((name, s.dev, n)).or_default();
+            e.0 += dt;
+            e.1 += 1;
+        }
+        Ok(())
+    }
+
+    fn exec_step(
         &mut self,
         s: &Step,
         layer: Option<usize>,

@@ -293,13 +293,57 @@ impl<'a> RowJob<'a> {
             r = self.tiled(acts, r, rows.end, t2);
             r = self.tiled(acts, r, rows.end, t1);
         }
+        let ahead = prefetch_distance();
         for r in r..rows.end {
+            if ahead > 0 {
+                self.prefetch(r, ahead);
+            }
             for t in 0..acts.n_tok {
                 self.put(t, r, self.dot(acts, r, t));
             }
         }
     }
+
+    /// Asks for the cache lines `ahead` bytes past row `r` (clipped to the matrix), so the
+    /// memory's latency overlaps the dot products of the rows before (decode reads each weight
+    /// once, from DRAM).
+    #[inline]
+    fn prefetch(&self, r: usize, ahead: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let data = self.w.data;
+            let lo = (r * self.wrb + ahead).min(data.len());
+            let hi = ((r + 1) * self.wrb + ahead).min(data.len());
+            let mut at = lo & !63;
+            while at < hi {
+                // SAFETY: `at` lies inside `data` (a prefetch never faults in any case).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        data.as_ptr().add(at).cast(),
+                    )
+                };
+                at += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (r, ahead);
+    }
 }
+
+/// Bytes ahead of the current row that decode prefetches (`OATO_CPU_PREFETCH`, 0 turns it off).
+fn prefetch_distance() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("OATO_CPU_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PREFETCH)
+    })
+}
+
+/// Default of [`prefetch_distance`]. Measured on a 16-core Xeon (H100 machine), LLaMA3-8B Q4_0
+/// tg32 at 16 threads: 14.4 t/s without, 15.1 with 1 KiB, 14.9 with 4 KiB, 14.4 with 16 KiB.
+const DEFAULT_PREFETCH: usize = 1024;
 
 /// As [`matmul`], with activations quantised beforehand (shared by operators with one input).
 pub fn matmul_quantized(w: &MatRef, acts: &QuantizedActs, y: &mut [f32]) -> Result<()> {
