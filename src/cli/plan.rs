@@ -39,6 +39,9 @@ pub struct PlanArgs {
     /// Also print the placement as llama.cpp arguments (-ngl 999 -ot "regex=CPU").
     #[arg(long = "llama-ot")]
     pub llama_ot: bool,
+    /// No prefill streaming (rule 5): CPU-resident weights compute on the CPU in prefill too.
+    #[arg(long = "no-stream")]
+    pub no_stream: bool,
 }
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -50,11 +53,20 @@ pub fn run(a: PlanArgs) -> Result<()> {
         prompt_tokens: a.prompt_tokens,
         gen_tokens: a.gen_tokens,
         ctx_tokens: a.ctx,
+        stream: !a.no_stream,
     };
     let p = plan(&profile, &req)?;
     print!("{}", render_table(&p));
     if a.llama_ot {
         println!("llama.cpp: {}", llama_ot(&p));
+        if !p.prefill_stream.is_empty() {
+            println!(
+                "llama.cpp has no per-operator streaming choice: the {} operators this plan \
+                 streams in prefill stay resident on the CPU there (its op offload copies every \
+                 CPU weight for batches of 32 tokens or more)",
+                p.prefill_stream.len()
+            );
+        }
     }
     std::fs::write(&a.output, p.to_json()?).map_err(|e| Error::io(&a.output, e))?;
     eprintln!("wrote {}", a.output.display());

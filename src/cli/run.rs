@@ -87,6 +87,14 @@ pub struct RunArgs {
     /// Run with this placement file (oato.placement/v1) instead of planning one.
     #[arg(long)]
     pub placement: Option<PathBuf>,
+    /// No prefill streaming (rule 5) with --vram-budget: CPU-resident weights compute on the
+    /// CPU in prefill too.
+    #[arg(long = "no-stream", requires = "vram_budget")]
+    pub no_stream: bool,
+    /// Stream the placement's prefill operators (rule 5) for batches of at least this many
+    /// tokens (default: the placement's, derived from the profile).
+    #[arg(long = "stream-min-tokens", value_name = "N")]
+    pub stream_min_tokens: Option<usize>,
     /// Re-profile even when a cached profile exists (with --vram-budget).
     #[arg(long = "force-profile", requires = "vram_budget")]
     pub force_profile: bool,
@@ -116,6 +124,7 @@ fn placed_map(
                 prompt_tokens,
                 gen_tokens: a.n_predict,
                 ctx_tokens: a.ctx,
+                stream: !a.no_stream,
             };
             let opts = ProfileOptions::default();
             let name = super::file_name(path);
@@ -152,7 +161,22 @@ fn placed_map(
         placement.predicted.ttft_ms,
         placement.predicted.tpot_ms
     );
-    Ok((device_map(&placement, model, 0, dev), placement))
+    if !placement.prefill_stream.is_empty() {
+        eprintln!(
+            "plan: {} CPU-resident operators streamed to the GPU for prompt batches of {} tokens \
+             or more ({} reserved for two layers of them)",
+            placement.prefill_stream.len(),
+            a.stream_min_tokens
+                .or(placement.stream_min_tokens)
+                .map_or("no".to_string(), |n| n.to_string()),
+            mib(b.stream_bytes)
+        );
+    }
+    let mut map = device_map(&placement, model, 0, dev);
+    if let Some(n) = a.stream_min_tokens {
+        map.stream_min_tokens = n;
+    }
+    Ok((map, placement))
 }
 
 /// The model's weight type as results name it: the most common type among its target weights.

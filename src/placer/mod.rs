@@ -67,10 +67,20 @@ pub fn check(
     } else {
         targets.iter().filter(|w| on_gpu(&w.name)).count()
     };
-    // FlexGen holds two layers of streamed weights at once (the one computing, the next).
+    // FlexGen, and prefill streaming, hold two layers of streamed weights at once (the one
+    // computing, the next).
     let mut per_layer: std::collections::BTreeMap<Option<usize>, u64> = Default::default();
-    if flexgen {
-        for w in targets.iter().filter(|w| !on_gpu(&w.name)) {
+    let prefill: HashSet<&str> = p.prefill_stream.iter().map(String::as_str).collect();
+    if let Some(unknown) = prefill.iter().find(|n| !names.contains(**n)) {
+        return Err(Error::Usage(format!(
+            "the placement streams tensor {unknown:?} in prefill, which {file} does not have"
+        )));
+    }
+    let streams = |name: &str| {
+        !on_gpu(name) && (flexgen || prefill.contains(name))
+    };
+    {
+        for w in targets.iter().filter(|w| streams(&w.name)) {
             let layer = crate::profiler::layer_of(&w.name);
             *per_layer.entry(layer).or_default() += w.n_bytes as u64;
         }
@@ -83,7 +93,8 @@ pub fn check(
         .take(2)
         .sum::<u64>()
         .saturating_sub(p.budget.stream_bytes);
-    let any_gpu = flexgen || p.tensors.values().any(|d| *d == Device::Gpu);
+    let any_gpu =
+        flexgen || !prefill.is_empty() || p.tensors.values().any(|d| *d == Device::Gpu);
     if any_gpu {
         let free = gpu_free.map_err(|why| {
             Error::Usage(format!(
@@ -159,5 +170,16 @@ pub fn device_map(p: &Placement, model: &Model, cpu: usize, gpu: usize) -> Devic
             h2d_gbps: l.h2d_gbps,
             d2h_gbps: l.d2h_gbps,
         }),
+        prefill_stream: if flexgen {
+            Default::default()
+        } else {
+            p.prefill_stream
+                .iter()
+                .filter(|n| p.tensors.get(n.as_str()) != Some(&Device::Gpu))
+                .cloned()
+                .collect()
+        },
+        stream_dev: gpu,
+        stream_min_tokens: p.stream_min_tokens.unwrap_or(usize::MAX),
     }
 }

@@ -381,6 +381,53 @@ pub fn measure_link(
     })
 }
 
+/// Prefill streaming's copy time (rule 5) of every layer operator: for each kind, shape and
+/// type, the largest weight copied as the executor streams it (`prefetch_weight`, the best of
+/// three after one untimed copy), scaled to each member's bytes.
+fn stream_times(
+    gpu: &dyn Backend,
+    file: &Arc<GgufFile>,
+    ops: &[TargetOp],
+    entries: &mut [ProfileEntry],
+) -> Result<()> {
+    let mut groups: std::collections::BTreeMap<(String, usize, usize, String), Vec<usize>> =
+        Default::default();
+    for (i, op) in ops.iter().enumerate() {
+        if op.layer.is_some() {
+            let key = (
+                op.kind.to_string(),
+                op.weight.k,
+                op.weight.n,
+                op.weight.ty.name().to_string(),
+            );
+            groups.entry(key).or_default().push(i);
+        }
+    }
+    for members in groups.values() {
+        let Some(&big) = members.iter().max_by_key(|&&i| ops[i].weight.n_bytes) else {
+            continue;
+        };
+        let w = &ops[big].weight;
+        gpu.synchronize()?;
+        gpu.release_weight(gpu.prefetch_weight(file, w)?)?;
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            gpu.synchronize()?;
+            let t0 = Instant::now();
+            let copy = gpu.prefetch_weight(file, w)?;
+            gpu.synchronize()?;
+            best = best.min(t0.elapsed().as_secs_f64() * 1e6);
+            gpu.release_weight(copy)?;
+        }
+        gpu.synchronize()?;
+        for &i in members {
+            let scale = ops[i].weight.n_bytes as f64 / w.n_bytes.max(1) as f64;
+            entries[i].stream_us = Some(best * scale);
+        }
+    }
+    Ok(())
+}
+
 /// GB/s of weight uploads as the executor makes them: the largest target weights, up to
 /// `limit` bytes together (at least one), loaded with `load_weight` and freed; the first load
 /// (which may register the memory map with the driver) is not timed. `None` if no weight fits.
@@ -542,7 +589,11 @@ pub fn profile_model(
             out_bytes_per_token: op.out_bytes_per_token,
             cpu_us,
             gpu_us,
+            stream_us: None,
         });
+    }
+    if let Some(g) = gpu {
+        stream_times(g, &model.file, &ops, &mut entries)?;
     }
     let (gpu_info, link) = match gpu {
         Some(g) => {

@@ -108,6 +108,10 @@ pub struct ProfileEntry {
     pub out_bytes_per_token: u64,
     pub cpu_us: BTreeMap<String, f64>,
     pub gpu_us: Option<BTreeMap<String, f64>>,
+    /// Microseconds to copy the weight to the GPU as prefill streaming does (rule 5): measured
+    /// on the largest weight of its kind, shape and type, scaled to this one's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_us: Option<f64>,
 }
 
 /// A time at batch `b` from a `{"1": .., "64": ..}` table: exact when measured, else linear

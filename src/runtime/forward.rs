@@ -43,6 +43,12 @@ pub struct DeviceMap {
     pub layer_home: Vec<usize>,
     /// The link's cost, for the rule-2 decision.
     pub link: CrossCost,
+    /// CPU-resident target weights that a forward call of at least `stream_min_tokens` tokens
+    /// copies to `stream_dev` and multiplies there (placement rule 5, prefill streaming); the
+    /// next layer's copies overlap the current layer's work. Decode never streams.
+    pub prefill_stream: HashSet<String>,
+    pub stream_dev: usize,
+    pub stream_min_tokens: usize,
 }
 
 impl DeviceMap {
@@ -56,12 +62,27 @@ impl DeviceMap {
             layer_home: vec![dev; model.hp.n_layer],
             streamed: HashSet::new(),
             link: CrossCost::default(),
+            prefill_stream: HashSet::new(),
+            stream_dev: dev,
+            stream_min_tokens: usize::MAX,
         }
     }
 
-    /// Each layer's target devices and attention device, and the head's device.
-    pub fn targets(&self, model: &Model, cpu: usize) -> (Vec<LayerTargets>, usize) {
-        let dev = |w: &WeightRef| self.weights.get(&w.name).copied().unwrap_or(cpu);
+    /// Whether a forward call of `n_tok` tokens streams the `prefill_stream` weights.
+    pub fn streams(&self, n_tok: usize) -> bool {
+        n_tok >= self.stream_min_tokens.max(2) && !self.prefill_stream.is_empty()
+    }
+
+    /// Each layer's target devices and attention device, and the head's device, in a forward
+    /// call of `n_tok` tokens (streamed weights compute on `stream_dev` when it streams).
+    pub fn targets(&self, model: &Model, cpu: usize, n_tok: usize) -> (Vec<LayerTargets>, usize) {
+        let streams = self.streams(n_tok);
+        let dev = |w: &WeightRef| {
+            if streams && self.prefill_stream.contains(&w.name) {
+                return self.stream_dev;
+            }
+            self.weights.get(&w.name).copied().unwrap_or(cpu)
+        };
         let layers = model
             .layers
             .iter()
@@ -78,7 +99,7 @@ impl DeviceMap {
     /// The steps of a forward call of `n_tok` tokens, as the executor runs them. `cpu` is where
     /// the embedding lookup runs.
     pub fn steps(&self, model: &Model, cpu: usize, n_tok: usize) -> Vec<Step> {
-        let (layers, out) = self.targets(model, cpu);
+        let (layers, out) = self.targets(model, cpu, n_tok);
         let (devs, norm) =
             place_non_target(&layers, out, &widths(model), n_tok, &self.link, cpu, cpu);
         forward_steps(&layers, &devs, norm, out, cpu)
@@ -215,6 +236,10 @@ struct Slot {
     r: WeightRef,
     w: Option<Weight>,
     streamed: bool,
+    /// Prefill streaming (rule 5): the backend this CPU-resident weight is copied to for a
+    /// forward call that streams, and the copy while that call holds it.
+    prefill: Option<usize>,
+    pw: Option<Weight>,
 }
 
 impl Slot {
@@ -223,6 +248,45 @@ impl Slot {
             .as_ref()
             .ok_or_else(|| Error::Msg(format!("executor: weight {:?} not fetched", self.r.name)))
     }
+
+    /// The weight as backend `dev` holds it: its own, or its prefill copy there.
+    fn weight_on(&self, dev: usize) -> Result<&Weight> {
+        if dev == self.dev {
+            return self.weight();
+        }
+        match (&self.pw, self.prefill) {
+            (Some(w), Some(d)) if d == dev => Ok(w),
+            _ => Err(Error::Msg(format!(
+                "executor: weight {:?} is not on backend #{dev} (not streamed there)",
+                self.r.name
+            ))),
+        }
+    }
+}
+
+/// Starts the prefill copy of every weight of `slots` streamed in prefill (rule 5) that is not
+/// on its stream backend yet.
+fn fetch_prefill(
+    slots: &mut [Slot],
+    bes: &[Arc<dyn Backend>],
+    file: &Arc<GgufFile>,
+) -> Result<()> {
+    for s in slots.iter_mut().filter(|s| s.pw.is_none()) {
+        if let Some(d) = s.prefill {
+            s.pw = Some(bes[d].prefetch_weight(file, &s.r)?);
+        }
+    }
+    Ok(())
+}
+
+/// Gives back the prefill copies of `slots` (after the work queued on them).
+fn release_prefill(slots: &mut [Slot], bes: &[Arc<dyn Backend>]) -> Result<()> {
+    for s in slots.iter_mut() {
+        if let (Some(w), Some(d)) = (s.pw.take(), s.prefill) {
+            bes[d].release_weight(w)?;
+        }
+    }
+    Ok(())
 }
 
 /// Starts the copy of every streamed weight of `slots` that is not on its backend yet.
@@ -274,6 +338,9 @@ pub struct Session<'m> {
     /// Each layer's target and attention devices, and the head's, from the map.
     targets: Vec<LayerTargets>,
     head_out: usize,
+    /// The same for a forward call that streams (rule 5), and from how many tokens one does.
+    stream_targets: Option<(Vec<LayerTargets>, usize)>,
+    stream_min_tokens: usize,
     /// The lowered steps per batch size (rule 2 weighs bytes, so prefill may differ).
     lowered: HashMap<usize, Arc<Lowered>>,
     pub transfers: TransferStats,
@@ -372,7 +439,15 @@ impl<'m> Session<'m> {
             })?;
             let d = check(d, &w.name)?;
             let streamed = map.streamed.contains(&w.name);
+            let prefill = map
+                .prefill_stream
+                .contains(&w.name)
+                .then(|| check(map.stream_dev, "stream device"))
+                .transpose()?
+                .filter(|&s| s != d);
             Ok(Slot {
+                prefill,
+                pw: None,
                 dev: d,
                 w: if streamed {
                     None
@@ -410,7 +485,9 @@ impl<'m> Session<'m> {
                 cache_v: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
             });
         }
-        let (targets, head_out) = map.targets(model, cpu);
+        let (targets, head_out) = map.targets(model, cpu, 1);
+        let stream_targets = (!map.prefill_stream.is_empty())
+            .then(|| map.targets(model, cpu, map.stream_min_tokens.max(2)));
         let wd = widths(model);
         let vals = [
             Val::X,
@@ -441,6 +518,8 @@ impl<'m> Session<'m> {
             link: map.link,
             targets,
             head_out,
+            stream_targets,
+            stream_min_tokens: map.stream_min_tokens.max(2),
             lowered: HashMap::new(),
             transfers: TransferStats::default(),
             trace: std::env::var("OATO_TRACE_STEPS")
@@ -462,9 +541,13 @@ impl<'m> Session<'m> {
             return l.clone();
         }
         let cpu = self.cpu;
+        let (targets, head_out) = match &self.stream_targets {
+            Some((t, h)) if self.streams(n) => (t, *h),
+            _ => (&self.targets, self.head_out),
+        };
         let (devs, norm) = place_non_target(
-            &self.targets,
-            self.head_out,
+            targets,
+            head_out,
             &widths(self.model),
             n,
             &self.link,
@@ -472,19 +555,23 @@ impl<'m> Session<'m> {
             cpu,
         );
         let l = Arc::new(Lowered {
-            layers: self
-                .targets
+            layers: targets
                 .iter()
                 .zip(&devs)
                 .map(|(t, d)| layer_steps(t, d, cpu))
                 .collect(),
-            head: head_steps(norm, self.head_out, cpu),
+            head: head_steps(norm, head_out, cpu),
         });
         if self.lowered.len() > 64 {
             self.lowered.clear();
         }
         self.lowered.insert(n, l.clone());
         l
+    }
+
+    /// Whether a forward call of `n` tokens streams weights to the GPU (rule 5).
+    fn streams(&self, n: usize) -> bool {
+        self.stream_targets.is_some() && n >= self.stream_min_tokens
     }
 
     /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names
@@ -514,10 +601,21 @@ impl<'m> Session<'m> {
             bes[cpu].embed_rows(&self.embd, tokens, x.out(cpu, n, &*bes[cpu])?)?;
         }
         let n_layer = self.layers.len();
+        let streaming = self.streams(n);
         for il in 0..n_layer {
             // Streamed weights: this layer's (if not prefetched), then the next layer's copy
             // starts once this layer's work is queued, then this layer's are given back.
             fetch(&mut self.layers[il].w, &bes, &file)?;
+            if streaming {
+                // Prefill streaming: this layer's copies (if not started), and the next
+                // layer's queued behind them before this layer's work, so the copy engine
+                // stays busy while the CPU computes its part.
+                fetch_prefill(&mut self.layers[il].w, &bes, &file)?;
+                match self.layers.get_mut(il + 1) {
+                    Some(next) => fetch_prefill(&mut next.w, &bes, &file)?,
+                    None => fetch_prefill(std::slice::from_mut(&mut self.output), &bes, &file)?,
+                }
+            }
             for s in &plan.layers[il] {
                 self.exec(s, Some(il), n, 0, pos0)?;
             }
@@ -526,9 +624,13 @@ impl<'m> Session<'m> {
                 None => fetch(std::slice::from_mut(&mut self.output), &bes, &file)?,
             }
             release(&mut self.layers[il].w, &bes)?;
+            release_prefill(&mut self.layers[il].w, &bes)?;
         }
         if n_layer == 0 {
             fetch(std::slice::from_mut(&mut self.output), &bes, &file)?;
+        }
+        if streaming {
+            fetch_prefill(std::slice::from_mut(&mut self.output), &bes, &file)?;
         }
         let from = match want {
             Logits::Last => n - 1,
@@ -538,8 +640,12 @@ impl<'m> Session<'m> {
         for s in &plan.head {
             self.exec(s, None, n, from, pos0)?;
         }
-        let od = self.output.dev;
+        let od = match plan.head.iter().find(|s| matches!(s.op, OpKind::Matmul { .. })) {
+            Some(s) => s.dev,
+            None => self.output.dev,
+        };
         release(std::slice::from_mut(&mut self.output), &bes)?;
+        release_prefill(std::slice::from_mut(&mut self.output), &bes)?;
         // The next call starts with layer 0: its streamed weights' copy starts now.
         if let Some(first) = self.layers.first_mut() {
             fetch(&mut first.w, &bes, &file)?;
@@ -640,7 +746,7 @@ impl<'m> Session<'m> {
                         Some(il) => &self.layers[il].w[slot],
                         None => &self.output,
                     };
-                    weights.push(w.weight()?);
+                    weights.push(w.weight_on(*pd)?);
                     outs.push((v, take(vals, v)));
                 }
                 let x = vals[input.index()].get(*pd)?;

@@ -39,6 +39,8 @@ pub(crate) fn plan_cpu(
     }
     let (predicted, crossings) = predict_with_crossings(model, &devices);
     Ok(PlanParts {
+        prefill_stream: Vec::new(),
+        stream_min_tokens: usize::MAX,
         policy: Policy::Cpu,
         ranking: Ranking::new(model, None),
         predicted,
@@ -112,6 +114,8 @@ pub(crate) fn plan_gpu(
     let budget = BudgetReport::new(req.budget, &cap, &reservations, 1.0);
     let (predicted, crossings) = predict_with_crossings(model, &devices);
     Ok(PlanParts {
+        prefill_stream: Vec::new(),
+        stream_min_tokens: usize::MAX,
         policy: Policy::Gpu,
         ranking: Ranking::new(model, None),
         predicted,
@@ -334,8 +338,11 @@ pub(crate) fn plan_layer_split(
         notes: Vec::new(),
     };
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
-    let (predicted, crossings) = layer_split_prediction(model, &devices);
+    let (predicted, crossings, prefill_stream, stream_min_tokens) =
+        layer_split_prediction(model, &devices, req.streams());
     Ok(PlanParts {
+        prefill_stream,
+        stream_min_tokens,
         policy: Policy::LayerSplit,
         ranking: Ranking::new(model, None),
         predicted,
@@ -390,8 +397,10 @@ pub(crate) fn plan_flexgen(
     }
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
     let (predicted, crossings) =
-        model.predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true);
+        model.predict_plan(&devices, &vec![Device::Gpu; model.ops.len()], true, &[]);
     Ok(PlanParts {
+        prefill_stream: Vec::new(),
+        stream_min_tokens: usize::MAX,
         policy: Policy::Flexgen,
         ranking: Ranking::new(model, None),
         predicted,
@@ -405,11 +414,13 @@ pub(crate) fn plan_flexgen(
     .into_placement(profile, req, model))
 }
 
-/// Layer-split's prediction: each layer's attention where its weights are (its home).
+/// Layer-split's prediction: each layer's attention where its weights are (its home); with
+/// prefill streaming's choice when `stream`.
 fn layer_split_prediction(
     model: &CostModel,
     devices: &[Device],
-) -> (super::cost::PerPass, [usize; 2]) {
+    stream: bool,
+) -> (super::cost::PerPass, [usize; 2], Vec<bool>, usize) {
     let mut homes = vec![Device::Cpu; model.n_layer];
     for (o, &d) in model.ops.iter().zip(devices) {
         if let Some(l) = o.layer
@@ -419,5 +430,5 @@ fn layer_split_prediction(
             homes[l] = Device::Gpu;
         }
     }
-    model.predict_plan(devices, &homes, false)
+    model.predict_streaming(devices, &homes, stream)
 }

@@ -84,6 +84,8 @@ pub(crate) struct OpCost {
     pub slot: usize,
     /// (kind, k, n, dtype): operators with the same key share one cost under `oato`.
     pub shape_key: String,
+    /// Copy of the weight to the GPU for prefill streaming (rule 5); 0 without a GPU.
+    pub stream_us: f64,
 }
 
 /// Direction of a copy over the link.
@@ -110,6 +112,9 @@ pub(crate) struct CostModel {
     /// Non-target operator times by device (0 = CPU, 1 = GPU) and name (`rms_norm`, `rope_q`,
     /// `rope_k`, `attention`, `add`, `swiglu`, `bias`), per pass; absent ones cost nothing.
     non_target: [BTreeMap<String, PerPass>; 2],
+    /// Benefits count a CPU-resident operator's prefill as `min(Tc(P), stream + Tg(P))`
+    /// (rule 5; the improved `oato` policy when streaming is allowed).
+    pub stream_prefill: bool,
 }
 
 /// Which activation an operator reads, for the shared-copy rule: q/k/v of a layer read one, gate
@@ -210,6 +215,7 @@ impl CostModel {
             n_layer: profile.model.n_layer,
             biases,
             non_target,
+            stream_prefill: false,
         };
         let mut seen = std::collections::BTreeSet::new();
         // One entry per input group: the (layer, family) of a shared input, `None` for an
@@ -237,10 +243,31 @@ impl CostModel {
                     decode: at(table, 1)?,
                 })
             };
+            // The head computes only the last token's logits in a prompt batch (generation), so
+            // its prefill costs one row.
+            let head = e.layer.is_none();
+            let per_pass = |table| -> Result<PerPass> {
+                let p = per_pass(table)?;
+                Ok(if head {
+                    PerPass {
+                        prefill: p.decode,
+                        ..p
+                    }
+                } else {
+                    p
+                })
+            };
             let cpu = per_pass(&e.cpu_us)?;
             let gpu = match (&e.gpu_us, has_gpu) {
                 (Some(t), true) => per_pass(t)?,
                 _ => PerPass::default(),
+            };
+            let stream_us = match &model.link {
+                None => 0.0,
+                Some(l) => e
+                    .stream_us
+                    .filter(|t| t.is_finite() && *t >= 0.0)
+                    .unwrap_or(l.latency_us + e.weight_bytes as f64 / (l.h2d_gbps * 1e3)),
             };
             let key = input_family(&e.kind).map(|family| (e.layer, family));
             let input_group = match groups.iter().position(|g| key.is_some() && *g == key) {
@@ -265,6 +292,7 @@ impl CostModel {
                     .position(|k| *k == e.kind)
                     .unwrap_or(HEAD),
                 shape_key: format!("{}|{}|{}|{}", e.kind, e.k, e.n, e.dtype),
+                stream_us,
             });
         }
         if model.n_layer == 0 {
@@ -396,14 +424,29 @@ impl CostModel {
     /// different devices at the same time, the logits read back. `attn`: each layer's
     /// attention device. `streamed`: every weight computes on the GPU and the ones on `Cpu` are
     /// uploaded for each pass, a layer's upload overlapping the previous layer's compute.
+    /// `prefill_stream` (by operator; empty: none): CPU-resident weights computed on the GPU in
+    /// the prefill, uploaded as `streamed` ones are (rule 5).
     /// Returns the times and the copies of the prefill and of a decode step.
     pub fn predict_plan(
         &self,
         devices: &[Device],
         attn: &[Device],
         streamed: bool,
+        prefill_stream: &[bool],
     ) -> (PerPass, [usize; 2]) {
-        let (layers, head_out) = self.layer_targets(devices, attn, streamed);
+        let is_streamed = |i: usize, prefill: bool| {
+            devices[i] == Device::Cpu
+                && (streamed || (prefill && prefill_stream.get(i).copied().unwrap_or(false)))
+        };
+        let with_stream: Vec<Device> = (0..devices.len())
+            .map(|i| {
+                if is_streamed(i, true) {
+                    Device::Gpu
+                } else {
+                    devices[i]
+                }
+            })
+            .collect();
         let index: BTreeMap<(Option<usize>, usize), usize> = self
             .ops
             .iter()
@@ -416,6 +459,11 @@ impl CostModel {
             .into_iter()
             .enumerate()
         {
+            let (layers, head_out) = if prefill {
+                self.layer_targets(&with_stream, attn, streamed)
+            } else {
+                self.layer_targets(devices, attn, streamed)
+            };
             let (devs, norm) =
                 place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0, 0);
             let mut v = Validity::only(plan::Val::X, 0);
@@ -437,22 +485,10 @@ impl CostModel {
             };
             for (l, (t, d)) in layers.iter().zip(&devs).enumerate() {
                 let compute = run(layer_steps(t, d, 0), Some(l), &mut v, &mut crossings[k]);
-                let upload = if streamed {
-                    let bytes: u64 = self
-                        .ops
-                        .iter()
-                        .zip(devices)
-                        .filter(|(o, d)| o.layer == Some(l) && **d == Device::Cpu)
-                        .map(|(o, _)| o.weight_bytes)
-                        .sum();
-                    if bytes > 0 {
-                        self.cross.fixed_us + bytes as f64 / (self.cross.h2d_gbps * 1e3)
-                    } else {
-                        0.0
-                    }
-                } else {
-                    0.0
-                };
+                let upload: f64 = (0..self.ops.len())
+                    .filter(|&i| self.ops[i].layer == Some(l) && is_streamed(i, prefill))
+                    .map(|i| self.ops[i].stream_us)
+                    .sum();
                 total += compute.max(upload);
             }
             let head = run(
@@ -461,18 +497,11 @@ impl CostModel {
                 &mut v,
                 &mut crossings[k],
             );
-            let head_upload: u64 = self
-                .ops
-                .iter()
-                .zip(devices)
-                .filter(|(o, d)| streamed && o.layer.is_none() && **d == Device::Cpu)
-                .map(|(o, _)| o.weight_bytes)
+            let head_upload: f64 = (0..self.ops.len())
+                .filter(|&i| self.ops[i].layer.is_none() && is_streamed(i, prefill))
+                .map(|i| self.ops[i].stream_us)
                 .sum();
-            total += if head_upload > 0 {
-                head.max(self.cross.fixed_us + head_upload as f64 / (self.cross.h2d_gbps * 1e3))
-            } else {
-                head
-            };
+            total += head.max(head_upload);
             if head_out != 0 {
                 // The logits of the last token come back to the host for sampling.
                 total += self.cross.copy_us(4 * self.widths.vocab, head_out, 0, 0);
@@ -484,6 +513,74 @@ impl CostModel {
             }
         }
         (out, crossings)
+    }
+
+    /// A placement's prediction with prefill streaming's choice when `stream` (rule 5): the
+    /// times, the copies of a prefill and a decode step, the operators streamed and from how
+    /// many tokens.
+    pub fn predict_streaming(
+        &self,
+        devices: &[Device],
+        attn: &[Device],
+        stream: bool,
+    ) -> (PerPass, [usize; 2], Vec<bool>, usize) {
+        let (chosen, min_tokens) = if stream {
+            self.choose_stream(devices, attn)
+        } else {
+            (Vec::new(), usize::MAX)
+        };
+        let (p, x) = self.predict_plan(devices, attn, false, &chosen);
+        (p, x, chosen, min_tokens)
+    }
+
+    /// Prefill streaming's choice (rule 5) for a placement: which CPU-resident layer operators
+    /// are copied to the GPU and computed there in the prefill, and from how many tokens a batch
+    /// streams. Per operator it streams when the copy plus the GPU's time is below the CPU's time
+    /// at P (`min(Tc(P), stream + Tg(P))`); that choice, streaming every CPU-resident operator,
+    /// and none are then predicted as the executor runs them and the fastest prefill kept. The
+    /// head never streams: a prompt batch computes one row of logits.
+    pub fn choose_stream(&self, devices: &[Device], attn: &[Device]) -> (Vec<bool>, usize) {
+        let none = vec![false; self.ops.len()];
+        if !self.has_gpu() || self.prompt_tokens < 2 {
+            return (none, usize::MAX);
+        }
+        let candidate = |i: usize| devices[i] == Device::Cpu && self.ops[i].layer.is_some();
+        let per_op: Vec<bool> = (0..self.ops.len())
+            .map(|i| {
+                let o = &self.ops[i];
+                candidate(i) && o.stream_us + o.gpu.prefill < o.cpu.prefill
+            })
+            .collect();
+        let all: Vec<bool> = (0..self.ops.len()).map(candidate).collect();
+        let prefill = |c: &[bool]| self.predict_plan(devices, attn, false, c).0.prefill;
+        let mut best = (prefill(&none), none);
+        for c in [per_op, all] {
+            if c.iter().any(|&b| b) {
+                let t = prefill(&c);
+                if t < best.0 {
+                    best = (t, c);
+                }
+            }
+        }
+        let chosen = best.1;
+        if !chosen.iter().any(|&b| b) {
+            return (chosen, usize::MAX);
+        }
+        // The smallest batch at which the chosen operators are faster streamed, their times
+        // linear between the decode (1 token) and prefill (P tokens) figures.
+        let p = self.prompt_tokens as f64;
+        let at = |t: PerPass, n: f64| t.decode + (t.prefill - t.decode) * (n - 1.0) / (p - 1.0);
+        let min_tokens = (2..=self.prompt_tokens)
+            .find(|&n| {
+                let (mut cpu, mut gpu) = (0.0, 0.0);
+                for (o, _) in self.ops.iter().zip(&chosen).filter(|(_, c)| **c) {
+                    cpu += at(o.cpu, n as f64);
+                    gpu += o.stream_us + at(o.gpu, n as f64);
+                }
+                gpu < cpu
+            })
+            .unwrap_or(self.prompt_tokens);
+        (chosen, min_tokens)
     }
 
     /// The link part of placing operator `i` on the CPU rather than the GPU under `devices`
@@ -610,7 +707,12 @@ impl CostModel {
         (0..self.ops.len())
             .map(|i| {
                 let op = &self.ops[i];
-                (op.cpu.total(g) - op.gpu.total(g) + self.transfer_penalty(i, placement))
+                let mut cpu = op.cpu;
+                if self.stream_prefill && op.layer.is_some() {
+                    // Rule 5: on the CPU, its prefill may be streamed to the GPU instead.
+                    cpu.prefill = cpu.prefill.min(op.stream_us + op.gpu.prefill);
+                }
+                (cpu.total(g) - op.gpu.total(g) + self.transfer_penalty(i, placement))
                     / op.weight_bytes as f64
             })
             .collect()
@@ -681,7 +783,11 @@ impl Reservations {
                 .saturating_mul(req.ctx_tokens as u64),
             workspace_bytes: workspace_bytes(profile, req.prompt_tokens),
             other_weight_bytes: profile.model.other_weight_bytes,
-            stream_bytes: 0,
+            stream_bytes: if req.streams() {
+                prefill_stream_bytes(profile)
+            } else {
+                0
+            },
         }
     }
 
@@ -704,6 +810,18 @@ impl Reservations {
         }
         v
     }
+}
+
+/// Room for prefill streaming (rule 5): two layers' target weights (the layer computing and the
+/// next, whose copies are under way), the largest layer's.
+pub(crate) fn prefill_stream_bytes(profile: &Profile) -> u64 {
+    let mut per_layer: BTreeMap<usize, u64> = BTreeMap::new();
+    for o in &profile.operators {
+        if let Some(l) = o.layer {
+            *per_layer.entry(l).or_default() += o.weight_bytes;
+        }
+    }
+    2 * per_layer.values().copied().max().unwrap_or(0)
 }
 
 /// The workspace the GPU needs: the f16 dequantisation buffer of the prefill GEMM (the largest

@@ -193,6 +193,9 @@ pub struct PlanRequest {
     pub gen_tokens: usize,
     /// Context the KV cache is reserved for (`--ctx`).
     pub ctx_tokens: usize,
+    /// Prefill streaming allowed (rule 5; `--no-stream` turns it off). `oato-paper`, `flexgen`,
+    /// `cpu` and `gpu` never stream.
+    pub stream: bool,
 }
 
 impl PlanRequest {
@@ -204,7 +207,13 @@ impl PlanRequest {
             prompt_tokens: DEFAULT_PROMPT_TOKENS,
             gen_tokens: DEFAULT_GEN_TOKENS,
             ctx_tokens: DEFAULT_CTX_TOKENS,
+            stream: true,
         }
+    }
+
+    /// Whether this request's policy may stream weights in prefill (rule 5).
+    pub fn streams(&self) -> bool {
+        self.stream && matches!(self.policy, Policy::Oato | Policy::LayerSplit)
     }
 
     fn check(&self) -> Result<()> {
@@ -285,6 +294,9 @@ struct PlanParts {
     predicted: PerPass,
     /// Copies in the prefill and in a decode step (as the executor makes them).
     crossings: [usize; 2],
+    /// By operator: streamed to the GPU in prefill (rule 5); empty: none.
+    prefill_stream: Vec<bool>,
+    stream_min_tokens: usize,
     notes: Vec<String>,
 }
 
@@ -345,6 +357,15 @@ impl PlanParts {
                 h2d_gbps: model.cross.h2d_gbps,
                 d2h_gbps: model.cross.d2h_gbps,
             }),
+            prefill_stream: model
+                .ops
+                .iter()
+                .zip(&self.prefill_stream)
+                .filter(|(_, s)| **s)
+                .map(|(o, _)| o.tensor.clone())
+                .collect(),
+            stream_min_tokens: (self.prefill_stream.iter().any(|&s| s))
+                .then_some(self.stream_min_tokens),
             notes: self.notes,
         }
     }

@@ -279,7 +279,7 @@ pub(crate) fn predict_with_crossings(
     } else {
         Device::Cpu
     };
-    model.predict_plan(devices, &vec![home; model.ops.len()], false)
+    model.predict_plan(devices, &vec![home; model.ops.len()], false, &[])
 }
 
 /// The `oato` and `oato-paper` policies: reservations, cap, iteration; the non-target weights
@@ -294,7 +294,9 @@ pub(crate) fn plan_oato(
     let improved = req.policy == Policy::Oato;
     let shared;
     let model = if improved {
-        shared = model.clone().with_shared_costs();
+        let mut m = model.clone().with_shared_costs();
+        m.stream_prefill = req.streams();
+        shared = m;
         &shared
     } else {
         model
@@ -319,7 +321,18 @@ pub(crate) fn plan_oato(
         if let Ok(mut ls) = super::baselines::plan_layer_split(profile, &ls_req, model) {
             let g = model.gen_tokens;
             let score = |p: &super::placement::Predicted| p.ttft_ms + g * p.tpot_ms;
-            let ours = kept.predicted.to_predicted();
+            let home = |devices: &[Device]| {
+                let h = if devices.contains(&Device::Gpu) {
+                    Device::Gpu
+                } else {
+                    Device::Cpu
+                };
+                vec![h; model.ops.len()]
+            };
+            let ours = model
+                .predict_streaming(&kept.devices, &home(&kept.devices), req.streams())
+                .0
+                .to_predicted();
             if score(&ls.predicted) < score(&ours) {
                 ls.policy = Policy::Oato;
                 ls.notes.push(format!(
@@ -333,8 +346,19 @@ pub(crate) fn plan_oato(
             }
         }
     }
-    let (predicted, crossings) = predict_with_crossings(model, &kept.devices);
+    let home = if kept.devices.contains(&Device::Gpu) {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    };
+    let (predicted, crossings, prefill_stream, stream_min_tokens) = model.predict_streaming(
+        &kept.devices,
+        &vec![home; model.ops.len()],
+        improved && req.streams(),
+    );
     Ok(PlanParts {
+        prefill_stream,
+        stream_min_tokens,
         policy: req.policy,
         ranking: kept.ranking.clone(),
         devices: kept.devices.clone(),

@@ -59,6 +59,12 @@ pub struct Placement {
     /// scheduler predicted them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<PlacementLink>,
+    /// CPU-resident target tensors streamed to the GPU for a prompt batch of at least
+    /// `stream_min_tokens` tokens (placement rule 5); empty or absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill_stream: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_min_tokens: Option<usize>,
     /// Extra: what a reader should know about this plan (a cycle, a budget past free memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,

@@ -30,7 +30,14 @@ pub fn render_table(p: &Placement) -> String {
         "{:>4}  {:<op_width$}  {:>9}  {:>14}  {:>8}  {:<6}  rule",
         "#", "operator", "MiB", "benefit us/MiB", "affinity", "device"
     );
+    let streamed: BTreeSet<&str> = p.prefill_stream.iter().map(String::as_str).collect();
     for (rank, e) in p.order.iter().enumerate() {
+        // Prefill streaming (rule 5): a CPU weight computed on the GPU for prompt batches.
+        let device = if e.device == Device::Cpu && streamed.contains(e.tensor.as_str()) {
+            "stream".to_string()
+        } else {
+            e.device.to_string()
+        };
         let _ = writeln!(
             out,
             "{:>4}  {:<op_width$}  {:>9.3}  {:>14.2}  {:>8.3}  {:<6}  {}",
@@ -39,8 +46,18 @@ pub fn render_table(p: &Placement) -> String {
             e.weight_bytes as f64 / super::MIB,
             e.benefit_us_per_mib,
             e.affinity,
-            e.device,
+            device,
             e.rule
+        );
+    }
+    if !p.prefill_stream.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nstream: {} CPU operators copied to the GPU and computed there for prompt batches of \
+             {} tokens or more (rule 5); decode computes them on the CPU",
+            p.prefill_stream.len(),
+            p.stream_min_tokens
+                .map_or("no".to_string(), |n| n.to_string())
         );
     }
     let count = |d: Device| p.order.iter().filter(|e| e.device == d).count();
