@@ -6,7 +6,9 @@
 # between calls), so it runs in three back-to-back stages:
 #   experiments/gpu-hybrid.sh build   llama.cpp CUDA build (foreground, ~6 min) and the synth file
 #   experiments/gpu-hybrid.sh oato    profile (link, crossing), placement sweep
-#   experiments/gpu-hybrid.sh peer    llama-bench -ngl at the same shares; archive of $RES in $OUT
+#   experiments/gpu-hybrid.sh peer    llama-bench -ngl at the same shares, and at LENGTH_SHARE for
+#                                     prompts of LENGTHS tokens; archive of $RES in $OUT
+#   experiments/gpu-hybrid.sh lengths oato's TTFT against prompt length (LENGTHS, LENGTH_SHARE)
 # Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
 # no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
 # RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
@@ -45,9 +47,24 @@ oato)
     ;;
 peer)
     MODEL=$MODEL RES=$RES THREADS=$THREADS REPS=${REPS:-3} experiments/hybrid-vs-llamacpp.sh 2>&1 | tail -40
+    # TTFT against prompt length at the first share (issue 11): llama.cpp's -ngl, op offload on.
+    bin=${LLAMA_BIN:-/tmp/llamacpp-cuda/llama.cpp/build/bin}
+    ngl=$(( $(python3 -c "print(${N_LAYER:-32})") * ${LENGTH_SHARE:-25} / 100 ))
+    "$bin/llama-bench" -m "$MODEL" -ngl "$ngl" -p "$(echo ${LENGTHS:-32 128 512 2048} | tr ' ' ',')" \
+        -n 0 -r "${REPS:-3}" -t "$THREADS" -o csv > "$RES/llamacpp-lengths.csv" 2> "$RES/llamacpp-lengths.log" || true
+    cat "$RES/llamacpp-lengths.csv"
+    ;;
+lengths)
+    # TTFT against prompt length (issue 11) at LENGTH_SHARE (25%) for POLICIES (oato layer-split).
+    for p in ${LENGTHS:-32 128 512 2048}; do
+        OATO_BIN=$OATO MODEL=$MODEL OUT="$RES/lengths-p$p" PLAIN="" THREADS=$THREADS P=$p GEN=${GEN:-8} \
+            POLICIES=${POLICIES:-"oato layer-split"} BUDGETS="${LENGTH_SHARE:-25}%" REPS=${REPS:-2} \
+            experiments/placement-sweep.sh > "$RES/lengths-p$p.log" 2>&1 || true
+        tail -4 "$RES/lengths-p$p.md" 2>/dev/null || tail -5 "$RES/lengths-p$p.log"
+    done
     ;;
 *)
-    echo "usage: $0 build|oato|peer" >&2
+    echo "usage: $0 build|oato|peer|lengths" >&2
     exit 2
     ;;
 esac

@@ -149,3 +149,85 @@ fn bad_device_maps_are_errors() {
         .unwrap();
     assert!(e.to_string().contains("no CPU backend"), "{e}");
 }
+
+/// Prefill streaming (rule 5): the CPU weights listed in `prefill_stream` run on the device in a
+/// prompt batch of at least `stream_min_tokens` tokens, copied there once per such call, and on
+/// the CPU in decode; the tokens equal the all-CPU run, and the copies between backends are the
+/// plan's for each batch size.
+#[test]
+fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
+    let model = Model::open(model_path()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let prompt = tok.encode("The capital of France is", true, true).unwrap();
+    assert!(prompt.len() >= 4);
+    let n_gen = 5;
+    let want = greedy(&mut Session::new(&model, 64).unwrap(), &prompt, n_gen);
+
+    let mut rng = Rng(0x5743);
+    for round in 0..3 {
+        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+        let dev = Arc::new(TestDevice::new(1 << 30));
+        let backends: Vec<Arc<dyn Backend>> = vec![cpu, dev.clone()];
+        let mut map = DeviceMap::uniform(&model, 0);
+        // Round 0: every weight on the CPU, all streamed, homes on the CPU (layer-split's CPU
+        // layers); the others: random weights and homes, a random half of the CPU weights
+        // streamed.
+        if round > 0 {
+            for d in map.weights.values_mut() {
+                *d = (rng.next() & 1) as usize;
+            }
+            for h in map.layer_home.iter_mut() {
+                *h = (rng.next() & 1) as usize;
+            }
+        }
+        map.prefill_stream = map
+            .weights
+            .iter()
+            .filter(|&(_, &d)| d == 0)
+            .map(|(n, _)| n.clone())
+            .filter(|_| round == 0 || rng.next() & 1 == 1)
+            .collect();
+        map.stream_dev = 1;
+        map.stream_min_tokens = prompt.len();
+        assert!(!map.prefill_stream.is_empty());
+        let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
+        let got = greedy(&mut session, &prompt, n_gen);
+        assert_eq!(got, want, "round {round}: tokens differ from the all-CPU run");
+
+        let counts = dev.matmul_counts();
+        let prefetches = dev.prefetch_counts();
+        for w in target_weights(&model) {
+            let resident = map.weights[&w.name] == 1;
+            let streamed = map.prefill_stream.contains(&w.name);
+            let expect = if resident {
+                n_gen
+            } else if streamed {
+                1
+            } else {
+                0
+            };
+            assert_eq!(
+                counts.get(&w.name).copied().unwrap_or(0),
+                expect,
+                "round {round}: {} device matmuls",
+                w.name
+            );
+            assert_eq!(
+                prefetches.get(&w.name).copied().unwrap_or(0),
+                streamed as usize,
+                "round {round}: {} copies for prefill",
+                w.name
+            );
+        }
+        assert_eq!(
+            session.transfers.copies,
+            map.crossings(&model, 0, prompt.len()) + (n_gen - 1) * map.crossings(&model, 0, 1),
+            "round {round}: copies against the plan's count"
+        );
+        // A batch below the threshold does not stream.
+        let before = dev.prefetch_counts().values().sum::<usize>();
+        session.reset();
+        session.forward(&prompt[..prompt.len() - 1], Logits::Last).unwrap();
+        assert_eq!(dev.prefetch_counts().values().sum::<usize>(), before);
+    }
+}

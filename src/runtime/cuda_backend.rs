@@ -1182,6 +1182,8 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
+        // Streamed weights' copies too (the profiler times them).
+        self.copy_stream.synchronize().map_err(drv("synchronize"))?;
         self.stream.synchronize().map_err(drv("synchronize"))
     }
 

@@ -296,7 +296,11 @@ pub(crate) fn plan_layer_split(
         } else {
             0
         },
-        stream_bytes: 0,
+        stream_bytes: if gpu_in_use && req.streams() {
+            super::cost::prefill_stream_bytes(profile)
+        } else {
+            0
+        },
     };
     let reserved_bytes = reservations.total();
     let gpu_weights = gpu_layer_bytes.target + if head_on_gpu { head_target } else { 0 };
