@@ -57,7 +57,7 @@ peer)
 lengths)
     # TTFT against prompt length (issue 11) at LENGTH_SHARE (25%) for POLICIES (oato layer-split).
     for p in ${LENGTHS:-32 128 512 2048}; do
-        OATO_BIN=$OATO MODEL=$MODEL OUT="$RES/lengths-p$p" PLAIN="" THREADS=$THREADS P=$p GEN=${GEN:-8} \
+        OATO_BIN=$OATO MODEL=$MODEL OUT="$RES/lengths-p$p" PLAIN="" THREADS=$THREADS P=$p GEN=${GEN:-8} CTX=$((p + 64 > 1024 ? p + 64 : 1024)) \
             POLICIES=${POLICIES:-"oato layer-split"} BUDGETS="${LENGTH_SHARE:-25}%" REPS=${REPS:-2} \
             experiments/placement-sweep.sh > "$RES/lengths-p$p.log" 2>&1 || true
         tail -4 "$RES/lengths-p$p.md" 2>/dev/null || tail -5 "$RES/lengths-p$p.log"

@@ -6,7 +6,7 @@
 # (results/placement-sweep.md). Needs a GPU (or OATO_TEST_DEVICE, whose numbers mean nothing).
 #
 # env: OATO_BIN (target/release/oato), MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf), THREADS (all
-# cores), REPS (3), GEN (32), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split flexgen"),
+# cores), REPS (3), GEN (32), CTX (1024), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split flexgen"),
 # OUT (results/placement-sweep), PROMPT_FILE (text from tests/data/golden/gpl3_2000w.txt), P (64: the
 # prompt is cut or repeated to exactly P tokens), PLAIN ("cpu gpu": the whole-model runs; "" skips
 # them, e.g. for a model larger than the GPU). The table shows the plan's predicted TTFT/TPOT beside
@@ -35,10 +35,10 @@ date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
 one() { # name, extra flags...
     local name=$1; shift
-    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c 1024 --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
+    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
         > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
     for r in $(seq 1 "$REPS"); do
-        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c 1024 --temp 0 --ignore-eos -t "$THREADS" \
+        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" \
             --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"
         runs+=("$name" "$r" "$work/$name.$r.json")
         echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
