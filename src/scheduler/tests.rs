@@ -74,6 +74,7 @@ impl TestOp {
             out_bytes_per_token: self.out_bytes,
             cpu_us: table(self.cpu_us),
             gpu_us: Some(table(self.gpu_us)),
+            stream_us: None,
         }
     }
 }
@@ -132,6 +133,7 @@ fn request(policy: Policy, budget: Budget) -> PlanRequest {
         prompt_tokens: 1,
         gen_tokens: 1,
         ctx_tokens: 2,
+        stream: false,
     }
 }
 
@@ -646,8 +648,9 @@ fn gpu_and_cpu_policies_place_everything_on_one_side() {
     assert_eq!(p.budget.reserved_bytes, 0);
     assert_eq!(p.cpu_weight_bytes, 6 * MIB_BYTES);
     assert_eq!(llama_ot(&p), "-ngl 0");
-    // 3 ops x 30 us at batch 1, x 64 at the prompt's batch; no copies.
-    assert!(close(p.predicted.ttft_ms, 5.76));
+    // 3 ops x 30 us at batch 1, x 64 at the prompt's batch, except the head, which computes
+    // the last token's logits only (one row); no copies.
+    assert!(close(p.predicted.ttft_ms, 2.0 * 1.92 + 0.03), "{}", p.predicted.ttft_ms);
     assert!(close(p.predicted.tpot_ms, 0.09));
 }
 
@@ -925,4 +928,109 @@ fn assert_plan_prediction(prof: &Profile, req: &PlanRequest, p: &Placement) {
         copies
     );
     assert!(want.prefill > 0.0 && want.decode > 0.0);
+}
+
+/// Rule 5's choice on hand-made profiles: two CPU-resident operators of 1 MiB, 100 us each on the
+/// CPU at batch 1 (6.4 ms at P=64) and 1 us on the GPU: a fast link streams both, a slow link
+/// neither, and measured stream times that differ stream only the one whose copy is cheaper than
+/// its CPU time.
+#[test]
+fn prefill_streaming_is_chosen_per_operator_from_the_link() {
+    let ops = [
+        op("blk.0.attn_q", 1, 100.0, 1.0),
+        op("blk.0.ffn_up", 1, 100.0, 1.0),
+    ];
+    let req = PlanRequest {
+        prompt_tokens: 64,
+        ctx_tokens: 128,
+        stream: true,
+        ..request(Policy::Oato, Budget::Percent(50.0))
+    };
+    let devices = vec![Device::Cpu; 2];
+    let attn = vec![Device::Gpu; 1];
+    let with_link = |gbps: f64, stream_us: [Option<f64>; 2]| {
+        let mut prof = profile(&ops);
+        let link = prof.link.as_mut().unwrap();
+        (link.h2d_gbps, link.d2h_gbps) = (gbps, gbps);
+        for (e, s) in prof.operators.iter_mut().zip(stream_us) {
+            e.stream_us = s;
+        }
+        CostModel::new(&prof, &req).unwrap()
+    };
+
+    // 100 GB/s: 1 MiB in about 10 us, far below 6.4 ms.
+    let fast = with_link(100.0, [None, None]);
+    let (chosen, min_tokens) = fast.choose_stream(&devices, &attn);
+    assert_eq!(chosen, [true, true]);
+    assert!((2..=64).contains(&min_tokens), "{min_tokens}");
+    let streamed = fast.predict_plan(&devices, &attn, false, &chosen).0.prefill;
+    let resident_cpu = fast.predict_plan(&devices, &attn, false, &[]).0.prefill;
+    assert!(streamed < resident_cpu, "{streamed} vs {resident_cpu}");
+    // Decode never streams.
+    assert_eq!(
+        fast.predict_plan(&devices, &attn, false, &chosen).0.decode,
+        fast.predict_plan(&devices, &attn, false, &[]).0.decode
+    );
+
+    // 0.001 GB/s: a second per MiB.
+    let slow = with_link(0.001, [None, None]);
+    assert_eq!(
+        slow.choose_stream(&devices, &attn),
+        (vec![false, false], usize::MAX)
+    );
+
+    // Measured copies: 100 us for attn_q (streams), 20 ms for ffn_up (stays on the CPU).
+    let mixed = with_link(100.0, [Some(100.0), Some(20_000.0)]);
+    assert_eq!(mixed.choose_stream(&devices, &attn).0, [true, false]);
+}
+
+/// The `oato` and `layer-split` placements list the streamed CPU tensors and the threshold;
+/// `--no-stream`, `oato-paper` and `flexgen` never stream, and the plan table marks them.
+#[test]
+fn placements_carry_prefill_stream() {
+    let ops = [
+        op("blk.0.attn_q", 1, 100.0, 1.0),
+        op("blk.0.ffn_up", 1, 100.0, 1.0),
+        op("blk.1.attn_q", 1, 100.0, 1.0),
+        op("blk.1.ffn_up", 1, 100.0, 1.0),
+    ];
+    let mut prof = profile(&ops);
+    let link = prof.link.as_mut().unwrap();
+    (link.h2d_gbps, link.d2h_gbps) = (100.0, 100.0);
+    let req = |policy, stream| PlanRequest {
+        prompt_tokens: 64,
+        ctx_tokens: 128,
+        stream,
+        ..request(policy, Budget::Percent(50.0))
+    };
+    for policy in [Policy::Oato, Policy::LayerSplit] {
+        let p = plan(&prof, &req(policy, true)).unwrap();
+        let cpu: Vec<&str> = p
+            .order
+            .iter()
+            .filter(|e| e.device == Device::Cpu)
+            .map(|e| e.tensor.as_str())
+            .collect();
+        assert!(!cpu.is_empty(), "{policy}");
+        let mut streamed: Vec<&str> = p.prefill_stream.iter().map(String::as_str).collect();
+        streamed.sort();
+        let mut want = cpu.clone();
+        want.sort();
+        assert_eq!(streamed, want, "{policy}");
+        assert!(p.stream_min_tokens.is_some_and(|n| (2..=64).contains(&n)));
+        assert!(p.budget.stream_bytes > 0, "{policy}: no room reserved");
+        let table = render_table(&p);
+        assert!(table.contains("stream"), "{table}");
+        let back = Placement::from_json(&p.to_json().unwrap(), "test").unwrap();
+        assert_eq!(back.prefill_stream, p.prefill_stream);
+
+        let off = plan(&prof, &req(policy, false)).unwrap();
+        assert!(off.prefill_stream.is_empty() && off.stream_min_tokens.is_none());
+        assert_eq!(off.budget.stream_bytes, 0);
+        assert!(off.predicted.ttft_ms > p.predicted.ttft_ms);
+    }
+    for policy in [Policy::OatoPaper, Policy::Flexgen] {
+        let p = plan(&prof, &req(policy, true)).unwrap();
+        assert!(p.prefill_stream.is_empty(), "{policy}");
+    }
 }
