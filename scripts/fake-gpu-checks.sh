@@ -4,7 +4,7 @@
 # allocations): the GPU selftest, then greedy generation checked against llama.cpp's golden ids
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
-# placement, and the oato policy from a profile of the stand-in device (which rightly puts nothing
+# placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
 # on a "GPU" this slow). Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
 # the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
@@ -51,4 +51,17 @@ p["policy"] = "oato"  # the schema knows no "hand-made"; the executor does not r
 json.dump(p, open(sys.argv[2], "w"))
 PY
 golden --placement "$W/mixed.json"
+step "prefill streaming (layer-split's CPU weights copied to the GPU for the prompt batch)"
+python3 - "$W/layer-split.json" "$W/stream.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["prefill_stream"] = sorted(
+    t for t, d in p["tensors"].items()
+    if d == "cpu" and t != "token_embd.weight" and t.startswith("blk.")
+    and any(t == o["op"] + ".weight" for o in p["order"]))
+assert p["prefill_stream"], "layer-split left no CPU weight to stream"
+p["stream_min_tokens"] = 2
+json.dump(p, open(sys.argv[2], "w"))
+PY
+golden --placement "$W/stream.json"
 step "done"
