@@ -33,7 +33,7 @@ step "selftest --perf"
 step "golden, all on the GPU"
 python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" --out "$RES/golden-gpu.json" \
     -- --device gpu > "$RES/golden-gpu.txt" 2>&1 || status=1
-for policy in oato layer-split flexgen; do
+for policy in oato oato-paper layer-split flexgen; do
     for b in 25% 50% 75%; do
         step "golden, $policy at $b"
         python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
