@@ -128,6 +128,41 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
             assert_eq!(got, want, "--policy {policy} --vram-budget {budget}");
         }
     }
+
+    // Prefill streaming (rule 5): layer-split at 25% streams its CPU weights for the prompt on
+    // the test device's profile; the table marks them, --llama-ot says llama.cpp cannot, and
+    // --no-stream turns it off. Tokens are the same with it, without it, and from 2 tokens on.
+    let out = oato(
+        &[
+            "plan", "--profile", "p.json", "--vram-budget", "25%", "--policy", "layer-split",
+            "-o", "ls.json", "--llama-ot",
+        ],
+        &dir,
+    );
+    let table = ok(&out);
+    assert!(
+        table.contains("  stream  ") && table.contains("llama.cpp has no per-operator streaming"),
+        "{table}"
+    );
+    let ls: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ls.json")).unwrap()).unwrap();
+    assert!(!ls["prefill_stream"].as_array().unwrap().is_empty());
+    let out = oato(
+        &[
+            "plan", "--profile", "p.json", "--vram-budget", "25%", "--policy", "layer-split",
+            "-o", "ls-off.json", "--no-stream",
+        ],
+        &dir,
+    );
+    assert!(!ok(&out).contains("  stream  "));
+    for extra in [
+        &["--placement", "ls.json"][..],
+        &["--placement", "ls.json", "--stream-min-tokens", "2"],
+        &["--placement", "ls.json", "--stream-min-tokens", "2", "--ubatch", "2"],
+        &["--vram-budget", "25%", "--policy", "layer-split", "--no-stream"],
+    ] {
+        assert_eq!(run_ids(&dir, extra, &env), want, "{extra:?}");
+    }
 }
 
 #[test]
@@ -210,6 +245,15 @@ fn bad_placements_and_budgets_fail_cleanly() {
             }),
         ),
         "over its cap of 0.0 MiB",
+    );
+    fails(
+        &run_with(
+            "stream.json",
+            &edit(&|v| {
+                v["prefill_stream"] = serde_json::json!(["blk.99.ffn_up.weight"]);
+            }),
+        ),
+        "streams tensor \"blk.99.ffn_up.weight\" in prefill, which",
     );
     fails(
         &run_with("malformed.json", "{\"schema\": \"oato.placement/v1\", "),

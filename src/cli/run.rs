@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// tokens (default: the placement's, derived from the profile).
     #[arg(long = "stream-min-tokens", value_name = "N")]
     pub stream_min_tokens: Option<usize>,
+    /// Run the prompt in micro-batches of at most this many tokens, one after the other (0: the
+    /// whole prompt as one batch). Each micro-batch streams the prefill weights again (rule 5).
+    #[arg(long = "ubatch", default_value_t = 0, value_name = "N")]
+    pub ubatch: usize,
     /// Re-profile even when a cached profile exists (with --vram-budget).
     #[arg(long = "force-profile", requires = "vram_budget")]
     pub force_profile: bool,
@@ -304,6 +308,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         (DeviceMap::uniform(&model, dev), None)
     };
     let mut session = Session::with_devices(&model, ctx, backends.clone(), &map)?;
+    session.ubatch = a.ubatch;
     if a.vram_budget.is_some() || a.placement.is_some() {
         let u = backends[dev].usage();
         eprintln!(

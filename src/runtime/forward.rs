@@ -344,6 +344,8 @@ pub struct Session<'m> {
     /// The lowered steps per batch size (rule 2 weighs bytes, so prefill may differ).
     lowered: HashMap<usize, Arc<Lowered>>,
     pub transfers: TransferStats,
+    /// Largest batch a prompt runs in (0: the whole prompt at once); `oato run --ubatch`.
+    pub ubatch: usize,
     /// `OATO_TRACE_STEPS=1`: wall time per (op, device, batch size), each step waited for;
     /// printed to stderr when the session is dropped. A diagnostic: waiting serialises devices.
     trace: Option<StepTrace>,
@@ -522,6 +524,7 @@ impl<'m> Session<'m> {
             stream_min_tokens: map.stream_min_tokens.max(2),
             lowered: HashMap::new(),
             transfers: TransferStats::default(),
+            ubatch: 0,
             trace: std::env::var("OATO_TRACE_STEPS")
                 .is_ok_and(|v| v == "1")
                 .then(StepTrace::default),
@@ -574,9 +577,22 @@ impl<'m> Session<'m> {
         self.stream_targets.is_some() && n >= self.stream_min_tokens
     }
 
-    /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names
-    /// ([rows, n_vocab]).
+    /// Runs `tokens` at positions n_past.. and returns the logits `want` names ([rows,
+    /// n_vocab]): as one batch, or, when `ubatch` is set and only the last token's logits are
+    /// wanted, in micro-batches of at most `ubatch` tokens one after the other.
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        if self.ubatch > 0 && tokens.len() > self.ubatch && want == Logits::Last {
+            let mut logits = Vec::new();
+            for part in tokens.chunks(self.ubatch) {
+                logits = self.forward_batch(part, want)?;
+            }
+            return Ok(logits);
+        }
+        self.forward_batch(tokens, want)
+    }
+
+    /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names.
+    fn forward_batch(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 {
             return Err(Error::Msg("forward: no tokens".into()));
