@@ -37,7 +37,9 @@ const MAX_GRID_Y: usize = 65535;
 /// register).
 const PINNED_BYTES: usize = 32 << 20;
 /// Host copies into pinned staging at least this large are split over threads.
-const PAR_COPY_BYTES: usize = 4 << 20;
+const PAR_COPY_BYTES: usize = 256 << 10;
+/// Bytes per task of a threaded host copy.
+const PAR_COPY_CHUNK: usize = 128 << 10;
 
 /// Chunk of a device-to-host read: small enough that the copy out of one pinned buffer overlaps
 /// the DMA into the other, large enough that the per-chunk wait is a small part.
@@ -199,20 +201,23 @@ impl Drop for HostRegistrations {
     }
 }
 
-/// `dst.copy_from_slice(src)`, over a few threads when it is large (pageable memory into pinned
-/// staging: one thread moves well below the link's speed).
+/// `dst.copy_from_slice(src)`, over the CPU pool's threads when it is large (pageable memory to
+/// or from pinned staging: one core copies well below the link's speed). The pool's workers are
+/// awake between a forward call's operators, so this costs no thread start.
 fn par_copy(dst: &mut [u8], src: &[u8]) {
     if src.len() < PAR_COPY_BYTES {
         dst.copy_from_slice(src);
         return;
     }
-    // One thread per 2 MiB, at most eight: a single core copies well below the link's speed.
-    let parts = (src.len() >> 21).clamp(2, 8);
-    let per = src.len().div_ceil(parts);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
+    struct Out(*mut u8);
+    // SAFETY: the chunks below write disjoint ranges of `dst`, which outlives the loop.
+    unsafe impl Sync for Out {}
+    let out = Out(dst.as_mut_ptr());
+    let n = src.len().min(dst.len());
+    crate::kernels::cpu::pool::global().for_chunks(n, PAR_COPY_CHUNK, |r| {
+        let out = &out;
+        // SAFETY: `r` lies inside both slices and no other chunk writes it.
+        unsafe { std::ptr::copy_nonoverlapping(src[r.clone()].as_ptr(), out.0.add(r.start), r.len()) };
     });
 }
 
