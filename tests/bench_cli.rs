@@ -202,3 +202,30 @@ fn bad_flags_fail_cleanly() {
         assert!(out.stdout.is_empty(), "{args:?} printed results");
     }
 }
+
+/// `--membw` measures the read bandwidth per thread count and refuses sizes the caches hold; a
+/// generation test on the CPU reports the weights' read rate as a fraction of it.
+#[test]
+fn membw_and_decode_fraction() {
+    let s = ok(&bench(&["--membw", "64M", "-t", "1,2"]));
+    let rows: Vec<&str> = s.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(rows.len(), 3, "header and two thread counts:\n{s}");
+    for row in &rows[1..] {
+        let gbps: f64 = row.split('|').nth(2).unwrap().trim().parse().unwrap();
+        assert!(gbps > 0.0, "{row}");
+    }
+    let out = bench(&["--membw", "1M"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("at least 64M"), "{}", text(&out.stderr));
+    let out = bench(&["--membw", "lots"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--membw"), "{}", text(&out.stderr));
+
+    let out = bench(&["--device", "cpu", "-p", "0", "-n", "2", "-r", "1", "-t", "1"]);
+    ok(&out);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("tg2 reads") && err.contains("GB/s this machine reads at 1 threads"),
+        "{err}"
+    );
+}

@@ -26,7 +26,7 @@ use oato::model::Model;
 use oato::quant::GgmlType;
 use oato::rng::SplitMix64;
 use oato::runtime::backend::{Backend, DeviceKind};
-use oato::runtime::forward::{DeviceMap, Logits, Session};
+use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
 use oato::tokenizer::Tokenizer;
 
 /// Largest prompt or generation length accepted: beyond this the cache and activations would not
@@ -630,6 +630,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let mut stdout = std::io::stdout().lock();
     printer.header(&mut stdout).map_err(stdout_err)?;
+    // Read bandwidth by thread count, measured once each (decode's fraction of it).
+    let mut membw_at: Vec<(usize, f64)> = Vec::new();
     for (info, model) in &models {
         // The BOS id llama-bench puts first, when the model's tokenizer adds one.
         let bos = Tokenizer::from_gguf(&model.file)
@@ -667,6 +669,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stdev(&ts)
                 );
                 printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
+                if n_gen > 0 && n_prompt == 0 && host.gpu_info.is_empty() {
+                    // Decode against the memory: the weights one step reads, at the rate
+                    // measured, over the read bandwidth of this machine at these threads.
+                    let bw = match membw_at.iter().find(|(t, _)| *t == n_threads) {
+                        Some(&(_, bw)) => bw,
+                        None => {
+                            let bw = read_bandwidth(MEMBW_BYTES / 8, n_threads)?;
+                            membw_at.push((n_threads, bw));
+                            bw
+                        }
+                    };
+                    let per_token: usize =
+                        target_weights(model).iter().map(|w| w.n_bytes).sum();
+                    let gbps = per_token as f64 * mean(&ts) / 1e9;
+                    eprintln!(
+                        "oato bench: {} reads {gbps:.1} GB/s of weights = {:.2} of the {bw:.1} GB/s \
+                         this machine reads at {n_threads} threads (oato bench --membw)",
+                        t.name(),
+                        gbps / bw
+                    );
+                }
             }
         }
     }
@@ -714,6 +737,9 @@ mod tests {
         assert_eq!(params_label(1_543_714_304), "1.5B");
     }
 }
+
+/// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction.
+const MEMBW_BYTES: usize = 1 << 30;
 
 /// `oato bench --membw`: read bandwidth of a buffer far larger than the caches, each thread
 /// reading the part it first touched (so pages sit near it), best of five passes per thread count.
