@@ -34,6 +34,59 @@ super::avx2::block_kernels!(
     dot_ss8
 );
 
+/// Q4_0 · Q8_0 two blocks per 512-bit register, bit-identical with [`vec_dot_q4_0_q8_0`]: each
+/// i32 lane (four consecutive products) is `Σ q·y − Σ 8·y` over the unsigned nibbles q, which is
+/// exactly `Σ (q − 8)·y`, so both blocks' lanes are the same integers as one block at a time;
+/// they are converted and accumulated with one FMA per block in block order, as there.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
+    let tab = avx2::f16_table();
+    let n = xs.len().min(ys.len());
+    let mut acc = _mm256_setzero_ps();
+    let low = _mm256_set1_epi8(0x0F);
+    let eight = _mm512_set1_epi8(8);
+    let zero = _mm512_setzero_si512();
+    let (xp, xt) = xs[..n].as_chunks::<2>();
+    let (yp, yt) = ys[..n].as_chunks::<2>();
+    for (x, y) in xp.iter().zip(yp) {
+        let q = _mm256_set_m128i(
+            _mm_loadu_si128(x[1].qs.as_ptr().cast()),
+            _mm_loadu_si128(x[0].qs.as_ptr().cast()),
+        );
+        let lo = _mm256_and_si256(q, low);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
+        // [x0 low, x1 low, x0 high, x1 high] -> [x0 low, x0 high, x1 low, x1 high]: each block's
+        // elements 0..16 then 16..32, as the activations lie.
+        let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let z = _mm512_shuffle_i64x2::<0b11_01_10_00>(z, z);
+        let yv = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(y[0].qs.as_ptr().cast())),
+            _mm256_loadu_si256(y[1].qs.as_ptr().cast()),
+        );
+        let lanes = _mm512_sub_epi32(
+            _mm512_dpbusd_epi32(zero, z, yv),
+            _mm512_dpbusd_epi32(zero, eight, yv),
+        );
+        let f = _mm512_cvtepi32_ps(lanes);
+        let d0 = _mm256_set1_ps(tab[x[0].d.bits() as usize] * tab[y[0].d.bits() as usize]);
+        let d1 = _mm256_set1_ps(tab[x[1].d.bits() as usize] * tab[y[1].d.bits() as usize]);
+        acc = _mm256_fmadd_ps(d0, _mm512_castps512_ps256(f), acc);
+        acc = _mm256_fmadd_ps(
+            d1,
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(f))),
+            acc,
+        );
+    }
+    let off = _mm256_set1_epi8(8);
+    for (x, y) in xt.iter().zip(yt) {
+        let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
+        let qx = _mm256_sub_epi8(avx2::nibbles32(&x.qs), off);
+        let xy = _mm256_cvtepi32_ps(dot_ss8(qx, avx2::load32(&y.qs)));
+        acc = _mm256_fmadd_ps(d, xy, acc);
+    }
+    avx2::hsum8(acc)
+}
+
 // ---------------------------------------------------------------------------------------------
 // K-quants: the exact integer sums of `kquants`, 64 elements per 512-bit register. Quarter u of a
 // super-block (elements 64u..64u + 64, groups 4u..4u + 4, one 16-element group per 128-bit lane)

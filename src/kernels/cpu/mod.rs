@@ -233,7 +233,17 @@ macro_rules! simd_dots {
 #[cfg(target_arch = "x86_64")]
 simd_dots!(avx2_dot, avx2);
 #[cfg(target_arch = "x86_64")]
-simd_dots!(avx512_dot, avx512);
+simd_dots!(avx512_block_dot, avx512);
+
+/// AVX-512's table: Q4_0 two blocks per register, the rest as generated.
+#[cfg(target_arch = "x86_64")]
+fn avx512_dot(wty: GgmlType) -> DotFn {
+    match wty {
+        // SAFETY (of the pointer's callers): handed out only when the CPU has AVX-512 VNNI.
+        GgmlType::Q4_0 => |w, a, _| unsafe { avx512::vec_dot_q4_0_q8_0_x2(blocks(w), blocks(a)) },
+        other => avx512_block_dot(other),
+    }
+}
 
 /// The dot product for weights of type `wty` under `isa`, or scalar when the CPU lacks `isa`.
 /// Types without a dot product (see `quant::has_vec_dot`) give NaN; callers check types first.
