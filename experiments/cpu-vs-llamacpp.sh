@@ -7,8 +7,14 @@
 # avg_ts, stddev_ts; one row per type x test x engine) and results/cpu-vs-llamacpp.md (a table
 # per type: both engines' t/s and the ratio oato / llama.cpp).
 #
+# With SYNTH=1 (the default) it also runs the Llama-3.2-1B shape in Q4_0, Q4_K_M, Q8_0 and F16, and
+# with SYNTH_8B=1 the LLaMA3-8B shape in Q4_0 for the tg tests only: files made by `oato synth`
+# (seed 42) into models/ and read by both engines (their text is noise; their timing is real).
+#
 # Usage: experiments/cpu-vs-llamacpp.sh
-# Env:   THREADS (or T, default 2), REPS (or R, default 5),
+# Env:   THREADS (or T, default 2), REPS (or R, default 5), SYNTH (1), SYNTH_8B (0),
+#        SHAPES_ONLY (1: skip the test model's four types), OUT (default results/cpu-vs-llamacpp:
+#        writes OUT.csv and OUT.md),
 #        LLAMACPP_BUILD (default ../shared/peers/build-llamacpp.sh; builds llama.cpp's CPU tools
 #        once into ~/.cache/oato-peers and prints their bin directory),
 #        LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
@@ -66,25 +72,52 @@ for ty in Q4_0 Q8_0 F16; do
   fi
 done
 
+# One label, file and test lists per comparison: the test model's four types, then the shapes.
+cases=()
+if [ "${SHAPES_ONLY:-0}" != 1 ]; then
+  for ty in Q4_1 Q4_0 Q8_0 F16; do
+    cases+=("$ty models/SmolLM2-135M-Instruct.$ty.gguf $prompts $gens")
+  done
+fi
+synth() { # shape type -> path (made once)
+  local out=models/synth-$1-$2.gguf
+  if [ ! -f "$out" ]; then
+    echo "== oato synth --shape $1 --type $2" >&2
+    "$oato" synth --shape "$1" --type "$2" --seed 42 -o "$out.tmp" >&2 && mv "$out.tmp" "$out"
+  fi
+  echo "$out"
+}
+if [ "${SYNTH:-1}" = 1 ]; then
+  for ty in Q4_0 Q4_K_M Q8_0 F16; do
+    cases+=("1B-$ty $(synth llama3.2-1b "$ty") $prompts $gens")
+  done
+fi
+if [ "${SYNTH_8B:-0}" = 1 ]; then
+  cases+=("8B-Q4_0 $(synth llama3-8b Q4_0) 0 $gens")
+fi
+
 runs=()
-for ty in Q4_1 Q4_0 Q8_0 F16; do
-  model=models/SmolLM2-135M-Instruct.$ty.gguf
-  echo "== $ty: llama-bench" >&2
-  "$bin/llama-bench" -m "$model" -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
-    >"$raw/llamacpp-$ty.json" 2>"$raw/llamacpp-$ty.log" \
-    || { cat "$raw/llamacpp-$ty.log" >&2; exit 1; }
-  echo "== $ty: oato bench" >&2
-  "$oato" bench "$model" --device cpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" --json \
-    >"$raw/oato-$ty.json"
-  runs+=(--run "$ty" "$(basename "$model")" "$raw/llamacpp-$ty.json" "$raw/oato-$ty.json")
+for c in "${cases[@]}"; do
+  read -r label model p n <<<"$c"
+  echo "== $label: llama-bench" >&2
+  "$bin/llama-bench" -m "$model" -t "$threads" -p "$p" -n "$n" -r "$reps" -o json \
+    >"$raw/llamacpp-$label.json" 2>"$raw/llamacpp-$label.log" \
+    || { cat "$raw/llamacpp-$label.log" >&2; exit 1; }
+  echo "== $label: oato bench" >&2
+  "$oato" bench "$model" --device cpu -t "$threads" -p "$p" -n "$n" -r "$reps" --json \
+    >"$raw/oato-$label.json" 2>"$raw/oato-$label.log" \
+    || { cat "$raw/oato-$label.log" >&2; exit 1; }
+  grep "reads" "$raw/oato-$label.log" >&2 || true
+  runs+=(--run "$label" "$(basename "$model")" "$raw/llamacpp-$label.json" "$raw/oato-$label.json")
 done
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src Cargo.toml Cargo.lock build.rs 2>/dev/null || commit="$commit-dirty"
 llamacpp=$(basename "$(dirname "$(dirname "$bin")")")
+out=${OUT:-results/cpu-vs-llamacpp}
 python3 experiments/bench_merge.py \
-  --csv results/cpu-vs-llamacpp.csv --md results/cpu-vs-llamacpp.md \
+  --csv "$out.csv" --md "$out.md" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$llamacpp" "${runs[@]}"
-echo "wrote results/cpu-vs-llamacpp.csv and results/cpu-vs-llamacpp.md" >&2
-cat results/cpu-vs-llamacpp.md
+echo "wrote $out.csv and $out.md" >&2
+cat "$out.md"
