@@ -107,7 +107,7 @@ for c in "${cases[@]}"; do
   "$oato" bench "$model" --device cpu -t "$threads" -p "$p" -n "$n" -r "$reps" --json \
     >"$raw/oato-$label.json" 2>"$raw/oato-$label.log" \
     || { cat "$raw/oato-$label.log" >&2; exit 1; }
-  grep "reads" "$raw/oato-$label.log" >&2 || true
+  grep "reads [0-9]" "$raw/oato-$label.log" >&2 || true
   runs+=(--run "$label" "$(basename "$model")" "$raw/llamacpp-$label.json" "$raw/oato-$label.json")
 done
 
