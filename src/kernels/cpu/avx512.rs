@@ -448,3 +448,87 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Plain-float dots in `scalar::dot_wide`'s 4 x 8 lane order, 16 lanes per register: accumulator
+// A holds lanes 0..8 of `dot_wide`'s acc[0] and acc[1] (elements i..i + 16), B acc[2] and acc[3];
+// each lane sees the same FMAs in the same order, so the result is bit-identical.
+
+macro_rules! wide_dot16 {
+    ($name:ident, $load:ident, $elem:expr, $size:literal) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
+            let n = n.min(w.len() / $size).min(a.len() / $size);
+            let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let full = n / 32 * 32;
+            let mut i = 0;
+            while i < full {
+                acc_a = _mm512_fmadd_ps($load(w, i), $load(a, i), acc_a);
+                acc_b = _mm512_fmadd_ps($load(w, i + 16), $load(a, i + 16), acc_b);
+                i += 32;
+            }
+            let half = |v: __m512, hi: bool| -> __m256 {
+                if hi {
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+                } else {
+                    _mm512_castps512_ps256(v)
+                }
+            };
+            let s = _mm256_add_ps(
+                _mm256_add_ps(half(acc_a, false), half(acc_a, true)),
+                _mm256_add_ps(half(acc_b, false), half(acc_b, true)),
+            );
+            let mut total = avx2::hsum8(s);
+            let elem = $elem;
+            for i in full..n {
+                total = elem(w, i).mul_add(elem(a, i), total);
+            }
+            total
+        }
+    };
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_f16x16(b: &[u8], i: usize) -> __m512 {
+    debug_assert!(2 * (i + 16) <= b.len());
+    _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr().add(2 * i).cast()))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_bf16x16(b: &[u8], i: usize) -> __m512 {
+    debug_assert!(2 * (i + 16) <= b.len());
+    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(b.as_ptr().add(2 * i).cast()));
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_f32x16(b: &[u8], i: usize) -> __m512 {
+    debug_assert!(4 * (i + 16) <= b.len());
+    _mm512_loadu_ps(b.as_ptr().add(4 * i).cast())
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[2 * i], b[2 * i + 1]])
+}
+
+wide_dot16!(
+    vec_dot_f16,
+    load_f16x16,
+    |b: &[u8], i: usize| f16_bits_to_f32(u16_at(b, i)),
+    2
+);
+wide_dot16!(
+    vec_dot_bf16,
+    load_bf16x16,
+    |b: &[u8], i: usize| bf16_to_f32(u16_at(b, i)),
+    2
+);
+wide_dot16!(
+    vec_dot_f32,
+    load_f32x16,
+    |b: &[u8], i: usize| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+    4
+);

@@ -235,12 +235,16 @@ simd_dots!(avx2_dot, avx2);
 #[cfg(target_arch = "x86_64")]
 simd_dots!(avx512_block_dot, avx512);
 
-/// AVX-512's table: Q4_0 two blocks per register, the rest as generated.
+/// AVX-512's table: Q4_0 two blocks per register, the plain floats 16 lanes per register, the
+/// rest as generated.
 #[cfg(target_arch = "x86_64")]
 fn avx512_dot(wty: GgmlType) -> DotFn {
     match wty {
         // SAFETY (of the pointer's callers): handed out only when the CPU has AVX-512 VNNI.
         GgmlType::Q4_0 => |w, a, _| unsafe { avx512::vec_dot_q4_0_q8_0_x2(blocks(w), blocks(a)) },
+        GgmlType::F32 => |w, a, n| unsafe { avx512::vec_dot_f32(w, a, n) },
+        GgmlType::F16 => |w, a, n| unsafe { avx512::vec_dot_f16(w, a, n) },
+        GgmlType::BF16 => |w, a, n| unsafe { avx512::vec_dot_bf16(w, a, n) },
         other => avx512_block_dot(other),
     }
 }
