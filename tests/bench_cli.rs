@@ -216,12 +216,22 @@ fn membw_and_decode_fraction() {
     }
     let out = bench(&["--membw", "1M"]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("at least 64M"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("at least 64M"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = bench(&["--membw", "lots"]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("--membw"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--membw"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let out = bench(&["--device", "cpu", "-p", "0", "-n", "2", "-r", "1", "-t", "1"]);
+    let out = bench(&[
+        "--device", "cpu", "-p", "0", "-n", "2", "-r", "1", "-t", "1",
+    ]);
     ok(&out);
     let err = text(&out.stderr);
     assert!(

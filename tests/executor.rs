@@ -192,7 +192,10 @@ fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
         assert!(!map.prefill_stream.is_empty());
         let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
         let got = greedy(&mut session, &prompt, n_gen);
-        assert_eq!(got, want, "round {round}: tokens differ from the all-CPU run");
+        assert_eq!(
+            got, want,
+            "round {round}: tokens differ from the all-CPU run"
+        );
 
         let counts = dev.matmul_counts();
         let prefetches = dev.prefetch_counts();
@@ -227,7 +230,9 @@ fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
         // A batch below the threshold does not stream.
         let before = dev.prefetch_counts().values().sum::<usize>();
         session.reset();
-        session.forward(&prompt[..prompt.len() - 1], Logits::Last).unwrap();
+        session
+            .forward(&prompt[..prompt.len() - 1], Logits::Last)
+            .unwrap();
         assert_eq!(dev.prefetch_counts().values().sum::<usize>(), before);
     }
 }

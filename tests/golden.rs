@@ -39,7 +39,10 @@ fn check_parity(ours: &[u32], theirs: &[u32], top: &serde_json::Value) -> Result
             continue;
         }
         let choices = top[d].as_array().cloned().unwrap_or_default();
-        let first = choices.first().and_then(|c| c[1].as_f64()).unwrap_or(f64::NAN);
+        let first = choices
+            .first()
+            .and_then(|c| c[1].as_f64())
+            .unwrap_or(f64::NAN);
         let ours_logit = choices
             .iter()
             .find(|c| c[0].as_u64() == Some(a as u64))
@@ -102,8 +105,14 @@ fn parity_rule_rejects_what_it_should() {
         check_parity(&[4], &[5], &top5),
         Ok(Parity::NearTie { d: 0, .. })
     ));
-    assert!(check_parity(&[3], &[5], &top5).is_err(), "0.6 below the top");
-    assert!(check_parity(&[9], &[5], &top5).is_err(), "not in the top five");
+    assert!(
+        check_parity(&[3], &[5], &top5).is_err(),
+        "0.6 below the top"
+    );
+    assert!(
+        check_parity(&[9], &[5], &top5).is_err(),
+        "not in the top five"
+    );
 }
 
 /// The golden continuations under every CPU variant this machine supports (scalar, AVX2,

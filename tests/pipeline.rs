@@ -134,8 +134,16 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     // --no-stream turns it off. Tokens are the same with it, without it, and from 2 tokens on.
     let out = oato(
         &[
-            "plan", "--profile", "p.json", "--vram-budget", "25%", "--policy", "layer-split",
-            "-o", "ls.json", "--llama-ot",
+            "plan",
+            "--profile",
+            "p.json",
+            "--vram-budget",
+            "25%",
+            "--policy",
+            "layer-split",
+            "-o",
+            "ls.json",
+            "--llama-ot",
         ],
         &dir,
     );
@@ -149,8 +157,16 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     assert!(!ls["prefill_stream"].as_array().unwrap().is_empty());
     let out = oato(
         &[
-            "plan", "--profile", "p.json", "--vram-budget", "25%", "--policy", "layer-split",
-            "-o", "ls-off.json", "--no-stream",
+            "plan",
+            "--profile",
+            "p.json",
+            "--vram-budget",
+            "25%",
+            "--policy",
+            "layer-split",
+            "-o",
+            "ls-off.json",
+            "--no-stream",
         ],
         &dir,
     );
@@ -158,8 +174,21 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     for extra in [
         &["--placement", "ls.json"][..],
         &["--placement", "ls.json", "--stream-min-tokens", "2"],
-        &["--placement", "ls.json", "--stream-min-tokens", "2", "--ubatch", "2"],
-        &["--vram-budget", "25%", "--policy", "layer-split", "--no-stream"],
+        &[
+            "--placement",
+            "ls.json",
+            "--stream-min-tokens",
+            "2",
+            "--ubatch",
+            "2",
+        ],
+        &[
+            "--vram-budget",
+            "25%",
+            "--policy",
+            "layer-split",
+            "--no-stream",
+        ],
     ] {
         assert_eq!(run_ids(&dir, extra, &env), want, "{extra:?}");
     }

@@ -680,8 +680,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                             bw
                         }
                     };
-                    let per_token: usize =
-                        target_weights(model).iter().map(|w| w.n_bytes).sum();
+                    let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
                     let gbps = per_token as f64 * mean(&ts) / 1e9;
                     eprintln!(
                         "oato bench: {} reads {gbps:.1} GB/s of weights = {:.2} of the {bw:.1} GB/s \

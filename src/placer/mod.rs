@@ -76,9 +76,7 @@ pub fn check(
             "the placement streams tensor {unknown:?} in prefill, which {file} does not have"
         )));
     }
-    let streams = |name: &str| {
-        !on_gpu(name) && (flexgen || prefill.contains(name))
-    };
+    let streams = |name: &str| !on_gpu(name) && (flexgen || prefill.contains(name));
     {
         for w in targets.iter().filter(|w| streams(&w.name)) {
             let layer = crate::profiler::layer_of(&w.name);
@@ -93,8 +91,7 @@ pub fn check(
         .take(2)
         .sum::<u64>()
         .saturating_sub(p.budget.stream_bytes);
-    let any_gpu =
-        flexgen || !prefill.is_empty() || p.tensors.values().any(|d| *d == Device::Gpu);
+    let any_gpu = flexgen || !prefill.is_empty() || p.tensors.values().any(|d| *d == Device::Gpu);
     if any_gpu {
         let free = gpu_free.map_err(|why| {
             Error::Usage(format!(

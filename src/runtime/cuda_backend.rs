@@ -217,7 +217,9 @@ fn par_copy(dst: &mut [u8], src: &[u8]) {
     crate::kernels::cpu::pool::global().for_chunks(n, PAR_COPY_CHUNK, |r| {
         let out = &out;
         // SAFETY: `r` lies inside both slices and no other chunk writes it.
-        unsafe { std::ptr::copy_nonoverlapping(src[r.clone()].as_ptr(), out.0.add(r.start), r.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(src[r.clone()].as_ptr(), out.0.add(r.start), r.len())
+        };
     });
 }
 

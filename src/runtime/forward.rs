@@ -266,11 +266,7 @@ impl Slot {
 
 /// Starts the prefill copy of every weight of `slots` streamed in prefill (rule 5) that is not
 /// on its stream backend yet.
-fn fetch_prefill(
-    slots: &mut [Slot],
-    bes: &[Arc<dyn Backend>],
-    file: &Arc<GgufFile>,
-) -> Result<()> {
+fn fetch_prefill(slots: &mut [Slot], bes: &[Arc<dyn Backend>], file: &Arc<GgufFile>) -> Result<()> {
     for s in slots.iter_mut().filter(|s| s.pw.is_none()) {
         if let Some(d) = s.prefill {
             s.pw = Some(bes[d].prefetch_weight(file, &s.r)?);
@@ -656,7 +652,11 @@ impl<'m> Session<'m> {
         for s in &plan.head {
             self.exec(s, None, n, from, pos0)?;
         }
-        let od = match plan.head.iter().find(|s| matches!(s.op, OpKind::Matmul { .. })) {
+        let od = match plan
+            .head
+            .iter()
+            .find(|s| matches!(s.op, OpKind::Matmul { .. }))
+        {
             Some(s) => s.dev,
             None => self.output.dev,
         };
@@ -671,7 +671,10 @@ impl<'m> Session<'m> {
         bes[od].read(self.vals[Val::Logits.index()].get(od)?, 0, &mut logits)?;
         self.n_past += n;
         if let Some(t) = self.trace.as_mut() {
-            let e = t.times.entry(("(whole forward)".into(), cpu, n)).or_default();
+            let e = t
+                .times
+                .entry(("(whole forward)".into(), cpu, n))
+                .or_default();
             e.0 += started.elapsed().as_secs_f64();
             e.1 += 1;
         }

@@ -650,7 +650,11 @@ fn gpu_and_cpu_policies_place_everything_on_one_side() {
     assert_eq!(llama_ot(&p), "-ngl 0");
     // 3 ops x 30 us at batch 1, x 64 at the prompt's batch, except the head, which computes
     // the last token's logits only (one row); no copies.
-    assert!(close(p.predicted.ttft_ms, 2.0 * 1.92 + 0.03), "{}", p.predicted.ttft_ms);
+    assert!(
+        close(p.predicted.ttft_ms, 2.0 * 1.92 + 0.03),
+        "{}",
+        p.predicted.ttft_ms
+    );
     assert!(close(p.predicted.tpot_ms, 0.09));
 }
 
