@@ -33,6 +33,23 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
+/// Backend 0 the CPU, backend 1 a test device (returned too, for its counters).
+fn cpu_and_test_device() -> (Vec<Arc<dyn Backend>>, Arc<TestDevice>) {
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let dev = Arc::new(TestDevice::new(1 << 30));
+    (vec![cpu, dev.clone()], dev)
+}
+
+/// Every weight and layer home of `map` on backend 0 or 1 at random.
+fn scatter(map: &mut DeviceMap, rng: &mut Rng) {
+    for d in map.weights.values_mut() {
+        *d = (rng.next() & 1) as usize;
+    }
+    for h in map.layer_home.iter_mut() {
+        *h = (rng.next() & 1) as usize;
+    }
+}
+
 #[test]
 fn random_placements_run_where_the_map_says_and_match_the_cpu() {
     let model = Model::open(model_path()).unwrap();
@@ -43,18 +60,11 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
 
     let mut rng = Rng(0x0A70);
     for round in 0..4 {
-        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
-        let dev = Arc::new(TestDevice::new(1 << 30));
-        let backends: Vec<Arc<dyn Backend>> = vec![cpu, dev.clone()];
+        let (backends, dev) = cpu_and_test_device();
         // Round 0: everything on the device; the others: each weight and home at random.
         let mut map = DeviceMap::uniform(&model, 1);
         if round > 0 {
-            for d in map.weights.values_mut() {
-                *d = (rng.next() & 1) as usize;
-            }
-            for h in map.layer_home.iter_mut() {
-                *h = (rng.next() & 1) as usize;
-            }
+            scatter(&mut map, &mut rng);
         }
         // Round 3 streams a random half of the device's weights (FlexGen-style).
         if round == 3 {
@@ -165,20 +175,13 @@ fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
 
     let mut rng = Rng(0x5743);
     for round in 0..3 {
-        let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
-        let dev = Arc::new(TestDevice::new(1 << 30));
-        let backends: Vec<Arc<dyn Backend>> = vec![cpu, dev.clone()];
+        let (backends, dev) = cpu_and_test_device();
         let mut map = DeviceMap::uniform(&model, 0);
         // Round 0: every weight on the CPU, all streamed, homes on the CPU (layer-split's CPU
         // layers); the others: random weights and homes, a random half of the CPU weights
         // streamed.
         if round > 0 {
-            for d in map.weights.values_mut() {
-                *d = (rng.next() & 1) as usize;
-            }
-            for h in map.layer_home.iter_mut() {
-                *h = (rng.next() & 1) as usize;
-            }
+            scatter(&mut map, &mut rng);
         }
         map.prefill_stream = map
             .weights

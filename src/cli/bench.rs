@@ -695,48 +695,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     printer.footer(&mut stdout, &host).map_err(stdout_err)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lists_parse_and_refuse_bad_items() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(parse_list("-p", &s(&[]), 512).unwrap(), vec![512]);
-        assert_eq!(
-            parse_list("-p", &s(&["64,512", "0"]), 1).unwrap(),
-            vec![64, 512, 0]
-        );
-        for bad in ["abc", "", "64,", ",", "-1", "1.5"] {
-            let e = parse_list("-p", &s(&[bad]), 1).unwrap_err().to_string();
-            assert!(e.contains("-p"), "{bad:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn stats_match_llama_bench() {
-        // Sample standard deviation (n - 1): of 2, 4, 4, 4, 5, 5, 7, 9 it is sqrt(32 / 7).
-        let v = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
-        assert_eq!(mean(&v), 5.0);
-        assert!((stdev(&v) - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
-        assert_eq!(stdev(&[3.0]), 0.0);
-    }
-
-    #[test]
-    fn dates_are_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_735_689_599), "2024-12-31T23:59:59Z");
-    }
-
-    #[test]
-    fn params_labels_read_like_model_names() {
-        assert_eq!(params_label(134_515_008), "135M");
-        assert_eq!(params_label(8_030_261_248), "8B");
-        assert_eq!(params_label(1_543_714_304), "1.5B");
-    }
-}
-
 /// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction.
 const MEMBW_BYTES: usize = 1 << 30;
 
@@ -771,7 +729,7 @@ fn membw(size: &str, threads: &[String]) -> Result<()> {
 
 /// GB/s reading `words` u64s with `t` threads: each thread allocates and first touches its share,
 /// then all read their shares together (released by a barrier); the best of five passes.
-pub fn read_bandwidth(words: usize, t: usize) -> Result<f64> {
+fn read_bandwidth(words: usize, t: usize) -> Result<f64> {
     let t = t.max(1);
     let per = words.div_ceil(t);
     let barrier = std::sync::Barrier::new(t);
@@ -821,4 +779,46 @@ fn sum_words(v: &[u64]) -> u64 {
         }
     }
     acc.iter().fold(tail, |a, &x| a.wrapping_add(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_and_refuse_bad_items() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_list("-p", &s(&[]), 512).unwrap(), vec![512]);
+        assert_eq!(
+            parse_list("-p", &s(&["64,512", "0"]), 1).unwrap(),
+            vec![64, 512, 0]
+        );
+        for bad in ["abc", "", "64,", ",", "-1", "1.5"] {
+            let e = parse_list("-p", &s(&[bad]), 1).unwrap_err().to_string();
+            assert!(e.contains("-p"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn stats_match_llama_bench() {
+        // Sample standard deviation (n - 1): of 2, 4, 4, 4, 5, 5, 7, 9 it is sqrt(32 / 7).
+        let v = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
+        assert_eq!(mean(&v), 5.0);
+        assert!((stdev(&v) - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+        assert_eq!(stdev(&[3.0]), 0.0);
+    }
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_735_689_599), "2024-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn params_labels_read_like_model_names() {
+        assert_eq!(params_label(134_515_008), "135M");
+        assert_eq!(params_label(8_030_261_248), "8B");
+        assert_eq!(params_label(1_543_714_304), "1.5B");
+    }
 }

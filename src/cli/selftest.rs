@@ -12,7 +12,7 @@ use oato::error::{Error, Result};
 use oato::kernels::cpu::attention::AttnShape;
 use oato::kernels::cuda as kc;
 use oato::model::RopeParams;
-use oato::profiler::median_us;
+use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
@@ -658,20 +658,8 @@ fn link_perf(be: &dyn Backend) -> Result<()> {
         let host = pattern(n, 0.0);
         let mut back = vec![0f32; n];
         let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
-        let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-            let mut v = Vec::new();
-            for _ in 0..9 {
-                be.synchronize()?;
-                let t0 = std::time::Instant::now();
-                f()?;
-                be.synchronize()?;
-                v.push(t0.elapsed().as_secs_f64() * 1e6);
-            }
-            v.sort_by(f64::total_cmp);
-            Ok(v[v.len() / 2])
-        };
-        let w = wall(&mut || be.write(&mut t, 0, &host))?;
-        let r = wall(&mut || be.read(&t, 0, &mut back))?;
+        let w = wall_median_us(be, 9, &mut || be.write(&mut t, 0, &host))?;
+        let r = wall_median_us(be, 9, &mut || be.read(&t, 0, &mut back))?;
         let gb = |us: f64| (n * 4) as f64 / us / 1e3;
         println!(
             "activation copy {} KiB: write {w:.1} us ({:.1} GB/s), read {r:.1} us ({:.1} GB/s)",

@@ -67,21 +67,19 @@ pub fn check(
     } else {
         targets.iter().filter(|w| on_gpu(&w.name)).count()
     };
-    // FlexGen, and prefill streaming, hold two layers of streamed weights at once (the one
-    // computing, the next).
-    let mut per_layer: std::collections::BTreeMap<Option<usize>, u64> = Default::default();
     let prefill: HashSet<&str> = p.prefill_stream.iter().map(String::as_str).collect();
     if let Some(unknown) = prefill.iter().find(|n| !names.contains(**n)) {
         return Err(Error::Usage(format!(
             "the placement streams tensor {unknown:?} in prefill, which {file} does not have"
         )));
     }
+    // FlexGen, and prefill streaming, hold two layers of streamed weights at once (the one
+    // computing, the next).
     let streams = |name: &str| !on_gpu(name) && (flexgen || prefill.contains(name));
-    {
-        for w in targets.iter().filter(|w| streams(&w.name)) {
-            let layer = crate::profiler::layer_of(&w.name);
-            *per_layer.entry(layer).or_default() += w.n_bytes as u64;
-        }
+    let mut per_layer: std::collections::BTreeMap<Option<usize>, u64> = Default::default();
+    for w in targets.iter().filter(|w| streams(&w.name)) {
+        let layer = crate::profiler::layer_of(&w.name);
+        *per_layer.entry(layer).or_default() += w.n_bytes as u64;
     }
     let mut streamed: Vec<u64> = per_layer.into_values().collect();
     streamed.sort_unstable_by(|a, b| b.cmp(a));

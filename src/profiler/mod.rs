@@ -173,6 +173,26 @@ pub fn median_us(be: &dyn Backend, reps: usize, mut f: impl FnMut() -> Result<()
     Ok(v[v.len() / 2])
 }
 
+/// Median wall time in microseconds of `reps` runs of `f` (at least one), `be` synchronised
+/// before and after each: for work that is partly host-side (copies), which a device's
+/// stopwatch would not see whole.
+pub fn wall_median_us(
+    be: &dyn Backend,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<f64> {
+    let mut v = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        be.synchronize()?;
+        let t0 = Instant::now();
+        f()?;
+        be.synchronize()?;
+        v.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
 /// Times `op` on `be` at every batch size; the weight is loaded for the measurement only (a GPU
 /// uploads it and frees it after, so models larger than the GPU can be profiled).
 fn time_op(
@@ -344,18 +364,7 @@ pub fn measure_link(
     let host = pattern(n, 0.0);
     let mut back = vec![0f32; n];
     let mut t = gpu.alloc(DType::F32, n, Category::Workspace)?;
-    let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        let mut v = Vec::new();
-        for _ in 0..5 {
-            gpu.synchronize()?;
-            let t0 = Instant::now();
-            f()?;
-            gpu.synchronize()?;
-            v.push(t0.elapsed().as_secs_f64());
-        }
-        v.sort_by(f64::total_cmp);
-        Ok(v[v.len() / 2])
-    };
+    let wall = |f: &mut dyn FnMut() -> Result<()>| Ok(wall_median_us(gpu, 5, f)? / 1e6);
     let bytes = (n * 4) as f64;
     let h2d_gbps = match model {
         Some(m) => weight_upload_gbps(gpu, m, free / 4)?,

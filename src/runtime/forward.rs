@@ -68,9 +68,15 @@ impl DeviceMap {
         }
     }
 
+    /// The smallest forward call (at least 2 tokens: decode never streams) that streams the
+    /// `prefill_stream` weights, when there are any.
+    pub fn stream_from(&self) -> Option<usize> {
+        (!self.prefill_stream.is_empty()).then_some(self.stream_min_tokens.max(2))
+    }
+
     /// Whether a forward call of `n_tok` tokens streams the `prefill_stream` weights.
     pub fn streams(&self, n_tok: usize) -> bool {
-        n_tok >= self.stream_min_tokens.max(2) && !self.prefill_stream.is_empty()
+        self.stream_from().is_some_and(|from| n_tok >= from)
     }
 
     /// Each layer's target devices and attention device, and the head's device, in a forward
@@ -334,9 +340,8 @@ pub struct Session<'m> {
     /// Each layer's target and attention devices, and the head's, from the map.
     targets: Vec<LayerTargets>,
     head_out: usize,
-    /// The same for a forward call that streams (rule 5), and from how many tokens one does.
-    stream_targets: Option<(Vec<LayerTargets>, usize)>,
-    stream_min_tokens: usize,
+    /// From how many tokens a forward call streams (rule 5), and its targets and head's device.
+    stream: Option<(usize, Vec<LayerTargets>, usize)>,
     /// The lowered steps per batch size (rule 2 weighs bytes, so prefill may differ).
     lowered: HashMap<usize, Arc<Lowered>>,
     pub transfers: TransferStats,
@@ -353,6 +358,14 @@ struct StepTrace {
     /// (op, device, n) -> (seconds, calls).
     times: HashMap<(String, usize, usize), (f64, usize)>,
     forwards: HashMap<usize, usize>,
+}
+
+impl StepTrace {
+    fn add(&mut self, op: String, dev: usize, n: usize, secs: f64) {
+        let e = self.times.entry((op, dev, n)).or_default();
+        e.0 += secs;
+        e.1 += 1;
+    }
 }
 
 impl Drop for Session<'_> {
@@ -374,10 +387,11 @@ impl Drop for Session<'_> {
     }
 }
 
-/// A forward call's steps: each layer's, then the head's.
+/// A forward call's steps: each layer's, then the head's; and where the logits are made.
 struct Lowered {
     layers: Vec<Vec<Step>>,
     head: Vec<Step>,
+    head_out: usize,
 }
 
 fn vector_on(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
@@ -484,8 +498,10 @@ impl<'m> Session<'m> {
             });
         }
         let (targets, head_out) = map.targets(model, cpu, 1);
-        let stream_targets = (!map.prefill_stream.is_empty())
-            .then(|| map.targets(model, cpu, map.stream_min_tokens.max(2)));
+        let stream = map.stream_from().map(|from| {
+            let (t, h) = map.targets(model, cpu, from);
+            (from, t, h)
+        });
         let wd = widths(model);
         let vals = [
             Val::X,
@@ -516,8 +532,7 @@ impl<'m> Session<'m> {
             link: map.link,
             targets,
             head_out,
-            stream_targets,
-            stream_min_tokens: map.stream_min_tokens.max(2),
+            stream,
             lowered: HashMap::new(),
             transfers: TransferStats::default(),
             ubatch: 0,
@@ -540,8 +555,8 @@ impl<'m> Session<'m> {
             return l.clone();
         }
         let cpu = self.cpu;
-        let (targets, head_out) = match &self.stream_targets {
-            Some((t, h)) if self.streams(n) => (t, *h),
+        let (targets, head_out) = match &self.stream {
+            Some((from, t, h)) if n >= *from => (t, *h),
             _ => (&self.targets, self.head_out),
         };
         let (devs, norm) = place_non_target(
@@ -560,17 +575,13 @@ impl<'m> Session<'m> {
                 .map(|(t, d)| layer_steps(t, d, cpu))
                 .collect(),
             head: head_steps(norm, head_out, cpu),
+            head_out,
         });
         if self.lowered.len() > 64 {
             self.lowered.clear();
         }
         self.lowered.insert(n, l.clone());
         l
-    }
-
-    /// Whether a forward call of `n` tokens streams weights to the GPU (rule 5).
-    fn streams(&self, n: usize) -> bool {
-        self.stream_targets.is_some() && n >= self.stream_min_tokens
     }
 
     /// Runs `tokens` at positions n_past.. and returns the logits `want` names ([rows,
@@ -613,7 +624,7 @@ impl<'m> Session<'m> {
             bes[cpu].embed_rows(&self.embd, tokens, x.out(cpu, n, &*bes[cpu])?)?;
         }
         let n_layer = self.layers.len();
-        let streaming = self.streams(n);
+        let streaming = self.stream.as_ref().is_some_and(|s| n >= s.0);
         for il in 0..n_layer {
             // Streamed weights: this layer's (if not prefetched), then the next layer's copy
             // starts once this layer's work is queued, then this layer's are given back.
@@ -640,9 +651,9 @@ impl<'m> Session<'m> {
         }
         if n_layer == 0 {
             fetch(std::slice::from_mut(&mut self.output), &bes, &file)?;
-        }
-        if streaming {
-            fetch_prefill(std::slice::from_mut(&mut self.output), &bes, &file)?;
+            if streaming {
+                fetch_prefill(std::slice::from_mut(&mut self.output), &bes, &file)?;
+            }
         }
         let from = match want {
             Logits::Last => n - 1,
@@ -652,14 +663,7 @@ impl<'m> Session<'m> {
         for s in &plan.head {
             self.exec(s, None, n, from, pos0)?;
         }
-        let od = match plan
-            .head
-            .iter()
-            .find(|s| matches!(s.op, OpKind::Matmul { .. }))
-        {
-            Some(s) => s.dev,
-            None => self.output.dev,
-        };
+        let od = plan.head_out;
         release(std::slice::from_mut(&mut self.output), &bes)?;
         release_prefill(std::slice::from_mut(&mut self.output), &bes)?;
         // The next call starts with layer 0: its streamed weights' copy starts now.
@@ -671,12 +675,12 @@ impl<'m> Session<'m> {
         bes[od].read(self.vals[Val::Logits.index()].get(od)?, 0, &mut logits)?;
         self.n_past += n;
         if let Some(t) = self.trace.as_mut() {
-            let e = t
-                .times
-                .entry(("(whole forward)".into(), cpu, n))
-                .or_default();
-            e.0 += started.elapsed().as_secs_f64();
-            e.1 += 1;
+            t.add(
+                "(whole forward)".into(),
+                cpu,
+                n,
+                started.elapsed().as_secs_f64(),
+            );
         }
         Ok(logits)
     }
@@ -715,9 +719,7 @@ impl<'m> Session<'m> {
             op => format!("{op:?}"),
         };
         if let Some(t) = self.trace.as_mut() {
-            let e = t.times.entry((name, s.dev, n)).or_default();
-            e.0 += dt;
-            e.1 += 1;
+            t.add(name, s.dev, n, dt);
         }
         Ok(())
     }

@@ -516,33 +516,22 @@ impl CostModel {
     }
 
     /// A placement's prediction with prefill streaming's choice when `stream` (rule 5): the
-    /// times, the copies of a prefill and a decode step, the operators streamed and from how
-    /// many tokens.
+    /// times, the copies of a prefill and a decode step, the operators streamed (by operator;
+    /// empty: none) and from how many tokens a batch streams (`usize::MAX`: none does).
+    ///
+    /// Per operator it streams when the copy plus the GPU's time is below the CPU's time at P
+    /// (`min(Tc(P), stream + Tg(P))`); that choice, streaming every CPU-resident layer operator,
+    /// and none are predicted as the executor runs them and the fastest prefill kept. The head
+    /// never streams: a prompt batch computes one row of logits.
     pub fn predict_streaming(
         &self,
         devices: &[Device],
         attn: &[Device],
         stream: bool,
     ) -> (PerPass, [usize; 2], Vec<bool>, usize) {
-        let (chosen, min_tokens) = if stream {
-            self.choose_stream(devices, attn)
-        } else {
-            (Vec::new(), usize::MAX)
-        };
-        let (p, x) = self.predict_plan(devices, attn, false, &chosen);
-        (p, x, chosen, min_tokens)
-    }
-
-    /// Prefill streaming's choice (rule 5) for a placement: which CPU-resident layer operators
-    /// are copied to the GPU and computed there in the prefill, and from how many tokens a batch
-    /// streams. Per operator it streams when the copy plus the GPU's time is below the CPU's time
-    /// at P (`min(Tc(P), stream + Tg(P))`); that choice, streaming every CPU-resident operator,
-    /// and none are then predicted as the executor runs them and the fastest prefill kept. The
-    /// head never streams: a prompt batch computes one row of logits.
-    pub fn choose_stream(&self, devices: &[Device], attn: &[Device]) -> (Vec<bool>, usize) {
-        let none = vec![false; self.ops.len()];
-        if !self.has_gpu() || self.prompt_tokens < 2 {
-            return (none, usize::MAX);
+        let none = self.predict_plan(devices, attn, false, &[]);
+        if !stream || !self.has_gpu() || self.prompt_tokens < 2 {
+            return (none.0, none.1, Vec::new(), usize::MAX);
         }
         let candidate = |i: usize| devices[i] == Device::Cpu && self.ops[i].layer.is_some();
         let per_op: Vec<bool> = (0..self.ops.len())
@@ -552,19 +541,18 @@ impl CostModel {
             })
             .collect();
         let all: Vec<bool> = (0..self.ops.len()).map(candidate).collect();
-        let prefill = |c: &[bool]| self.predict_plan(devices, attn, false, c).0.prefill;
-        let mut best = (prefill(&none), none);
+        let mut best = (none, Vec::new());
         for c in [per_op, all] {
             if c.iter().any(|&b| b) {
-                let t = prefill(&c);
-                if t < best.0 {
-                    best = (t, c);
+                let p = self.predict_plan(devices, attn, false, &c);
+                if p.0.prefill < best.0.0.prefill {
+                    best = (p, c);
                 }
             }
         }
-        let chosen = best.1;
-        if !chosen.iter().any(|&b| b) {
-            return (chosen, usize::MAX);
+        let ((pass, copies), chosen) = best;
+        if chosen.is_empty() {
+            return (pass, copies, chosen, usize::MAX);
         }
         // The smallest batch at which the chosen operators are faster streamed, their times
         // linear between the decode (1 token) and prefill (P tokens) figures.
@@ -580,7 +568,7 @@ impl CostModel {
                 gpu < cpu
             })
             .unwrap_or(self.prompt_tokens);
-        (chosen, min_tokens)
+        (pass, copies, chosen, min_tokens)
     }
 
     /// The link part of placing operator `i` on the CPU rather than the GPU under `devices`

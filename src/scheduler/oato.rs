@@ -274,12 +274,17 @@ pub(crate) fn predict_with_crossings(
     model: &CostModel,
     devices: &[Device],
 ) -> (PerPass, [usize; 2]) {
+    model.predict_plan(devices, &homes(model, devices), false, &[])
+}
+
+/// Every layer's attention device under the `oato` policies: the GPU whenever any weight is.
+fn homes(model: &CostModel, devices: &[Device]) -> Vec<Device> {
     let home = if devices.contains(&Device::Gpu) {
         Device::Gpu
     } else {
         Device::Cpu
     };
-    model.predict_plan(devices, &vec![home; model.ops.len()], false, &[])
+    vec![home; model.n_layer]
 }
 
 /// The `oato` and `oato-paper` policies: reservations, cap, iteration; the non-target weights
@@ -315,24 +320,18 @@ pub(crate) fn plan_oato(
     let mut notes = cap.notes.clone();
     notes.extend(outcome.note.clone());
     let budget = BudgetReport::new(req.budget, &cap, &reservations, CAP_FRACTION);
+    let (predicted, crossings, prefill_stream, stream_min_tokens) = model.predict_streaming(
+        &kept.devices,
+        &homes(model, &kept.devices),
+        improved && req.streams(),
+    );
     if improved {
         let mut ls_req = req.clone();
         ls_req.policy = Policy::LayerSplit;
         if let Ok(mut ls) = super::baselines::plan_layer_split(profile, &ls_req, model) {
             let g = model.gen_tokens;
             let score = |p: &super::placement::Predicted| p.ttft_ms + g * p.tpot_ms;
-            let home = |devices: &[Device]| {
-                let h = if devices.contains(&Device::Gpu) {
-                    Device::Gpu
-                } else {
-                    Device::Cpu
-                };
-                vec![h; model.ops.len()]
-            };
-            let ours = model
-                .predict_streaming(&kept.devices, &home(&kept.devices), req.streams())
-                .0
-                .to_predicted();
+            let ours = predicted.to_predicted();
             if score(&ls.predicted) < score(&ours) {
                 ls.policy = Policy::Oato;
                 ls.notes.push(format!(
@@ -346,16 +345,6 @@ pub(crate) fn plan_oato(
             }
         }
     }
-    let home = if kept.devices.contains(&Device::Gpu) {
-        Device::Gpu
-    } else {
-        Device::Cpu
-    };
-    let (predicted, crossings, prefill_stream, stream_min_tokens) = model.predict_streaming(
-        &kept.devices,
-        &vec![home; model.ops.len()],
-        improved && req.streams(),
-    );
     Ok(PlanParts {
         prefill_stream,
         stream_min_tokens,

@@ -962,9 +962,16 @@ fn prefill_streaming_is_chosen_per_operator_from_the_link() {
         CostModel::new(&prof, &req).unwrap()
     };
 
+    let choice = |m: &CostModel| {
+        let (pass, _, chosen, min_tokens) = m.predict_streaming(&devices, &attn, true);
+        // The prediction returned is the chosen plan's.
+        assert_eq!(pass, m.predict_plan(&devices, &attn, false, &chosen).0);
+        (chosen, min_tokens)
+    };
+
     // 100 GB/s: 1 MiB in about 10 us, far below 6.4 ms.
     let fast = with_link(100.0, [None, None]);
-    let (chosen, min_tokens) = fast.choose_stream(&devices, &attn);
+    let (chosen, min_tokens) = choice(&fast);
     assert_eq!(chosen, [true, true]);
     assert!((2..=64).contains(&min_tokens), "{min_tokens}");
     let streamed = fast.predict_plan(&devices, &attn, false, &chosen).0.prefill;
@@ -978,14 +985,13 @@ fn prefill_streaming_is_chosen_per_operator_from_the_link() {
 
     // 0.001 GB/s: a second per MiB.
     let slow = with_link(0.001, [None, None]);
-    assert_eq!(
-        slow.choose_stream(&devices, &attn),
-        (vec![false, false], usize::MAX)
-    );
+    let (chosen, min_tokens) = choice(&slow);
+    assert!(!chosen.contains(&true), "{chosen:?}");
+    assert_eq!(min_tokens, usize::MAX);
 
     // Measured copies: 100 us for attn_q (streams), 20 ms for ffn_up (stays on the CPU).
     let mixed = with_link(100.0, [Some(100.0), Some(20_000.0)]);
-    assert_eq!(mixed.choose_stream(&devices, &attn).0, [true, false]);
+    assert_eq!(choice(&mixed).0, [true, false]);
 }
 
 /// The `oato` and `layer-split` placements list the streamed CPU tensors and the threshold;

@@ -345,8 +345,9 @@ fn prefetch_distance() -> usize {
 /// 1 KiB on Intel CPUs, off elsewhere. Measured, tg32 t/s without / with 1 KiB:
 /// - 16-core Xeon (H100 machines), 16 threads: LLaMA3-8B Q4_0 14.4 / 15.1, and in another run
 ///   13.81, 12.67 / 13.92, 14.95; Llama-3.2-1B F16 34.2, 29.7 / 36.1, 40.3.
-/// - AMD EPYC (this project's CI kind), 2 threads, 1B shape: F16 17.6 / 11.9, Q4_0 29.4 / 26.6,
-///   Q8_0 28.2 / 25.0, Q4_K_M 34.0 / 32.2: the prefetches only cost there.
+/// - AMD EPYC (this project's CI kind), 2 threads, 1B shape: F16 17.6 / 11.9 and, in later
+///   runs, 13.2, 14.0 / 11.2, 11.5; Q4_0 29.4 / 26.6, Q8_0 28.2 / 25.0, Q4_K_M 34.0 / 32.2: the
+///   prefetches only cost there.
 fn default_prefetch() -> usize {
     #[cfg(target_arch = "x86_64")]
     {
