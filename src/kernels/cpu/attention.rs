@@ -3,7 +3,8 @@
 //! Query·key dots use the engine's F16 dot (`vec_dot_f16`, 4 x 8 lanes); the weighted sum of values is one
 //! FMA per element and position, in position order, so every ISA variant gives identical results.
 //! Prompts of four tokens or more on AVX-512 CPUs go through `attention_tiled`, which computes the
-//! same numbers with the query heads of one KV head and several tokens sharing each cache row.
+//! same numbers with the query heads of one KV head and several tokens sharing each cache row;
+//! one to three tokens over a long cache go through `attention_decode`, in three parallel passes.
 
 use half::f16;
 
@@ -179,6 +180,26 @@ pub fn attention(
     {
         return super::attention_tiled::attention(s, q, k_cache, v_cache, pos0, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n_tok = out.len() / (s.n_head * s.head_dim);
+        if super::attention_decode::supports(s, n_tok, pos0 + n_tok) {
+            return super::attention_decode::attention(s, q, k_cache, v_cache, pos0, out);
+        }
+    }
+    attention_per_head(s, q, k_cache, v_cache, pos0, out)
+}
+
+/// The one-(token, head)-per-task path of [`attention`] on the SIMD kernels where the CPU has
+/// them: what the tiled and decode paths replace, for comparison in benches.
+pub fn attention_per_head(
+    s: AttnShape,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    out: &mut [f32],
+) {
     let simd = isa() != Isa::Scalar && Isa::Avx2.supported();
     attention_with(simd, s, q, k_cache, v_cache, pos0, out)
 }
@@ -264,6 +285,20 @@ mod tests {
         check(4, 2, 128, 9, 40);
     }
 
+    /// The decode path (one to three tokens over a long cache, in three passes) agrees with the
+    /// scalar path bit for bit: every head size it takes, group sizes 1 to 6 (heads of a group
+    /// in fours and the rest), caches that end inside a position block and on one.
+    #[test]
+    fn decode_equals_scalar() {
+        for head_dim in [32, 64, 96, 128] {
+            check(8, 2, head_dim, 1, 300);
+        }
+        check(6, 1, 64, 2, 383);
+        check(5, 5, 64, 3, 511);
+        check(12, 2, 128, 1, 1023);
+        check(3, 3, 32, 1, 256);
+    }
+
     fn check(n_head: usize, n_head_kv: usize, head_dim: usize, n_tok: usize, pos0: usize) {
         let s = AttnShape {
             n_head,
@@ -295,6 +330,12 @@ mod tests {
             let mut tiled = vec![f32::NAN; q.len()];
             super::super::attention_tiled::attention(s, &q, &k, &v, pos0, &mut tiled);
             variants.push(("tiled", tiled));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::super::attention_decode::supports(s, n_tok, n_ctx) {
+            let mut decode = vec![f32::NAN; q.len()];
+            super::super::attention_decode::attention(s, &q, &k, &v, pos0, &mut decode);
+            variants.push(("decode", decode));
         }
         for (name, fast) in &variants {
             for (i, (a, b)) in scalar.iter().zip(fast).enumerate() {

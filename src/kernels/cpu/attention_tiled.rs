@@ -405,7 +405,7 @@ impl Values<'_> {
 /// to f16 (as the value sums take them). The f64 sums of up to eight rows run side by side (each
 /// in its own order); the rest is vectorised along the row, with the same arithmetic.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
+pub(crate) unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
     for (i, &n) in lens.iter().enumerate() {
         let x = &mut p[i * stride..][..n];
         // As `fold(NEG_INFINITY, f32::max)`: `vmaxps` returns its second operand, the running

@@ -6,6 +6,8 @@
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+pub mod attention_decode;
+#[cfg(target_arch = "x86_64")]
 pub mod attention_tiled;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;

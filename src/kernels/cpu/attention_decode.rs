@@ -1,0 +1,354 @@
+//! Attention for one to three tokens over a long KV cache (decode) on CPUs with AVX2, FMA and
+//! F16C, in three parallel passes so every thread has work even when there are fewer KV heads
+//! than threads, and each cache row is read once for all the query heads that share it:
+//! 1. scores: one task is one KV head and a block of positions; each K row is widened once and
+//!    dotted with every query of the group (its heads, each token);
+//! 2. softmax: one task is a few (token, head) rows;
+//! 3. values: one task is one KV head and 32 of its output elements; each V slice is widened
+//!    once and added into the group's heads.
+//!
+//! Each output is computed exactly as `attention::simd::attend_one_regs` computes it, so the
+//! results are bit-identical with the scalar path: a score is `vec_dot_f16`'s four 8-lane FMA
+//! chains over 32-element steps, `(c0 + c1) + (c2 + c3)`, `hsum8`, times the scale; softmax as
+//! `ops::softmax` (its AVX-512 twin where the CPU has it); the weights rounded to f16; the output
+//! one FMA per element and position, in position order.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use crate::kernels::cpu::attention::AttnShape;
+use crate::kernels::cpu::matmul::SharedOut;
+use crate::kernels::cpu::{Isa, isa, ops, pool};
+
+/// Positions per scores task.
+const POS_BLOCK: usize = 128;
+
+/// Output elements per values task.
+const DIM_BLOCK: usize = 32;
+
+/// Whether [`attention`] takes this call: head sizes that are a multiple of 32 up to 128, one to
+/// three tokens, at least `min_kv` positions attended, on a CPU with AVX2, FMA and F16C.
+pub fn supports(s: AttnShape, n_tok: usize, n_kv: usize) -> bool {
+    /// Below this many positions the per-head path's single pass costs less than three.
+    const MIN_KV: usize = 256;
+    s.head_dim.is_multiple_of(32)
+        && s.head_dim <= 128
+        && s.n_head_kv > 0
+        && s.n_head.is_multiple_of(s.n_head_kv)
+        && (1..4).contains(&n_tok)
+        && n_kv >= MIN_KV
+        && isa() != Isa::Scalar
+        && Isa::Avx2.supported()
+}
+
+/// As `attention::attention`, for calls [`supports`] takes.
+pub fn attention(
+    s: AttnShape,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let q_dim = s.n_head * hd;
+    let kv_dim = s.n_head_kv * hd;
+    let n_tok = out.len() / q_dim;
+    let n_kv_max = pos0 + n_tok;
+    assert!(supports(s, n_tok, n_kv_max) && q.len() >= n_tok * q_dim);
+    assert!(k_cache.len() >= n_kv_max * kv_dim && v_cache.len() >= n_kv_max * kv_dim);
+    let group = s.n_head / s.n_head_kv;
+    let n_rows = n_tok * s.n_head;
+    let stride = n_kv_max.next_multiple_of(8);
+    // Queries rounded to f16 and widened, row (t, h) at (t * n_head + h) * hd.
+    let qr: Vec<f32> = q[..n_tok * q_dim]
+        .iter()
+        .map(|&x| f16::from_f32(x).to_f32())
+        .collect();
+    let mut p = vec![0f32; n_rows * stride];
+    let scale = 1.0 / (hd as f32).sqrt();
+    let pool = pool::global();
+
+    let n_pb = n_kv_max.div_ceil(POS_BLOCK);
+    let ps = SharedOut(p.as_mut_ptr());
+    let job = Scores {
+        s,
+        qr: &qr,
+        k_cache,
+        group,
+        n_tok,
+        pos0,
+        scale,
+        p: ps.0,
+        stride,
+    };
+    pool.for_chunks(s.n_head_kv * n_pb, 1, |items| {
+        let job = &job;
+        for idx in items {
+            let (kvh, b) = (idx / n_pb, idx % n_pb);
+            let pos = b * POS_BLOCK..((b + 1) * POS_BLOCK).min(n_kv_max);
+            // SAFETY: AVX2, FMA and F16C are present (supports); this task writes the scores of
+            // its KV head's rows at its positions only, disjoint across tasks, inside `p`.
+            unsafe { job.run(kvh, pos) };
+        }
+    });
+
+    let avx512 = isa() == Isa::Avx512;
+    pool.for_chunks(n_rows, 4, |rows| {
+        let ps = &ps;
+        for r in rows {
+            let n_kv = pos0 + r / s.n_head + 1;
+            // SAFETY: row r is this task's alone, inside `p`.
+            let row = unsafe { std::slice::from_raw_parts_mut(ps.0.add(r * stride), stride) };
+            if avx512 {
+                // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too.
+                unsafe { super::attention_tiled::softmax_rows(row, stride, &[n_kv]) };
+            } else {
+                ops::softmax(&mut row[..n_kv]);
+                // SAFETY: F16C is present (supports).
+                unsafe { round_f16(&mut row[..n_kv]) };
+            }
+        }
+    });
+
+    let n_db = hd / DIM_BLOCK;
+    let os = SharedOut(out.as_mut_ptr());
+    pool.for_chunks(s.n_head_kv * n_db, 1, |items| {
+        let os = &os;
+        for idx in items {
+            let (kvh, d) = (idx / n_db, idx % n_db);
+            for t in 0..n_tok {
+                let n_kv = pos0 + t + 1;
+                let mut g = 0;
+                while g < group {
+                    let n = (group - g).min(4);
+                    let h0 = kvh * group + g;
+                    let w = &p[(t * s.n_head + h0) * stride..];
+                    let v0 = kvh * hd + d * DIM_BLOCK;
+                    // SAFETY: AVX2, FMA and F16C are present; elements d * 32.. of heads
+                    // h0..h0 + n of token t are this task's alone, inside `out`.
+                    unsafe {
+                        let o = os.0.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
+                        match n {
+                            1 => values::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            2 => values::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            3 => values::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            _ => values::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                        }
+                    }
+                    g += n;
+                }
+            }
+        }
+    });
+}
+
+/// Eight f16 values from `x` at element `i`, widened.
+#[inline(always)]
+unsafe fn load8(x: *const f16, i: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(x.add(i).cast()))
+}
+
+/// What every scores task shares.
+struct Scores<'a> {
+    s: AttnShape,
+    /// Queries rounded to f16 and widened, row (t, h) at `(t * n_head + h) * head_dim`.
+    qr: &'a [f32],
+    k_cache: &'a [f16],
+    group: usize,
+    n_tok: usize,
+    pos0: usize,
+    scale: f32,
+    /// Scores, row (t, h) at `(t * n_head + h) * stride`.
+    p: *mut f32,
+    stride: usize,
+}
+
+// SAFETY: tasks write disjoint rows and positions of `p`, which outlives the parallel loop.
+unsafe impl Sync for Scores<'_> {}
+
+impl Scores<'_> {
+    /// Scores of KV head `kvh`'s query rows at positions `pos`; a token's positions past its own
+    /// are skipped. Eight positions at a time: their K rows widened once, then each query's
+    /// eight dots reduced together.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run(&self, kvh: usize, pos: std::ops::Range<usize>) {
+        match self.s.head_dim / 32 {
+            1 => self.run_s::<1>(kvh, pos),
+            2 => self.run_s::<2>(kvh, pos),
+            3 => self.run_s::<3>(kvh, pos),
+            _ => self.run_s::<4>(kvh, pos),
+        }
+    }
+
+    /// [`Scores::run`] for head size `32 * S`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_s<const S: usize>(&self, kvh: usize, pos: std::ops::Range<usize>) {
+        let Scores {
+            s,
+            qr,
+            k_cache,
+            group,
+            n_tok,
+            pos0,
+            scale,
+            p,
+            stride,
+        } = *self;
+        use crate::kernels::cpu::avx2::hsum8;
+        let hd = 32 * S;
+        let kv_dim = s.n_head_kv * hd;
+        let kbase = k_cache.as_ptr().add(kvh * hd);
+        // One query's dot with a widened K row, before the horizontal sum: the four chains of
+        // `vec_dot_f16`, `(c0 + c1) + (c2 + c3)`.
+        let dot = |q: *const f32, k: *const f32| {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for step in 0..S {
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let i = 32 * step + 8 * c;
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(k.add(i)), _mm256_loadu_ps(q.add(i)), *a);
+                }
+            }
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
+        };
+        let vscale = _mm256_set1_ps(scale);
+        // Eight widened K rows.
+        let mut kw = [[0f32; 128]; 8];
+        let mut j = pos.start;
+        while j + 8 <= pos.end {
+            for (r, row) in kw.iter_mut().enumerate() {
+                let src = kbase.add((j + r) * kv_dim);
+                for c in 0..4 * S {
+                    _mm256_storeu_ps(row.as_mut_ptr().add(8 * c), load8(src, 8 * c));
+                }
+            }
+            for t in 0..n_tok {
+                // Positions j..j + 8 that token t sees (all of them but at its end).
+                let seen = (pos0 + t + 1).saturating_sub(j).min(8);
+                if seen == 0 {
+                    continue;
+                }
+                for g in 0..group {
+                    let row = t * s.n_head + kvh * group + g;
+                    let q = qr.as_ptr().add(row * hd);
+                    let d: [__m256; 8] = std::array::from_fn(|r| dot(q, kw[r].as_ptr()));
+                    let sums = _mm256_mul_ps(hsum8x8(d), vscale);
+                    let out = p.add(row * stride + j);
+                    if seen == 8 {
+                        _mm256_storeu_ps(out, sums);
+                    } else {
+                        let mut tmp = [0f32; 8];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), sums);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, seen);
+                    }
+                }
+            }
+            j += 8;
+        }
+        // The last positions one at a time.
+        for j in j..pos.end {
+            let src = kbase.add(j * kv_dim);
+            for c in 0..4 * S {
+                _mm256_storeu_ps(kw[0].as_mut_ptr().add(8 * c), load8(src, 8 * c));
+            }
+            for t in 0..n_tok {
+                if j > pos0 + t {
+                    continue;
+                }
+                for g in 0..group {
+                    let row = t * s.n_head + kvh * group + g;
+                    let q = qr.as_ptr().add(row * hd);
+                    *p.add(row * stride + j) = hsum8(dot(q, kw[0].as_ptr())) * scale;
+                }
+            }
+        }
+    }
+}
+
+/// `hsum8` of each of eight vectors, as lanes 0..8 of one: the same pairs added in the same
+/// order, `((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7))` (each addition commutes exactly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum8x8(d: [__m256; 8]) -> __m256 {
+    // [x_i + x_{i+4} of vector a | of vector b], i = 0..4.
+    let half = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let (t04, t15, t26, t37) = (
+        half(d[0], d[4]),
+        half(d[1], d[5]),
+        half(d[2], d[6]),
+        half(d[3], d[7]),
+    );
+    // [(r0 + r2), (r1 + r3)] of vectors (a, b) in each 128-bit half.
+    let pairs = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (u, v) = (pairs(t04, t15), pairs(t26, t37));
+    // Lanes: vectors 0, 1, 2, 3 | 4, 5, 6, 7.
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(u, v),
+        _mm256_shuffle_ps::<0b11_01_11_01>(u, v),
+    )
+}
+
+/// Rounds `x` to f16 and back, as `f16::from_f32(x).to_f32()` (round to nearest even).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_f16(x: &mut [f32]) {
+    let (chunks, tail) = x.as_chunks_mut::<8>();
+    for c in chunks {
+        let v = _mm256_loadu_ps(c.as_ptr());
+        let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        _mm256_storeu_ps(c.as_mut_ptr(), r);
+    }
+    for v in tail {
+        *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+/// `N` consecutive heads' outputs at 32 elements: for each position in order,
+/// `o = fma(w_h[j], v[j], o)`. `w`: the first head's weights, the next heads' `stride` apart;
+/// `v0`: the element of a cache row where the slice starts; `o`: the first head's output
+/// slice, the next heads' `hd` apart.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values<const N: usize>(
+    w: &[f32],
+    stride: usize,
+    v_cache: &[f16],
+    v0: usize,
+    kv_dim: usize,
+    n_kv: usize,
+    o: *mut f32,
+    hd: usize,
+) {
+    assert!(w.len() >= (N - 1) * stride + n_kv);
+    assert!(v_cache.len() >= (n_kv - 1) * kv_dim + v0 + DIM_BLOCK);
+    let mut acc = [[_mm256_setzero_ps(); 4]; N];
+    let vp = v_cache.as_ptr().add(v0);
+    let wp = w.as_ptr();
+    for j in 0..n_kv {
+        let row = vp.add(j * kv_dim);
+        let v = [load8(row, 0), load8(row, 8), load8(row, 16), load8(row, 24)];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let pj = _mm256_set1_ps(*wp.add(h * stride + j));
+            for c in 0..4 {
+                a[c] = _mm256_fmadd_ps(pj, v[c], a[c]);
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for (c, x) in a.iter().enumerate() {
+            _mm256_storeu_ps(o.add(h * hd + 8 * c), *x);
+        }
+    }
+}
