@@ -347,3 +347,62 @@ fn a_model_too_big_for_the_device_is_refused_or_run_on_the_cpu() {
         "{err}"
     );
 }
+
+/// A batch above 64 (a long prompt's) is timed on one operator per kind, type and shape and
+/// shared by the group, on the CPU and the device; the head is not timed there; the non-target
+/// operators are timed at that length.
+#[test]
+fn long_prompt_batches_are_sampled_per_group() {
+    let dir = tmp_dir("pipeline", "sampled");
+    let cache = dir.join("cache");
+    let env = [DEVICE, ("OATO_CACHE_DIR", cache.to_str().unwrap())];
+    let model = model_path();
+    let out = oato_env(
+        &[
+            "profile",
+            model.to_str().unwrap(),
+            "--batches",
+            "1,64,96",
+            "--reps",
+            "1",
+            "-t",
+            "2",
+            "-o",
+            "p.json",
+        ],
+        &dir,
+        &env,
+    );
+    ok(&out);
+    let prof: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).unwrap()).unwrap();
+    let ops = prof["operators"].as_array().unwrap();
+    for dev in ["cpu_us", "gpu_us"] {
+        let mut by_group: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+        for o in ops {
+            let t = &o[dev];
+            assert!(t["1"].as_f64().unwrap() > 0.0 && t["64"].as_f64().unwrap() > 0.0);
+            if o["layer"].is_null() {
+                assert!(t.get("96").is_none(), "the head at 96: {o}");
+                continue;
+            }
+            let key = format!("{}/{}/{}x{}", o["kind"], o["dtype"], o["k"], o["n"]);
+            by_group
+                .entry(key)
+                .or_default()
+                .push(t["96"].as_f64().unwrap());
+        }
+        assert_eq!(by_group.len(), 7, "{dev}: {by_group:?}");
+        for (g, times) in &by_group {
+            assert_eq!(times.len(), 30, "{dev} {g}");
+            assert!(
+                times.iter().all(|&t| t == times[0] && t > 0.0),
+                "{dev} {g}: {times:?}"
+            );
+        }
+    }
+    for dev in ["cpu", "gpu"] {
+        let att = &prof["non_target_us"][dev]["attention"];
+        assert!(att["96"].as_f64().unwrap() > 0.0, "{dev}: {att}");
+    }
+}

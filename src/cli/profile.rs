@@ -16,7 +16,9 @@ pub struct ProfileArgs {
     /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
     pub model: Option<PathBuf>,
     /// Batch sizes to time each operator at, comma-separated (1 is decode; the prompt length is
-    /// prefill).
+    /// prefill). Those above 64 are timed on the middle layer's operator of each kind, type and
+    /// shape and given to the others; the largest also sets the non-target operators' prompt
+    /// (attention over it, decode at that position).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
     pub batches: Vec<usize>,
     /// Timed repetitions per measurement, after warm-up (the median is kept).

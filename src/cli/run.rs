@@ -130,7 +130,7 @@ fn placed_map(
                 ctx_tokens: a.ctx,
                 stream: !a.no_stream,
             };
-            let opts = ProfileOptions::default();
+            let opts = ProfileOptions::for_prompt(prompt_tokens);
             let name = super::file_name(path);
             let (prof, cached) =
                 load_or_profile(model, &name, &*backends[0], gpu, threads, &opts, false)?;

@@ -145,6 +145,38 @@ pub struct ProfileOptions {
     pub progress: bool,
 }
 
+/// Batch sizes above this are long prompts' (rule 5's streaming and TTFT at length P): there the
+/// matmuls are compute-bound and the same for every layer, so they are timed on one operator per
+/// (kind, type, shape), the middle layer's, and the time is given to the group. The output head
+/// is not timed there: a prompt batch computes one row of logits.
+pub const SAMPLED_ABOVE: usize = 64;
+
+impl ProfileOptions {
+    /// The default batches, plus a prompt longer than [`SAMPLED_ABOVE`] tokens rounded up to a
+    /// power of two (the non-target operators, attention included, are timed at that length,
+    /// decode at that position): what `oato run` plans a prompt of `prompt_tokens` with.
+    pub fn for_prompt(prompt_tokens: usize) -> ProfileOptions {
+        let mut o = ProfileOptions::default();
+        if prompt_tokens > SAMPLED_ABOVE {
+            o.batches.push(prompt_tokens.next_power_of_two());
+        }
+        o
+    }
+
+    /// These options with the batches timed on every operator only, and the sampled batches.
+    fn split_sampled(&self) -> (ProfileOptions, Vec<usize>) {
+        let (full, sampled): (Vec<usize>, Vec<usize>) =
+            self.batches.iter().partition(|&&b| b <= SAMPLED_ABOVE);
+        (
+            ProfileOptions {
+                batches: full,
+                ..self.clone()
+            },
+            sampled,
+        )
+    }
+}
+
 impl Default for ProfileOptions {
     /// Decode (1) and the paper's prompt (64), 5 repetitions, a progress bar.
     fn default() -> Self {
@@ -212,6 +244,40 @@ fn time_op(
         out.insert(b.to_string(), t);
     }
     Ok(out)
+}
+
+/// Times at the sampled `batches` (see [`SAMPLED_ABOVE`]) the middle layer's operator of each
+/// (kind, type, shape) and adds its times to every operator of the group in `out` (by operator).
+fn time_sampled(
+    be: &dyn Backend,
+    file: &Arc<GgufFile>,
+    ops: &[TargetOp],
+    batches: &[usize],
+    reps: usize,
+    out: &mut [BTreeMap<String, f64>],
+) -> Result<()> {
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let mut groups: BTreeMap<(&str, &str, usize, usize), Vec<usize>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if op.layer.is_some() {
+            let key = (op.kind, op.weight.ty.name(), op.weight.k, op.weight.n);
+            groups.entry(key).or_default().push(i);
+        }
+    }
+    let opts = ProfileOptions {
+        batches: batches.to_vec(),
+        reps,
+        progress: false,
+    };
+    for members in groups.values() {
+        let times = time_op(be, file, &ops[members[members.len() / 2]], &opts)?;
+        for &i in members {
+            out[i].extend(times.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+    }
+    Ok(())
 }
 
 /// Times every operator on a backend whose weights are views of the memory map (the CPU) the way
@@ -563,13 +629,16 @@ pub fn profile_model(
         start: t0,
     };
     let mut entries = Vec::with_capacity(ops.len());
-    let mut cpu_times = time_in_order(cpu, &model.file, &ops, opts)?.into_iter();
+    let (full, sampled) = opts.split_sampled();
+    let mut cpu_times = time_in_order(cpu, &model.file, &ops, &full)?;
+    time_sampled(cpu, &model.file, &ops, &sampled, opts.reps, &mut cpu_times)?;
+    let mut cpu_times = cpu_times.into_iter();
     for op in &ops {
         let cpu_us = cpu_times.next().unwrap_or_default();
         progress.step(&format!("{} cpu", op.op));
         let gpu_us = match gpu {
             Some(g) => {
-                let t = time_op(g, &model.file, op, opts).map_err(|e| {
+                let t = time_op(g, &model.file, op, &full).map_err(|e| {
                     let free = g.memory().map_or(0, |m| m.free);
                     Error::Msg(format!(
                         "profiling {} ({} of {}) on {}, {} free: {e}",
@@ -602,6 +671,14 @@ pub fn profile_model(
         });
     }
     if let Some(g) = gpu {
+        let mut gpu_times: Vec<_> = entries
+            .iter_mut()
+            .map(|e| e.gpu_us.take().unwrap_or_default())
+            .collect();
+        time_sampled(g, &model.file, &ops, &sampled, opts.reps, &mut gpu_times)?;
+        for (e, t) in entries.iter_mut().zip(gpu_times) {
+            e.gpu_us = Some(t);
+        }
         stream_times(g, &model.file, &ops, &mut entries)?;
     }
     let (gpu_info, link) = match gpu {
