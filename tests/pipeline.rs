@@ -45,6 +45,23 @@ fn run_ids(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<u64> {
         .collect()
 }
 
+/// `oato profile` of the test model, one repetition on two threads, with extra flags.
+fn profile(dir: &Path, out_file: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let model = model_path();
+    let mut args = vec![
+        "profile",
+        model.to_str().unwrap(),
+        "--reps",
+        "1",
+        "-t",
+        "2",
+        "-o",
+        out_file,
+    ];
+    args.extend_from_slice(extra);
+    oato_env(&args, dir, env)
+}
+
 #[test]
 fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     let dir = tmp_dir("pipeline", "ok");
@@ -53,21 +70,7 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     let env = [DEVICE, ("OATO_CACHE_DIR", cache)];
     let want = run_ids(&dir, &["--device", "cpu"], &[]);
 
-    let model = model_path();
-    let out = oato_env(
-        &[
-            "profile",
-            model.to_str().unwrap(),
-            "--reps",
-            "1",
-            "-t",
-            "2",
-            "-o",
-            "p.json",
-        ],
-        &dir,
-        &env,
-    );
+    let out = profile(&dir, "p.json", &[], &env);
     ok(&out);
     assert!(
         text(&out.stderr).contains("profiled"),
@@ -81,20 +84,7 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     assert_eq!(prof["model"]["kv_bytes_per_token"], 23040);
     assert!(prof["operators"][0]["gpu_us"]["64"].as_f64().unwrap() > 0.0);
     // A second profile comes from the cache.
-    let again = oato_env(
-        &[
-            "profile",
-            model.to_str().unwrap(),
-            "--reps",
-            "1",
-            "-t",
-            "2",
-            "-o",
-            "p2.json",
-        ],
-        &dir,
-        &env,
-    );
+    let again = profile(&dir, "p2.json", &[], &env);
     assert!(
         text(&again.stderr).contains("cached profile"),
         "{}",
@@ -356,23 +346,7 @@ fn long_prompt_batches_are_sampled_per_group() {
     let dir = tmp_dir("pipeline", "sampled");
     let cache = dir.join("cache");
     let env = [DEVICE, ("OATO_CACHE_DIR", cache.to_str().unwrap())];
-    let model = model_path();
-    let out = oato_env(
-        &[
-            "profile",
-            model.to_str().unwrap(),
-            "--batches",
-            "1,64,96",
-            "--reps",
-            "1",
-            "-t",
-            "2",
-            "-o",
-            "p.json",
-        ],
-        &dir,
-        &env,
-    );
+    let out = profile(&dir, "p.json", &["--batches", "1,64,96"], &env);
     ok(&out);
     let prof: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).unwrap()).unwrap();
