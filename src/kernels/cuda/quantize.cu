@@ -38,6 +38,27 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1
     }
 }
 
+// The same blocks split in two arrays, for the mmvq_direct_* kernels: the quants of block ib at
+// aq[32 ib..32 ib + 32] and its (d, s), widened exactly from the f16 values quantize_q8_1 stores,
+// at ads[ib]. launch: as quantize_q8_1. x: [n_blocks * 32] f32; aq: [n_blocks * 32] i8;
+// ads: [n_blocks] float2, 8-byte aligned.
+extern "C" __global__ void quantize_q8_1_split(const float* __restrict__ x, i8* __restrict__ aq,
+                                               float2* __restrict__ ads, int n_blocks) {
+    const int lane = threadIdx.x & 31;
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+
+    float d;
+    const int q = q8_lane(x[ib * QK + lane], d);
+    const int sum = warp_sum_int(q);
+
+    aq[ib * QK + lane] = (i8)q;
+    if (lane == 0) {
+        ads[ib] = make_float2(__half2float(__float2half_rn(d)),
+                              __half2float(__float2half_rn((float)sum * d)));
+    }
+}
+
 // Activations of a prefill GEMM with a quantised weight: each 32-element block rounded exactly as
 // quantize_q8_1 rounds it, then written back as f16(f16(d) * q), the value the mmvq kernels (and
 // ggml's CPU dot products) multiply. So a token's result does not depend on whether it came in a
