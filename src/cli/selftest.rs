@@ -15,8 +15,8 @@ use oato::model::RopeParams;
 use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
-use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
 use oato::runtime::backend::DeviceKind;
+use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
 use oato::runtime::cuda_backend::{missing_kernels, mmvq_direct, set_mmvq_direct};
 
 use super::DeviceArg;
@@ -244,7 +244,10 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     let gpu = be.kind() == DeviceKind::Gpu;
     let chosen = mmvq_direct();
     let runs: &[(&str, bool, &[usize])] = if gpu {
-        &[("matmul", false, &[1, 3, 8, 9, 40]), ("matmul-d", true, &[1, 3, 8])]
+        &[
+            ("matmul", false, &[1, 3, 8, 9, 40]),
+            ("matmul-d", true, &[1, 3, 8]),
+        ]
     } else {
         &[("matmul", chosen, &[1, 3, 8, 9, 40])]
     };

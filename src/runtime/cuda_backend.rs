@@ -1077,7 +1077,10 @@ impl Backend for CudaBackend {
             let (q8, ads) = if direct {
                 self.quantize_split(&mut s.q8, xp, n_tok, k)?
             } else if quantized {
-                (self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?, 0)
+                (
+                    self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?,
+                    0,
+                )
             } else {
                 (0, 0)
             };
@@ -1260,7 +1263,13 @@ impl Backend for CudaBackend {
         let op = self.f32ptr(out, n * qd, "attention output")?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let n_kv = call.pos0 + n;
-        if let Some(p) = attn_split(s, n, n_kv, self.sm_count, self.attn_split_force) {
+        // The split kernel reads 16-byte words of the cache (cudaMalloc bases always allow it).
+        let split = if (kp | vp) % 16 == 0 {
+            attn_split(s, n, n_kv, self.sm_count, self.attn_split_force)
+        } else {
+            None
+        };
+        if let Some(p) = split {
             // [n_tok, n_head, n_split] partial states: head_dim sums, then (m, l) pairs.
             let floats = n * s.n_head * p.n_split * (s.head_dim + 2);
             let mut sc = self.scratch()?;

@@ -38,6 +38,29 @@ __device__ __forceinline__ void fd_unpack8(uint4 r, float* o) {
     }
 }
 
+// Calls f(j, x) for the rows j = j0 + u * step + r (j0 = first, first + FD_UNROLL * step, ...
+// below n_here; u < FD_UNROLL) of a K or V slice at `base` (this lane's 8 dims of row 0), x the
+// row's 8 values (zero for j >= n_here: f is called for those too, so shuffles stay in step).
+// Each group of FD_UNROLL rows is loaded, as 16-byte words, before any is used.
+template <class F>
+__device__ __forceinline__ void fd_for_rows(const __half* base, int first, int step, int r,
+                                            int n_here, i64 kv_stride, F f) {
+    for (int j0 = first; j0 < n_here; j0 += FD_UNROLL * step) {
+        uint4 raw[FD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FD_UNROLL; ++u) {
+            const int j = j0 + u * step + r;
+            raw[u] = j < n_here ? *(const uint4*)(base + (i64)j * kv_stride) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < FD_UNROLL; ++u) {
+            float x[8];
+            fd_unpack8(raw[u], x);
+            f(j0 + u * step + r, x);
+        }
+    }
+}
+
 // Work layout of a block: lane l of warp w reads dims 8c..8c + 8 (c = l % lpr, lpr = head_dim / 8
 // lanes per row) of row r = l / lpr of each step; a step of the block covers FD_WARPS * 32 / lpr
 // consecutive rows (warp w the w-th slice), each lane one 16-byte load per K or V row. Scores:
@@ -112,34 +135,20 @@ extern "C" __global__ void __launch_bounds__(128)
         }
     }
 
-    // 1. Scores: rows j = j0 + u * step + r for u < FD_UNROLL (loads first, then the dots).
+    // 1. Scores.
     const int step = FD_WARPS * rpw;
-    for (int j0 = warp * rpw; j0 < n_here; j0 += FD_UNROLL * step) {
-        uint4 raw[FD_UNROLL];
+    fd_for_rows(kb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* kf) {
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
-            const int j = j0 + u * step + r;
-            raw[u] = j < n_here ? *(const uint4*)(kb + (i64)j * kv_stride) : make_uint4(0, 0, 0, 0);
-        }
+        for (int g = 0; g < FD_MAX_G; ++g) {
+            if (g < gq) { // warp-uniform
+                float dot = 0.0f;
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
-            const int j = j0 + u * step + r;
-            float kf[8];
-            fd_unpack8(raw[u], kf);
-#pragma unroll
-            for (int g = 0; g < FD_MAX_G; ++g) {
-                if (g < gq) { // warp-uniform
-                    float dot = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) dot = fmaf(kf[i], qv[g][i], dot);
-                    for (int o = lpr >> 1; o > 0; o >>= 1) {
-                        dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                    }
-                    if (c == 0 && j < n_here) s_p[g][j] = dot * scale;
-                }
+                for (int i = 0; i < 8; ++i) dot = fmaf(kf[i], qv[g][i], dot);
+                for (int o = lpr >> 1; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (c == 0 && j < n_here) s_p[g][j] = dot * scale;
             }
         }
-    }
+    });
     __syncthreads();
 
     // 2. The chunk's softmax per head: m, then exp(s - m) in place; l goes straight to `ml`.
@@ -169,30 +178,17 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
     }
-    for (int j0 = warp * rpw; j0 < n_here; j0 += FD_UNROLL * step) {
-        uint4 raw[FD_UNROLL];
+    fd_for_rows(vb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* vf) {
+        if (j >= n_here) return;
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
-            const int j = j0 + u * step + r;
-            raw[u] = j < n_here ? *(const uint4*)(vb + (i64)j * kv_stride) : make_uint4(0, 0, 0, 0);
-        }
+        for (int g = 0; g < FD_MAX_G; ++g) {
+            if (g < gq) {
+                const float p = s_p[g][j];
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
-            const int j = j0 + u * step + r;
-            if (j < n_here) {
-                float vf[8];
-                fd_unpack8(raw[u], vf);
-#pragma unroll
-                for (int g = 0; g < FD_MAX_G; ++g) {
-                    if (g < gq) {
-                        const float p = s_p[g][j];
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
-                    }
-                }
+                for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
             }
         }
-    }
+    });
     // Rows of a warp: lanes l, l ^ lpr, l ^ 2lpr, ... hold the same dims.
 #pragma unroll
     for (int g = 0; g < FD_MAX_G; ++g) {
