@@ -5,7 +5,9 @@
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
 # placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
-# on a "GPU" this slow). Only the first
+# on a "GPU" this slow). The all-GPU run goes twice: as configured by default, and with
+# OATO_CUDA_MMVQ=direct and OATO_CUDA_ATTN_SPLIT=1 (the direct matrix-vector kernels, and split
+# decode attention, which the short prompts would not choose on their own). Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
 # the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
 # minutes per placement). Timings printed here are the emulator's and mean nothing.
@@ -29,6 +31,8 @@ step "selftest --device gpu"
 fake "$OATO" selftest --device gpu | tail -1
 step "the whole model on the GPU"
 golden --device gpu
+step "the whole model on the GPU, direct matrix-vector kernels and split decode attention"
+OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
 step "profile"
 fake "$OATO" profile --reps 1 -o "$W/profile.json" | tail -3
 for policy in layer-split flexgen oato; do

@@ -15,8 +15,9 @@ use oato::model::RopeParams;
 use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
+use oato::runtime::backend::DeviceKind;
 use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
-use oato::runtime::cuda_backend::missing_kernels;
+use oato::runtime::cuda_backend::{missing_kernels, mmvq_direct, set_mmvq_direct};
 
 use super::DeviceArg;
 
@@ -238,13 +239,27 @@ fn dequantized(ty: GgmlType, k: usize, bytes: &[u8]) -> Result<Vec<f32>> {
 fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     // matmul: every weight type, matrix-vector (1..8 tokens) and GEMM (more) paths, an odd
-    // row count.
+    // row count; on a GPU also the direct matrix-vector kernels ("matmul-d").
     let (k, n) = (512, 67);
-    for ty in WEIGHT_TYPES {
+    let gpu = be.kind() == DeviceKind::Gpu;
+    let chosen = mmvq_direct();
+    let runs: &[(&str, bool, &[usize])] = if gpu {
+        &[
+            ("matmul", false, &[1, 3, 8, 9, 40]),
+            ("matmul-d", true, &[1, 3, 8]),
+        ]
+    } else {
+        &[("matmul", chosen, &[1, 3, 8, 9, 40])]
+    };
+    for (ty, &(op, direct, toks)) in WEIGHT_TYPES
+        .into_iter()
+        .flat_map(|ty| runs.iter().map(move |r| (ty, r)))
+    {
+        set_mmvq_direct(direct);
         let bytes = weight_bytes(ty, k, n, 3)?;
         let wf = dequantized(ty, k, &bytes)?;
         let w = be.upload_weight("selftest.weight", ty, k, n, &bytes)?;
-        for n_tok in [1usize, 3, 8, 9, 40] {
+        for &n_tok in toks {
             let x = pattern(n_tok * k, 0.5);
             let xt = put(be, &x)?;
             let mut yt = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
@@ -259,7 +274,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
                 }
             }
             cases.push(compare(
-                "matmul",
+                op,
                 ty.name(),
                 format!("{k}x{n}, {n_tok} tok"),
                 &got,
@@ -268,6 +283,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ));
         }
     }
+    set_mmvq_direct(chosen);
     // Shared input: two matrices in one call.
     {
         let (ta, tb) = (GgmlType::Q4_1, GgmlType::Q8_0);
@@ -434,8 +450,14 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         );
         cases.push(compare("rope", "f32", label, &got, &want, 1e-6));
     }
-    // Attention: prefill after a few cached positions, and one decode step over a long cache.
-    for (n_tok, pos0, hd) in [(4usize, 5usize, 64usize), (1, 300, 64), (5, 0, 128)] {
+    // Attention: prefill after a few cached positions, and decode steps over a long cache (on a
+    // GPU, 256 positions and more take the split kernel of flash_decode.cu).
+    for (n_tok, pos0, hd) in [
+        (4usize, 5usize, 64usize),
+        (1, 300, 64),
+        (5, 0, 128),
+        (3, 400, 128),
+    ] {
         let shape = AttnShape {
             n_head: 6,
             n_head_kv: 2,
@@ -571,44 +593,59 @@ fn perf(be: &dyn Backend) -> Result<()> {
     let gpu = be.kind() == oato::runtime::backend::DeviceKind::Gpu;
     // Large matrices on a GPU (LLaMA3-8B's attn_q and ffn_up), the test model's on a CPU.
     let shapes: &[(usize, usize)] = if gpu {
-        &[(4096, 4096), (4096, 14336)]
+        &[(4096, 4096), (4096, 14336), (14336, 4096)]
     } else {
         &[(576, 576), (576, 1536)]
     };
     let (batch, reps) = if gpu { (512, 20) } else { (64, 5) };
     println!();
+    // Decode: the staged matrix-vector kernels with 1 token, then on a GPU the direct ones with
+    // 1 and 8 tokens (GB/s of weight bytes; each time includes the activations' quantisation).
     println!(
-        "{:<6} {:<12} {:>12} {:>10} {:>14} {:>10}",
+        "{:<6} {:<12} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>9}",
         "type",
         "k x n",
         "decode us",
         "GB/s",
+        "direct us",
+        "GB/s",
+        "d x8 us",
+        "GB/s",
         format!("pp{batch} us"),
         "TFLOP/s"
     );
+    let chosen = mmvq_direct();
     for ty in WEIGHT_TYPES {
         for &(k, n) in shapes {
             let bytes = weight_bytes(ty, k, n, 1)?;
             let w = be.upload_weight("perf", ty, k, n, &bytes)?;
-            let x1 = put(be, &pattern(k, 0.0))?;
-            let mut y1 = be.alloc(DType::F32, n, Category::Workspace)?;
-            let t1 = median_us(be, reps, || be.matmul(&[&w], &x1, 1, &mut [&mut y1]))?;
+            let gbs = |t: f64| bytes.len() as f64 / t / 1e3;
+            let decode = |n_tok: usize, direct: bool| -> Result<String> {
+                if direct && !(gpu && ty.is_quantized()) {
+                    return Ok(format!("{:>10} {:>8}", "-", "-"));
+                }
+                set_mmvq_direct(direct);
+                let x = put(be, &pattern(n_tok * k, 0.0))?;
+                let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
+                let t = median_us(be, reps, || be.matmul(&[&w], &x, n_tok, &mut [&mut y]))?;
+                Ok(format!("{t:>10.1} {:>8.1}", gbs(t)))
+            };
+            let (staged, direct, direct8) = (decode(1, false)?, decode(1, true)?, decode(8, true)?);
+            set_mmvq_direct(chosen);
             let xb = put(be, &pattern(batch * k, 0.0))?;
             let mut yb = be.alloc(DType::F32, batch * n, Category::Workspace)?;
             let tb = median_us(be, reps, || be.matmul(&[&w], &xb, batch, &mut [&mut yb]))?;
             println!(
-                "{:<6} {:<12} {:>12.1} {:>10.1} {:>14.1} {:>10.2}",
+                "{:<6} {:<12} {staged} {direct} {direct8} {:>12.1} {:>9.2}",
                 ty.name(),
                 format!("{k}x{n}"),
-                t1,
-                bytes.len() as f64 / t1 / 1e3,
                 tb,
                 2.0 * (k * n * batch) as f64 / tb / 1e6
             );
         }
     }
     // Non-weight operators at a decode-sized and a prefill-sized batch.
-    let (e, ctx) = (4096usize, 1024usize);
+    let e = 4096usize;
     let x = put(be, &pattern(batch * e, 0.0))?;
     let g = put(be, &pattern(e, 1.0))?;
     let mut y = be.alloc(DType::F32, batch * e, Category::Workspace)?;
@@ -617,30 +654,35 @@ fn perf(be: &dyn Backend) -> Result<()> {
         "rms_norm {e} x {batch}: {t:.1} us, {:.1} GB/s",
         (2 * batch * e * 4) as f64 / t / 1e3
     );
+    // Decode attention (LLaMA3-8B's heads) over 1024 and 4096 cached positions (on a GPU the
+    // split kernel; the K / V rows of the new token are stored by the same call).
     let shape = AttnShape {
         n_head: 32,
         n_head_kv: 8,
         head_dim: 128,
     };
     let (qd, kvd) = (32 * 128, 8 * 128);
-    let mut ck = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
-    let mut cv = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
-    let q = put(be, &pattern(qd, 0.0))?;
-    let kv = put(be, &pattern(kvd, 0.5))?;
-    let mut out = be.alloc(DType::F32, qd, Category::Workspace)?;
-    let call = AttnCall {
-        shape,
-        n_tok: 1,
-        pos0: ctx - 1,
-    };
-    let t = median_us(be, reps, || {
-        be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
-    })?;
-    println!(
-        "attention decode, 32/8 heads x 128 at position {}: {t:.1} us, {:.1} GB/s of KV cache",
-        ctx - 1,
-        (2 * ctx * kvd * 2) as f64 / t / 1e3
-    );
+    let ctxs: &[usize] = if gpu { &[1024, 4096] } else { &[1024] };
+    for &ctx in ctxs {
+        let mut ck = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
+        let mut cv = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
+        let q = put(be, &pattern(qd, 0.0))?;
+        let kv = put(be, &pattern(kvd, 0.5))?;
+        let mut out = be.alloc(DType::F32, qd, Category::Workspace)?;
+        let call = AttnCall {
+            shape,
+            n_tok: 1,
+            pos0: ctx - 1,
+        };
+        let t = median_us(be, reps, || {
+            be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
+        })?;
+        println!(
+            "attention decode, 32/8 heads x 128 at position {}: {t:.1} us, {:.1} GB/s of KV cache",
+            ctx - 1,
+            (2 * ctx * kvd * 2) as f64 / t / 1e3
+        );
+    }
     link_perf(be)
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use cudarc::driver::{
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::kernels::cpu::attention::AttnShape;
 use crate::kernels::cuda::{self as kc, SOURCES};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
@@ -33,6 +35,12 @@ pub const MMVQ_MAX_TOKENS: usize = 8;
 pub const GEMM_SLICE_BYTES: usize = 64 << 20;
 /// CUDA's limit on gridDim.y (rope and attention put tokens there).
 const MAX_GRID_Y: usize = 65535;
+/// Decode attention over at least this many positions is split across thread blocks
+/// (flash_decode.cu) unless `OATO_CUDA_ATTN_SPLIT` says otherwise.
+const ATTN_SPLIT_MIN_POSITIONS: usize = 256;
+/// Positions per split-attention block: at least / at most (the kernel's FD_MAX_CHUNK).
+const ATTN_CHUNK_MIN: usize = 32;
+const ATTN_CHUNK_MAX: usize = 256;
 /// Size of each of the two pinned staging buffers (the path for host memory the driver could not
 /// register).
 const PINNED_BYTES: usize = 32 << 20;
@@ -229,6 +237,8 @@ struct Scratch {
     q8: Option<(CudaSlice<u8>, Reservation)>,
     w16: Option<(CudaSlice<u8>, Reservation)>,
     x16: Option<(CudaSlice<u8>, Reservation)>,
+    /// Split attention's partial softmax states.
+    attn: Option<(CudaSlice<u8>, Reservation)>,
     /// Prefill activations rounded to 8 bits (for quantised weights), as f16.
     xq16: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
@@ -258,6 +268,10 @@ pub struct CudaBackend {
     blas: BlasHandle,
     name: String,
     pub arch: u32,
+    /// Streaming multiprocessors (sizes the split-attention grid).
+    sm_count: usize,
+    /// `OATO_CUDA_ATTN_SPLIT`, read once.
+    attn_split_force: Option<bool>,
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<Scratch>,
     host: Mutex<HostRegistrations>,
@@ -284,6 +298,101 @@ macro_rules! launch {
         // contract (grid, block) is the one its source documents.
         unsafe { b.launch(cfg) }.map_err(drv($name))?;
     }};
+}
+
+/// Whether decode matmuls on quantised weights use the direct kernels (`mmvq_direct_<type>`: no
+/// shared-memory staging, every token of the batch per weight load) rather than the staged ones
+/// (`mmvq_<type>`, one grid row per token). Off unless `OATO_CUDA_MMVQ=direct` at start-up or
+/// `set_mmvq_direct`; both give the same values up to the order of f32 sums.
+static MMVQ_DIRECT: AtomicBool = AtomicBool::new(false);
+
+/// Chooses the direct (true) or staged (false) decode matrix-vector kernels for every CUDA
+/// backend of the process (`selftest --perf` times both).
+pub fn set_mmvq_direct(on: bool) {
+    MMVQ_DIRECT.store(on, Ordering::Relaxed);
+}
+
+/// Whether the direct decode matrix-vector kernels are chosen.
+pub fn mmvq_direct() -> bool {
+    MMVQ_DIRECT.load(Ordering::Relaxed)
+}
+
+/// The direct matrix-vector kernel of a quantised weight type.
+fn direct_kernel_of(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => "mmvq_direct_q4_0",
+        T::Q4_1 => "mmvq_direct_q4_1",
+        T::Q5_0 => "mmvq_direct_q5_0",
+        T::Q5_1 => "mmvq_direct_q5_1",
+        T::Q8_0 => "mmvq_direct_q8_0",
+        T::Q2_K => "mmvq_direct_q2_K",
+        T::Q3_K => "mmvq_direct_q3_K",
+        T::Q4_K => "mmvq_direct_q4_K",
+        T::Q5_K => "mmvq_direct_q5_K",
+        T::Q6_K => "mmvq_direct_q6_K",
+        _ => return None,
+    })
+}
+
+/// How decode attention over the KV cache is launched: split across thread blocks
+/// (flash_decode.cu) or one block per (head, token) (attention_f16kv).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AttnSplit {
+    /// Query heads per block (all of one KV head).
+    gq: usize,
+    /// Positions per block.
+    chunk: usize,
+    /// Blocks along the positions: ceil(positions / chunk).
+    n_split: usize,
+}
+
+/// The split for `n_tok` query tokens over `n_kv` positions (the last token's), or None for the
+/// one-block-per-head kernel: prefill batches (more than `MMVQ_MAX_TOKENS`), head sizes the
+/// split kernel lacks (it needs 32, 64, 128 or 256), contexts under `ATTN_SPLIT_MIN_POSITIONS`
+/// unless `force` is Some(true), and everything when `force` is Some(false). The chunk gives
+/// about four blocks per multiprocessor, within `ATTN_CHUNK_MIN..=ATTN_CHUNK_MAX` positions.
+fn attn_split(
+    s: AttnShape,
+    n_tok: usize,
+    n_kv: usize,
+    sm_count: usize,
+    force: Option<bool>,
+) -> Option<AttnSplit> {
+    let supported = matches!(s.head_dim, 32 | 64 | 128 | 256)
+        && s.n_head_kv > 0
+        && s.n_head.is_multiple_of(s.n_head_kv)
+        && n_tok <= MMVQ_MAX_TOKENS
+        && n_kv > 0;
+    let wanted = force.unwrap_or(n_kv >= ATTN_SPLIT_MIN_POSITIONS);
+    if !supported || !wanted {
+        return None;
+    }
+    // The largest divisor of the group with gq <= 8 and gq * head_dim <= 1024 (FD_MAX_G, FD_MAX_GE).
+    let group = s.n_head / s.n_head_kv;
+    let gq = (1..=group.min(8))
+        .rev()
+        .find(|g| group.is_multiple_of(*g) && g * s.head_dim <= 1024)?;
+    let blocks = (s.n_head / gq) * n_tok;
+    let want_splits = (4 * sm_count).div_ceil(blocks).max(1);
+    let chunk = n_kv
+        .div_ceil(want_splits)
+        .clamp(ATTN_CHUNK_MIN, ATTN_CHUNK_MAX);
+    Some(AttnSplit {
+        gq,
+        chunk,
+        n_split: n_kv.div_ceil(chunk),
+    })
+}
+
+/// `OATO_CUDA_ATTN_SPLIT`: `1` always splits decode attention, `0` never does, unset or
+/// anything else lets the context length decide.
+fn attn_split_force() -> Option<bool> {
+    match std::env::var("OATO_CUDA_ATTN_SPLIT").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
 }
 
 /// A grid for a grid-stride kernel over `n` items with 256 threads per block.
@@ -318,7 +427,10 @@ fn kernels_of(ty: GgmlType) -> Option<(&'static str, Option<&'static str>)> {
 /// Every kernel the backend launches, by source file (the compile-only selftest checks that
 /// each is in its CUBIN).
 pub const KERNELS: &[(&str, &[&str])] = &[
-    ("quantize.cu", &["quantize_q8_1", "round_q8_f16"]),
+    (
+        "quantize.cu",
+        &["quantize_q8_1", "quantize_q8_1_split", "round_q8_f16"],
+    ),
     (
         "mmvq.cu",
         &[
@@ -332,6 +444,16 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_q4_K",
             "mmvq_q5_K",
             "mmvq_q6_K",
+            "mmvq_direct_q4_0",
+            "mmvq_direct_q4_1",
+            "mmvq_direct_q5_0",
+            "mmvq_direct_q5_1",
+            "mmvq_direct_q8_0",
+            "mmvq_direct_q2_K",
+            "mmvq_direct_q3_K",
+            "mmvq_direct_q4_K",
+            "mmvq_direct_q5_K",
+            "mmvq_direct_q6_K",
             "mmv_f32w",
             "mmv_f16w",
             "mmv_bf16w",
@@ -366,6 +488,10 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "copy_f32_to_f16",
             "attention_f16kv",
         ],
+    ),
+    (
+        "flash_decode.cu",
+        &["attention_split_f16kv", "attention_merge_f32"],
     ),
 ];
 
@@ -418,6 +544,15 @@ impl CudaBackend {
             .compute_capability()
             .map_err(drv("compute capability"))?;
         let arch = (major * 10 + minor) as u32;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(drv("multiprocessor count"))?
+            .max(1) as usize;
+        if let Ok(v) = std::env::var("OATO_CUDA_MMVQ") {
+            set_mmvq_direct(v == "direct");
+        }
         let name = ctx.name().map_err(drv("device name"))?;
         let t0 = Instant::now();
         let mut funcs = HashMap::new();
@@ -459,6 +594,8 @@ impl CudaBackend {
             blas,
             name,
             arch,
+            sm_count,
+            attn_split_force: attn_split_force(),
             funcs,
             scratch: Mutex::new(Scratch {
                 pinned,
@@ -759,6 +896,27 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Activations `xp` ([n_tok, k] f32) as quantize_q8_1's blocks split in two arrays
+    /// (quantize_q8_1_split) in the scratch `slot`: the [n_tok, k] i8 quants at the returned
+    /// first address, their [n_tok, k / 32] (d, s) f32 pairs at the second.
+    fn quantize_split(
+        &self,
+        slot: &mut Option<(CudaSlice<u8>, Reservation)>,
+        xp: u64,
+        n_tok: usize,
+        k: usize,
+    ) -> Result<(u64, u64)> {
+        if !k.is_multiple_of(32) {
+            return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
+        }
+        let n_blocks = n_tok * k / 32;
+        let aq = self.grow(slot, n_blocks * 40)?;
+        let ads = aq + (n_blocks * 32) as u64;
+        launch!(self, "quantize_q8_1_split", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
+            xx: u64 = xp, a: u64 = aq, d: u64 = ads, nb: i32 = n_blocks as i32);
+        Ok((aq, ads))
+    }
+
     fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
             w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
@@ -914,20 +1072,35 @@ impl Backend for CudaBackend {
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
-            let q8 = if ws.iter().any(|w| w.ty.is_quantized()) {
-                self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?
+            let quantized = ws.iter().any(|w| w.ty.is_quantized());
+            let direct = quantized && mmvq_direct();
+            let (q8, ads) = if direct {
+                self.quantize_split(&mut s.q8, xp, n_tok, k)?
+            } else if quantized {
+                (
+                    self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?,
+                    0,
+                )
             } else {
-                0
+                (0, 0)
             };
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
-                let (kernel, _) = kernels_of(w.ty)
-                    .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
-                let act = if w.ty.is_quantized() { q8 } else { xp };
-                let grid = (w.n.div_ceil(4) as u32, n_tok as u32, 1);
-                launch!(self, kernel, grid, (32, 4, 1);
-                    wp: u64 = self.wptr(w)?, ap: u64 = act, yq: u64 = yp,
-                    kk: i32 = k as i32, nn: i32 = w.n as i32, nt: i32 = n_tok as i32);
+                let unsupported = || Error::UnsupportedType(format!("{} on the GPU", w.ty));
+                let (wp, kk, nn, nt) = (self.wptr(w)?, k as i32, w.n as i32, n_tok as i32);
+                let rows = w.n.div_ceil(4) as u32;
+                if direct && w.ty.is_quantized() {
+                    let kernel = direct_kernel_of(w.ty).ok_or_else(unsupported)?;
+                    launch!(self, kernel, (rows, 1, 1), (32, 4, 1);
+                        wq: u64 = wp, ap: u64 = q8, dp: u64 = ads, yq: u64 = yp, k_: i32 = kk,
+                        n_: i32 = nn, t_: i32 = nt);
+                } else {
+                    let (kernel, _) = kernels_of(w.ty).ok_or_else(unsupported)?;
+                    let act = if w.ty.is_quantized() { q8 } else { xp };
+                    launch!(self, kernel, (rows, n_tok as u32, 1), (32, 4, 1);
+                        wq: u64 = wp, ap: u64 = act, yq: u64 = yp, k_: i32 = kk, n_: i32 = nn,
+                        t_: i32 = nt);
+                }
             }
             return Ok(());
         }
@@ -1088,6 +1261,31 @@ impl Backend for CudaBackend {
         let kp = self.tptr(cache_k, 0, (call.pos0 + n) * kvd, "k cache")?;
         let vp = self.tptr(cache_v, 0, (call.pos0 + n) * kvd, "v cache")?;
         let op = self.f32ptr(out, n * qd, "attention output")?;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let n_kv = call.pos0 + n;
+        // The split kernel reads 16-byte words of the cache (cudaMalloc bases always allow it).
+        let split = if (kp | vp) % 16 == 0 {
+            attn_split(s, n, n_kv, self.sm_count, self.attn_split_force)
+        } else {
+            None
+        };
+        if let Some(p) = split {
+            // [n_tok, n_head, n_split] partial states: head_dim sums, then (m, l) pairs.
+            let floats = n * s.n_head * p.n_split * (s.head_dim + 2);
+            let mut sc = self.scratch()?;
+            let part = self.grow(&mut sc.attn, floats * 4)?;
+            let (nt, nh, hd) = (n as i32, s.n_head as i32, s.head_dim as i32);
+            let grid = ((s.n_head / p.gq) as u32, p.n_split as u32, n as u32);
+            launch!(self, "attention_split_f16kv", grid, (128, 1, 1);
+                a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = part, nt_: i32 = nt,
+                nh_: i32 = nh, nkv: i32 = s.n_head_kv as i32, hd_: i32 = hd,
+                p0: i32 = call.pos0 as i32, sc_: f32 = scale, gq: i32 = p.gq as i32,
+                chunk: i32 = p.chunk as i32, ns: i32 = p.n_split as i32);
+            launch!(self, "attention_merge_f32", (s.n_head as u32, n as u32, 1), (128, 1, 1);
+                a: u64 = part, b: u64 = op, nt_: i32 = nt, nh_: i32 = nh, hd_: i32 = hd,
+                ns: i32 = p.n_split as i32);
+            return Ok(());
+        }
         for t0 in (0..n).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n - t0);
             launch!(self, "attention_f16kv", (s.n_head as u32, len as u32, 1), (128, 1, 1);
@@ -1095,7 +1293,7 @@ impl Backend for CudaBackend {
                 d: u64 = op + (t0 * qd * 4) as u64, nt: i32 = len as i32,
                 nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
                 hd: i32 = s.head_dim as i32, p0: i32 = (call.pos0 + t0) as i32,
-                scale: f32 = 1.0 / (s.head_dim as f32).sqrt());
+                scale: f32 = scale);
         }
         Ok(())
     }
@@ -1199,5 +1397,55 @@ impl Backend for CudaBackend {
             b: self,
             start: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA8B: AttnShape = AttnShape {
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+    };
+
+    #[test]
+    fn attention_split_sizes_the_grid_to_the_device() {
+        // H100 (132 SMs), one token at position 4095: 8 blocks of 4 heads, 528 wanted blocks,
+        // so 66 splits of 63 positions.
+        let p = attn_split(LLAMA8B, 1, 4096, 132, None).unwrap();
+        assert_eq!((p.gq, p.chunk, p.n_split), (4, 63, 66));
+        // Short contexts keep the one-block kernel unless forced; the chunk floor then holds.
+        assert_eq!(attn_split(LLAMA8B, 1, 255, 132, None), None);
+        let p = attn_split(LLAMA8B, 1, 100, 132, Some(true)).unwrap();
+        assert_eq!((p.chunk, p.n_split), (32, 4));
+        // A long context hits the chunk ceiling.
+        let p = attn_split(LLAMA8B, 1, 1 << 20, 132, None).unwrap();
+        assert_eq!((p.chunk, p.n_split), (256, 4096));
+        // Prefill, a head size the kernel lacks, and OATO_CUDA_ATTN_SPLIT=0: no split.
+        assert_eq!(attn_split(LLAMA8B, 9, 4096, 132, None), None);
+        let odd = AttnShape {
+            head_dim: 96,
+            ..LLAMA8B
+        };
+        assert_eq!(attn_split(odd, 1, 4096, 132, None), None);
+        assert_eq!(attn_split(LLAMA8B, 1, 4096, 132, Some(false)), None);
+    }
+
+    #[test]
+    fn attention_split_heads_per_block_divide_the_group() {
+        // Group 5 (40 / 8 heads): 5 per block; group 6 at head_dim 256: 3 (6 * 256 > 1024);
+        // group 16: 8 (FD_MAX_G).
+        let shape = |n_head, n_head_kv, head_dim| AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+        };
+        let gq = |s| attn_split(s, 1, 1000, 132, None).unwrap().gq;
+        assert_eq!(gq(shape(40, 8, 128)), 5);
+        assert_eq!(gq(shape(12, 2, 256)), 3);
+        assert_eq!(gq(shape(16, 1, 64)), 8);
+        assert_eq!(gq(shape(9, 9, 32)), 1);
     }
 }

@@ -249,6 +249,59 @@ def check_mmvq(g, t):
                     dims=("t", "row"), metric="err/mag")
 
 
+# mmvq.cu, direct variant: the same data, metric and tolerance as check_mmvq, all tokens in one
+# launch (1, 3 and 8 tokens), activations split by quantize_q8_1_split.
+
+
+def quantize_q8_1_split(x):
+    """(quants [n_blocks * 32] i8 buffer, (d, s) [n_blocks] float2 buffer) of x."""
+    nb = x.size // 32
+    aq = Buf.out(np.int8, nb * 32)
+    ads = Buf.out(np.float32, 2 * nb)
+    E.launch("quantize_q8_1_split", (cdiv(nb, 8),), (256,), Buf.of(x.astype(np.float32), 4), aq,
+             ads, i32(nb))
+    return aq, ads
+
+
+def check_quantize_split(g):
+    # The split layout holds quantize_q8_1's blocks exactly: quants byte for byte, d and s the
+    # f16 fields widened.
+    x = (rng_for("q8_1 split").standard_normal(37 * 32) * 3).astype(np.float32)
+    x[32:64] = 0.0
+    aq, ads = quantize_q8_1_split(x)
+    want = refs.quantize_q8_1(x)
+    d, s, q = refs.q8_1_fields(want)
+    g.exact("quants = quantize_q8_1's, 37 blocks", aq.get(np.int8).reshape(-1, 32),
+            q.astype(np.int8), dims=("block", "i"))
+    g.exact("(d, s) = f32(quantize_q8_1's f16 fields)", ads.get(np.float32).reshape(-1, 2),
+            np.stack([d, s], axis=1).astype(np.float32), dims=("block", "field"))
+
+
+def check_mmvq_direct(g, t):
+    qk = refs.QTYPES[t][1]
+    small = qk == 32
+    for nblk, rows, n_tok, w_offs in ((20 if small else 5, 10, 3, (0, 2, 4)),
+                                      (87 if small else 19, 6, 8, (0, 6, 14)),
+                                      (4 if small else 1, 1, 1, (0,))):
+        k = qk * nblk
+        rng = rng_for(f"mmvq direct {t} {k}")
+        blocks = refs.random_blocks(rng, t, rows * nblk)
+        x = rng.standard_normal(n_tok * k).astype(np.float32)
+        ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
+        aq, ads = quantize_q8_1_split(x)
+        for w_off in w_offs:
+            y = Buf.out(np.float32, n_tok * rows)
+            E.launch(f"mmvq_direct_{t}", (cdiv(rows, 4),), (32, 4), Buf.of(blocks, w_off), aq, ads,
+                     y, i32(k), i32(rows), i32(n_tok))
+            g.close(f"k={k} rows={rows} n_tok={n_tok} w+{w_off}",
+                    y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag,
+                    dims=("t", "row"), metric="err/mag")
+    # More than 8 tokens: nothing written.
+    y = Buf(4 * 9, fill=0)
+    E.launch(f"mmvq_direct_{t}", (1,), (32, 4), Buf.of(blocks), aq, ads, y, i32(qk), i32(1), i32(9))
+    g.exact("n_tok=9: nothing written", y.get(np.float32), np.zeros(9, np.float32))
+
+
 # mmvq.cu, float weights: same metric and tolerance (f32 products and sums).
 def check_mmv(g, wname):
     rows, n_tok = 6, 3
@@ -392,6 +445,67 @@ def check_attention(g):
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
 
 
+# flash_decode.cu: attention_split_f16kv then attention_merge_f32, against the same float64
+# reference and tolerance as attention_f16kv (the chunks change only the order of the f32 sums).
+
+
+def flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk, k_off=0):
+    n_split = cdiv(pos0 + n_tok, chunk)
+    part = Buf.out(np.float32, n_tok * nh * n_split * (hd + 2))
+    E.launch("attention_split_f16kv", (nh // gq, n_split, n_tok), (128,), Buf.of(q),
+             Buf.of(kc, k_off), Buf.of(vc), part, i32(n_tok), i32(nh), i32(nkv), i32(hd),
+             i32(pos0), f32(scale), i32(gq), i32(chunk), i32(n_split))
+    out = Buf.out(np.float32, n_tok * nh * hd)
+    E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out, i32(n_tok), i32(nh), i32(hd),
+             i32(n_split))
+    return out.get(np.float32).reshape(n_tok, nh, hd)
+
+
+def check_flash_decode(g):
+    cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv, heads per block, chunk
+        (128, 1, 299, 8, 2, 4, 64),    # decode, GQA 4:1 in one block, a partial last chunk
+        (128, 1, 299, 8, 2, 2, 32),    # two blocks per KV head
+        (64, 3, 100, 6, 2, 3, 40),     # 3 tokens: token 0 does not reach the last chunk's end
+        (256, 2, 130, 4, 1, 4, 256),   # largest head_dim, one chunk holding everything
+        (32, 1, 70, 2, 2, 1, 16),      # smallest head_dim, no GQA, 5 chunks
+        (128, 8, 0, 4, 4, 1, 3),       # 8 tokens from position 0: chunks no token reaches
+        (64, 1, 0, 8, 1, 8, 1),        # one position, 8 heads per block, chunk of 1
+    ]
+    for hd, n_tok, pos0, nh, nkv, gq, chunk in cases:
+        label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv} gq={gq} chunk={chunk}"
+        rng = rng_for("flash decode " + label)
+        n_ctx = pos0 + n_tok + 2  # rows past the last position are never read
+        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+        kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
+        vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
+        scale = 1.0 / np.sqrt(hd)
+        got = flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk)
+        want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
+        g.close(label, got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
+                dims=("t", "head", "d"), metric="err/max|v|")
+    # Large scores (q * 40): the chunks' maxima differ by far more than exp's range, so a merge
+    # that forgot to rescale would be off by orders of magnitude.
+    hd, nh, nkv, pos0 = 64, 4, 2, 200
+    rng = rng_for("flash decode peaked")
+    q = (rng.standard_normal(nh * hd) * 40).astype(np.float32)
+    kc = rng.standard_normal((pos0 + 1) * nkv * hd).astype(np.float16)
+    vc = rng.standard_normal((pos0 + 1) * nkv * hd).astype(np.float16)
+    got = flash_decode(q, kc, vc, 1, nh, nkv, hd, pos0, 0.125, 2, 32)
+    want = refs.attention(q, kc, vc, 1, nh, nkv, hd, pos0, 0.125)
+    g.close("peaked scores (q x 40), 7 chunks", got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
+            dims=("t", "head", "d"), metric="err/max|v|")
+    # Unsupported: head_dim 96 (not 32/64/128/256), gq not dividing the group, gq * head_dim over
+    # 1024, a K cache off 16-byte alignment: every output of the call is NaN.
+    for hd, nh, nkv, gq, k_off, why in ((96, 2, 1, 2, 0, "head_dim 96"),
+                                        (64, 6, 2, 2, 0, "gq 2 of group 3"),
+                                        (256, 8, 1, 8, 0, "gq x head_dim 2048"),
+                                        (64, 2, 1, 2, 8, "k cache + 8 bytes")):
+        z = np.zeros(4 * nkv * hd, np.float16)
+        got = flash_decode(np.ones(nh * hd, np.float32), z, z, 1, nh, nkv, hd, 3, 1.0, gq, 2,
+                           k_off)
+        g.true(f"{why} -> NaN rows", np.isnan(got).all())
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -441,6 +555,9 @@ def main():
         r.run(k, check_f16_conversions, k)
     for t in refs.QTYPES:
         r.run(f"mmvq_{t}", check_mmvq, t)
+    r.run("quantize_q8_1_split", check_quantize_split)
+    for t in refs.QTYPES:
+        r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)
     for w in ("f32", "f16", "bf16"):
         r.run(f"mmv_{w}w", check_mmv, w)
     r.run("rms_norm_f32", check_rms_norm)
@@ -448,6 +565,7 @@ def main():
     for k in ("add_f32", "add_bias_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)
     r.run("attention_f16kv", check_attention)
+    r.run("flash_decode", check_flash_decode)
     r.run("coverage", check_coverage, args.src)
     return 0 if r.summary() else 1
 

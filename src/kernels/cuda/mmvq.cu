@@ -471,6 +471,94 @@ MMVQ_KERNEL(mmvq_q5_K, mmvq_q5_K_t)
 MMVQ_KERNEL(mmvq_q6_K, mmvq_q6_K_t)
 
 // ---------------------------------------------------------------------------------------------
+// Direct variant (mmvq_direct_<type>): no shared memory, no barriers, every token per weight load.
+//
+// Activations come split by quantize_q8_1_split: the int8 quants of token t at aq + t * k
+// (16-byte aligned, so the per-format dots read them as 64- and 128-bit words straight from
+// global memory / L1) and their (d, s) as float2 at ads + t * (k / 32). A thread block is 4
+// warps, one weight row each; lane l takes units l, l + 32, ... of its row (the units of the
+// staged kernel above), reads each unit's weight words once from global memory (2-byte loads
+// pairwise for 2-byte aligned formats, 16-byte loads for Q4_K / Q5_K rows that are 16-byte
+// aligned) and applies them to every token's activations, so a batch of up to 8 tokens reads
+// the matrix once. Each lane sums its units in order, then the warp reduces: the same unit
+// values as the staged kernel, summed in another order (not bit for bit equal to it).
+
+#define MMVQ_DIRECT_MAX_TOK 8
+
+template <class T, int AL>
+__device__ __forceinline__ void mmvq_direct_row(const u8* wrow, const i8* aq, const float2* ads,
+                                                int nb, int k, int n_tok, int lane, float* acc) {
+    const int units = nb * T::upb;
+#pragma unroll 4
+    for (int u = lane; u < units; u += 32) {
+        const int ib = u / T::upb, p = u % T::upb;
+        const u8* b = wrow + (i64)ib * T::bytes;
+#pragma unroll
+        for (int t = 0; t < MMVQ_DIRECT_MAX_TOK; ++t) {
+            if (t < n_tok) {
+                acc[t] += T::template dot<AL>(b, aq + (i64)t * k + ib * T::qk,
+                                              ads + (i64)t * (k / QK) + ib * (T::qk / QK), p);
+            }
+        }
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void mmvq_direct_impl(const void* w, const i8* aq, const float2* ads,
+                                                 float* y, int k, int n, int n_tok) {
+    if (blockDim.x != 32 || blockDim.y != MMVQ_ROWS || n_tok < 1 || n_tok > MMVQ_DIRECT_MAX_TOK) {
+        return; // whole block
+    }
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x * MMVQ_ROWS + threadIdx.y;
+    if (row >= n) return; // whole warp
+    const int nb = k / T::qk;
+    const u8* wrow = (const u8*)w + (i64)row * nb * T::bytes;
+    constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
+    const int al = ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
+    float acc[MMVQ_DIRECT_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < MMVQ_DIRECT_MAX_TOK; ++t) acc[t] = 0.0f;
+    if (al == 16) {
+        mmvq_direct_row<T, A16>(wrow, aq, ads, nb, k, n_tok, lane, acc);
+    } else if (al == 4) {
+        mmvq_direct_row<T, A4>(wrow, aq, ads, nb, k, n_tok, lane, acc);
+    } else {
+        mmvq_direct_row<T, 2>(wrow, aq, ads, nb, k, n_tok, lane, acc);
+    }
+#pragma unroll
+    for (int t = 0; t < MMVQ_DIRECT_MAX_TOK; ++t) {
+        if (t < n_tok) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) y[(i64)t * n + row] = v;
+        }
+    }
+}
+
+// launch (every mmvq_direct_* kernel): grid (ceil(n / 4), 1, 1), block (32, 4, 1) exactly, no
+// shared memory. w: n rows of k / block_size blocks (2-byte aligned); aq: [n_tok, k] i8 and
+// ads: [n_tok, k / 32] float2 from quantize_q8_1_split (aq 16-byte aligned, ads 8-byte
+// aligned); y: [n_tok, n] f32; 1 <= n_tok <= 8 (else nothing is written); k a multiple of the
+// block size.
+#define MMVQ_DIRECT_KERNEL(name, T)                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
+        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
+             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
+        mmvq_direct_impl<T>(w, aq, ads, y, k, n, n_tok);                                        \
+    }
+
+MMVQ_DIRECT_KERNEL(mmvq_direct_q4_0, mmvq_q4_0_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q4_1, mmvq_q4_1_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q5_0, mmvq_q5_0_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q5_1, mmvq_q5_1_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q8_0, mmvq_q8_0_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q2_K, mmvq_q2_K_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q3_K, mmvq_q3_K_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q4_K, mmvq_q4_K_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q5_K, mmvq_q5_K_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_q6_K, mmvq_q6_K_t)
+
+// ---------------------------------------------------------------------------------------------
 // Float weights with f32 activations: products in f32, summed in f32 per lane, then the warp.
 
 // 8 weights at w[i..i + 8] widened to f32; `vec` means a 16-byte aligned vector load is allowed

@@ -37,6 +37,10 @@ pub const SOURCES: &[Source] = &[
         name: "ops.cu",
         code: include_str!("ops.cu"),
     },
+    Source {
+        name: "flash_decode.cu",
+        code: include_str!("flash_decode.cu"),
+    },
 ];
 
 /// Whether libnvrtc can be loaded (checked before any other NVRTC call: cudarc panics when the
