@@ -222,53 +222,185 @@ pub unsafe fn vec_dot_q3_k_q8_k(xs: &[BlockQ3K], ys: &[BlockQ8K]) -> f32 {
     sumf
 }
 
-/// Integer sums of one Q4_K / Q5_K super-block: quarter c is sub-blocks 2c (low nibbles of
-/// `qs[32c..]`) and 2c + 1 (high nibbles), plus 16 where bit 2c / 2c + 1 of `qh` is set.
+/// One Q4_K / Q5_K super-block unpacked: quarter c's quants (sub-blocks 2c, the low nibbles of
+/// `qs[32c..]`, and 2c + 1, the high ones, plus 16 where bit 2c / 2c + 1 of `qh` is set) and
+/// scales, the eight mins as i16 (each twice, one per 16-element group), and `[d, dmin]`.
+#[derive(Clone, Copy)]
+struct K4Block {
+    z: [__m512i; 4],
+    scales: [__m512i; 4],
+    mins: __m256i,
+    d: __m128,
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn k4_isum(
-    qs: &[u8; QK_K / 2],
-    qh: Option<&[u8; QK_K / 8]>,
-    groups: __m512i,
-    y: &BlockQ8K,
-) -> __m512i {
+unsafe fn k4_unpack(head: &[u8; 16], qs: &[u8; QK_K / 2], qh: Option<&[u8; QK_K / 8]>) -> K4Block {
+    let (sm, d) = avx2::k4_head(head);
+    let groups = groups512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm)));
+    let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
     let m4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);
     let nibble_shifts = split_epi16(0, 4);
     let qh = qh.map(|qh| broadcast32(qh));
-    let mut acc = _mm512_setzero_si512();
-    for (c, q) in qs.as_chunks::<32>().0.iter().enumerate() {
-        let mut z = _mm512_and_si512(_mm512_srlv_epi16(broadcast32(q), nibble_shifts), m4);
+    let quarters = qs.as_chunks::<32>().0;
+    let z = std::array::from_fn(|c| {
+        let mut z = _mm512_and_si512(
+            _mm512_srlv_epi16(broadcast32(&quarters[c]), nibble_shifts),
+            m4,
+        );
         if let Some(qh) = qh {
             let set = _mm512_test_epi8_mask(qh, split_epi8(1 << (2 * c), 1 << (2 * c + 1)));
             z = _mm512_mask_add_epi8(z, set, z, sixteen);
         }
-        let prod = _mm512_maddubs_epi16(z, y_quarter(y, c));
-        acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, c));
+        z
+    });
+    K4Block {
+        z,
+        scales: std::array::from_fn(|c| quarter_scales(groups, c)),
+        mins,
+        d,
     }
-    acc
+}
+
+/// `kquants`' step of one unpacked Q4_K / Q5_K super-block against activations `y`: `isum` and
+/// `imin` exactly in i32, then the float part onto `sumf`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_step(sumf: f32, x: &K4Block, y: &BlockQ8K) -> f32 {
+    let mut acc = _mm512_setzero_si512();
+    for c in 0..4 {
+        let prod = _mm512_maddubs_epi16(x.z[c], y_quarter(y, c));
+        acc = _mm512_dpwssd_epi32(acc, prod, x.scales[c]);
+    }
+    let imin = _mm256_madd_epi16(x.mins, avx2::load_bsums(y));
+    avx2::finish_with_mins(sumf, y.d.get(), x.d, avx2::hsum_i32_pair(fold(acc), imin))
+}
+
+/// [`k4_step`] for four tokens at once, their `sumf` in the lanes of `sumf`: the same exact
+/// integers (summed in another order) and, lane by lane, the same float operations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_step4(sumf: __m128, x: &K4Block, ys: [&BlockQ8K; 4]) -> __m128 {
+    let (isum, imin): ([__m256i; 4], [__m256i; 4]) = (
+        std::array::from_fn(|t| {
+            let mut acc = _mm512_setzero_si512();
+            for c in 0..4 {
+                let prod = _mm512_maddubs_epi16(x.z[c], y_quarter(ys[t], c));
+                acc = _mm512_dpwssd_epi32(acc, prod, x.scales[c]);
+            }
+            fold(acc)
+        }),
+        std::array::from_fn(|t| _mm256_madd_epi16(x.mins, avx2::load_bsums(ys[t]))),
+    );
+    // Eight i32 lanes of each of four vectors summed into lanes 0..4.
+    let sum4 = |v: [__m256i; 4]| {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    };
+    let (fi, fm) = (_mm_cvtepi32_ps(sum4(isum)), _mm_cvtepi32_ps(sum4(imin)));
+    let d_y = _mm_setr_ps(ys[0].d.get(), ys[1].d.get(), ys[2].d.get(), ys[3].d.get());
+    let d_x = _mm_shuffle_ps::<0b00_00_00_00>(x.d, x.d);
+    let dmin_x = _mm_shuffle_ps::<0b01_01_01_01>(x.d, x.d);
+    let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), fi, sumf);
+    _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), fm, acc)
+}
+
+/// A Q4_K / Q5_K block's parts for [`k4_unpack`].
+trait K4Parts: Block {
+    fn parts(&self) -> (&[u8; QK_K / 2], Option<&[u8; QK_K / 8]>);
+}
+
+impl K4Parts for BlockQ4K {
+    fn parts(&self) -> (&[u8; QK_K / 2], Option<&[u8; QK_K / 8]>) {
+        (&self.qs, None)
+    }
+}
+
+impl K4Parts for BlockQ5K {
+    fn parts(&self) -> (&[u8; QK_K / 2], Option<&[u8; QK_K / 8]>) {
+        (&self.qs, Some(&self.qh))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_dot<B: K4Parts>(xs: &[B], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let (qs, qh) = x.parts();
+        sumf = k4_step(sumf, &k4_unpack(avx2::k4_head_bytes(x), qs, qh), y);
+    }
+    sumf
+}
+
+/// `R` Q4_K / Q5_K weight rows against `T` Q8_K activation rows (bytes): each super-block of a
+/// row is unpacked once for the `T` tokens. Every output is [`k4_dot`]'s, bit for bit.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_tile<B: K4Parts, const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+) -> [[f32; T]; R] {
+    let xs: [&[B]; R] = w.map(blocks_prefix::<B>);
+    let ys: [&[BlockQ8K]; T] = a.map(blocks_prefix::<BlockQ8K>);
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .chain(ys.iter().map(|y| y.len()))
+        .min()
+        .unwrap_or(0);
+    let mut out = [[0f32; T]; R];
+    // Tokens in fours, their sums in the lanes of one register per row; the rest one by one.
+    let quads = T / 4;
+    let mut acc4 = [[_mm_setzero_ps(); 4]; R];
+    for b in 0..nb {
+        for (i, x) in xs.iter().enumerate() {
+            let x = &x[b];
+            let (qs, qh) = x.parts();
+            let u = k4_unpack(avx2::k4_head_bytes(x), qs, qh);
+            for (q, acc) in acc4[i].iter_mut().enumerate().take(quads) {
+                *acc = k4_step4(*acc, &u, std::array::from_fn(|j| &ys[4 * q + j][b]));
+            }
+            for (t, y) in ys.iter().enumerate().skip(4 * quads) {
+                out[i][t] = k4_step(out[i][t], &u, &y[b]);
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(&acc4) {
+        for (q, a) in acc.iter().enumerate().take(quads) {
+            _mm_storeu_ps(o[4 * q..4 * q + 4].as_mut_ptr(), *a);
+        }
+    }
+    out
+}
+
+/// [`k4_tile`] for Q4_K.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q4_k_tile<const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+) -> [[f32; T]; R] {
+    k4_tile::<BlockQ4K, R, T>(w, a)
+}
+
+/// [`k4_tile`] for Q5_K.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q5_k_tile<const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+) -> [[f32; T]; R] {
+    k4_tile::<BlockQ5K, R, T>(w, a)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q4_k_q8_k(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (x, y) in xs.iter().zip(ys) {
-        let (groups, imin, d) = avx2::k4_groups_and_mins(avx2::k4_head_bytes(x), y);
-        let acc = k4_isum(&x.qs, None, groups512(groups), y);
-        sumf = avx2::finish_with_mins(sumf, y.d.get(), d, avx2::hsum_i32_pair(fold(acc), imin));
-    }
-    sumf
+    k4_dot(xs, ys)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q5_k_q8_k(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (x, y) in xs.iter().zip(ys) {
-        let (groups, imin, d) = avx2::k4_groups_and_mins(avx2::k4_head_bytes(x), y);
-        let acc = k4_isum(&x.qs, Some(&x.qh), groups512(groups), y);
-        sumf = avx2::finish_with_mins(sumf, y.d.get(), d, avx2::hsum_i32_pair(fold(acc), imin));
-    }
-    sumf
+    k4_dot(xs, ys)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -430,6 +430,67 @@ mod tests {
         crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
     }
 
+    /// The K-quant tiles (AVX-512) give the single-row dots' bits: random blocks (super-block
+    /// scales set to small finite values), rows with one, two and three left over from the
+    /// 4-row tiles, 9 tokens, under every variant.
+    #[test]
+    fn k_quant_batches_equal_token_by_token() {
+        let (k, n_tok) = (512, 9);
+        let mut rng = crate::rng::SplitMix64::new(7);
+        for isa in crate::kernels::cpu::Isa::all_supported() {
+            crate::kernels::cpu::set_isa(isa).unwrap();
+            // (type, offsets of its f16 super-block scales)
+            for (ty, scales) in [
+                (GgmlType::Q4_K, &[0usize, 2][..]),
+                (GgmlType::Q5_K, &[0, 2]),
+                (GgmlType::Q6_K, &[208]),
+            ] {
+                for n in [9, 10, 11] {
+                    let rb = ty.row_bytes(k).unwrap();
+                    let mut wq: Vec<u8> = (0..rb * n).map(|_| rng.next_u64() as u8).collect();
+                    for block in wq.chunks_mut(ty.type_size()) {
+                        for &o in scales {
+                            let v =
+                                half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
+                            block[o..o + 2].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    let x = pattern(k * n_tok, 0.3);
+                    batched_vs_single(ty, k, n, &wq, &x, isa.name());
+                }
+            }
+        }
+        crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
+    }
+
+    /// The product of `wq` (n rows of `ty`, k columns) with every token of `x` at once, asserted
+    /// bit-equal to the products token by token; returns it.
+    fn batched_vs_single(
+        ty: GgmlType,
+        k: usize,
+        n: usize,
+        wq: &[u8],
+        x: &[f32],
+        what: &str,
+    ) -> Vec<f32> {
+        let w = MatRef { ty, k, n, data: wq };
+        let n_tok = x.len() / k;
+        let mut batched = vec![0f32; n * n_tok];
+        matmul(&w, x, &mut batched).unwrap();
+        for t in 0..n_tok {
+            let mut single = vec![0f32; n];
+            matmul(&w, &x[t * k..(t + 1) * k], &mut single).unwrap();
+            for r in 0..n {
+                assert_eq!(
+                    batched[t * n + r].to_bits(),
+                    single[r].to_bits(),
+                    "{what} {ty} token {t} row {r} of {n}"
+                );
+            }
+        }
+        batched
+    }
+
     fn batched_equals_token_by_token_with(n: usize) {
         // k = 104 gives the plain-float types a tail after their 32-element steps.
         for k in [96, 104] {
@@ -457,26 +518,8 @@ mod tests {
             for (src, dst) in wf.chunks(k).zip(wq.chunks_mut(ty.row_bytes(k).unwrap())) {
                 quantize_row(ty, src, dst).unwrap();
             }
-            let w = MatRef {
-                ty,
-                k,
-                n,
-                data: &wq,
-            };
             let x = pattern(k * n_tok, 1.7);
-            let mut batched = vec![0f32; n * n_tok];
-            matmul(&w, &x, &mut batched).unwrap();
-            for t in 0..n_tok {
-                let mut single = vec![0f32; n];
-                matmul(&w, &x[t * k..(t + 1) * k], &mut single).unwrap();
-                for r in 0..n {
-                    assert_eq!(
-                        batched[t * n + r].to_bits(),
-                        single[r].to_bits(),
-                        "{ty} token {t} row {r}"
-                    );
-                }
-            }
+            let batched = batched_vs_single(ty, k, n, &wq, &x, "");
             // Against the exact product of the dequantised weights and f32 inputs.
             let mut deq = vec![0f32; k];
             let mut worst = 0f32;

@@ -140,9 +140,17 @@ pub fn tile_fn<const R: usize, const T: usize>(
     if !isa.supported() {
         return None;
     }
-    // AVX-512 CPUs run prefill through `qwide` and `f16wide`; elsewhere they share these.
+    // AVX-512 CPUs run prefill through `qwide` and `f16wide`, and the K-quants through their
+    // own tiles; elsewhere they share these.
     if isa == Isa::Scalar {
         return None;
+    }
+    if isa == Isa::Avx512 {
+        match wty {
+            GgmlType::Q4_K => return Some(super::avx512::q4_k_tile::<R, T>),
+            GgmlType::Q5_K => return Some(super::avx512::q5_k_tile::<R, T>),
+            _ => {}
+        }
     }
     let f: TileFn<R, T> = match wty {
         GgmlType::Q4_0 => avx2::q4_0::<R, T>,
