@@ -277,6 +277,14 @@ unsafe fn k4_step(sumf: f32, x: &K4Block, y: &BlockQ8K) -> f32 {
     avx2::finish_with_mins(sumf, y.d.get(), x.d, avx2::hsum_i32_pair(fold(acc), imin))
 }
 
+/// The eight i32 lanes of each of four vectors summed, into lanes 0..4 (exact, any order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sum4_i32(v: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
 /// [`k4_step`] for four tokens at once, their `sumf` in the lanes of `sumf`: the same exact
 /// integers (summed in another order) and, lane by lane, the same float operations.
 #[inline]
@@ -328,19 +336,24 @@ impl K4Parts for BlockQ5K {
 unsafe fn k4_dot<B: K4Parts>(xs: &[B], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let (qs, qh) = x.parts();
-        sumf = k4_step(sumf, &k4_unpack(avx2::k4_head_bytes(x), qs, qh), y);
+        sumf = k4_step(sumf, &k4_unpack_block(x), y);
     }
     sumf
 }
 
-/// `R` Q4_K / Q5_K weight rows against `T` Q8_K activation rows (bytes): each super-block of a
-/// row is unpacked once for the `T` tokens. Every output is [`k4_dot`]'s, bit for bit.
+/// `R` K-quant weight rows (blocks `B`) against `T` Q8_K activation rows (bytes): each
+/// super-block of a row is unpacked once (`unpack`) for the `T` tokens, which go through `step4`
+/// in fours (their sums in one register's lanes) and `step` one by one for the rest. `step` is
+/// the single-row kernel's step and `step4` does its arithmetic lane by lane, so every output is
+/// the single-row kernel's, bit for bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn k4_tile<B: K4Parts, const R: usize, const T: usize>(
+unsafe fn k_tile<B: Block, U, const R: usize, const T: usize>(
     w: [&[u8]; R],
     a: [&[u8]; T],
+    unpack: impl Fn(&B) -> U,
+    step: impl Fn(f32, &U, &BlockQ8K) -> f32,
+    step4: impl Fn(__m128, &U, [&BlockQ8K; 4]) -> __m128,
 ) -> [[f32; T]; R] {
     let xs: [&[B]; R] = w.map(blocks_prefix::<B>);
     let ys: [&[BlockQ8K]; T] = a.map(blocks_prefix::<BlockQ8K>);
@@ -351,19 +364,16 @@ unsafe fn k4_tile<B: K4Parts, const R: usize, const T: usize>(
         .min()
         .unwrap_or(0);
     let mut out = [[0f32; T]; R];
-    // Tokens in fours, their sums in the lanes of one register per row; the rest one by one.
     let quads = T / 4;
     let mut acc4 = [[_mm_setzero_ps(); 4]; R];
     for b in 0..nb {
         for (i, x) in xs.iter().enumerate() {
-            let x = &x[b];
-            let (qs, qh) = x.parts();
-            let u = k4_unpack(avx2::k4_head_bytes(x), qs, qh);
+            let u = unpack(&x[b]);
             for (q, acc) in acc4[i].iter_mut().enumerate().take(quads) {
-                *acc = k4_step4(*acc, &u, std::array::from_fn(|j| &ys[4 * q + j][b]));
+                *acc = step4(*acc, &u, std::array::from_fn(|j| &ys[4 * q + j][b]));
             }
             for (t, y) in ys.iter().enumerate().skip(4 * quads) {
-                out[i][t] = k4_step(out[i][t], &u, &y[b]);
+                out[i][t] = step(out[i][t], &u, &y[b]);
             }
         }
     }
@@ -373,6 +383,30 @@ unsafe fn k4_tile<B: K4Parts, const R: usize, const T: usize>(
         }
     }
     out
+}
+
+/// A Q4_K / Q5_K super-block unpacked.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_unpack_block<B: K4Parts>(x: &B) -> K4Block {
+    let (qs, qh) = x.parts();
+    k4_unpack(avx2::k4_head_bytes(x), qs, qh)
+}
+
+/// [`k_tile`] for Q4_K / Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_tile<B: K4Parts, const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+) -> [[f32; T]; R] {
+    k_tile(
+        w,
+        a,
+        |x: &B| k4_unpack_block(x),
+        |s, u, y| k4_step(s, u, y),
+        |s, u, ys| k4_step4(s, u, ys),
+    )
 }
 
 /// [`k4_tile`] for Q4_K.
@@ -403,48 +437,104 @@ pub unsafe fn vec_dot_q5_k_q8_k(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
     k4_dot(xs, ys)
 }
 
+/// One Q6_K super-block unpacked: quarter u's quants as unsigned bytes `q + 32` (0..64) and
+/// scales, the sixteen group scales as i16, and `d`.
+#[derive(Clone, Copy)]
+struct Q6Block {
+    z: [__m512i; 4],
+    scales: [__m512i; 4],
+    groups: __m256i,
+    d: f32,
+}
+
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
-    let (m4, m30, off) = (
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(0x30),
-        _mm512_set1_epi8(32),
-    );
+unsafe fn q6_unpack(x: &BlockQ6K) -> Q6Block {
+    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     // qh bits 2k..2k + 2 to bits 4..6: left 4 / 2 for k = 0 / 1, right 0 / 2 for k = 2 / 3
     // (16-bit shifts: the 0x30 mask drops what crosses from the neighbouring byte)
     let (shl, shr) = (split_epi16(4, 2), split_epi16(0, 2));
+    let groups = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
+    let g512 = groups512(groups);
+    let mut z = [_mm512_setzero_si512(); 4];
+    for h in 0..2 {
+        // quarter 2h: low nibbles of ql[64h..][..64] (k = 0 | 1); 2h + 1: the high (k = 2 | 3)
+        let ql = _mm512_loadu_si512(x.ql.as_chunks::<64>().0[h].as_ptr().cast());
+        let qh = broadcast32(&x.qh.as_chunks::<32>().0[h]);
+        z[2 * h] = _mm512_or_si512(
+            _mm512_and_si512(ql, m4),
+            _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30),
+        );
+        z[2 * h + 1] = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+            _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30),
+        );
+    }
+    Q6Block {
+        z,
+        scales: std::array::from_fn(|u| quarter_scales(g512, u)),
+        groups,
+        d: x.d.to_f32(),
+    }
+}
+
+/// `isum` of one unpacked Q6_K super-block against `y` in eight i32 lanes (exact):
+/// `Σ sc·(q + 32)·y − 32 Σ_g sc_g·bsum_g`. The pair sums `(q + 32)·y` stay within i16
+/// (|·| ≤ 2·63·128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_isum(x: &Q6Block, y: &BlockQ8K) -> __m256i {
+    let mut acc = _mm512_setzero_si512();
+    for u in 0..4 {
+        let prod = _mm512_maddubs_epi16(x.z[u], y_quarter(y, u));
+        acc = _mm512_dpwssd_epi32(acc, prod, x.scales[u]);
+    }
+    let off = _mm256_madd_epi16(x.groups, avx2::load_bsums(y));
+    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<5>(off))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_step(sumf: f32, x: &Q6Block, y: &BlockQ8K) -> f32 {
+    let sums = avx2::hsum_i32_pair(q6_isum(x, y), _mm256_setzero_si256());
+    avx2::finish(sumf, y.d.get(), x.d, sums)
+}
+
+/// [`q6_step`] for four tokens, their `sumf` in the lanes of `sumf`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_step4(sumf: __m128, x: &Q6Block, ys: [&BlockQ8K; 4]) -> __m128 {
+    let isum = sum4_i32(std::array::from_fn(|t| q6_isum(x, ys[t])));
+    let d_y = _mm_setr_ps(ys[0].d.get(), ys[1].d.get(), ys[2].d.get(), ys[3].d.get());
+    _mm_fmadd_ps(
+        _mm_mul_ps(d_y, _mm_set1_ps(x.d)),
+        _mm_cvtepi32_ps(isum),
+        sumf,
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
-        let groups = groups512(_mm256_cvtepi8_epi16(scales));
-        let mut acc = _mm512_setzero_si512();
-        for h in 0..2 {
-            // quarter 2h: low nibbles of ql[64h..][..64] (k = 0 | 1); 2h + 1: the high (k = 2 | 3)
-            let ql = _mm512_loadu_si512(x.ql.as_chunks::<64>().0[h].as_ptr().cast());
-            let qh = broadcast32(&x.qh.as_chunks::<32>().0[h]);
-            let z = [
-                _mm512_or_si512(
-                    _mm512_and_si512(ql, m4),
-                    _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30),
-                ),
-                _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                    _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30),
-                ),
-            ];
-            for (i, z) in z.into_iter().enumerate() {
-                let u = 2 * h + i;
-                let yu = y_quarter(y, u);
-                // Σ q·y − Σ 32·y: (q − 32)·y pair sums, exact in i16 (|·| ≤ 8192)
-                let prod =
-                    _mm512_sub_epi16(_mm512_maddubs_epi16(z, yu), _mm512_maddubs_epi16(off, yu));
-                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
-            }
-        }
-        let sums = avx2::hsum_i32_pair(fold(acc), _mm256_setzero_si256());
-        sumf = avx2::finish(sumf, y.d.get(), x.d.to_f32(), sums);
+        sumf = q6_step(sumf, &q6_unpack(x), y);
     }
     sumf
+}
+
+/// [`k_tile`] for Q6_K.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q6_k_tile<const R: usize, const T: usize>(
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+) -> [[f32; T]; R] {
+    k_tile(
+        w,
+        a,
+        |x: &BlockQ6K| q6_unpack(x),
+        |s, u, y| q6_step(s, u, y),
+        |s, u, ys| q6_step4(s, u, ys),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -149,6 +149,7 @@ pub fn tile_fn<const R: usize, const T: usize>(
         match wty {
             GgmlType::Q4_K => return Some(super::avx512::q4_k_tile::<R, T>),
             GgmlType::Q5_K => return Some(super::avx512::q5_k_tile::<R, T>),
+            GgmlType::Q6_K => return Some(super::avx512::q6_k_tile::<R, T>),
             _ => {}
         }
     }
