@@ -163,6 +163,9 @@ struct RowJob<'a> {
         Option<super::tile::TileFn<2, 4>>,
         Option<super::tile::TileFn<1, 4>>,
     ),
+    /// Four rows by sixteen tokens, for the types whose tiles gain from it (the K-quants).
+    #[cfg(target_arch = "x86_64")]
+    wide: Option<super::tile::TileFn<4, 16>>,
     out: SharedOut,
 }
 
@@ -198,6 +201,8 @@ impl<'a> RowJob<'a> {
                 super::tile::tile_fn::<2, 4>(isa, w.ty),
                 super::tile::tile_fn::<1, 4>(isa, w.ty),
             ),
+            #[cfg(target_arch = "x86_64")]
+            wide: super::tile::wide_tile_fn(isa, w.ty),
             out: SharedOut(y.as_mut_ptr()),
         })
     }
@@ -219,32 +224,39 @@ impl<'a> RowJob<'a> {
         unsafe { (self.dot)(self.row(r), acts.row(t), self.w.k) }
     }
 
-    /// Rows `r..end` in blocks of `R` through `tile` (four tokens at a time, the token tail by
-    /// single dots); returns the first row not done (`end` minus fewer than `R`).
+    /// Rows `r..end` in blocks of `R` through `tile` (`T` tokens at a time, then four at a time
+    /// through `tail` when given, the token tail by single dots); returns the first row not done
+    /// (`end` minus fewer than `R`).
     #[cfg(target_arch = "x86_64")]
-    fn tiled<const R: usize>(
+    fn tiled<const R: usize, const T: usize>(
         &self,
         acts: &QuantizedActs,
         mut r: usize,
         end: usize,
-        tile: Option<super::tile::TileFn<R, 4>>,
+        tile: Option<super::tile::TileFn<R, T>>,
+        tail: Option<super::tile::TileFn<R, 4>>,
     ) -> usize {
         let n_tok = acts.n_tok;
-        let Some(tile) = tile.filter(|_| n_tok >= 4) else {
+        let Some(tile) = tile.filter(|_| n_tok >= T) else {
             return r;
         };
         while r + R <= end {
             let mut t = 0;
-            while t + 4 <= n_tok {
+            while t + T <= n_tok {
                 let a = std::array::from_fn(|j| acts.row(t + j));
                 // SAFETY: tile_fn returns only kernels this CPU supports.
                 let v = unsafe { tile(std::array::from_fn(|i| self.row(r + i)), a) };
-                for (i, vr) in v.iter().enumerate() {
-                    for (j, &x) in vr.iter().enumerate() {
-                        self.put(t + j, r + i, x);
-                    }
+                self.put_tile(r, t, &v);
+                t += T;
+            }
+            if let Some(tail) = tail {
+                while t + 4 <= n_tok {
+                    let a = std::array::from_fn(|j| acts.row(t + j));
+                    // SAFETY: as above.
+                    let v = unsafe { tail(std::array::from_fn(|i| self.row(r + i)), a) };
+                    self.put_tile(r, t, &v);
+                    t += 4;
                 }
-                t += 4;
             }
             for t in t..n_tok {
                 for i in 0..R {
@@ -254,6 +266,16 @@ impl<'a> RowJob<'a> {
             r += R;
         }
         r
+    }
+
+    /// Writes a tile's outputs: `v[i][j]` is row `r + i`, token `t + j`.
+    #[cfg(target_arch = "x86_64")]
+    fn put_tile<const R: usize, const T: usize>(&self, r: usize, t: usize, v: &[[f32; T]; R]) {
+        for (i, vr) in v.iter().enumerate() {
+            for (j, &x) in vr.iter().enumerate() {
+                self.put(t + j, r + i, x);
+            }
+        }
     }
 
     /// Computes rows `rows` of this matrix for every token: with the AVX-512 tiles over the
@@ -289,9 +311,10 @@ impl<'a> RowJob<'a> {
         #[cfg(target_arch = "x86_64")]
         {
             let (t4, t2, t1) = self.tiles;
-            r = self.tiled(acts, r, rows.end, t4);
-            r = self.tiled(acts, r, rows.end, t2);
-            r = self.tiled(acts, r, rows.end, t1);
+            r = self.tiled(acts, r, rows.end, self.wide, t4);
+            r = self.tiled(acts, r, rows.end, t4, None);
+            r = self.tiled(acts, r, rows.end, t2, None);
+            r = self.tiled(acts, r, rows.end, t1, None);
         }
         let ahead = prefetch_distance();
         for r in r..rows.end {
@@ -432,10 +455,10 @@ mod tests {
 
     /// The K-quant tiles (AVX-512) give the single-row dots' bits: random blocks (super-block
     /// scales set to small finite values), rows with one, two and three left over from the
-    /// 4-row tiles, 9 tokens, under every variant.
+    /// 4-row tiles, 21 tokens (the 16-token tile, the 4-token one, one left), under every variant.
     #[test]
     fn k_quant_batches_equal_token_by_token() {
-        let (k, n_tok) = (512, 9);
+        let (k, n_tok) = (512, 21);
         let mut rng = crate::rng::SplitMix64::new(7);
         for isa in crate::kernels::cpu::Isa::all_supported() {
             crate::kernels::cpu::set_isa(isa).unwrap();

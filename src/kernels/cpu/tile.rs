@@ -131,6 +131,18 @@ tiles!(
     crate::kernels::cpu::avx2::dot_ss8
 );
 
+/// The 4 x 16 tile for `wty` under `isa` where sixteen tokens per unpacked weight block beat
+/// four (the AVX-512 K-quant tiles, which unpack a 256-element super-block per row: 1B Q4_K_M
+/// pp64 on a 2-thread EPYC, 4 tokens 95 t/s, 8 tokens 105, 16 tokens 109).
+pub fn wide_tile_fn(isa: super::Isa, wty: GgmlType) -> Option<TileFn<4, 16>> {
+    match wty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if isa == super::Isa::Avx512 => {
+            tile_fn::<4, 16>(isa, wty)
+        }
+        _ => None,
+    }
+}
+
 /// The `R` x `T` tile kernel for `wty` under `isa`, when there is one.
 pub fn tile_fn<const R: usize, const T: usize>(
     isa: super::Isa,
