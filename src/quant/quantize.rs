@@ -222,8 +222,11 @@ pub fn quantize_block_q8_k(x: &[f32; QK_K], y: &mut BlockQ8K) {
     }
     let iscale = -127.0 / max;
     for (q, &v) in y.qs.iter_mut().zip(x) {
-        // ggml's nearest_int (the 1.5 * 2^23 trick) is round-half-even for |v| < 2^22.
-        *q = ((iscale * v).round_ties_even() as i32).clamp(-128, 127) as i8;
+        // ggml's nearest_int: adding 1.5 * 2^23 rounds half to even into the low mantissa bits,
+        // exactly `round_ties_even` for |v| < 2^22 (here |v| <= 127), and it vectorises where
+        // `round_ties_even` is a call to `rintf` on baseline x86-64.
+        let r = ((iscale * v + 12582912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000;
+        *q = r.clamp(-128, 127) as i8;
     }
     for (s, q16) in y.bsums.iter_mut().zip(y.qs.as_chunks::<16>().0) {
         *s = I16Le::new(q16.iter().map(|&q| q as i16).sum());
