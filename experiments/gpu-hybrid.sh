@@ -9,6 +9,9 @@
 #   experiments/gpu-hybrid.sh peer    llama-bench -ngl at the same shares, and at LENGTH_SHARE for
 #                                     prompts of LENGTHS tokens; archive of $RES in $OUT
 #   experiments/gpu-hybrid.sh lengths oato's TTFT against prompt length (LENGTHS, LENGTH_SHARE)
+#   experiments/gpu-hybrid.sh kernels all on the GPU, oato (default kernels, direct matrix-vector,
+#                                     split attention off) vs llama.cpp: experiments/gpu-vs-llamacpp.sh
+#                                     into $RES/gpu-vs-llamacpp.{csv,md}
 # Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
 # no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
 # RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
@@ -53,6 +56,10 @@ peer)
     "$bin/llama-bench" -m "$MODEL" -ngl "$ngl" -p "$(echo ${LENGTHS:-32 128 512 2048} | tr ' ' ',')" \
         -n 0 -r "${REPS:-3}" -t "$THREADS" -o csv > "$RES/llamacpp-lengths.csv" 2> "$RES/llamacpp-lengths.log" || true
     cat "$RES/llamacpp-lengths.csv"
+    ;;
+kernels)
+    OATO_BIN=$OATO MODEL=$MODEL REPS=${REPS:-3} THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
+        experiments/gpu-vs-llamacpp.sh 2>&1 | tail -40
     ;;
 lengths)
     # TTFT against prompt length (issue 11) at LENGTH_SHARE (25%) for POLICIES (oato layer-split).

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 12's all-GPU comparison on a borrowed GPU machine: llama-bench's pp64, pp512, tg32 and
+# tg128 on one synth file (default: LLaMA3-8B shape, Q4_0), every layer on the GPU, for
+# llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
+# attention as llama-bench sets it, CUDA graphs on) and for oato three ways: its default kernels,
+# the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), and split-K decode attention forced
+# off (OATO_CUDA_ATTN_SPLIT=0). One run, one machine, one after the other.
+#
+# Writes $OUT.csv and $OUT.md (default results/gpu-vs-llamacpp) through bench_merge.py: one table
+# per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp.
+#
+# Env: OATO_BIN (target/release/oato), MODEL (/tmp/m/llama3-8b-q4_0.gguf; made with `oato synth`
+#      when missing), LLAMA_BIN (default: the build script's bin directory), REPS (3), THREADS
+#      (nproc), OUT, RAW_DIR (default: a temporary folder), PROMPTS (64,512), GENS (32,128).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+oato=${OATO_BIN:-target/release/oato}
+model=${MODEL:-/tmp/m/llama3-8b-q4_0.gguf}
+reps=${REPS:-3}
+threads=${THREADS:-$(nproc)}
+prompts=${PROMPTS:-64,512}
+gens=${GENS:-32,128}
+out=${OUT:-results/gpu-vs-llamacpp}
+bin=${LLAMA_BIN:-$(experiments/build-llamacpp-cuda.sh | tail -n 1)}
+[ -x "$bin/llama-bench" ] || { echo "error: $bin/llama-bench is missing (build it first)" >&2; exit 1; }
+if [ ! -f "$model" ]; then
+  mkdir -p "$(dirname "$model")"
+  "$oato" synth --shape llama3-8b --type Q4_0 --seed 42 -o "$model.tmp" >&2 && mv "$model.tmp" "$model"
+fi
+raw=${RAW_DIR:-}
+if [ -z "$raw" ]; then
+  raw=$(mktemp -d)
+  trap 'rm -rf "$raw"' EXIT
+fi
+mkdir -p "$raw" "$(dirname "$out")"
+name=$(basename "$model" .gguf)
+
+echo "== llama-bench -ngl 99" >&2
+"$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
+  >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
+runs=()
+for variant in default mmvq-direct attn-split-off; do
+  case $variant in
+    default) env=() ;;
+    mmvq-direct) env=(OATO_CUDA_MMVQ=direct) ;;
+    attn-split-off) env=(OATO_CUDA_ATTN_SPLIT=0) ;;
+  esac
+  echo "== oato bench --device gpu ($variant)" >&2
+  env "${env[@]}" "$oato" bench "$model" --device gpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" \
+    --json >"$raw/oato-$variant.json" 2>"$raw/oato-$variant.log" \
+    || { cat "$raw/oato-$variant.log" >&2; exit 1; }
+  runs+=(--run "$name-oato-$variant" "$(basename "$model")" "$raw/llamacpp.json" "$raw/oato-$variant.json")
+done
+commit=$("$oato" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+gpu=${gpu:-no nvidia-smi}
+python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
+  --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
+  --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
+  --note "all layers on the GPU ($gpu); oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_ATTN_SPLIT=0" \
+  "${runs[@]}"
+echo "wrote $out.csv and $out.md" >&2
+cat "$out.md"
