@@ -1,6 +1,7 @@
 //! oato: operator-aware tensor offloading for GGUF language models.
 
 pub mod cache;
+pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod kernels;

@@ -7,18 +7,13 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::json;
 
+use oato::engine::{Engine, Opened, PlaceOptions, Split};
 use oato::error::{Error, Result};
 use oato::model::Model;
-use std::sync::Arc;
-
-use oato::placer::{check, device_map};
-use oato::profiler::{ProfileOptions, load_or_profile};
-use oato::runtime::backend::Backend;
-use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
+use oato::runtime::forward::{Logits, target_weights};
 use oato::runtime::generate::{Utf8Stream, generate};
 use oato::runtime::sampler::{Sampler, SamplerConfig};
-use oato::scheduler::{Placement, PlanRequest, Policy, mib, parse_budget, plan};
-use oato::tokenizer::Tokenizer;
+use oato::scheduler::Policy;
 use oato::tokenizer::chat::{ChatMessage, render_chat};
 
 #[derive(Args)]
@@ -104,85 +99,6 @@ pub struct RunArgs {
     pub force_profile: bool,
 }
 
-/// The device map for --vram-budget (profile or cached profile, plan) or --placement (read),
-/// checked against the model and the GPU's free memory.
-fn placed_map(
-    a: &RunArgs,
-    model: &Model,
-    path: &std::path::Path,
-    backends: &[Arc<dyn Backend>],
-    dev: usize,
-    threads: usize,
-    prompt_tokens: usize,
-) -> Result<(DeviceMap, Placement)> {
-    let gpu = (dev != 0).then(|| &*backends[dev]);
-    let placement = match (&a.placement, &a.vram_budget) {
-        (Some(f), _) => {
-            let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
-            Placement::from_json(&text, &f.display().to_string())?
-        }
-        (None, Some(budget)) => {
-            let req = PlanRequest {
-                policy: a.policy,
-                budget: parse_budget(budget)?,
-                prompt_tokens,
-                gen_tokens: a.n_predict,
-                ctx_tokens: a.ctx,
-                stream: !a.no_stream,
-            };
-            let opts = ProfileOptions::for_prompt(prompt_tokens);
-            let name = super::file_name(path);
-            let (prof, cached) =
-                load_or_profile(model, &name, &*backends[0], gpu, threads, &opts, false)?;
-            eprintln!(
-                "profile: {} ({} operators, {:.1} s)",
-                if cached { "cached" } else { "measured" },
-                prof.operators.len(),
-                prof.profiling_s
-            );
-            plan(&prof, &req)?
-        }
-        (None, None) => return Err(Error::Usage("no placement to apply".into())),
-    };
-    let free = match gpu {
-        Some(g) => Ok(g.memory()?.free as u64),
-        None => Err(
-            "none is usable here (see above); plan with --policy cpu to run without one"
-                .to_string(),
-        ),
-    };
-    let s = check(&placement, model, free)?;
-    let b = &placement.budget;
-    eprintln!(
-        "plan: {} policy, {} of weights for the GPU ({}/{} operators), budget {}, reserved {}, cap {}, predicted TTFT {:.1} ms, TPOT {:.2} ms",
-        placement.policy,
-        mib(s.gpu_weight_bytes),
-        s.gpu_ops,
-        s.ops,
-        mib(b.vram_budget_bytes),
-        mib(b.reserved_bytes),
-        mib(b.cap_bytes),
-        placement.predicted.ttft_ms,
-        placement.predicted.tpot_ms
-    );
-    if !placement.prefill_stream.is_empty() {
-        eprintln!(
-            "plan: {} CPU-resident operators streamed to the GPU for prompt batches of {} tokens \
-             or more ({} reserved for two layers of them)",
-            placement.prefill_stream.len(),
-            a.stream_min_tokens
-                .or(placement.stream_min_tokens)
-                .map_or("no".to_string(), |n| n.to_string()),
-            mib(b.stream_bytes)
-        );
-    }
-    let mut map = device_map(&placement, model, 0, dev);
-    if let Some(n) = a.stream_min_tokens {
-        map.stream_min_tokens = n;
-    }
-    Ok((map, placement))
-}
-
 /// The model's weight type as results name it: the most common type among its target weights.
 fn model_dtype(model: &Model) -> String {
     let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -218,10 +134,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
 
-    let (mut backends, mut dev) = super::open_backends(a.device)?;
     let t_load = Instant::now();
-    let model = Model::open(&path)?;
-    let tokenizer = Tokenizer::from_gguf(&model.file)?;
+    let opened = Opened::open(&path, a.device)?;
+    let (model, tokenizer) = (&opened.model, &opened.tokenizer);
     let text = if a.chat {
         let template = model
             .file
@@ -285,31 +200,35 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    // The whole model on the GPU only when it fits; auto falls back to the CPU, saying why.
-    if dev != 0
-        && a.vram_budget.is_none()
-        && a.placement.is_none()
-        && let Err(why) = super::fits_whole(&model, ctx, prompt_ids.len(), &*backends[dev])
-    {
-        if a.device == super::DeviceArg::Gpu {
-            return Err(Error::Usage(format!(
-                "--device gpu: {why}; split it with --vram-budget"
-            )));
-        }
-        eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
-        backends.truncate(1);
-        dev = 0;
-    }
-    let device = backends[dev].describe();
-    let (map, placement) = if a.vram_budget.is_some() || a.placement.is_some() {
-        let (m, p) = placed_map(&a, &model, &path, &backends, dev, threads, prompt_ids.len())?;
-        (m, Some(p))
-    } else {
-        (DeviceMap::uniform(&model, dev), None)
+    let split = match (&a.placement, &a.vram_budget) {
+        (Some(f), _) => Split::File(f.clone()),
+        (None, Some(budget)) => Split::Budget {
+            budget: budget.clone(),
+            policy: a.policy,
+            stream: !a.no_stream,
+            force_profile: a.force_profile,
+        },
+        (None, None) => Split::Whole,
     };
-    let mut session = Session::with_devices(&model, ctx, backends.clone(), &map)?;
+    let split_run = !matches!(split, Split::Whole);
+    let engine = opened.place(&PlaceOptions {
+        split,
+        threads,
+        ctx,
+        prompt_tokens: prompt_ids.len(),
+        gen_tokens: a.n_predict,
+        stream_min_tokens: a.stream_min_tokens,
+    })?;
+    let Engine {
+        backends,
+        dev,
+        map,
+        placement,
+        mut session,
+    } = engine;
+    let device = backends[dev].describe();
     session.ubatch = a.ubatch;
-    if a.vram_budget.is_some() || a.placement.is_some() {
+    if split_run {
         let u = backends[dev].usage();
         eprintln!(
             "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} crossings in the \
@@ -321,8 +240,8 @@ pub fn run(a: RunArgs) -> Result<()> {
                 .filter(|&&d| d == dev && dev != 0)
                 .count(),
             map.weights.len(),
-            map.crossings(&model, 0, prompt_ids.len()),
-            map.crossings(&model, 0, 1)
+            map.crossings(model, 0, prompt_ids.len()),
+            map.crossings(model, 0, 1)
         );
     }
     // Warm-up: the whole prompt, so the timed prefill pays no page faults, buffer growth or
@@ -345,7 +264,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let json = a.json;
     let g = generate(
         &mut session,
-        &tokenizer,
+        tokenizer,
         a.ignore_eos,
         &mut sampler,
         &prompt_ids,
@@ -363,7 +282,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     drop(stdout);
 
     let model_name = super::file_name(&path);
-    let targets = target_weights(&model);
+    let targets = target_weights(model);
     let target_bytes: u64 = targets.iter().map(|w| w.n_bytes as u64).sum();
     // Weights resident on the GPU (streamed ones are not).
     let gpu_weight_bytes: u64 = targets
@@ -378,7 +297,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "threads": threads,
             "device": device,
             "host_cpu": oato::kernels::cpu::cpu_name(),
-            "model_dtype": model_dtype(&model),
+            "model_dtype": model_dtype(model),
             "policy": placement.as_ref().map_or(
                 if dev == 0 { "cpu" } else { "gpu" }.to_string(),
                 |p| p.policy.to_string()
@@ -397,8 +316,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             "prompt_tokens_per_s": g.prompt_tps(),
             "predicted_ttft_ms": placement.as_ref().map(|p| p.predicted.ttft_ms),
             "predicted_tpot_ms": placement.as_ref().map(|p| p.predicted.tpot_ms),
-            "crossings_prefill": map.crossings(&model, 0, g.prompt_ids.len()),
-            "crossings_decode": map.crossings(&model, 0, 1),
+            "crossings_prefill": map.crossings(model, 0, g.prompt_ids.len()),
+            "crossings_decode": map.crossings(model, 0, 1),
             "gen_tokens_per_s": g.decode_tps(),
         });
         println!(

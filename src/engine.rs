@@ -1,0 +1,326 @@
+//! The library stage between a model file and a running session, which `oato run` (and a future
+//! server or chat) share: open the backends and the model ([`Opened::open`]), then place it
+//! ([`Opened::place`]): the whole model on one device when it fits, or the profile → plan →
+//! place pipeline under a VRAM budget (the profile cached per model, host and batch sizes), or a
+//! placement file; the placement checked against the model and the GPU's free memory; then a
+//! [`Session`] on that device map.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::placer::{check, device_map};
+use crate::profiler::{ProfileOptions, load_or_profile};
+use crate::runtime::backend::Backend;
+use crate::runtime::cpu_backend::CpuBackend;
+use crate::runtime::cuda_backend::{self, CudaBackend};
+use crate::runtime::forward::{DeviceMap, Session, target_weights};
+use crate::runtime::test_device::TestDevice;
+use crate::scheduler::{Placement, PlanRequest, Policy, mib, parse_budget, plan};
+use crate::tokenizer::Tokenizer;
+
+/// Where a whole model or a test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// The GPU when one is usable, else the CPU (saying why in one line).
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+/// The backends for `dev` (the CPU first, then the GPU when one is used) and the index of the
+/// one that computes. `Gpu` without a usable GPU is an error naming the reason.
+///
+/// `OATO_TEST_DEVICE=<bytes>` stands a CPU-backed test device of that size in for the GPU, so
+/// the placement pipeline can be exercised on machines without one.
+pub fn open_backends(dev: DeviceChoice) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    if dev != DeviceChoice::Cpu
+        && let Some(v) = std::env::var_os("OATO_TEST_DEVICE")
+    {
+        let bytes = v.to_string_lossy().parse::<usize>().map_err(|_| {
+            Error::Usage(format!(
+                "OATO_TEST_DEVICE={v:?}: give the test device's size in bytes"
+            ))
+        })?;
+        return Ok((vec![cpu, Arc::new(TestDevice::new(bytes))], 1));
+    }
+    let want_gpu = match dev {
+        DeviceChoice::Cpu => false,
+        DeviceChoice::Gpu => {
+            cuda_backend::probe().map_err(|why| Error::Usage(format!("--device gpu: {why}")))?;
+            true
+        }
+        DeviceChoice::Auto => match cuda_backend::probe() {
+            Ok(_) => true,
+            Err(why) => {
+                eprintln!("oato: no GPU ({why}); running on the CPU");
+                false
+            }
+        },
+    };
+    if !want_gpu {
+        return Ok((vec![cpu], 0));
+    }
+    match CudaBackend::new(0) {
+        Ok(g) => Ok((vec![cpu, Arc::new(g)], 1)),
+        Err(e) if dev == DeviceChoice::Auto => {
+            eprintln!("oato: GPU unusable ({e}); running on the CPU");
+            Ok((vec![cpu], 0))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the whole model fits in `be`'s free memory: its target and non-target weights (not the
+/// embedding table, which stays in the memory map unless it is also the output head), the KV cache
+/// for `ctx` tokens and the scheduler's workspace for a `prompt_tokens` prefill. The reason, with
+/// the numbers, when not.
+pub fn fits_whole(
+    model: &Model,
+    ctx: usize,
+    prompt_tokens: usize,
+    be: &dyn Backend,
+) -> std::result::Result<(), String> {
+    let hp = &model.hp;
+    let targets = target_weights(model);
+    let tied = model.output.name == "token_embd.weight";
+    let weights: usize = model
+        .file
+        .tensors
+        .iter()
+        .filter(|t| tied || t.name != "token_embd.weight")
+        .map(|t| t.n_bytes as usize)
+        .sum();
+    let kv = crate::runtime::kv_cache::bytes_per_token(hp.n_layer, hp.kv_dim()) * ctx;
+    let largest = targets
+        .iter()
+        .map(|w| (w.k * w.n) as u64)
+        .max()
+        .unwrap_or(0);
+    let workspace = crate::scheduler::workspace_for(
+        largest,
+        hp.n_embd as u64,
+        hp.n_ff as u64,
+        hp.n_vocab as u64,
+        prompt_tokens,
+    ) as usize;
+    let need = weights + kv + workspace;
+    let free = be.memory().map_err(|e| e.to_string())?.free;
+    if need > free {
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        return Err(format!(
+            "the model needs {:.0} MiB on {} ({:.0} MiB of weights + {:.0} MiB of KV cache for \
+             {ctx} tokens + {:.0} MiB workspace), {:.0} MiB are free",
+            mib(need),
+            be.device_name(),
+            mib(weights),
+            mib(kv),
+            mib(workspace),
+            mib(free)
+        ));
+    }
+    Ok(())
+}
+
+/// How the model is split between the CPU and the GPU.
+#[derive(Clone, Debug)]
+pub enum Split {
+    /// The whole model on the device [`open_backends`] chose (the CPU when it does not fit and
+    /// the choice was `Auto`).
+    Whole,
+    /// Profile (or the cached profile), plan under this budget with this policy, place.
+    Budget {
+        /// Bytes with a binary unit (`12G`) or a share of the target weights (`75%`).
+        budget: String,
+        policy: Policy,
+        /// Prefill streaming (rule 5) allowed.
+        stream: bool,
+        /// Re-profile even when a cached profile exists.
+        force_profile: bool,
+    },
+    /// A placement file (`oato.placement/v1`).
+    File(PathBuf),
+}
+
+/// What [`Opened::place`] needs besides the split.
+#[derive(Clone, Debug)]
+pub struct PlaceOptions {
+    pub split: Split,
+    /// CPU threads (the pool's size), recorded in the profile.
+    pub threads: usize,
+    /// Context size in tokens (prompt + generated).
+    pub ctx: usize,
+    /// The prompt length the plan is made for (and the whole-model fit is checked at).
+    pub prompt_tokens: usize,
+    /// Tokens to generate, for the plan's objective.
+    pub gen_tokens: usize,
+    /// Stream the placement's prefill operators from this many tokens (default: the
+    /// placement's).
+    pub stream_min_tokens: Option<usize>,
+}
+
+/// The backends and the model, opened; not yet placed.
+pub struct Opened {
+    pub path: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub backends: Vec<Arc<dyn Backend>>,
+    /// Index in `backends` of the device that computes (0: the CPU).
+    pub dev: usize,
+    /// Whether the device was asked for explicitly (`Gpu`): then a model that does not fit is
+    /// an error rather than a fall-back to the CPU.
+    device: DeviceChoice,
+}
+
+/// A placed model's session, ready to generate, over the [`Opened`] model it borrows.
+pub struct Engine<'a> {
+    /// The backends in use: the CPU, then the GPU unless a whole model fell back to the CPU.
+    pub backends: Vec<Arc<dyn Backend>>,
+    /// Index in `backends` of the device that computes (0: the CPU).
+    pub dev: usize,
+    pub map: DeviceMap,
+    /// The placement, when the model is split.
+    pub placement: Option<Placement>,
+    pub session: Session<'a>,
+}
+
+impl Opened {
+    /// Opens the backends for `device` and the model file with its tokenizer.
+    pub fn open(path: &Path, device: DeviceChoice) -> Result<Opened> {
+        let (backends, dev) = open_backends(device)?;
+        let model = Model::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&model.file)?;
+        Ok(Opened {
+            path: path.to_path_buf(),
+            model,
+            tokenizer,
+            backends,
+            dev,
+            device,
+        })
+    }
+
+    /// Places the model as `opts` says and opens a session on it. A whole model that does not
+    /// fit the GPU falls back to the CPU (saying so) unless the GPU was asked for.
+    pub fn place(&self, opts: &PlaceOptions) -> Result<Engine<'_>> {
+        let whole = matches!(opts.split, Split::Whole);
+        let (mut backends, mut dev) = (self.backends.clone(), self.dev);
+        if dev != 0
+            && whole
+            && let Err(why) = fits_whole(&self.model, opts.ctx, opts.prompt_tokens, &*backends[dev])
+        {
+            if self.device == DeviceChoice::Gpu {
+                return Err(Error::Usage(format!(
+                    "--device gpu: {why}; split it with --vram-budget"
+                )));
+            }
+            eprintln!("oato: {why}; running on the CPU (split it with --vram-budget)");
+            backends.truncate(1);
+            dev = 0;
+        }
+        let (map, placement) = if whole {
+            (DeviceMap::uniform(&self.model, dev), None)
+        } else {
+            let (m, p) = self.placed_map(opts)?;
+            (m, Some(p))
+        };
+        let session = Session::with_devices(&self.model, opts.ctx, backends.clone(), &map)?;
+        Ok(Engine {
+            backends,
+            dev,
+            map,
+            placement,
+            session,
+        })
+    }
+
+    /// The device map for a budget (profile or cached profile, plan) or a placement file,
+    /// checked against the model and the GPU's free memory.
+    fn placed_map(&self, opts: &PlaceOptions) -> Result<(DeviceMap, Placement)> {
+        let (model, dev) = (&self.model, self.dev);
+        let gpu = (dev != 0).then(|| &*self.backends[dev]);
+        let placement = match &opts.split {
+            Split::File(f) => {
+                let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+                Placement::from_json(&text, &f.display().to_string())?
+            }
+            Split::Budget {
+                budget,
+                policy,
+                stream,
+                force_profile,
+            } => {
+                let req = PlanRequest {
+                    policy: *policy,
+                    budget: parse_budget(budget)?,
+                    prompt_tokens: opts.prompt_tokens,
+                    gen_tokens: opts.gen_tokens,
+                    ctx_tokens: opts.ctx,
+                    stream: *stream,
+                };
+                let popts = ProfileOptions::for_prompt(opts.prompt_tokens);
+                let name = self
+                    .path
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let (prof, cached) = load_or_profile(
+                    model,
+                    &name,
+                    &*self.backends[0],
+                    gpu,
+                    opts.threads,
+                    &popts,
+                    *force_profile,
+                )?;
+                eprintln!(
+                    "profile: {} ({} operators, {:.1} s)",
+                    if cached { "cached" } else { "measured" },
+                    prof.operators.len(),
+                    prof.profiling_s
+                );
+                plan(&prof, &req)?
+            }
+            Split::Whole => return Err(Error::Usage("no placement to apply".into())),
+        };
+        let free = match gpu {
+            Some(g) => Ok(g.memory()?.free as u64),
+            None => Err(
+                "none is usable here (see above); plan with --policy cpu to run without one"
+                    .to_string(),
+            ),
+        };
+        let s = check(&placement, model, free)?;
+        let b = &placement.budget;
+        eprintln!(
+            "plan: {} policy, {} of weights for the GPU ({}/{} operators), budget {}, reserved {}, cap {}, predicted TTFT {:.1} ms, TPOT {:.2} ms",
+            placement.policy,
+            mib(s.gpu_weight_bytes),
+            s.gpu_ops,
+            s.ops,
+            mib(b.vram_budget_bytes),
+            mib(b.reserved_bytes),
+            mib(b.cap_bytes),
+            placement.predicted.ttft_ms,
+            placement.predicted.tpot_ms
+        );
+        if !placement.prefill_stream.is_empty() {
+            eprintln!(
+                "plan: {} CPU-resident operators streamed to the GPU for prompt batches of {} \
+                 tokens or more ({} reserved for two layers of them)",
+                placement.prefill_stream.len(),
+                opts.stream_min_tokens
+                    .or(placement.stream_min_tokens)
+                    .map_or("no".to_string(), |n| n.to_string()),
+                mib(b.stream_bytes)
+            );
+        }
+        let mut map = device_map(&placement, model, 0, dev);
+        if let Some(n) = opts.stream_min_tokens {
+            map.stream_min_tokens = n;
+        }
+        Ok((map, placement))
+    }
+}
