@@ -20,6 +20,13 @@ use crate::runtime::test_device::TestDevice;
 use crate::scheduler::{Placement, PlanRequest, Policy, mib, parse_budget, plan};
 use crate::tokenizer::Tokenizer;
 
+/// The file name of a path, for reports and profiles.
+pub fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Where a whole model or a test runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceChoice {
@@ -261,14 +268,9 @@ impl Opened {
                     stream: *stream,
                 };
                 let popts = ProfileOptions::for_prompt(opts.prompt_tokens);
-                let name = self
-                    .path
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
                 let (prof, cached) = load_or_profile(
                     model,
-                    &name,
+                    &file_name(&self.path),
                     &*self.backends[0],
                     gpu,
                     opts.threads,

@@ -34,6 +34,31 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 /// Backend 0 the CPU, backend 1 a test device (returned too, for its counters).
+/// The test prompt's ids and the all-CPU greedy continuation of `n_gen` tokens.
+fn reference(model: &Model, n_gen: usize) -> (Vec<u32>, Vec<u32>) {
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let prompt = tok.encode("The capital of France is", true, true).unwrap();
+    let want = greedy(&mut Session::new(model, 64).unwrap(), &prompt, n_gen);
+    (prompt, want)
+}
+
+/// The session's copies between backends over one prefill of `prompt_len` tokens and
+/// `calls - 1` decode steps equal the map's crossings for those batch sizes.
+fn assert_copies_are_the_plans(
+    session: &Session,
+    map: &DeviceMap,
+    prompt_len: usize,
+    calls: usize,
+    round: usize,
+) {
+    let model = session.model;
+    assert_eq!(
+        session.transfers.copies,
+        map.crossings(model, 0, prompt_len) + (calls - 1) * map.crossings(model, 0, 1),
+        "round {round}: copies against the plan's count"
+    );
+}
+
 fn cpu_and_test_device() -> (Vec<Arc<dyn Backend>>, Arc<TestDevice>) {
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let dev = Arc::new(TestDevice::new(1 << 30));
@@ -53,10 +78,8 @@ fn scatter(map: &mut DeviceMap, rng: &mut Rng) {
 #[test]
 fn random_placements_run_where_the_map_says_and_match_the_cpu() {
     let model = Model::open(model_path()).unwrap();
-    let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let prompt = tok.encode("The capital of France is", true, true).unwrap();
     let n_gen = 6;
-    let want = greedy(&mut Session::new(&model, 64).unwrap(), &prompt, n_gen);
+    let (prompt, want) = reference(&model, n_gen);
 
     let mut rng = Rng(0x0A70);
     for round in 0..4 {
@@ -116,11 +139,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
             );
         }
         let crossings = session.transfers.copies;
-        assert_eq!(
-            crossings,
-            map.crossings(&model, 0, prompt.len()) + (calls - 1) * map.crossings(&model, 0, 1),
-            "round {round}: copies against the plan's count"
-        );
+        assert_copies_are_the_plans(&session, &map, prompt.len(), calls, round);
         println!(
             "round {round}: {on_device} of {} target operators on the test device, {crossings} copies",
             target_weights(&model).len()
@@ -167,11 +186,9 @@ fn bad_device_maps_are_errors() {
 #[test]
 fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
     let model = Model::open(model_path()).unwrap();
-    let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let prompt = tok.encode("The capital of France is", true, true).unwrap();
-    assert!(prompt.len() >= 4);
     let n_gen = 5;
-    let want = greedy(&mut Session::new(&model, 64).unwrap(), &prompt, n_gen);
+    let (prompt, want) = reference(&model, n_gen);
+    assert!(prompt.len() >= 4);
 
     let mut rng = Rng(0x5743);
     for round in 0..3 {
@@ -225,11 +242,7 @@ fn prefill_streaming_runs_listed_weights_on_the_device_in_prefill_only() {
                 w.name
             );
         }
-        assert_eq!(
-            session.transfers.copies,
-            map.crossings(&model, 0, prompt.len()) + (n_gen - 1) * map.crossings(&model, 0, 1),
-            "round {round}: copies against the plan's count"
-        );
+        assert_copies_are_the_plans(&session, &map, prompt.len(), n_gen, round);
         // A batch below the threshold does not stream.
         let before = dev.prefetch_counts().values().sum::<usize>();
         session.reset();

@@ -131,22 +131,25 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
         o["stream_us"] = (cpu64 / 10.0).into();
     }
     std::fs::write(dir.join("fast.json"), fast.to_string()).unwrap();
-    let out = oato(
-        &[
-            "plan",
-            "--profile",
-            "fast.json",
-            "--vram-budget",
-            "25%",
-            "--policy",
-            "layer-split",
-            "-o",
-            "ls.json",
-            "--llama-ot",
-        ],
-        &dir,
-    );
-    let table = ok(&out);
+    // layer-split at 25% on that profile, written to `out`, with one more flag.
+    let plan_ls = |out: &str, flag: &str| {
+        oato(
+            &[
+                "plan",
+                "--profile",
+                "fast.json",
+                "--vram-budget",
+                "25%",
+                "--policy",
+                "layer-split",
+                "-o",
+                out,
+                flag,
+            ],
+            &dir,
+        )
+    };
+    let table = ok(&plan_ls("ls.json", "--llama-ot"));
     assert!(
         table.contains("  stream  ") && table.contains("llama.cpp has no per-operator streaming"),
         "{table}"
@@ -154,22 +157,7 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     let ls: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("ls.json")).unwrap()).unwrap();
     assert!(!ls["prefill_stream"].as_array().unwrap().is_empty());
-    let out = oato(
-        &[
-            "plan",
-            "--profile",
-            "fast.json",
-            "--vram-budget",
-            "25%",
-            "--policy",
-            "layer-split",
-            "-o",
-            "ls-off.json",
-            "--no-stream",
-        ],
-        &dir,
-    );
-    assert!(!ok(&out).contains("  stream  "));
+    assert!(!ok(&plan_ls("ls-off.json", "--no-stream")).contains("  stream  "));
     for extra in [
         &["--placement", "ls.json"][..],
         &["--placement", "ls.json", "--stream-min-tokens", "2"],

@@ -35,13 +35,6 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// The file name of a path, for reports.
-pub fn file_name(p: &std::path::Path) -> String {
-    p.file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 /// Sets up the CPU thread pool: `threads` threads, or every core when 0. Also checks
 /// `OATO_CPU_ISA`, so a bad value is an error before any work.
 pub fn init_threads(threads: usize) -> Result<usize> {
@@ -56,4 +49,4 @@ pub fn init_threads(threads: usize) -> Result<usize> {
 
 /// `--device`: where a whole model or a test runs.
 pub use oato::engine::DeviceChoice as DeviceArg;
-pub use oato::engine::open_backends;
+pub use oato::engine::{file_name, open_backends};

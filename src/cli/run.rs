@@ -210,7 +210,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         },
         (None, None) => Split::Whole,
     };
-    let split_run = !matches!(split, Split::Whole);
     let engine = opened.place(&PlaceOptions {
         split,
         threads,
@@ -228,7 +227,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     } = engine;
     let device = backends[dev].describe();
     session.ubatch = a.ubatch;
-    if split_run {
+    if placement.is_some() {
         let u = backends[dev].usage();
         eprintln!(
             "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} crossings in the \

@@ -246,6 +246,19 @@ fn time_op(
     Ok(out)
 }
 
+/// The layer operators (not the head) grouped by kind, weight type and shape, as indices into
+/// `ops` in their order: operators of one group cost the same (up to noise).
+fn layer_groups(ops: &[TargetOp]) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<(&str, &str, usize, usize), Vec<usize>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if op.layer.is_some() {
+            let key = (op.kind, op.weight.ty.name(), op.weight.k, op.weight.n);
+            groups.entry(key).or_default().push(i);
+        }
+    }
+    groups.into_values().collect()
+}
+
 /// Times at the sampled `batches` (see [`SAMPLED_ABOVE`]) the middle layer's operator of each
 /// (kind, type, shape) and adds its times to every operator of the group in `out` (by operator).
 fn time_sampled(
@@ -259,21 +272,14 @@ fn time_sampled(
     if batches.is_empty() {
         return Ok(());
     }
-    let mut groups: BTreeMap<(&str, &str, usize, usize), Vec<usize>> = BTreeMap::new();
-    for (i, op) in ops.iter().enumerate() {
-        if op.layer.is_some() {
-            let key = (op.kind, op.weight.ty.name(), op.weight.k, op.weight.n);
-            groups.entry(key).or_default().push(i);
-        }
-    }
     let opts = ProfileOptions {
         batches: batches.to_vec(),
         reps,
         progress: false,
     };
-    for members in groups.values() {
+    for members in layer_groups(ops) {
         let times = time_op(be, file, &ops[members[members.len() / 2]], &opts)?;
-        for &i in members {
+        for &i in &members {
             out[i].extend(times.iter().map(|(k, v)| (k.clone(), *v)));
         }
     }
@@ -465,20 +471,7 @@ fn stream_times(
     ops: &[TargetOp],
     entries: &mut [ProfileEntry],
 ) -> Result<()> {
-    let mut groups: std::collections::BTreeMap<(String, usize, usize, String), Vec<usize>> =
-        Default::default();
-    for (i, op) in ops.iter().enumerate() {
-        if op.layer.is_some() {
-            let key = (
-                op.kind.to_string(),
-                op.weight.k,
-                op.weight.n,
-                op.weight.ty.name().to_string(),
-            );
-            groups.entry(key).or_default().push(i);
-        }
-    }
-    for members in groups.values() {
+    for members in layer_groups(ops) {
         let Some(&big) = members.iter().max_by_key(|&&i| ops[i].weight.n_bytes) else {
             continue;
         };
@@ -495,7 +488,7 @@ fn stream_times(
             gpu.release_weight(copy)?;
         }
         gpu.synchronize()?;
-        for &i in members {
+        for &i in &members {
             let scale = ops[i].weight.n_bytes as f64 / w.n_bytes.max(1) as f64;
             entries[i].stream_us = Some(best * scale);
         }
@@ -628,17 +621,17 @@ pub fn profile_model(
         done: 0,
         start: t0,
     };
-    let mut entries = Vec::with_capacity(ops.len());
     let (full, sampled) = opts.split_sampled();
     let mut cpu_times = time_in_order(cpu, &model.file, &ops, &full)?;
     time_sampled(cpu, &model.file, &ops, &sampled, opts.reps, &mut cpu_times)?;
-    let mut cpu_times = cpu_times.into_iter();
     for op in &ops {
-        let cpu_us = cpu_times.next().unwrap_or_default();
         progress.step(&format!("{} cpu", op.op));
-        let gpu_us = match gpu {
-            Some(g) => {
-                let t = time_op(g, &model.file, op, &full).map_err(|e| {
+    }
+    let mut gpu_times = match gpu {
+        Some(g) => {
+            let mut times = Vec::with_capacity(ops.len());
+            for op in &ops {
+                times.push(time_op(g, &model.file, op, &full).map_err(|e| {
                     let free = g.memory().map_or(0, |m| m.free);
                     Error::Msg(format!(
                         "profiling {} ({} of {}) on {}, {} free: {e}",
@@ -648,13 +641,18 @@ pub fn profile_model(
                         g.describe(),
                         mib(free as u64)
                     ))
-                })?;
+                })?);
                 progress.step(&format!("{} gpu", op.op));
-                Some(t)
             }
-            None => None,
-        };
-        entries.push(ProfileEntry {
+            time_sampled(g, &model.file, &ops, &sampled, opts.reps, &mut times)?;
+            Some(times.into_iter())
+        }
+        None => None,
+    };
+    let mut entries: Vec<ProfileEntry> = ops
+        .iter()
+        .zip(cpu_times)
+        .map(|(op, cpu_us)| ProfileEntry {
             op: op.op.clone(),
             tensor: op.weight.name.clone(),
             layer: op.layer,
@@ -666,19 +664,11 @@ pub fn profile_model(
             in_bytes_per_token: op.in_bytes_per_token,
             out_bytes_per_token: op.out_bytes_per_token,
             cpu_us,
-            gpu_us,
+            gpu_us: gpu_times.as_mut().and_then(|t| t.next()),
             stream_us: None,
-        });
-    }
+        })
+        .collect();
     if let Some(g) = gpu {
-        let mut gpu_times: Vec<_> = entries
-            .iter_mut()
-            .map(|e| e.gpu_us.take().unwrap_or_default())
-            .collect();
-        time_sampled(g, &model.file, &ops, &sampled, opts.reps, &mut gpu_times)?;
-        for (e, t) in entries.iter_mut().zip(gpu_times) {
-            e.gpu_us = Some(t);
-        }
         stream_times(g, &model.file, &ops, &mut entries)?;
     }
     let (gpu_info, link) = match gpu {

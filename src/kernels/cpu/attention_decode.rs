@@ -60,15 +60,48 @@ pub fn attention(
     let n_kv_max = pos0 + n_tok;
     assert!(supports(s, n_tok, n_kv_max) && q.len() >= n_tok * q_dim);
     assert!(k_cache.len() >= n_kv_max * kv_dim && v_cache.len() >= n_kv_max * kv_dim);
-    let group = s.n_head / s.n_head_kv;
     let n_rows = n_tok * s.n_head;
     let stride = n_kv_max.next_multiple_of(8);
-    // Queries rounded to f16 and widened, row (t, h) at (t * n_head + h) * hd.
-    let qr: Vec<f32> = q[..n_tok * q_dim]
-        .iter()
-        .map(|&x| f16::from_f32(x).to_f32())
-        .collect();
-    let mut p = vec![0f32; n_rows * stride];
+    SCRATCH.with_borrow_mut(|(qr, p)| {
+        // Queries rounded to f16 and widened, row (t, h) at (t * n_head + h) * hd.
+        qr.clear();
+        qr.extend(
+            q[..n_tok * q_dim]
+                .iter()
+                .map(|&x| f16::from_f32(x).to_f32()),
+        );
+        // Every entry a pass reads is written first (positions past a token's own are neither).
+        p.resize(n_rows * stride, 0.0);
+        passes(s, qr, p, k_cache, v_cache, pos0, n_tok, stride, out);
+    });
+}
+
+thread_local! {
+    /// The calling thread's rounded queries and scores, kept between calls (one per layer and
+    /// token in decode) so that no call allocates or clears them.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
+}
+
+/// The three passes of [`attention`] over the rounded queries `qr` and the scores `p`
+/// (`n_tok * n_head` rows of `stride`).
+#[allow(clippy::too_many_arguments)]
+fn passes(
+    s: AttnShape,
+    qr: &[f32],
+    p: &mut [f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    n_tok: usize,
+    stride: usize,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let q_dim = s.n_head * hd;
+    let kv_dim = s.n_head_kv * hd;
+    let n_kv_max = pos0 + n_tok;
+    let group = s.n_head / s.n_head_kv;
+    let n_rows = n_tok * s.n_head;
     let scale = 1.0 / (hd as f32).sqrt();
     let pool = pool::global();
 
@@ -76,7 +109,7 @@ pub fn attention(
     let ps = SharedOut(p.as_mut_ptr());
     let job = Scores {
         s,
-        qr: &qr,
+        qr,
         k_cache,
         group,
         n_tok,

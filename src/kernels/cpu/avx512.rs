@@ -263,18 +263,32 @@ unsafe fn k4_unpack(head: &[u8; 16], qs: &[u8; QK_K / 2], qh: Option<&[u8; QK_K 
     }
 }
 
-/// `kquants`' step of one unpacked Q4_K / Q5_K super-block against activations `y`: `isum` and
-/// `imin` exactly in i32, then the float part onto `sumf`.
+/// `isum` of one unpacked Q4_K / Q5_K super-block against `y` in eight i32 lanes (exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn k4_step(sumf: f32, x: &K4Block, y: &BlockQ8K) -> f32 {
+unsafe fn k4_isum(x: &K4Block, y: &BlockQ8K) -> __m256i {
     let mut acc = _mm512_setzero_si512();
     for c in 0..4 {
         let prod = _mm512_maddubs_epi16(x.z[c], y_quarter(y, c));
         acc = _mm512_dpwssd_epi32(acc, prod, x.scales[c]);
     }
-    let imin = _mm256_madd_epi16(x.mins, avx2::load_bsums(y));
-    avx2::finish_with_mins(sumf, y.d.get(), x.d, avx2::hsum_i32_pair(fold(acc), imin))
+    fold(acc)
+}
+
+/// `imin` of one unpacked Q4_K / Q5_K super-block against `y` in eight i32 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_imin(x: &K4Block, y: &BlockQ8K) -> __m256i {
+    _mm256_madd_epi16(x.mins, avx2::load_bsums(y))
+}
+
+/// `kquants`' step of one unpacked Q4_K / Q5_K super-block against activations `y`: `isum` and
+/// `imin` exactly in i32, then the float part onto `sumf`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_step(sumf: f32, x: &K4Block, y: &BlockQ8K) -> f32 {
+    let sums = avx2::hsum_i32_pair(k4_isum(x, y), k4_imin(x, y));
+    avx2::finish_with_mins(sumf, y.d.get(), x.d, sums)
 }
 
 /// The eight i32 lanes of each of four vectors summed, into lanes 0..4 (exact, any order).
@@ -285,29 +299,22 @@ unsafe fn sum4_i32(v: [__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
+/// The four activation rows' super-block scales `d`, lane by lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn d_y4(ys: [&BlockQ8K; 4]) -> __m128 {
+    _mm_setr_ps(ys[0].d.get(), ys[1].d.get(), ys[2].d.get(), ys[3].d.get())
+}
+
 /// [`k4_step`] for four tokens at once, their `sumf` in the lanes of `sumf`: the same exact
 /// integers (summed in another order) and, lane by lane, the same float operations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k4_step4(sumf: __m128, x: &K4Block, ys: [&BlockQ8K; 4]) -> __m128 {
-    let (isum, imin): ([__m256i; 4], [__m256i; 4]) = (
-        std::array::from_fn(|t| {
-            let mut acc = _mm512_setzero_si512();
-            for c in 0..4 {
-                let prod = _mm512_maddubs_epi16(x.z[c], y_quarter(ys[t], c));
-                acc = _mm512_dpwssd_epi32(acc, prod, x.scales[c]);
-            }
-            fold(acc)
-        }),
-        std::array::from_fn(|t| _mm256_madd_epi16(x.mins, avx2::load_bsums(ys[t]))),
-    );
-    // Eight i32 lanes of each of four vectors summed into lanes 0..4.
-    let sum4 = |v: [__m256i; 4]| {
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-    };
-    let (fi, fm) = (_mm_cvtepi32_ps(sum4(isum)), _mm_cvtepi32_ps(sum4(imin)));
-    let d_y = _mm_setr_ps(ys[0].d.get(), ys[1].d.get(), ys[2].d.get(), ys[3].d.get());
+    let isum = sum4_i32(std::array::from_fn(|t| k4_isum(x, ys[t])));
+    let imin = sum4_i32(std::array::from_fn(|t| k4_imin(x, ys[t])));
+    let (fi, fm) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(imin));
+    let d_y = d_y4(ys);
     let d_x = _mm_shuffle_ps::<0b00_00_00_00>(x.d, x.d);
     let dmin_x = _mm_shuffle_ps::<0b01_01_01_01>(x.d, x.d);
     let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), fi, sumf);
@@ -505,7 +512,7 @@ unsafe fn q6_step(sumf: f32, x: &Q6Block, y: &BlockQ8K) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_step4(sumf: __m128, x: &Q6Block, ys: [&BlockQ8K; 4]) -> __m128 {
     let isum = sum4_i32(std::array::from_fn(|t| q6_isum(x, ys[t])));
-    let d_y = _mm_setr_ps(ys[0].d.get(), ys[1].d.get(), ys[2].d.get(), ys[3].d.get());
+    let d_y = d_y4(ys);
     _mm_fmadd_ps(
         _mm_mul_ps(d_y, _mm_set1_ps(x.d)),
         _mm_cvtepi32_ps(isum),
