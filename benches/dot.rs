@@ -162,7 +162,38 @@ fn bench_vec_dot(c: &mut Criterion, ty: GgmlType, k: usize) {
     g.finish();
 }
 
+/// Four rows against one token: the four-row decode kernel against four single-row dots, in
+/// cache (the kernels' own speed, not the memory's).
+#[cfg(target_arch = "x86_64")]
+fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
+    use oato::kernels::cpu::avx512::rows_fn;
+    use oato::kernels::cpu::{Isa, dot_fn};
+    let (Some(rows4), true) = (rows_fn(ty), Isa::Avx512.supported()) else {
+        return;
+    };
+    let mut g = c.benchmark_group(format!("rows4/{ty}"));
+    let w = weights(ty, k, 4);
+    let rb = ty.row_bytes(k).unwrap();
+    let rows: [&[u8]; 4] = std::array::from_fn(|r| &w[r * rb..(r + 1) * rb]);
+    let mut a = vec![0u8; ty.vec_dot_type().row_bytes(k).unwrap()];
+    quantize_act_row(ty.vec_dot_type(), &pattern(k, 0.5), &mut a).unwrap();
+    g.throughput(Throughput::Bytes(4 * rb as u64));
+    // SAFETY: both are handed out for this CPU only (checked above).
+    g.bench_function(format!("k{k} rows4"), |b| {
+        b.iter(|| unsafe { rows4(black_box(rows), black_box(&a)) })
+    });
+    let dot = dot_fn(Isa::Avx512, ty);
+    g.bench_function(format!("k{k} 4x dot"), |b| {
+        b.iter(|| rows.map(|r| unsafe { dot(black_box(r), black_box(&a), k) }))
+    });
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        bench_rows4(c, ty, 2048);
+    }
     let threads = set_threads();
     for &ty in QUANTISED {
         bench_vec_dot(c, ty, 576);

@@ -166,6 +166,9 @@ struct RowJob<'a> {
     /// Four rows by sixteen tokens, for the types whose tiles gain from it (the K-quants).
     #[cfg(target_arch = "x86_64")]
     wide: Option<super::tile::TileFn<4, 16>>,
+    /// Four rows against one token (decode), where the type has such a kernel.
+    #[cfg(target_arch = "x86_64")]
+    rows4: Option<super::avx512::RowsFn<4>>,
     out: SharedOut,
 }
 
@@ -203,6 +206,9 @@ impl<'a> RowJob<'a> {
             ),
             #[cfg(target_arch = "x86_64")]
             wide: super::tile::wide_tile_fn(isa, w.ty),
+            #[cfg(target_arch = "x86_64")]
+            rows4: super::avx512::rows_fn(w.ty)
+                .filter(|_| isa == super::Isa::Avx512 && isa.supported()),
             out: SharedOut(y.as_mut_ptr()),
         })
     }
@@ -317,6 +323,27 @@ impl<'a> RowJob<'a> {
             r = self.tiled(acts, r, rows.end, t1, None);
         }
         let ahead = prefetch_distance();
+        #[cfg(target_arch = "x86_64")]
+        if let Some(rows4) = self.rows4 {
+            // The four rows come from the four quarters of the range, so each quarter is read
+            // as one long sequential stream (four adjacent rows would make four short streams
+            // per group, which the hardware prefetchers follow badly).
+            let q = (rows.end - r) / 4;
+            for i in 0..q {
+                let at: [usize; 4] = std::array::from_fn(|j| r + j * q + i);
+                if ahead > 0 {
+                    at.iter().for_each(|&r| self.prefetch(r, ahead));
+                }
+                let w = at.map(|r| self.row(r));
+                for t in 0..acts.n_tok {
+                    // SAFETY: rows_fn's kernels are handed out only under Isa::Avx512, which
+                    // `isa()` chooses only when the CPU has it.
+                    let v = unsafe { rows4(w, acts.row(t)) };
+                    (0..4).for_each(|j| self.put(t, at[j], v[j]));
+                }
+            }
+            r += 4 * q;
+        }
         for r in r..rows.end {
             if ahead > 0 {
                 self.prefetch(r, ahead);

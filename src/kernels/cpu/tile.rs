@@ -3,8 +3,9 @@
 //! converted once per `R`. Every output is accumulated exactly as the single-row kernels do (same
 //! per-block FMA chain, same horizontal sum), so tiled and untiled results are bit-identical.
 //! Prefill on AVX2 CPUs uses 4 x 4 tiles (then 2 x 4 and 1 x 4 for the rows left; AVX-512 CPUs use
-//! `qwide` and `f16wide`); decode uses the single-row kernels, which measured faster than 4 x 1
-//! tiles here.
+//! `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
+//! kernels of `avx512::rows_fn` for Q4_0 and Q8_0 (rows taken from the four quarters of a task's
+//! range, so the weights stay four long sequential streams).
 
 #![allow(unsafe_op_in_unsafe_fn)]
 // The kernels are unsafe only because they need their instruction set; `tile_fn` hands them out
