@@ -379,7 +379,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             1e-10,
         ));
         let mut gt = put(be, &x)?;
-        be.swiglu(&mut gt, &put(be, &y)?, rows * w)?;
+        be.swiglu(&mut gt, &put(be, &y)?, rows, w)?;
         let want: Vec<f64> = x
             .iter()
             .zip(&y)

@@ -406,7 +406,7 @@ fn time_non_target(
         put("add", median_us(be, reps, || be.add(&mut xx, &h, b * e))?);
         put(
             "swiglu",
-            median_us(be, reps, || be.swiglu(&mut g, &u, b * ff))?,
+            median_us(be, reps, || be.swiglu(&mut g, &u, b, ff))?,
         );
     }
     Ok(out)

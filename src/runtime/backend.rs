@@ -251,8 +251,8 @@ pub trait Backend: Send + Sync {
         cache_v: &mut Tensor,
         out: &mut Tensor,
     ) -> Result<()>;
-    /// `g = silu(g) * u` over the first `n` elements.
-    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()>;
+    /// `g = silu(g) * u` over the first `n_tok` rows of `width` elements.
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()>;
     /// `x += y` over the first `n` elements.
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()>;
     /// Rows `ids` of the embedding table `table` as f32 into `out` ([ids.len(), table.k]).

@@ -368,7 +368,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()> {
+        let n = n_tok * width;
         let u = self.f32s(u, n, "swiglu up")?;
         let g = self.f32s_mut(g, n, "swiglu gate")?;
         ops::par_rows(g, ELEMENT_CHUNK, |r0, rows| {

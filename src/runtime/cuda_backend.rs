@@ -243,6 +243,10 @@ struct Scratch {
     xq16: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
+    /// `q8` holds `quantize_q8_1`'s blocks of the `.1` f32 values at address `.0` (written by a
+    /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
+    /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
+    q8_holds: Option<(u64, usize)>,
 }
 
 struct CudaTensor {
@@ -298,6 +302,20 @@ macro_rules! launch {
         // contract (grid, block) is the one its source documents.
         unsafe { b.launch(cfg) }.map_err(drv($name))?;
     }};
+}
+
+/// Whether RMSNorm and SwiGLU of decode-sized batches also write the Q8_1 blocks the next
+/// matrix-vector product reads (`rms_norm_q8_1`, `swiglu_q8_1`: one launch fewer each). On
+/// unless `OATO_CUDA_FUSE=0` at start-up or `set_fuse_q8(false)`; the values are the same either
+/// way, bit for bit.
+static FUSE_Q8: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(std::env::var("OATO_CUDA_FUSE").map_or(true, |v| v.trim() != "0"))
+});
+
+/// Turns the fused RMSNorm / SwiGLU quantisation on or off for every CUDA backend of the
+/// process (`selftest --perf` times both).
+pub fn set_fuse_q8(on: bool) {
+    FUSE_Q8.store(on, Ordering::Relaxed);
 }
 
 /// Whether decode matmuls on quantised weights use the direct kernels (`mmvq_direct_<type>`: no
@@ -481,10 +499,12 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         "ops.cu",
         &[
             "rms_norm_f32",
+            "rms_norm_q8_1",
             "rope_f32",
             "add_f32",
             "add_bias_f32",
             "swiglu_f32",
+            "swiglu_q8_1",
             "copy_f32_to_f16",
             "attention_f16kv",
         ],
@@ -809,6 +829,22 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(drv("bind context"))
     }
 
+    /// Whether an RMSNorm or SwiGLU over `n_tok` rows of `width` writes the Q8_1 blocks too: a
+    /// batch the staged matrix-vector kernels take, whole blocks per row.
+    fn fuse_q8(&self, n_tok: usize, width: usize) -> bool {
+        FUSE_Q8.load(Ordering::Relaxed)
+            && n_tok <= MMVQ_MAX_TOKENS
+            && width.is_multiple_of(32)
+            && !mmvq_direct()
+    }
+
+    /// Before an operator that writes activations: the quantised copy in the scratch may no
+    /// longer match its source.
+    fn forget_q8(&self) -> Result<()> {
+        self.scratch()?.q8_holds = None;
+        Ok(())
+    }
+
     /// A weight uploaded on `stream`: the compute stream (resident weights), or the copy stream
     /// (streamed ones, which then carry an event that kernels reading them wait for).
     /// `registered`: `bytes` lie in host memory registered with the driver (and stay alive until
@@ -993,6 +1029,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
         self.bind()?;
+        self.forget_q8()?;
         let bytes = (len * dtype.size()).max(1);
         let buf = self
             .stream
@@ -1042,6 +1079,7 @@ impl Backend for CudaBackend {
 
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
         self.bind()?;
+        self.forget_q8()?;
         let p = self.f32ptr(dst, at + src.len(), "write")? + (at * 4) as u64;
         // SAFETY: f32 has no padding; viewing it as bytes is sound.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len() * 4) };
@@ -1075,17 +1113,27 @@ impl Backend for CudaBackend {
             let quantized = ws.iter().any(|w| w.ty.is_quantized());
             let direct = quantized && mmvq_direct();
             let (q8, ads) = if direct {
+                s.q8_holds = None;
                 self.quantize_split(&mut s.q8, xp, n_tok, k)?
             } else if quantized {
-                (
-                    self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?,
-                    0,
-                )
+                let q8 = if s.q8_holds == Some((xp, n_tok * k)) {
+                    // Already there (fused into the RMSNorm or SwiGLU that wrote x): the
+                    // scratch is at least that large, so grow only returns its address.
+                    self.grow(&mut s.q8, n_tok * k / 32 * 36)?
+                } else {
+                    s.q8_holds = None;
+                    self.round_q8("quantize_q8_1", &mut s.q8, 36, xp, n_tok, k)?
+                };
+                s.q8_holds = Some((xp, n_tok * k));
+                (q8, 0)
             } else {
                 (0, 0)
             };
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+                if yp < xp + (n_tok * k * 4) as u64 && xp < yp + (n_tok * w.n * 4) as u64 {
+                    s.q8_holds = None; // an output over its own input: never in the forward pass
+                }
                 let unsupported = || Error::UnsupportedType(format!("{} on the GPU", w.ty));
                 let (wp, kk, nn, nt) = (self.wptr(w)?, k as i32, w.n as i32, n_tok as i32);
                 let rows = w.n.div_ceil(4) as u32;
@@ -1166,13 +1214,24 @@ impl Backend for CudaBackend {
         let wp = self.f32ptr(w, n, "rms_norm weight")?;
         let xp = self.f32ptr(x, (row0 + n_rows) * n, "rms_norm input")? + (row0 * n * 4) as u64;
         let yp = self.f32ptr(y, n_rows * n, "rms_norm output")?;
-        launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
-            a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps);
+        let mut s = self.scratch()?;
+        s.q8_holds = None;
+        if self.fuse_q8(n_rows, n) {
+            let q = self.grow(&mut s.q8, n_rows * n / 32 * 36)?;
+            launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
+                a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, nn: i32 = n as i32,
+                e: f32 = eps);
+            s.q8_holds = Some((yp, n_rows * n));
+        } else {
+            launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
+                a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps);
+        }
         Ok(())
     }
 
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
         self.bind()?;
+        self.forget_q8()?;
         let bp = self.f32ptr(b, b.len, "bias")?;
         let n = n_tok * b.len;
         let xp = self.f32ptr(x, n, "add_bias")?;
@@ -1202,6 +1261,7 @@ impl Backend for CudaBackend {
             )));
         }
         self.bind()?;
+        self.forget_q8()?;
         let xp = self.f32ptr(x, n_tok * n_heads * head_dim, "rope")?;
         // Tokens go in gridDim.y, which CUDA caps: long batches run in chunks.
         for t0 in (0..n_tok).step_by(MAX_GRID_Y) {
@@ -1239,6 +1299,7 @@ impl Backend for CudaBackend {
             )));
         }
         self.bind()?;
+        self.forget_q8()?;
         let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
         let n = call.n_tok;
         for (src, cache, what) in [(k, &*cache_k, "k cache"), (v, &*cache_v, "v cache")] {
@@ -1298,17 +1359,29 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()> {
         self.bind()?;
+        let n = n_tok * width;
         let up = self.f32ptr(u, n, "swiglu up")?;
         let gp = self.f32ptr(g, n, "swiglu gate")?;
-        launch!(self, "swiglu_f32", stride_grid(n, 4), B256;
-            a: u64 = gp, b: u64 = up, nn: i64 = n as i64);
+        let mut s = self.scratch()?;
+        s.q8_holds = None;
+        if self.fuse_q8(n_tok, width) {
+            let n_blocks = n / 32;
+            let q = self.grow(&mut s.q8, n_blocks * 36)?;
+            launch!(self, "swiglu_q8_1", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
+                a: u64 = gp, b: u64 = up, qq: u64 = q, nb: i32 = n_blocks as i32);
+            s.q8_holds = Some((gp, n));
+        } else {
+            launch!(self, "swiglu_f32", stride_grid(n, 4), B256;
+                a: u64 = gp, b: u64 = up, nn: i64 = n as i64);
+        }
         Ok(())
     }
 
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
         self.bind()?;
+        self.forget_q8()?;
         let yp = self.f32ptr(y, n, "add")?;
         let xp = self.f32ptr(x, n, "add")?;
         launch!(self, "add_f32", stride_grid(n, 4), B256;
@@ -1318,6 +1391,7 @@ impl Backend for CudaBackend {
 
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
         self.bind()?;
+        self.forget_q8()?;
         let k = table.k;
         let rb = table.bytes / table.n;
         let op = self.f32ptr(out, ids.len() * k, "embedding output")?;

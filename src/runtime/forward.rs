@@ -850,7 +850,7 @@ impl<'m> Session<'m> {
                     )
                 }
                 (OpKind::Residual, _) => be.add(y, get(Val::O)?, n * hp.n_embd),
-                (OpKind::Swiglu, _) => be.swiglu(y, get(Val::U)?, n * hp.n_ff),
+                (OpKind::Swiglu, _) => be.swiglu(y, get(Val::U)?, n, hp.n_ff),
                 (op, _) => Err(Error::Msg(format!(
                     "executor: step {op:?} does not belong to {}",
                     layer.map_or("the head".to_string(), |l| format!("layer {l}"))

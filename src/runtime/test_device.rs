@@ -160,8 +160,8 @@ impl Backend for TestDevice {
     ) -> Result<()> {
         self.inner.attention(call, q, k, v, cache_k, cache_v, out)
     }
-    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n: usize) -> Result<()> {
-        self.inner.swiglu(g, u, n)
+    fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()> {
+        self.inner.swiglu(g, u, n_tok, width)
     }
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
         self.inner.add(x, y, n)

@@ -347,6 +347,39 @@ def check_rms_norm(g):
                 dims=("row", "i"), metric="err/max|y|")
 
 
+def check_fused_q8_1(g, kernel):
+    # The fused kernels write exactly what the plain kernel and then quantize_q8_1 write: the
+    # f32 output and the Q8_1 blocks, bit for bit.
+    if kernel == "rms_norm_q8_1":
+        cases = ((4096, 2, 256, False), (4096, 1, 1024, True), (96, 3, 64, False))
+    else:
+        cases = ((14336, 1, 256, False), (96, 5, 256, False), (3 * 32, 1, 256, False))
+    for n, n_rows, block, inplace in cases:
+        rng = rng_for(f"{kernel} {n} {n_rows}")
+        x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
+        u = rng.standard_normal((n_rows, n)).astype(np.float32)
+        nb = n_rows * n // 32
+        q = Buf.out(np.uint8, nb * 36)
+        if kernel == "rms_norm_q8_1":
+            w = cos_pattern(n)
+            plain = Buf.out(np.float32, x.size)
+            E.launch("rms_norm_f32", (n_rows,), (block,), Buf.of(x), Buf.of(w), plain, i32(n),
+                     f32(1e-5))
+            xb = Buf.of(x)
+            y = xb if inplace else Buf.out(np.float32, x.size)
+            E.launch(kernel, (n_rows,), (block,), xb, Buf.of(w), y, q, i32(n), f32(1e-5))
+        else:
+            plain = Buf.of(x)
+            E.launch("swiglu_f32", (cdiv(x.size, 256),), (256,), plain, Buf.of(u), i64(x.size))
+            y = Buf.of(x)
+            E.launch(kernel, (cdiv(nb, 8),), (block,), y, Buf.of(u), q, i32(nb))
+        want_y = plain.get(np.float32)
+        label = f"n={n} rows={n_rows} block={block}{' in place' if inplace else ''}"
+        g.exact(label + ": f32 output = plain kernel's", y.get(np.float32), want_y)
+        g.exact(label + ": blocks = quantize_q8_1 of it", q.get(np.uint8).reshape(nb, 36),
+                quantize_q8_1(want_y), dims=("block", "byte"))
+
+
 def check_rope(g):
     # The angles follow the kernel's written spec exactly (refs.rope), so what remains is the
     # f32 rounding of cos / sin and of the rotation: a few ulp of |x| <= ~4. tol 1e-5 absolute.
@@ -561,6 +594,8 @@ def main():
     for w in ("f32", "f16", "bf16"):
         r.run(f"mmv_{w}w", check_mmv, w)
     r.run("rms_norm_f32", check_rms_norm)
+    for k in ("rms_norm_q8_1", "swiglu_q8_1"):
+        r.run(k, check_fused_q8_1, k)
     r.run("rope_f32", check_rope)
     for k in ("add_f32", "add_bias_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)

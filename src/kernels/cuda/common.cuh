@@ -188,6 +188,52 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q8_1 activations (src/quant/quantize.rs quantize_block_q8_1, step for step, so the blocks are
+// bit-identical to it): amax = max |x|, d = amax / 127, id = d != 0 ? 1 / d : 0,
+// q = round_half_away(x * id), d stored as f16 (round to nearest even), s = f16(sum(q) * d). The
+// divisions are IEEE-rounded intrinsics, so this holds with --use_fast_math too.
+
+// This lane's q of the 32-element block its warp holds (v is the lane's element) and the block's
+// scale d, as quantize_row(Q8_1) computes them. All 32 lanes must call it (a warp reduction).
+static __device__ __forceinline__ int q8_lane(float v, float& d) {
+    const float amax = warp_max(fabsf(v));
+    d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+    // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
+    const float r = roundf(v * id);
+    return r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
+}
+
+// The Q8_1 block of the 32 values a warp holds (lane i's v is element i), written to *b. All 32
+// lanes must call it.
+static __device__ __forceinline__ void store_q8_1(block_q8_1* b, float v) {
+    float df;
+    const int q = q8_lane(v, df);
+    const int sum = warp_sum_int(q);
+    b->qs[threadIdx.x & 31] = (i8)q;
+    if ((threadIdx.x & 31) == 0)
+        *(__half2*)&b->d = __halves2half2(__float2half_rn(df), __float2half_rn((float)sum * df));
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm's scale of one row, 1 / sqrt(mean(x^2) + eps): f32 sums, IEEE-rounded square root and
+// divisions. Every thread of the block calls it and gets the result; all of them have finished
+// reading the row when it returns (a barrier), so callers may then overwrite it.
+static __device__ __forceinline__ float row_rms_scale(const float* xr, int n, float eps) {
+    __shared__ float partial[32];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
+    sum = warp_sum(sum);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    const int n_warps = blockDim.x >> 5;
+    sum = lane < n_warps ? partial[lane] : 0.0f;
+    sum = warp_sum(sum); // every warp reduces the partials itself: no second barrier
+    return __frcp_rn(__fsqrt_rn(__fdiv_rn(sum, (float)n) + eps));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Packed K-quant scales (src/quant/blocks.rs q3_k_scales, k4_scales_mins)
 
 // Q3_K scale s (0..16), re-centred to -32..32. Low 4 bits: low nibble of raw[s] (s < 8) or high

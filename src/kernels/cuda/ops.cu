@@ -20,21 +20,31 @@
 // x, y: [n_rows, n]; w: [n].
 extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
                                         int n, float eps) {
-    __shared__ float partial[32];
     const float* xr = x + (i64)blockIdx.x * n;
     float* yr = y + (i64)blockIdx.x * n;
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
-    sum = warp_sum(sum);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) partial[warp] = sum;
-    __syncthreads();
-    const int n_warps = blockDim.x >> 5;
-    sum = lane < n_warps ? partial[lane] : 0.0f;
-    sum = warp_sum(sum); // every warp reduces the partials itself: no second barrier
-    const float scale = __frcp_rn(__fsqrt_rn(__fdiv_rn(sum, (float)n) + eps));
+    const float scale = row_rms_scale(xr, n, eps);
     // Each element is read and written by the same thread, so y == x is safe.
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+// rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
+// read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, bit for bit.
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
+// of 32. x, y: [n_rows, n] (y may be x); w: [n]; q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
+extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
+                                         block_q8_1* __restrict__ q, int n, float eps) {
+    const float* xr = x + (i64)blockIdx.x * n;
+    float* yr = y + (i64)blockIdx.x * n;
+    const float scale = row_rms_scale(xr, n, eps);
+    const int nb = n / QK, lane = threadIdx.x & 31;
+    block_q8_1* qr = q + (i64)blockIdx.x * nb;
+    // A warp per 32-element block; each element is read and written by one thread.
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        const int i = b * QK + lane;
+        const float v = xr[i] * scale * w[i];
+        yr[i] = v;
+        store_q8_1(qr + b, v);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -100,6 +110,21 @@ extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
         const float v = g[i];
         g[i] = __fdiv_rn(v, 1.0f + expf(-v)) * u[i];
     }
+}
+
+// swiglu_f32 and quantize_q8_1 of its result in one launch (the input of ffn_down in decode): g
+// as swiglu_f32 writes it, q as quantize_q8_1 of g writes it, bit for bit.
+// launch: grid (ceil(n_blocks / 8), 1, 1), block (256, 1, 1): one warp per 32-element block.
+// g, u: [n_blocks * 32]; q: [n_blocks] block_q8_1, 4-byte aligned.
+extern "C" __global__ void swiglu_q8_1(float* g, const float* u, block_q8_1* __restrict__ q,
+                                       int n_blocks) {
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+    const i64 i = ib * QK + (threadIdx.x & 31);
+    const float v = g[i];
+    const float r = __fdiv_rn(v, 1.0f + expf(-v)) * u[i];
+    g[i] = r;
+    store_q8_1(q + ib, r);
 }
 
 // y = f16(x), round to nearest even (K/V rows into the f16 cache).

@@ -1,23 +1,9 @@
 // quantize.cu: f32 activations to Q8_1 blocks, the input format of the mmvq kernels.
 //
 // The arithmetic is src/quant/quantize.rs's quantize_block_q8_1 (the reference `quantize_row`
-// for Q8_1), step for step, so the blocks are bit-identical to it:
-//   amax = max |x|, d = amax / 127, id = d != 0 ? 1 / d : 0, q = round_half_away(x * id),
-//   d stored as f16 (round to nearest even), s = f16(sum(q) as f32 * d).
-// The divisions are IEEE-rounded intrinsics, so this holds with --use_fast_math too.
+// for Q8_1), step for step (common.cuh's q8_lane), so the blocks are bit-identical to it.
 
 #include "common.cuh"
-
-// This lane's q of the 32-element block its warp holds (v is the lane's element) and the block's
-// scale d, as quantize_row(Q8_1) computes them. All 32 lanes must call it (a warp reduction).
-static __device__ __forceinline__ int q8_lane(float v, float& d) {
-    const float amax = warp_max(fabsf(v));
-    d = __fdiv_rn(amax, 127.0f);
-    const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
-    // Saturate as Rust's `as i8` does, NaN to 0 (only NaN or infinite inputs get there).
-    const float r = roundf(v * id);
-    return r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
-}
 
 // The block of this warp (one per warp of the grid): false past n_blocks (the whole warp leaves
 // together); else its index ib, this lane's q (lane i quantises element i) and the block's d and
@@ -38,13 +24,9 @@ static __device__ __forceinline__ bool q8_warp_block(const float* x, int n_block
 // lane i quantises element i. x: [n_blocks * 32] f32; y: [n_blocks] block_q8_1, 4-byte aligned.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1* __restrict__ y,
                                          int n_blocks) {
-    i64 ib;
-    int q;
-    __half d, s;
-    if (!q8_warp_block(x, n_blocks, ib, q, d, s)) return;
-    block_q8_1* b = y + ib;
-    b->qs[threadIdx.x & 31] = (i8)q;
-    if ((threadIdx.x & 31) == 0) *(__half2*)&b->d = __halves2half2(d, s);
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+    store_q8_1(y + ib, x[ib * QK + (threadIdx.x & 31)]);
 }
 
 // The same blocks split in two arrays, for the mmvq_direct_* kernels: the quants of block ib at
