@@ -505,7 +505,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "add_bias_f32",
             "swiglu_f32",
             "swiglu_q8_1",
-            "copy_f32_to_f16",
+            "store_kv_f16",
             "attention_f16kv",
         ],
     ),
@@ -1302,7 +1302,11 @@ impl Backend for CudaBackend {
         self.forget_q8()?;
         let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
         let n = call.n_tok;
-        for (src, cache, what) in [(k, &*cache_k, "k cache"), (v, &*cache_v, "v cache")] {
+        let mut at = [(0u64, 0u64); 2];
+        for (i, (src, cache, what)) in [(k, &*cache_k, "k cache"), (v, &*cache_v, "v cache")]
+            .into_iter()
+            .enumerate()
+        {
             if cache.dtype != DType::F16 {
                 return Err(Error::Msg(format!("{what}: f32 tensor where f16 expected")));
             }
@@ -1313,11 +1317,14 @@ impl Backend for CudaBackend {
                     cache.len / kvd
                 )));
             }
-            let sp = self.f32ptr(src, n * kvd, what)?;
-            let cp = self.tptr(cache, call.pos0 * kvd, n * kvd, what)?;
-            launch!(self, "copy_f32_to_f16", stride_grid(n * kvd, 4), B256;
-                a: u64 = sp, b: u64 = cp, nn: i64 = (n * kvd) as i64);
+            at[i] = (
+                self.f32ptr(src, n * kvd, what)?,
+                self.tptr(cache, call.pos0 * kvd, n * kvd, what)?,
+            );
         }
+        let [(ks, kc), (vs, vc)] = at;
+        launch!(self, "store_kv_f16", stride_grid(n * kvd, 4), B256;
+            a: u64 = ks, b: u64 = vs, c: u64 = kc, d: u64 = vc, nn: i64 = (n * kvd) as i64);
         let qp = self.f32ptr(q, n * qd, "attention query")?;
         let kp = self.tptr(cache_k, 0, (call.pos0 + n) * kvd, "k cache")?;
         let vp = self.tptr(cache_v, 0, (call.pos0 + n) * kvd, "v cache")?;

@@ -196,7 +196,7 @@ def check_dequant_bf16(g):
 
 def check_f16_conversions(g, kernel):
     # f32 -> f16 rounds to nearest even (numpy's astype does too); f16 -> f32 is exact.
-    if kernel in ("f32_to_f16", "copy_f32_to_f16"):
+    if kernel in ("f32_to_f16", "store_kv_f16"):
         inp, exp = GOLDEN[("quantize", "F16")]
         cases = [("tests/data/quant/quant-F16.bin (overflow, subnormal)",
                   np.frombuffer(inp, np.float32), np.frombuffer(exp, np.float16)),
@@ -205,7 +205,14 @@ def check_f16_conversions(g, kernel):
         for label, x, want in cases:
             want = x.astype(np.float16) if want is None else want
             y = Buf.out(np.float16, x.size)
-            E.launch(kernel, (2,), (256,), Buf.of(x), y, i64(x.size))
+            if kernel == "store_kv_f16":
+                # V is K reversed: each cache gets its own rows.
+                yv = Buf.out(np.float16, x.size)
+                E.launch(kernel, (2,), (256,), Buf.of(x), Buf.of(x[::-1].copy()), y, yv,
+                         i64(x.size))
+                g.exact(label + " (v: reversed)", yv.get(np.float16), want[::-1], dims=("elem",))
+            else:
+                E.launch(kernel, (2,), (256,), Buf.of(x), y, i64(x.size))
             g.exact(label, y.get(np.float16), want, dims=("elem",))
     else:
         inp, exp = GOLDEN[("dequantize", "F16")]
@@ -584,7 +591,7 @@ def main():
     for t in refs.QTYPES:
         r.run(f"dequant_{t}_f16", check_dequant, t)
     r.run("dequant_bf16_f16", check_dequant_bf16)
-    for k in ("f32_to_f16", "f16_to_f32", "copy_f32_to_f16"):
+    for k in ("f32_to_f16", "f16_to_f32", "store_kv_f16"):
         r.run(k, check_f16_conversions, k)
     for t in refs.QTYPES:
         r.run(f"mmvq_{t}", check_mmvq, t)

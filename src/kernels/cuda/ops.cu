@@ -127,12 +127,14 @@ extern "C" __global__ void swiglu_q8_1(float* g, const float* u, block_q8_1* __r
     store_q8_1(q + ib, r);
 }
 
-// y = f16(x), round to nearest even (K/V rows into the f16 cache).
-// launch: grid any, block (256, 1, 1).
-extern "C" __global__ void copy_f32_to_f16(const float* __restrict__ x, __half* __restrict__ y,
-                                           i64 n) {
+// A step's K and V rows into the f16 cache in one launch: ck = f16(k), cv = f16(v), round to
+// nearest even.
+// launch: grid any, block (256, 1, 1). k, v: [n] f32; ck, cv: [n] f16.
+extern "C" __global__ void store_kv_f16(const float* __restrict__ k, const float* __restrict__ v,
+                                        __half* __restrict__ ck, __half* __restrict__ cv, i64 n) {
     GRID_STRIDE_LOOP(i, n) {
-        y[i] = __float2half_rn(x[i]);
+        ck[i] = __float2half_rn(k[i]);
+        cv[i] = __float2half_rn(v[i]);
     }
 }
 
