@@ -238,6 +238,18 @@ def peer(bin_dir, model, cfg, budgets, p, g, threads, work, env, date):
     return sorted(rows, key=lambda r: (r["gpu_weight_fraction"], r["policy"], r["rep"]))
 
 
+def plot(oato, cfg, res, figs):
+    """`oato plot` on RES/<figure>.csv and RES/<figure>-*.csv into FIGURES/<figure>.{png,svg}."""
+    fig = cfg["figure"]
+    csvs = [f for f in [res / f"{fig}.csv", *sorted(res.glob(f"{fig}-*.csv"))] if f.exists()]
+    if not csvs:
+        sys.exit(f"error: no {fig}.csv or {fig}-*.csv in {res}")
+    figs.mkdir(parents=True, exist_ok=True)
+    subprocess.run([oato, "plot", "--kind", cfg["plot"], "--title", cfg["title"], "--figure", fig,
+                    "--claims", "paper-figures/paper-claims.csv", "-o", str(figs / fig),
+                    *map(str, csvs)], check=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
@@ -245,6 +257,7 @@ def main():
     ap.add_argument("--res", help="folder of the results CSV")
     ap.add_argument("--figures", help="folder of the figures")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot-only", action="store_true", help="draw the figure from RES's CSVs, run nothing")
     ap.add_argument("--models", help="comma-separated shapes (or file names) of the config's models to run")
     ap.add_argument("--reps", type=int, help="repetitions instead of the config's")
     a = ap.parse_args()
@@ -264,11 +277,12 @@ def main():
         if a.reps < 1:
             sys.exit("error: --reps needs a whole number >= 1")
         cfg["reps"] = a.reps
+    given = {k: Path(v).resolve() for k, v in (("res", a.res), ("figs", a.figures)) if v}
     os.chdir(ROOT)
     oato = os.environ.get("OATO_BIN", "target/release/oato")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    res = Path(a.res or ("results/paper-small-cpu" if a.small else f"results/paper-{date[:10]}"))
-    figs = Path(a.figures or ("paper-figures/small-cpu" if a.small else "paper-figures"))
+    res = given.get("res") or Path("results/paper-small-cpu" if a.small else f"results/paper-{date[:10]}")
+    figs = given.get("figs") or Path("paper-figures/small-cpu" if a.small else "paper-figures")
     store = Path(os.environ.get("OATO_PAPER_MODELS", Path.home() / ".cache/oato/paper-models"))
     threads = cfg["threads"] or os.cpu_count()
     env = dict(os.environ)
@@ -277,6 +291,10 @@ def main():
     bin_dir = Path(os.environ["LLAMA_BIN"]) if "LLAMA_BIN" in os.environ else next(
         (b for b in LLAMA_BINS if (b / "llama-bench").exists()), None)
     rows, failed = [], []
+    fig = cfg["figure"]
+    if a.plot_only:
+        plot(oato, cfg, res, figs)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for m in cfg["models"]:
@@ -299,7 +317,6 @@ def main():
     if not rows:
         sys.exit(f"error: {a.config}: no run succeeded")
     res.mkdir(parents=True, exist_ok=True)
-    fig = cfg["figure"]
     out = res / (f"{fig}-{'+'.join(name(m) for m in cfg['models'])}.csv" if a.models else f"{fig}.csv")
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
@@ -307,12 +324,7 @@ def main():
         w.writerows(rows)
     print(f"wrote {out} ({len(rows)} rows)", file=sys.stderr)
     if not a.no_plot:
-        figs.mkdir(parents=True, exist_ok=True)
-        subprocess.run([oato, "plot", "--kind", cfg["plot"], "--title", cfg["title"],
-                        "--figure", cfg["figure"], "--claims", "paper-figures/paper-claims.csv",
-                        "-o", str(figs / fig)]
-                       + [str(f) for f in [res / f"{fig}.csv", *sorted(res.glob(f"{fig}-*.csv"))]
-                          if f.exists()], check=True)
+        plot(oato, cfg, res, figs)
     if failed:
         sys.exit(f"error: {a.config}: models that failed: {', '.join(failed)}")
 

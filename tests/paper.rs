@@ -58,13 +58,16 @@ fn policy_pixels(png_path: &Path) -> ((u32, u32), Vec<usize>) {
 fn small_variants_run_and_plot() {
     let tmp = scratch("small");
     let (res, figs) = (tmp.join("results"), tmp.join("figures"));
-    // (figure, CSV rows: policies x budgets x prompt lengths x generated tokens x models x reps)
-    for (fig, rows) in [
-        ("fig7", 4 * 2),
-        ("fig8", 4 * 2),
-        ("fig9", 4 * 2),
-        ("fig10", 4 * 3),
-    ] {
+    // (figure, CSV rows: policies x budgets x prompt lengths x generated tokens x models x reps,
+    // the least pixels of each policy's colour: more than its legend swatch, 12 x 10 for bars,
+    // 16 x 2 for lines, whose series may overlap but keep their own r = 5 marks, two per line)
+    let figures = [
+        ("fig7", 4 * 2, 400),
+        ("fig8", 4 * 2, 120),
+        ("fig9", 4 * 2, 120),
+        ("fig10", 4 * 3, 400),
+    ];
+    for (fig, rows, least) in figures {
         let out = paper(
             &[
                 &format!("configs/{fig}.toml"),
@@ -99,8 +102,7 @@ fn small_variants_run_and_plot() {
         let ((w, h), counts) = policy_pixels(&png);
         assert!(w >= 1000 && h >= 500, "{fig}: {w}x{h}");
         for ((policy, _), n) in POLICY_COLOURS.iter().zip(&counts) {
-            // More than a legend swatch (at most 12 x 10 pixels): the policy's bars or line.
-            assert!(*n > 400, "{fig}: {n} pixels of {policy}'s colour");
+            assert!(*n > least, "{fig}: {n} pixels of {policy}'s colour");
         }
         let svg = std::fs::read_to_string(figs.join(format!("{fig}.svg"))).unwrap();
         assert!(svg.starts_with("<svg") && svg.len() > 10_000, "{fig}: SVG");
@@ -143,6 +145,44 @@ fn broken_configs_name_file_and_line() {
             "{err}"
         );
         assert!(err.contains("bad.toml"), "{err}");
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+#[test]
+fn tied_policies_each_keep_their_marks() {
+    // Every policy with the same TPOT at each point: the lines lie on one another, and each
+    // policy must still show more than its legend swatch (the bound the small runs are held to).
+    let tmp = scratch("tied");
+    let mut csv = String::from(
+        "date,commit,device,host_cpu,threads,model,model_dtype,policy,vram_budget_bytes,\
+         gpu_weight_fraction,prompt_tokens,gen_tokens,rep,load_ms,ttft_ms,tpot_ms,e2e_ms,\
+         tokens_per_s,budget\n",
+    );
+    for (policy, _) in POLICY_COLOURS {
+        for (g, tpot) in [(32, 20.0), (64, 21.0), (128, 23.0)] {
+            csv += &format!(
+                "2026-11-23T10:00:00Z,abc1234,dev,cpu,2,m.gguf,Q4_0,{policy},1,0.5,64,{g},1,1,\
+                 50,{tpot},100,50,50%\n"
+            );
+        }
+    }
+    let path = tmp.join("tied.csv");
+    std::fs::write(&path, csv).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_oato"))
+        .args(["plot", "--kind", "gen-tokens", "-o"])
+        .arg(tmp.join("tied"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, counts) = policy_pixels(&tmp.join("tied.png"));
+    for ((policy, _), n) in POLICY_COLOURS.iter().zip(&counts) {
+        assert!(*n > 120, "{n} pixels of {policy}'s colour");
     }
     std::fs::remove_dir_all(&tmp).ok();
 }

@@ -543,6 +543,10 @@ pub fn caption(runs: &[Run], claims: &[Claim], figure: Option<&str>) -> Vec<Stri
         for c in mine {
             lines.push(format!("  {}", c.text));
         }
+    } else if let Some(f) = figure {
+        lines.push(format!(
+            "Paper: no numbers for {f} in the claims file (the issue states none)."
+        ));
     }
     lines
 }

@@ -137,7 +137,8 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> DrawRe
     let bar_w = 0.8 / k;
     let pos = |g: usize, si: usize| -> (f64, f64) {
         if p.lines {
-            (g as f64 + 0.5 + (si as f64 - (k - 1.0) / 2.0) * 0.02, 0.02)
+            // Side by side, so that equal values still show every series' marks.
+            (g as f64 + 0.5 + (si as f64 - (k - 1.0) / 2.0) * 0.06, 0.02)
         } else {
             (g as f64 + 0.1 + (si as f64 + 0.5) * bar_w, bar_w * 0.45)
         }
@@ -162,7 +163,7 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> DrawRe
                     PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
                 });
             chart
-                .draw_series(pts.iter().map(|&xy| Circle::new(xy, 4, c.filled())))
+                .draw_series(pts.iter().map(|&xy| Circle::new(xy, 5, c.filled())))
                 .map_err(e)?;
         } else {
             chart
