@@ -2,7 +2,7 @@
 """Runs one of the paper's experiments from its config (configs/figN.toml) and draws its figure.
 
     experiments/paper.py configs/fig10.toml [--small] [--res DIR] [--figures DIR] [--no-plot]
-                         [--models SHAPE,...] [--reps N]
+                         [--models SHAPE,...] [--reps N] [--plot-only]
 
 For each model of the config (synthesised with `oato synth` into $OATO_PAPER_MODELS, default
 ~/.cache/oato/paper-models, unless it names a `path`), each prompt length P and each number of
@@ -10,17 +10,22 @@ generated tokens G, it runs oato's policies at the config's budgets through
 experiments/placement-sweep.sh (warm-up, then `reps` timed `oato run --json` runs each) and, where
 the config lists the peer and its llama-bench is built, llama.cpp's -ngl at the same shares with op
 offload on and off through experiments/hybrid-vs-llamacpp.sh. All rows go to RES/<figure>.csv in
-DESIGN.md's results format (plus the plan's predicted TTFT/TPOT), then `oato plot` draws
+DESIGN.md's results format (plus the plan's predicted TTFT/TPOT and the budget asked for), then
+`oato plot` draws
 FIGURES/<figure>.png and .svg with the paper's claims (paper-figures/paper-claims.csv).
 
---small runs the config's [small] table instead: the CPU-only variant CI runs, on the smallest
-synthetic shape with the CPU-backed test device (OATO_TEST_DEVICE) standing in for the GPU; its
-defaults are RES=results/paper-small-cpu and FIGURES=paper-figures/small-cpu.
+--small runs the config's [small] table instead: the CPU-only variant CI runs (tests/paper.rs), on
+the 135M test model and the smallest synthetic shape, with the CPU-backed test device
+(OATO_TEST_DEVICE) standing in for the GPU; its defaults are RES=results/paper-small-cpu and
+FIGURES=paper-figures/small-cpu.
 
 --models runs only those of the config's models (by shape, or file name for a path) and writes
 RES/<figure>-<models>.csv, so one figure can be run a model per call on a machine that limits a
 command's time; the plot then takes RES/<figure>.csv and every RES/<figure>-*.csv. --reps
-overrides the config's repetitions.
+overrides the config's repetitions; --plot-only only redraws the figure from RES's CSVs.
+
+A config that is not valid TOML, or has an unknown key or a value of the wrong kind, is refused
+before anything runs, with its file and line.
 
 Env: OATO_BIN (target/release/oato), OATO_PAPER_MODELS, LLAMA_BIN (llama-bench's folder; default
 the CUDA build of experiments/build-llamacpp-cuda.sh, else the CPU peer in ~/.cache/oato-peers).
@@ -96,11 +101,13 @@ class Config:
             if k not in allowed:
                 self.fail(k, f"unknown key in {what} (known: {', '.join(sorted(allowed))})")
 
-    def ints(self, table, key, least):
+    def ints(self, table, key, least, many=False):
+        """A whole number >= least, or (many) a non-empty list of them."""
         v = table.get(key)
-        vs = v if isinstance(v, list) else [v]
-        if v is None or not vs or not all(isinstance(x, int) and x >= least for x in vs):
-            self.fail(key, f"needs whole numbers >= {least} (got {v!r})")
+        vs = v if many and isinstance(v, list) else [v]
+        if not vs or not all(isinstance(x, int) and not isinstance(x, bool) and x >= least for x in vs):
+            what = "a list of whole numbers" if many else "a whole number"
+            self.fail(key, f"needs {what} >= {least} (got {v!r})")
         return v
 
     def names(self, table, key, known):
@@ -144,7 +151,8 @@ def load(path, small):
     out = {
         "figure": d["figure"], "plot": d["plot"], "title": d["title"],
         "policies": c.names(run, "policies", POLICIES), "peers": c.names(run, "peers", PEERS),
-        "prompt_tokens": c.ints(run, "prompt_tokens", 1), "gen_tokens": c.ints(run, "gen_tokens", 2),
+        "prompt_tokens": c.ints(run, "prompt_tokens", 1, many=True),
+        "gen_tokens": c.ints(run, "gen_tokens", 2, many=True),
         "reps": c.ints(run, "reps", 1), "warmup": c.ints(run, "warmup", 0),
         "threads": c.ints(run, "threads", 0), "ctx": c.ints(run, "ctx", 1),
         "test_device_bytes": test_device, "models": [],
@@ -154,8 +162,12 @@ def load(path, small):
             c.fail(k, "needs a list")
     default_budgets = c.budgets(run) if "budgets" in run else None
     for m in models:
+        if not isinstance(m, dict):
+            c.fail("model", f"needs [[model]] tables (got {m!r})")
         c.where = {k: "small.model" if small else "model" for k in m}
         c.check_keys(m, MODEL_KEYS, "[[model]]")
+        if "path" in m and not isinstance(m["path"], str):
+            c.fail("path", "needs a string")
         if "path" not in m:
             for k in ("shape", "type"):
                 if not isinstance(m.get(k), str):

@@ -120,7 +120,7 @@ fn broken_configs_name_file_and_line() {
         (
             "reps = 1\n",
             "reps = 0\n",
-            ":28: reps: needs whole numbers >= 1 (got 0)",
+            ":28: reps: needs a whole number >= 1 (got 0)",
         ),
         (
             "plot = \"budgets\"",

@@ -183,14 +183,29 @@ impl<'a> Table<'a> {
     }
 
     fn num<T: std::str::FromStr>(&self, line: usize, row: &[String], col: usize) -> Result<T> {
-        row[col].trim().parse().map_err(|_| {
-            Error::Msg(format!(
-                "{}:{line}: column `{}`: `{}` is not a number",
-                self.path.display(),
-                self.header[col],
-                row[col]
-            ))
-        })
+        row[col]
+            .trim()
+            .parse()
+            .map_err(|_| self.bad(line, row, col, "is not a number"))
+    }
+
+    /// A time or ratio: finite and not negative.
+    fn value(&self, line: usize, row: &[String], col: usize) -> Result<f64> {
+        let v: f64 = self.num(line, row, col)?;
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(self.bad(line, row, col, "is not a finite number >= 0"))
+        }
+    }
+
+    fn bad(&self, line: usize, row: &[String], col: usize, what: &str) -> Error {
+        Error::Msg(format!(
+            "{}:{line}: column `{}`: `{}` {what}",
+            self.path.display(),
+            self.header[col],
+            row[col]
+        ))
     }
 }
 
@@ -221,7 +236,7 @@ pub fn read_runs(path: &Path) -> Result<Vec<Run>> {
         let line = *line;
         let budget = match budget {
             Some(b) if !r[b].is_empty() => r[b].clone(),
-            _ => format!("{:.0}%", t.num::<f64>(line, r, share)? * 100.0),
+            _ => format!("{:.0}%", t.value(line, r, share)? * 100.0),
         };
         out.push(Run {
             device: r[device].clone(),
@@ -234,9 +249,9 @@ pub fn read_runs(path: &Path) -> Result<Vec<Run>> {
             budget,
             prompt_tokens: t.num(line, r, pt)?,
             gen_tokens: t.num(line, r, gt)?,
-            ttft_ms: t.num(line, r, ttft)?,
-            tpot_ms: t.num(line, r, tpot)?,
-            e2e_ms: t.num(line, r, e2e)?,
+            ttft_ms: t.value(line, r, ttft)?,
+            tpot_ms: t.value(line, r, tpot)?,
+            e2e_ms: t.value(line, r, e2e)?,
         });
     }
     Ok(out)
@@ -264,7 +279,7 @@ pub fn read_claims(path: &Path) -> Result<Vec<Claim>> {
     );
     let mut out = Vec::new();
     for (line, r) in &t.rows {
-        let s: f64 = t.num(*line, r, speedup)?;
+        let s = t.value(*line, r, speedup)?;
         if s <= 0.0 || !["at", "up-to"].contains(&r[bound].as_str()) {
             return Err(Error::Msg(format!(
                 "{}:{line}: a claim needs a speedup > 0 and a bound of `at` or `up-to`",
@@ -652,6 +667,13 @@ mod tests {
             e.ends_with("bad.csv:3: column `ttft_ms`: `zz` is not a number"),
             "{e}"
         );
+        let inf_row = row("x", "50%", 16, 1.0).replace(",16,4,1,1,1,", ",16,4,1,1,inf,");
+        let inf = write("inf.csv", &format!("{HEADER}\n{inf_row}\n"));
+        let e = read_runs(&inf).unwrap_err().to_string();
+        assert!(
+            e.ends_with("inf.csv:2: column `ttft_ms`: `inf` is not a finite number >= 0"),
+            "{e}"
+        );
         let short = write("short.csv", &format!("{HEADER}\na,b\n"));
         let e = read_runs(&short).unwrap_err().to_string();
         assert!(
@@ -719,7 +741,7 @@ mod tests {
     fn claims_file_checks_its_values() {
         let p = write(
             "claims.csv",
-            "figure,model,budget,metric,baseline,speedup,bound,claim,source\nfig7,llama3-8b,50%,e2e,llama.cpp,1.174,at,\"+17.4%, e2e\",issue\nfig7,x,50%,e2e,flexgen,-1,at,y,z\n",
+            "figure,model,budget,metric,baseline,speedup,bound,claim,source\nfig7,llama3-8b,50%,e2e,llama.cpp,1.174,at,\"+17.4%, e2e\",issue\nfig7,x,50%,e2e,flexgen,0,at,y,z\n",
         );
         let e = read_claims(&p).unwrap_err().to_string();
         assert!(
