@@ -22,10 +22,11 @@
 # where a call would pass the device's 10 minutes (fig7, fig8: three models; QwQ-32B alone is a
 # ~18 GB file to synthesise):
 #   experiments/gpu-session.sh paper fig10
-#   experiments/gpu-session.sh paper fig8 llama3-8b     (then minicpm3-4b, qwq-32b; REPS=1 to hurry)
-# Each runs experiments/figN.sh into $RES/paper and paper-figures/, models synthesised once into
-# $OATO_PAPER_MODELS (default /tmp/paper-models, kept while the machine stays warm), and comes back
-# as $OUT/paper-<fig>.tgz.
+#   experiments/gpu-session.sh paper fig8 --models llama3-8b   (then minicpm3-4b, qwq-32b; --reps 1
+#                                                              to hurry)
+# Each runs experiments/figN.sh with the flags after the figure into $RES/paper and paper-figures/,
+# models synthesised once into $OATO_PAPER_MODELS (default /tmp/paper-models, kept while the
+# machine stays warm), and comes back as $OUT/paper-<fig>.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO=${OATO_BIN:-target/release/oato}
@@ -33,12 +34,14 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 RES=${RES:-results/gpu-$(date -u +%Y-%m-%d)}
 mkdir -p "$RES"
 if [ "${1:-}" = paper ]; then
-    fig=${2:?usage: $0 paper figN [model shape]}
+    fig=${2:?usage: $0 paper figN [experiments/figN.sh flags]}
+    shift 2
+    [ -x "experiments/$fig.sh" ] || { echo "error: no experiments/$fig.sh" >&2; exit 2; }
     export OATO_BIN=$OATO OATO_PAPER_MODELS=${OATO_PAPER_MODELS:-/tmp/paper-models}
     export OATO_CACHE_DIR=${OATO_CACHE_DIR:-/tmp/oato-cache}
     status=0
-    experiments/"$fig".sh --res "$RES/paper" --figures paper-figures ${3:+--models "$3"} \
-        ${REPS:+--reps "$REPS"} 2>&1 | tee "$RES/paper-$fig${3:+-$3}.log" | { grep -v '^== ' || true; } || status=1
+    experiments/"$fig".sh --res "$RES/paper" --figures paper-figures "$@" 2>&1 \
+        | tee -a "$RES/paper-$fig.log" | { grep -v '^== ' || true; } || status=1
     if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
         tar czf "$OUT/paper-$fig.tgz" "$RES/paper" paper-figures
     fi
