@@ -105,7 +105,7 @@ fn small_variants_run_and_plot() {
             assert!(*n > least, "{fig}: {n} pixels of {policy}'s colour");
         }
         let svg = std::fs::read_to_string(figs.join(format!("{fig}.svg"))).unwrap();
-        assert!(svg.starts_with("<svg") && svg.len() > 10_000, "{fig}: SVG");
+        assert!(svg.starts_with("<svg") && svg.len() > 5_000, "{fig}: SVG");
         assert!(svg.contains("test device (CPU-backed)"), "{fig}: caption");
     }
     std::fs::remove_dir_all(&tmp).ok();
