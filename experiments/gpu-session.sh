@@ -16,12 +16,37 @@
 #            cat /tmp/m/q41.part00 .carry/q41.part01 > models/SmolLM2-135M-Instruct.Q4_1.gguf &&
 #            sha256sum models/*.gguf && experiments/gpu-session.sh
 # (compare the sha256 with scripts/fetch-models.sh's).
+#
+# The paper's figures (issue 14), after the session above and llama.cpp's CUDA build
+# (`experiments/gpu-hybrid.sh build`, its own call): one call per figure, or per figure and model
+# where a call would pass the device's 10 minutes (fig7, fig8: three models; QwQ-32B alone is a
+# ~18 GB file to synthesise):
+#   experiments/gpu-session.sh paper fig10
+#   experiments/gpu-session.sh paper fig8 --models llama3-8b   (then minicpm3-4b, qwq-32b; --reps 1
+#                                                              to hurry)
+# Each runs experiments/figN.sh with the flags after the figure into $RES/paper and paper-figures/,
+# models synthesised once into $OATO_PAPER_MODELS (default /tmp/paper-models, kept while the
+# machine stays warm), and comes back as $OUT/paper-<fig>.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO=${OATO_BIN:-target/release/oato}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 RES=${RES:-results/gpu-$(date -u +%Y-%m-%d)}
 mkdir -p "$RES"
+if [ "${1:-}" = paper ]; then
+    fig=${2:?usage: $0 paper figN [experiments/figN.sh flags]}
+    shift 2
+    [ -x "experiments/$fig.sh" ] || { echo "error: no experiments/$fig.sh" >&2; exit 2; }
+    export OATO_BIN=$OATO OATO_PAPER_MODELS=${OATO_PAPER_MODELS:-/tmp/paper-models}
+    export OATO_CACHE_DIR=${OATO_CACHE_DIR:-/tmp/oato-cache}
+    status=0
+    experiments/"$fig".sh --res "$RES/paper" --figures paper-figures "$@" 2>&1 \
+        | tee -a "$RES/paper-$fig.log" | { grep -v '^== ' || true; } || status=1
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        tar czf "$OUT/paper-$fig.tgz" "$RES/paper" paper-figures
+    fi
+    exit $status
+fi
 commit=$("$OATO" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"; }
 step() { echo "== $*" >&2; }

@@ -9,7 +9,8 @@
 # cores), REPS (3), GEN (32), CTX (1024), BUDGETS ("25% 50% 75%"), POLICIES ("oato layer-split flexgen"),
 # OUT (results/placement-sweep), PROMPT_FILE (text from tests/data/golden/gpl3_2000w.txt), P (64: the
 # prompt is cut or repeated to exactly P tokens), PLAIN ("cpu gpu": the whole-model runs; "" skips
-# them, e.g. for a model larger than the GPU). The table shows the plan's predicted TTFT/TPOT beside
+# them, e.g. for a model larger than the GPU), WARMUP (1: untimed runs before each policy and budget's
+# REPS). The table shows the plan's predicted TTFT/TPOT beside
 # the measured medians, and the activation copies per prefill and per decode step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +36,10 @@ date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
 one() { # name, extra flags...
     local name=$1; shift
-    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
-        > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
+    for _ in $(seq 1 "${WARMUP:-1}"); do
+        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
+            > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
+    done
     for r in $(seq 1 "$REPS"); do
         "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" \
             --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"

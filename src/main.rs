@@ -35,6 +35,8 @@ enum Command {
     /// Write a GGUF file with a real model's tensor names, shapes and quantisation types and
     /// seeded random weights, for timing.
     Synth(cli::synth::SynthArgs),
+    /// Draw the paper's figures (PNG and SVG) from results CSVs.
+    Plot(cli::plot::PlotArgs),
 }
 
 fn main() {
@@ -48,6 +50,7 @@ fn main() {
         Command::Profile(a) => cli::profile::run(a),
         Command::Plan(a) => cli::plan::run(a),
         Command::Synth(a) => cli::synth::run(a),
+        Command::Plot(a) => cli::plot::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

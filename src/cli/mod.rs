@@ -4,6 +4,7 @@ pub mod bench;
 pub mod inspect;
 pub mod perplexity;
 pub mod plan;
+pub mod plot;
 pub mod profile;
 pub mod run;
 pub mod selftest;
