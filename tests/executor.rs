@@ -78,10 +78,33 @@ fn scatter(map: &mut DeviceMap, rng: &mut Rng) {
 #[test]
 fn random_placements_run_where_the_map_says_and_match_the_cpu() {
     let model = Model::open(model_path()).unwrap();
-    let n_gen = 6;
-    let (prompt, want) = reference(&model, n_gen);
+    let (prompt, want) = reference(&model, 6);
+    random_placements_match(&model, &prompt, &want, 0x0A70);
+}
 
-    let mut rng = Rng(0x0A70);
+/// The same for multi-head latent attention (MiniCPM3's four projections are target operators
+/// too), on the numpy-checked fixture of tests/minicpm3_reference.rs.
+#[test]
+fn random_placements_of_latent_attention_match_the_cpu() {
+    let r = common::numpy_ref::Reference::load("minicpm3");
+    let model = r.model("tiny-minicpm3.gguf");
+    let want = greedy(&mut Session::new(&model, 64).unwrap(), &r.prompt, 6);
+    assert_eq!(
+        want,
+        r.greedy[..6],
+        "the CPU's greedy ids are the reference's"
+    );
+    for seed in [0x3C9, 0x3CA] {
+        random_placements_match(&model, &r.prompt, &want, seed);
+    }
+}
+
+/// Four rounds of placements on the CPU and the test device (all on the device, then random,
+/// the last streaming half of the device's weights): each gives `want` after `prompt`, runs every
+/// target operator where the map says, and copies what the plan says.
+fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u64) {
+    let n_gen = want.len();
+    let mut rng = Rng(seed);
     for round in 0..4 {
         let (backends, dev) = cpu_and_test_device();
         // Round 0: everything on the device; the others: each weight and home at random.
