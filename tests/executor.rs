@@ -108,7 +108,7 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
     for round in 0..4 {
         let (backends, dev) = cpu_and_test_device();
         // Round 0: everything on the device; the others: each weight and home at random.
-        let mut map = DeviceMap::uniform(&model, 1);
+        let mut map = DeviceMap::uniform(model, 1);
         if round > 0 {
             scatter(&mut map, &mut rng);
         }
@@ -123,8 +123,8 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
                 .collect();
             assert!(!map.streamed.is_empty());
         }
-        let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
-        let got = greedy(&mut session, &prompt, n_gen);
+        let mut session = Session::with_devices(model, 64, backends, &map).unwrap();
+        let got = greedy(&mut session, prompt, n_gen);
         assert_eq!(
             got, want,
             "round {round}: tokens differ from the all-CPU run"
@@ -134,7 +134,7 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
         let counts = dev.matmul_counts();
         let calls = n_gen; // one prefill + (n_gen - 1) decode steps
         let mut on_device = 0;
-        for w in target_weights(&model) {
+        for w in target_weights(model) {
             let expect = if map.weights[&w.name] == 1 { calls } else { 0 };
             let got = counts.get(&w.name).copied().unwrap_or(0);
             assert_eq!(
@@ -147,7 +147,7 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
         // Streamed weights are copied for every forward call (layer 0's once more: its copy for
         // the next call starts when a call ends); the others never.
         let prefetches = dev.prefetch_counts();
-        for w in target_weights(&model) {
+        for w in target_weights(model) {
             let first_layer = w.name.starts_with("blk.0.") as usize;
             let expect = if map.streamed.contains(&w.name) {
                 calls + first_layer
@@ -165,7 +165,7 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
         assert_copies_are_the_plans(&session, &map, prompt.len(), calls, round);
         println!(
             "round {round}: {on_device} of {} target operators on the test device, {crossings} copies",
-            target_weights(&model).len()
+            target_weights(model).len()
         );
         if round == 0 {
             // All on the device: only the embedding goes in and the logits come out.
