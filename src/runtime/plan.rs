@@ -81,6 +81,18 @@ impl Widths {
     }
 }
 
+impl Widths {
+    /// f32 elements per token of latent attention's activations beyond q/k/v attention's (0
+    /// without it): the compressed query and its norm, the compressed key/value and its norm,
+    /// `attn_kv_b`'s output, and the padded attention output.
+    pub fn latent_extra(&self) -> usize {
+        if self.kv_b == 0 {
+            return 0;
+        }
+        2 * self.q_lora + self.kv_a + self.kv_lora + self.kv_b + self.q
+    }
+}
+
 pub use crate::model::{N_SLOTS, slot};
 
 /// Target weights of a layer by slot (`model::SLOT_KINDS`); the head is slot [`HEAD`].
@@ -668,18 +680,100 @@ mod tests {
         }
     }
 
+    /// Every non-target operator on device 1.
+    const ALL_ON_1: LayerDevs = LayerDevs {
+        attn: 1,
+        attn_norm: 1,
+        attn_add: 1,
+        ffn_norm: 1,
+        swiglu: 1,
+        ffn_add: 1,
+    };
+
+    /// MiniCPM3-4B's widths.
+    const MLA_W: Widths = Widths {
+        embd: 2560,
+        q: 3840,
+        kv: 3840,
+        ff: 6400,
+        vocab: 73448,
+        att: 2560,
+        q_lora: 768,
+        kv_a: 288,
+        kv_lora: 256,
+        kv_b: 5120,
+    };
+
+    fn mla_layer(w: [Dev; N_SLOTS]) -> LayerTargets {
+        LayerTargets {
+            w,
+            attn: 1,
+            bias: [false; 3],
+            mla: true,
+            res_scale: true,
+        }
+    }
+
+    #[test]
+    fn latent_attention_steps_read_only_what_was_written() {
+        let t = mla_layer([1; N_SLOTS]);
+        let d = ALL_ON_1;
+        let steps = layer_steps(&t, &d, 0);
+        let mut written = vec![Val::X];
+        let mut slots = Vec::new();
+        for s in &steps {
+            for r in &s.reads {
+                assert!(
+                    written.contains(r),
+                    "{:?} reads {r:?} before it is written",
+                    s.op
+                );
+            }
+            written.extend(&s.writes);
+            if let OpKind::Matmul { parts } = &s.op {
+                slots.extend(parts.iter().flat_map(|p| p.1.iter().map(|x| x.0)));
+            }
+        }
+        // The latent projections, attn_output and the FFN, once each; no q/k/v slot.
+        slots.sort();
+        assert_eq!(slots, (slot::O..N_SLOTS).collect::<Vec<_>>());
+        // Both residual branches are scaled before they are added.
+        let ops: Vec<&OpKind> = steps.iter().map(|s| &s.op).collect();
+        assert_eq!(
+            ops.iter().filter(|o| ***o == OpKind::ResidualScale).count(),
+            2
+        );
+        assert_eq!(
+            MLA_W.latent_extra(),
+            2 * 768 + 288 + 256 + 5120 + 3840,
+            "extra activations per token"
+        );
+        assert_eq!(W.latent_extra(), 0);
+    }
+
+    #[test]
+    fn latent_attention_on_one_device_crosses_only_for_the_embedding() {
+        let layers = vec![mla_layer([1; N_SLOTS]); 3];
+        let (devs, norm) = place_non_target(&layers, 1, &MLA_W, 64, &CrossCost::default(), 0, 0);
+        assert_eq!(copies(&forward_steps(&layers, &devs, norm, 1, 0)).len(), 1);
+        // attn_q_a on the CPU: the normed input goes out and the compressed query comes back.
+        let mut w = [1; N_SLOTS];
+        w[slot::Q_A] = 0;
+        let layers = vec![mla_layer(w)];
+        let (devs, norm) = place_non_target(&layers, 1, &MLA_W, 1, &CrossCost::default(), 0, 0);
+        let c = copies(&forward_steps(&layers, &devs, norm, 1, 0));
+        assert_eq!(
+            c.iter().map(|c| c.val).collect::<Vec<_>>(),
+            [Val::X, Val::H, Val::Qa],
+            "{c:?}"
+        );
+    }
+
     #[test]
     fn shared_inputs_cross_once_per_device() {
         // q on the GPU, k and v on the CPU: the norm's output goes to the CPU once.
         let t = layer([1, 0, 0, 1, 1, 1, 1]);
-        let d = LayerDevs {
-            attn: 1,
-            attn_norm: 1,
-            attn_add: 1,
-            ffn_norm: 1,
-            swiglu: 1,
-            ffn_add: 1,
-        };
+        let d = ALL_ON_1;
         let mut v = Validity::only(Val::X, 1);
         let mut c = Vec::new();
         for s in layer_steps(&t, &d, 0) {

@@ -120,11 +120,12 @@ pub(crate) struct CostModel {
     pub stream_prefill: bool,
 }
 
-/// Which activation an operator reads, for the shared-copy rule: q/k/v of a layer read one, gate
-/// and up read another; every other operator reads its own.
+/// Which activation an operator reads, for the shared-copy rule: q/k/v (latent attention's
+/// q_a and kv_a) of a layer read one, gate and up read another; every other operator reads its
+/// own.
 fn input_family(kind: &str) -> Option<&'static str> {
     match kind {
-        "attn_q" | "attn_k" | "attn_v" => Some("attn_in"),
+        "attn_q" | "attn_k" | "attn_v" | "attn_q_a" | "attn_kv_a_mqa" => Some("attn_in"),
         "ffn_gate" | "ffn_up" => Some("ffn_in"),
         _ => None,
     }
@@ -166,36 +167,8 @@ impl CostModel {
                 h2d_gbps: l.h2d_gbps,
                 d2h_gbps: l.d2h_gbps,
             });
-        let ops = &profile.operators;
-        let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
-        let embd = match profile.model.n_embd {
-            0 => find("attn_q").map_or(0, |o| o.k),
-            n => n,
-        };
-        // Latent attention (MiniCPM3): its projections' shapes give its activations' widths;
-        // the keys and (padded) values are as wide as the queries.
-        let mla = find("attn_q_a").is_some();
-        let q = find("attn_q").or(find("attn_q_b")).map_or(embd, |o| o.n);
-        let n_of = |kind: &str| find(kind).map_or(0, |o| o.n);
-        let widths = Widths {
-            embd,
-            q,
-            kv: if mla {
-                q
-            } else {
-                find("attn_k").map_or(embd, |o| o.n)
-            },
-            ff: find("ffn_up").map_or(embd, |o| o.n),
-            vocab: match profile.model.n_vocab {
-                0 => find("output").map_or(0, |o| o.n),
-                n => n,
-            },
-            att: find("attn_output").map_or(q, |o| o.k),
-            q_lora: n_of("attn_q_a"),
-            kv_a: n_of("attn_kv_a_mqa"),
-            kv_lora: find("attn_kv_b").map_or(0, |o| o.k),
-            kv_b: n_of("attn_kv_b"),
-        };
+        let widths = profile_widths(profile);
+        let mla = widths.kv_b > 0;
         let res_scale = profile.model.arch == crate::model::Arch::MiniCpm3.name();
         let biases = profile
             .model
@@ -847,6 +820,40 @@ pub(crate) fn prefill_stream_bytes(profile: &Profile) -> u64 {
 /// weight, or one slice of `GEMM_SLICE_BYTES` when it is larger: the backend dequantises big
 /// matrices a slice at a time) plus f32 activations for the prompt batch,
 /// `4 P (4 n_embd + 2 n_ff + n_vocab)`.
+/// The activations' widths, from the profile's operator shapes (and its model section).
+fn profile_widths(profile: &Profile) -> Widths {
+    let ops = &profile.operators;
+    let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
+    let embd = match profile.model.n_embd {
+        0 => find("attn_q").map_or(0, |o| o.k),
+        n => n,
+    };
+    // Latent attention (MiniCPM3): its projections' shapes give its activations' widths; the
+    // keys and (padded) values are as wide as the queries.
+    let mla = find("attn_q_a").is_some();
+    let q = find("attn_q").or(find("attn_q_b")).map_or(embd, |o| o.n);
+    let n_of = |kind: &str| find(kind).map_or(0, |o| o.n);
+    Widths {
+        embd,
+        q,
+        kv: if mla {
+            q
+        } else {
+            find("attn_k").map_or(embd, |o| o.n)
+        },
+        ff: find("ffn_up").map_or(embd, |o| o.n),
+        vocab: match profile.model.n_vocab {
+            0 => find("output").map_or(0, |o| o.n),
+            n => n,
+        },
+        att: find("attn_output").map_or(q, |o| o.k),
+        q_lora: n_of("attn_q_a"),
+        kv_a: n_of("attn_kv_a_mqa"),
+        kv_lora: find("attn_kv_b").map_or(0, |o| o.k),
+        kv_b: n_of("attn_kv_b"),
+    }
+}
+
 pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
     let ops = &profile.operators;
     let largest_weight = ops
@@ -874,7 +881,9 @@ pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
             .map_or(0, |o| o.n as u64),
         n => n as u64,
     };
+    let latent = profile_widths(profile).latent_extra() as u64;
     workspace_for(largest_weight, n_embd, n_ff, n_vocab, prompt_tokens)
+        .saturating_add((4 * prompt_tokens as u64).saturating_mul(latent))
 }
 
 /// [`workspace_bytes`] from the shapes: the largest weight's k×n, the widths, the prompt length.
