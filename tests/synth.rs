@@ -12,6 +12,7 @@ use oato::quant::{GgmlType, dequantize_row};
 use oato::runtime::forward::{Logits, Session};
 
 use common::{ids, oato, oato_env, ok, text, tmp_dir};
+use serde_json::json;
 
 fn table(shape: SynthShape, ty: SynthType) -> Vec<SynthTensor> {
     tensor_table(&shape.spec(), ty).unwrap()
@@ -266,6 +267,18 @@ fn tiny_minicpm3_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
     assert_eq!(v["hparams"]["n_layer"], 4);
     assert_eq!(v["hparams"]["head_dim"], 96);
     assert_eq!(v["metadata"]["minicpm3.attention.kv_lora_rank"], 256);
+    let mla = &v["hparams"]["mla"];
+    assert_eq!(
+        (
+            &mla["q_lora_rank"],
+            &mla["qk_nope"],
+            &mla["qk_rope"],
+            &mla["v_head_dim"]
+        ),
+        (&json!(256), &json!(64), &json!(32), &json!(64)),
+        "{mla}"
+    );
+    assert_eq!(v["hparams"]["scales"]["embedding"], 12.0);
     same_greedy_on_cpu_and_test_device(&dir, "m.gguf");
 }
 
