@@ -5,7 +5,8 @@
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
 # placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
-# on a "GPU" this slow). The all-GPU run goes twice: as configured by default, and with
+# on a "GPU" this slow). Then MiniCPM3 (latent attention) on a tiny synthetic file: its greedy ids on
+# the stand-in GPU, whole and under layer-split and flexgen, equal the CPU's. The all-GPU run goes twice: as configured by default, and with
 # OATO_CUDA_MMVQ=direct and OATO_CUDA_ATTN_SPLIT=1 (the direct matrix-vector kernels, and split
 # decode attention, which the short prompts would not choose on their own). Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
@@ -68,4 +69,35 @@ p["stream_min_tokens"] = 2
 json.dump(p, open(sys.argv[2], "w"))
 PY
 golden --placement "$W/stream.json"
+
+# MiniCPM3's multi-head latent attention (synthetic tiny-minicpm3, Q4_K_M: head size 96, values
+# padded to it, the kernels of the key/value assembly): greedy ids on the stand-in GPU, whole and
+# hybrid, equal the CPU's.
+"$OATO" synth --shape tiny-minicpm3 --type Q4_K_M --layers 3 -o "$W/mc3.gguf" 2>/dev/null
+mc3() {
+    "$@" "$OATO" run "$W/mc3.gguf" -p "The capital of France is" -n "$N" --temp 0 --ignore-eos \
+        --json -c 256 "${MC3_ARGS[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])'
+}
+MC3_ARGS=(--device cpu)
+mc3_cpu=$(mc3 env)
+mc3_check() {
+    local what=$1
+    shift
+    MC3_ARGS=("$@")
+    local got
+    got=$(mc3 fake)
+    if [ "$got" != "$mc3_cpu" ]; then
+        echo "FAIL minicpm3 $what: $got, the CPU's $mc3_cpu" >&2
+        exit 1
+    fi
+    echo "OK   minicpm3 $what: $got"
+}
+step "minicpm3: the whole model on the GPU"
+mc3_check "all on the GPU" --device gpu
+step "minicpm3: direct matrix-vector kernels and split decode attention"
+OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 mc3_check "direct mmvq, split attention" --device gpu
+for policy in layer-split flexgen; do
+    step "minicpm3: $policy at 50%"
+    mc3_check "$policy at 50%" --vram-budget 50% --policy "$policy"
+done
 step "done"

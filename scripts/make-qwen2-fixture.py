@@ -133,9 +133,14 @@ def write_gguf(s, t, path):
     w.add_rope_freq_base(s["rope_freq_base"])
     w.add_layer_norm_rms_eps(s["rms_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    # Minimal tokenizer metadata. GGUF cannot hold an empty array, so there is no merges key.
+    finish_gguf(w, s, t, "qwen2")
+
+
+def finish_gguf(w, s, t, pre):
+    """Minimal tokenizer metadata (GGUF cannot hold an empty array, so there is no merges key), the
+    tensors, and the file written."""
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(byte_level_vocab(s["n_vocab"]))
     w.add_token_types([gguf.TokenType.NORMAL] * s["n_vocab"])
     for name, arr in t.items():
@@ -146,7 +151,7 @@ def write_gguf(s, t, path):
     w.close()
 
 
-def check_gguf_roundtrip(path, t):
+def check_gguf_roundtrip(path, t, arch="qwen2"):
     r = gguf.GGUFReader(path)
     seen = {}
     for rt in r.tensors:
@@ -158,8 +163,8 @@ def check_gguf_roundtrip(path, t):
         assert list(rt.shape) == list(reversed(arr.shape)), (name, list(rt.shape), arr.shape)
         assert rt.tensor_type == gguf.GGMLQuantizationType.F32, name
         assert np.array_equal(np.asarray(rt.data).reshape(arr.shape), arr), name
-    arch = r.fields["general.architecture"]
-    assert bytes(arch.parts[arch.data[0]]).decode() == "qwen2"
+    arch_name, arch = arch, r.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == arch_name
 
 
 # ------------------------------------------------------------------------------------ float64 reference
@@ -250,20 +255,24 @@ class Ref:
         t = self.t
         return rms_norm(x, t["output_norm.weight"], self.s["rms_eps"]) @ t["output.weight"].T
 
+    def embed(self, tokens):
+        return self.t["token_embd.weight"][np.asarray(tokens)]
+
     def forward_batched(self, tokens, f16=False):
         """Logits [T, n_vocab] of one prefill batch, attention as a causally masked [T, T] matrix.
 
         With f16=True, rounds as oato's CPU attention does: q, k, v to f16, softmax weights to f16."""
         s = self.s
-        n, d = len(tokens), s["head_dim"]
+        n = len(tokens)
         pos = np.arange(n)
-        x = self.t["token_embd.weight"][np.asarray(tokens)]
+        x = self.embed(tokens)
         mask = np.triu(np.full((n, n), -np.inf), k=1)
         for il in range(s["n_layer"]):
             q, k, v = self.qkv(il, x, pos)
             if f16:
                 q, k, v = to_f16(q), to_f16(k), to_f16(v)
-            att = np.empty_like(q)
+            d = q.shape[-1]
+            att = np.empty(q.shape[:2] + v.shape[-1:])
             for h in range(s["n_head"]):
                 kh = self.kv_head(h)
                 sc = q[:, h, :] @ k[:, kh, :].T / math.sqrt(d) + mask
@@ -279,14 +288,14 @@ class Ref:
         """Logits [n_vocab] of one token at position len(cache[0]['k']), appending its keys and values
         to `cache` (per layer, lists of [n_head_kv, d]); attention written as plain loops."""
         s = self.s
-        d = s["head_dim"]
         pos = len(cache[0]["k"])
-        x = self.t["token_embd.weight"][[token]]
+        x = self.embed([token])
         for il in range(s["n_layer"]):
             q, k, v = self.qkv(il, x, [pos])
             cache[il]["k"].append(k[0])
             cache[il]["v"].append(v[0])
-            att = np.zeros((1, s["n_head"], d))
+            d = q.shape[-1]
+            att = np.zeros((1, s["n_head"], v.shape[-1]))
             for h in range(s["n_head"]):
                 kh = self.kv_head(h)
                 scores = [float(np.dot(q[0, h], kj[kh])) / math.sqrt(d) for kj in cache[il]["k"]]
@@ -327,6 +336,31 @@ def top2(row):
     return int(o[0]), int(o[1]), float(row[o[0]] - row[o[1]])
 
 
+def prefill_and_greedy(ref, prompt, n_greedy):
+    """The prefill's logits, batched, checked against a token-by-token pass with an explicit cache;
+    the greedy continuation, one token at a time over the cache, checked against a batched pass of the
+    whole sequence at the end. Returns (logits, greedy, runner_up, margins, logits of the whole sequence)."""
+    logits = ref.forward_batched(prompt)
+    cache = ref.new_cache()
+    step_logits = np.stack([ref.forward_step(tok, cache) for tok in prompt])
+    err = np.abs(logits - step_logits).max()
+    assert err < 1e-12, f"batched and token-by-token reference passes differ by {err}"
+    greedy, margins, runner_up = [], [], []
+    last = step_logits[-1]
+    all_rows = [last]
+    for _ in range(n_greedy):
+        a, b, m = top2(last)
+        greedy.append(a)
+        runner_up.append(b)
+        margins.append(m)
+        last = ref.forward_step(a, cache)
+        all_rows.append(last)
+    full = ref.forward_batched(prompt + greedy)
+    err = np.abs(full[len(prompt) - 1 :] - np.stack(all_rows)).max()
+    assert err < 1e-12, f"greedy decode and batched pass of the whole sequence differ by {err}"
+    return logits, greedy, runner_up, margins, full
+
+
 def main():
     s = SETTINGS
     os.makedirs(OUT_DIR, exist_ok=True)
@@ -344,28 +378,7 @@ def main():
     err = np.abs(rope_neox(xr, rp, s["rope_freq_base"]) - rope_neox_complex(xr, rp, s["rope_freq_base"])).max()
     assert err < 1e-12, f"NeoX RoPE: pairwise and complex forms differ by {err}"
 
-    # Prefill logits, batched, checked against a token-by-token pass with an explicit cache.
-    logits = ref.forward_batched(PROMPT)
-    cache = ref.new_cache()
-    step_logits = np.stack([ref.forward_step(tok, cache) for tok in PROMPT])
-    err = np.abs(logits - step_logits).max()
-    assert err < 1e-12, f"batched and token-by-token reference passes differ by {err}"
-
-    # Greedy continuation, one token at a time over the cache, checked against a batched pass of the whole
-    # sequence at the end.
-    greedy, margins, runner_up = [], [], []
-    last = step_logits[-1]
-    all_rows = [last]
-    for _ in range(s["n_greedy"]):
-        a, b, m = top2(last)
-        greedy.append(a)
-        runner_up.append(b)
-        margins.append(m)
-        last = ref.forward_step(a, cache)
-        all_rows.append(last)
-    full = ref.forward_batched(PROMPT + greedy)
-    err = np.abs(full[len(PROMPT) - 1 :] - np.stack(all_rows)).max()
-    assert err < 1e-12, f"greedy decode and batched pass of the whole sequence differ by {err}"
+    logits, greedy, runner_up, margins, full = prefill_and_greedy(ref, PROMPT, s["n_greedy"])
 
     # The rounding oato's attention does, and what plausible bugs would do to the logits.
     f16 = ref.forward_batched(PROMPT, f16=True)
@@ -392,25 +405,30 @@ def main():
             "max_abs_dev_from_exact": sig(f16_dev, 6),
             "max_abs_dev_from_exact_prompt_and_greedy": sig(f16_dev_seq, 6),
         },
-        "sensitivity": {
-            "about": "max |logit change| over the prefill under each plausible engine bug",
-            **{k: sig(v, 6) for k, v in sens.items()},
-        },
-        "stats": {
-            "max_abs_logit": sig(float(np.abs(logits).max()), 6),
-            "logit_std": sig(float(logits.std()), 6),
-        },
     }
-    with open(REF_PATH, "w") as f:
-        f.write(dump_json(out))
-
-    print(f"wrote {GGUF_PATH} ({size} bytes) and {REF_PATH}")
+    finish(out, sens, logits, GGUF_PATH, REF_PATH)
     print(f"prompt {PROMPT} -> greedy {greedy}")
     print(f"greedy top-2 margins {[round(m, 4) for m in margins]}")
-    print(f"logits: max |.| {np.abs(logits).max():.3f}, std {logits.std():.3f}")
     print(f"f16 rounding moves the logits by at most {f16_dev:.3e} (prefill), {f16_dev_seq:.3e} (prompt + greedy)")
-    print("sensitivity (max |logit change|): " + ", ".join(f"{k} {v:.3f}" for k, v in sens.items()))
     return 0
+
+
+def finish(out, sens, logits, gguf_path, ref_path):
+    """Adds the sensitivity figures and the logits' statistics to `out`, writes it to `ref_path` and
+    says what was written."""
+    out["sensitivity"] = {
+        "about": "max |logit change| over the prefill under each plausible engine bug",
+        **{k: sig(v, 6) for k, v in sens.items()},
+    }
+    out["stats"] = {
+        "max_abs_logit": sig(float(np.abs(logits).max()), 6),
+        "logit_std": sig(float(logits.std()), 6),
+    }
+    with open(ref_path, "w") as f:
+        f.write(dump_json(out))
+    print(f"wrote {gguf_path} ({os.path.getsize(gguf_path)} bytes) and {ref_path}")
+    print(f"logits: max |.| {np.abs(logits).max():.3f}, std {logits.std():.3f}")
+    print("sensitivity (max |logit change|): " + ", ".join(f"{k} {v:.3f}" for k, v in sens.items()))
 
 
 if __name__ == "__main__":

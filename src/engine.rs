@@ -106,13 +106,15 @@ pub fn fits_whole(
         .map(|w| (w.k * w.n) as u64)
         .max()
         .unwrap_or(0);
+    let latent = crate::runtime::forward::widths(model).latent_extra() * 4 * prompt_tokens;
     let workspace = crate::scheduler::workspace_for(
         largest,
         hp.n_embd as u64,
         hp.n_ff as u64,
         hp.n_vocab as u64,
         prompt_tokens,
-    ) as usize;
+    ) as usize
+        + latent;
     let need = weights + kv + workspace;
     let free = be.memory().map_err(|e| e.to_string())?.free;
     if need > free {

@@ -78,14 +78,37 @@ fn scatter(map: &mut DeviceMap, rng: &mut Rng) {
 #[test]
 fn random_placements_run_where_the_map_says_and_match_the_cpu() {
     let model = Model::open(model_path()).unwrap();
-    let n_gen = 6;
-    let (prompt, want) = reference(&model, n_gen);
+    let (prompt, want) = reference(&model, 6);
+    random_placements_match(&model, &prompt, &want, 0x0A70);
+}
 
-    let mut rng = Rng(0x0A70);
+/// The same for multi-head latent attention (MiniCPM3's four projections are target operators
+/// too), on the numpy-checked fixture of tests/minicpm3_reference.rs.
+#[test]
+fn random_placements_of_latent_attention_match_the_cpu() {
+    let r = common::numpy_ref::Reference::load("minicpm3");
+    let model = r.model("tiny-minicpm3.gguf");
+    let want = greedy(&mut Session::new(&model, 64).unwrap(), &r.prompt, 6);
+    assert_eq!(
+        want,
+        r.greedy[..6],
+        "the CPU's greedy ids are the reference's"
+    );
+    for seed in [0x3C9, 0x3CA] {
+        random_placements_match(&model, &r.prompt, &want, seed);
+    }
+}
+
+/// Four rounds of placements on the CPU and the test device (all on the device, then random,
+/// the last streaming half of the device's weights): each gives `want` after `prompt`, runs every
+/// target operator where the map says, and copies what the plan says.
+fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u64) {
+    let n_gen = want.len();
+    let mut rng = Rng(seed);
     for round in 0..4 {
         let (backends, dev) = cpu_and_test_device();
         // Round 0: everything on the device; the others: each weight and home at random.
-        let mut map = DeviceMap::uniform(&model, 1);
+        let mut map = DeviceMap::uniform(model, 1);
         if round > 0 {
             scatter(&mut map, &mut rng);
         }
@@ -100,8 +123,8 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
                 .collect();
             assert!(!map.streamed.is_empty());
         }
-        let mut session = Session::with_devices(&model, 64, backends, &map).unwrap();
-        let got = greedy(&mut session, &prompt, n_gen);
+        let mut session = Session::with_devices(model, 64, backends, &map).unwrap();
+        let got = greedy(&mut session, prompt, n_gen);
         assert_eq!(
             got, want,
             "round {round}: tokens differ from the all-CPU run"
@@ -111,7 +134,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
         let counts = dev.matmul_counts();
         let calls = n_gen; // one prefill + (n_gen - 1) decode steps
         let mut on_device = 0;
-        for w in target_weights(&model) {
+        for w in target_weights(model) {
             let expect = if map.weights[&w.name] == 1 { calls } else { 0 };
             let got = counts.get(&w.name).copied().unwrap_or(0);
             assert_eq!(
@@ -124,7 +147,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
         // Streamed weights are copied for every forward call (layer 0's once more: its copy for
         // the next call starts when a call ends); the others never.
         let prefetches = dev.prefetch_counts();
-        for w in target_weights(&model) {
+        for w in target_weights(model) {
             let first_layer = w.name.starts_with("blk.0.") as usize;
             let expect = if map.streamed.contains(&w.name) {
                 calls + first_layer
@@ -142,7 +165,7 @@ fn random_placements_run_where_the_map_says_and_match_the_cpu() {
         assert_copies_are_the_plans(&session, &map, prompt.len(), calls, round);
         println!(
             "round {round}: {on_device} of {} target operators on the test device, {crossings} copies",
-            target_weights(&model).len()
+            target_weights(model).len()
         );
         if round == 0 {
             // All on the device: only the embedding goes in and the logits come out.

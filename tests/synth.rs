@@ -12,6 +12,7 @@ use oato::quant::{GgmlType, dequantize_row};
 use oato::runtime::forward::{Logits, Session};
 
 use common::{ids, oato, oato_env, ok, text, tmp_dir};
+use serde_json::json;
 
 fn table(shape: SynthShape, ty: SynthType) -> Vec<SynthTensor> {
     tensor_table(&shape.spec(), ty).unwrap()
@@ -155,11 +156,17 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
     assert_eq!(type_of("output.weight"), "Q6_K");
     assert_eq!(type_of("output_norm.weight"), "F32");
 
+    same_greedy_on_cpu_and_test_device(&dir, "t.gguf");
+}
+
+/// `oato run`'s greedy ids of `file` (in `dir`): on the CPU, then planned under 30% and 70% budgets
+/// of the CPU-backed test device; all equal. Returns the CPU's.
+fn same_greedy_on_cpu_and_test_device(dir: &std::path::Path, file: &str) -> Vec<u32> {
     let cache = dir.join("cache");
     let run = |extra: &[&str], env: &[(&str, &str)]| -> Vec<u32> {
         let mut args = vec![
             "run",
-            "t.gguf",
+            file,
             "-p",
             "The capital of France is",
             "-n",
@@ -172,7 +179,7 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
             "--json",
         ];
         args.extend_from_slice(extra);
-        let v: serde_json::Value = serde_json::from_str(&ok(&oato_env(&args, &dir, env))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&ok(&oato_env(&args, dir, env))).unwrap();
         ids(&v["output_ids"])
     };
     let cpu = run(&["--device", "cpu"], &[]);
@@ -185,6 +192,94 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
     for budget in ["30%", "70%"] {
         assert_eq!(run(&["--vram-budget", budget], &env), cpu, "{budget}");
     }
+    cpu
+}
+
+/// MiniCPM3-4B as llama.cpp's loader and converter describe it (62 layers, hidden 2560, 40 heads,
+/// ffn 6400, vocab 73448, q_lora_rank 768, kv_lora_rank 256, key 64 + 32, value 64), and
+/// llama-quantize's Q4_K_M mix: `attn_kv_b` counts as an `attn_v`.
+#[test]
+fn minicpm3_has_its_latent_attention_tensors_and_type_mix() {
+    let t = table(SynthShape::MiniCpm3_4B, SynthType::Q4_K_M);
+    // Two LongRoPE factor vectors, the embeddings, 12 per layer, the output norm and head.
+    assert_eq!(t.len(), 2 + 1 + 62 * 12 + 2);
+    for (name, dims) in [
+        ("rope_factors_long.weight", vec![16]),
+        ("token_embd.weight", vec![2560, 73448]),
+        ("blk.61.attn_q_a.weight", vec![2560, 768]),
+        ("blk.61.attn_q_a_norm.weight", vec![768]),
+        ("blk.61.attn_q_b.weight", vec![768, 40 * 96]),
+        ("blk.61.attn_kv_a_mqa.weight", vec![2560, 256 + 32]),
+        ("blk.61.attn_kv_a_norm.weight", vec![256]),
+        ("blk.61.attn_kv_b.weight", vec![256, 40 * (64 + 64)]),
+        ("blk.61.attn_output.weight", vec![40 * 64, 2560]),
+        ("blk.61.ffn_down.weight", vec![6400, 2560]),
+        ("output.weight", vec![2560, 73448]),
+    ] {
+        assert_eq!(find(&t, name).entry.dims, dims, "{name}");
+    }
+    let p: u64 = t.iter().map(|t| t.entry.dims.iter().product::<u64>()).sum();
+    assert_eq!(p, 4_261_902_880, "parameters, from the dimensions above");
+    // use_more_bits over 62 layers: 0..7, 54..62, and 9, 12, ..., 51.
+    let mut more: Vec<usize> = (0..7).chain(54..62).collect();
+    more.extend((9..54).step_by(3));
+    more.sort();
+    assert_eq!(layers_of(&t, ".attn_kv_b.weight", GgmlType::Q6_K), more);
+    assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q6_K), more);
+    for m in [
+        "attn_q_a",
+        "attn_q_b",
+        "attn_kv_a_mqa",
+        "attn_output",
+        "ffn_up",
+    ] {
+        assert_eq!(
+            layers_of(&t, &format!(".{m}.weight"), GgmlType::Q4_K).len(),
+            62,
+            "{m}"
+        );
+    }
+    assert_eq!(find(&t, "output.weight").ty, GgmlType::Q6_K);
+    assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q4_K);
+    assert_eq!(find(&t, "rope_factors_short.weight").ty, GgmlType::F32);
+}
+
+#[test]
+fn tiny_minicpm3_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
+    let dir = tmp_dir("synth", "minicpm3");
+    ok(&oato(
+        &[
+            "synth",
+            "--shape",
+            "tiny-minicpm3",
+            "--type",
+            "Q4_K_M",
+            "--layers",
+            "4",
+            "-o",
+            "m.gguf",
+        ],
+        &dir,
+    ));
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&oato(&["inspect", "m.gguf", "--json"], &dir))).unwrap();
+    assert_eq!(v["arch"], "minicpm3");
+    assert_eq!(v["hparams"]["n_layer"], 4);
+    assert_eq!(v["hparams"]["head_dim"], 96);
+    assert_eq!(v["metadata"]["minicpm3.attention.kv_lora_rank"], 256);
+    let mla = &v["hparams"]["mla"];
+    assert_eq!(
+        (
+            &mla["q_lora_rank"],
+            &mla["qk_nope"],
+            &mla["qk_rope"],
+            &mla["v_head_dim"]
+        ),
+        (&json!(256), &json!(64), &json!(32), &json!(64)),
+        "{mla}"
+    );
+    assert_eq!(v["hparams"]["scales"]["embedding"], 12.0);
+    same_greedy_on_cpu_and_test_device(&dir, "m.gguf");
 }
 
 /// The mean and spread of a tensor's values, read back from the file.
@@ -201,7 +296,11 @@ fn stats(f: &GgufFile, name: &str) -> (f64, f64) {
 #[test]
 fn every_type_and_both_architectures_give_finite_spread_logits() {
     let dir = tmp_dir("synth", "types");
-    for shape in [SynthShape::Tiny, SynthShape::TinyQwen2] {
+    for shape in [
+        SynthShape::Tiny,
+        SynthShape::TinyQwen2,
+        SynthShape::TinyMiniCpm3,
+    ] {
         for ty in [
             SynthType::Q4_0,
             SynthType::Q4_K_M,

@@ -61,7 +61,11 @@ pub fn run(a: InspectArgs) -> Result<()> {
                 "n_vocab": h.n_vocab, "n_embd": h.n_embd, "n_layer": h.n_layer, "n_head": h.n_head,
                 "n_head_kv": h.n_head_kv, "head_dim": h.head_dim, "n_ff": h.n_ff, "rms_eps": h.rms_eps,
                 "n_ctx_train": h.n_ctx_train, "rope_freq_base": h.rope.freq_base, "rope_dims": h.rope.n_dims,
-                "rope_freq_scale": h.rope.freq_scale, "rope_neox": h.rope.neox})),
+                "rope_freq_scale": h.rope.freq_scale, "rope_neox": h.rope.neox,
+                "mla": h.mla.map(|m| json!({"q_lora_rank": m.q_lora, "kv_lora_rank": m.kv_lora,
+                    "qk_nope": m.nope, "qk_rope": m.rope, "v_head_dim": m.v})),
+                "scales": {"embedding": h.scales.embd, "residual": h.scales.residual,
+                    "logits": h.scales.logits}})),
             "tokenizer": match &tok { Ok(t) => json!(t.summary()), Err(e) => json!({"error": e.to_string()}) },
             "metadata": metadata,
             "tensors": tensors,
@@ -103,6 +107,21 @@ pub fn run(a: InspectArgs) -> Result<()> {
                 h.rope.freq_scale,
                 if h.rope.neox { "neox" } else { "normal" }
             );
+            if let Some(m) = h.mla {
+                println!(
+                    "              latent attention: q_lora_rank {} kv_lora_rank {} key {} + {} (rope from \
+                     dim {}) value {}; scales: embedding {} residual {} logits {}",
+                    m.q_lora,
+                    m.kv_lora,
+                    m.nope,
+                    m.rope,
+                    h.rope.dim_offset,
+                    m.v,
+                    h.scales.embd,
+                    h.scales.residual,
+                    h.scales.logits
+                );
+            }
         }
         Err(e) => println!("hparams:      not runnable: {e}"),
     }

@@ -16,7 +16,7 @@ use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::DeviceKind;
-use oato::runtime::backend::{AttnCall, Backend, Category, DType, Tensor};
+use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor};
 use oato::runtime::cuda_backend::{missing_kernels, mmvq_direct, set_mmvq_direct};
 
 use super::DeviceArg;
@@ -319,18 +319,19 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             5e-4,
         ));
     }
-    // rms_norm over rows 1..4 of 4.
-    {
+    // rms_norm over rows 1..4 of 4: packed rows, and rows inside wider ones (latent
+    // attention's compressed kv, normed in place in its projection's output).
+    for stride in [576, 608] {
         let (w, rows) = (576, 4);
-        let x = pattern(rows * w, 0.2);
+        let x = pattern(rows * stride, 0.2);
         let g = pattern(w, 2.0);
         let (xt, gt) = (put(be, &x)?, put(be, &g)?);
         let mut yt = be.alloc(DType::F32, 3 * w, Category::Workspace)?;
-        be.rms_norm(&xt, 1, 3, &gt, 1e-5, &mut yt)?;
+        be.rms_norm(&xt, 1, 3, stride, &gt, 1e-5, &mut yt)?;
         let got = get(be, &yt, 3 * w)?;
         let mut want = Vec::new();
         for r in 1..rows {
-            let row = &x[r * w..(r + 1) * w];
+            let row = &x[r * stride..r * stride + w];
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / w as f64;
             let s = 1.0 / (ms + 1e-5).sqrt();
             want.extend(row.iter().zip(&g).map(|(&v, &gg)| v as f64 * s * gg as f64));
@@ -338,7 +339,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         cases.push(compare(
             "rms_norm",
             "f32",
-            format!("{w}, rows 1..{rows}"),
+            format!("{w} at stride {stride}, rows 1..{rows}"),
             &got,
             &want,
             1e-6,
@@ -393,12 +394,71 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             &want,
             1e-6,
         ));
+        let mut st = put(be, &x)?;
+        be.scale(&mut st, 0.17677669, rows * w)?;
+        let want: Vec<f64> = x.iter().map(|&v| (v * 0.17677669) as f64).collect();
+        cases.push(compare(
+            "scale",
+            "f32",
+            format!("{}", rows * w),
+            &get(be, &st, rows * w)?,
+            &want,
+            0.0,
+        ));
     }
-    // RoPE: normal and NeoX, with and without frequency factors, partial rotation.
-    for (neox, partial, factors) in [
-        (false, false, false),
-        (true, false, false),
-        (true, true, true),
+    // copy_cols: latent attention's key assembly (each head's columns, then one row repeated
+    // for every head into the same rows' other columns).
+    {
+        let (n_tok, n_head, nope, rope, v, lora) = (3, 5, 16, 8, 12, 20);
+        let hd = nope + rope;
+        let kv = pattern(n_tok * n_head * (nope + v), 0.6);
+        let kva = pattern(n_tok * (lora + rope), 1.1);
+        let mut kt = be.alloc(DType::F32, n_tok * n_head * hd, Category::Workspace)?;
+        let rows = n_tok * n_head;
+        let c1 = ColCopy {
+            rows,
+            width: nope,
+            src_stride: nope + v,
+            src_col: 0,
+            src_rep: 1,
+            dst_stride: hd,
+            dst_col: 0,
+        };
+        let c2 = ColCopy {
+            width: rope,
+            src_stride: lora + rope,
+            src_col: lora,
+            src_rep: n_head,
+            dst_col: nope,
+            ..c1
+        };
+        be.copy_cols(&put(be, &kv)?, &mut kt, c1)?;
+        be.copy_cols(&put(be, &kva)?, &mut kt, c2)?;
+        let mut want = Vec::with_capacity(rows * hd);
+        for t in 0..n_tok {
+            for h in 0..n_head {
+                let at = (t * n_head + h) * (nope + v);
+                want.extend(kv[at..at + nope].iter().map(|&x| x as f64));
+                let at = t * (lora + rope) + lora;
+                want.extend(kva[at..at + rope].iter().map(|&x| x as f64));
+            }
+        }
+        cases.push(compare(
+            "copy_cols",
+            "f32",
+            format!("{n_tok}x{n_head} heads of {nope}+{rope}"),
+            &get(be, &kt, rows * hd)?,
+            &want,
+            0.0,
+        ));
+    }
+    // RoPE: normal and NeoX, with and without frequency factors, partial rotation of a head's
+    // leading dimensions and (latent attention) of its trailing ones.
+    for (neox, partial, factors, off) in [
+        (false, false, false, 0),
+        (true, false, false, 0),
+        (true, true, true, 0),
+        (true, true, true, 32),
     ] {
         let (n_tok, n_heads, hd, pos0) = (3, 4, 64, 37);
         let n_dims = if partial { 32 } else { hd };
@@ -407,6 +467,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             freq_base: 10000.0,
             freq_scale: 0.5,
             neox,
+            dim_offset: off,
         };
         let ff: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
         let x = pattern(n_tok * n_heads * hd, 0.3);
@@ -425,7 +486,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         for t in 0..n_tok {
             for h in 0..n_heads {
-                let base = (t * n_heads + h) * hd;
+                let base = (t * n_heads + h) * hd + off;
                 for (i, &f) in ff.iter().enumerate() {
                     let theta = (pos0 + t) as f64
                         * p.freq_scale as f64
@@ -443,10 +504,11 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             }
         }
         let label = format!(
-            "{}{}{}",
+            "{}{}{}{}",
             if neox { "neox" } else { "norm" },
             if partial { ",part" } else { "" },
-            if factors { ",ff" } else { "" }
+            if factors { ",ff" } else { "" },
+            if off > 0 { ",trailing" } else { "" }
         );
         cases.push(compare("rope", "f32", label, &got, &want, 1e-6));
     }
@@ -649,7 +711,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
     let x = put(be, &pattern(batch * e, 0.0))?;
     let g = put(be, &pattern(e, 1.0))?;
     let mut y = be.alloc(DType::F32, batch * e, Category::Workspace)?;
-    let t = median_us(be, reps, || be.rms_norm(&x, 0, batch, &g, 1e-5, &mut y))?;
+    let t = median_us(be, reps, || be.rms_norm(&x, 0, batch, e, &g, 1e-5, &mut y))?;
     println!(
         "rms_norm {e} x {batch}: {t:.1} us, {:.1} GB/s",
         (2 * batch * e * 4) as f64 / t / 1e3

@@ -10,6 +10,10 @@ pub enum Arch {
     Llama,
     /// Qwen2 / QwQ: q/k/v biases, NeoX RoPE.
     Qwen2,
+    /// MiniCPM3: multi-head latent attention (low-rank q and kv projections, a RoPE key shared
+    /// by the heads), NeoX RoPE on each head's trailing dimensions with LongRoPE factors, and
+    /// scaled embeddings, residual branches and logits.
+    MiniCpm3,
 }
 
 impl Arch {
@@ -17,8 +21,9 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "minicpm3" => Ok(Arch::MiniCpm3),
             other => Err(Error::Model(format!(
-                "architecture {other:?} is not supported (supported: llama, qwen2)"
+                "architecture {other:?} is not supported (supported: llama, qwen2, minicpm3)"
             ))),
         }
     }
@@ -26,11 +31,12 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::MiniCpm3 => "minicpm3",
         }
     }
     /// NeoX-style RoPE rotates pairs (i, i + d/2) instead of (2i, 2i + 1).
     pub fn rope_neox(self) -> bool {
-        matches!(self, Arch::Qwen2)
+        matches!(self, Arch::Qwen2 | Arch::MiniCpm3)
     }
 }
 
@@ -43,6 +49,58 @@ pub struct RopeParams {
     /// Position multiplier: 1 / linear scaling factor.
     pub freq_scale: f32,
     pub neox: bool,
+    /// Dimensions of each head before the rotated ones (MLA rotates a head's trailing
+    /// dimensions: its first `qk_nope` pass through).
+    pub dim_offset: usize,
+}
+
+/// Multi-head latent attention's dimensions (MiniCPM3; llama.cpp's `n_lora_q`, `n_lora_kv`,
+/// `n_rot`, `n_embd_head_k - n_rot`, `n_embd_head_v`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    /// `attention.q_lora_rank`: width of the compressed query.
+    pub q_lora: usize,
+    /// `attention.kv_lora_rank`: width of the compressed key/value.
+    pub kv_lora: usize,
+    /// Per-head key/query dimensions without RoPE (`key_length - rope.dimension_count`).
+    pub nope: usize,
+    /// Per-head key/query dimensions with RoPE; the key's are shared by every head.
+    pub rope: usize,
+    /// Per-head value dimensions (`attention.value_length`, else `embedding_length / head_count`).
+    pub v: usize,
+}
+
+impl MlaDims {
+    /// Output width of `attn_kv_a_mqa`: the compressed key/value and the shared RoPE key.
+    pub fn kv_a(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+    /// Per-head width of `attn_kv_b`'s output: the key's non-RoPE part, then the value.
+    pub fn kv_b_head(&self) -> usize {
+        self.nope + self.v
+    }
+}
+
+/// Scalings of the residual stream (1 where an architecture has none). MiniCPM3's are fixed in
+/// llama.cpp's graph, not read from metadata: `scale_emb` 12, `scale_depth` 1.4, `dim_model_base`
+/// 256.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scales {
+    /// Multiplies the embedding rows.
+    pub embd: f32,
+    /// Multiplies each attention and FFN output before it is added to the residual stream
+    /// (`scale_depth / sqrt(n_layer)`).
+    pub residual: f32,
+    /// Multiplies the output norm's result before the head (`dim_model_base / n_embd`).
+    pub logits: f32,
+}
+
+impl Scales {
+    pub const NONE: Scales = Scales {
+        embd: 1.0,
+        residual: 1.0,
+        logits: 1.0,
+    };
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +116,9 @@ pub struct HParams {
     pub rms_eps: f32,
     pub n_ctx_train: usize,
     pub rope: RopeParams,
+    /// Multi-head latent attention (MiniCPM3); `None` for q/k/v attention.
+    pub mla: Option<MlaDims>,
+    pub scales: Scales,
 }
 
 impl HParams {
@@ -123,6 +184,34 @@ impl HParams {
         let freq_scale = rope_freq_scale(f, arch_name)?;
         // Filled in from the embedding tensor by the caller; metadata may omit it.
         let n_vocab = f.get_u64(&key("vocab_size"))?.unwrap_or(0) as usize;
+        let (mla, scales) = match arch {
+            Arch::MiniCpm3 => {
+                let v = match f.get_u64(&key("attention.value_length"))? {
+                    Some(v) => v as usize,
+                    None => n_embd / n_head,
+                };
+                let dims = MlaDims {
+                    q_lora: req("attention.q_lora_rank")?,
+                    kv_lora: req("attention.kv_lora_rank")?,
+                    nope: head_dim - rope_dims,
+                    rope: rope_dims,
+                    v,
+                };
+                if v == 0 || v > head_dim || rope_dims == 0 {
+                    return Err(Error::Model(format!(
+                        "minicpm3: value length {v} and rope dimensions {rope_dims} do not fit \
+                         key length {head_dim}"
+                    )));
+                }
+                let scales = Scales {
+                    embd: 12.0,
+                    residual: 1.4 / (n_layer as f32).sqrt(),
+                    logits: 256.0 / n_embd as f32,
+                };
+                (Some(dims), scales)
+            }
+            _ => (None, Scales::NONE),
+        };
         Ok(HParams {
             arch,
             n_vocab,
@@ -139,7 +228,10 @@ impl HParams {
                 freq_base,
                 freq_scale,
                 neox: arch.rope_neox(),
+                dim_offset: mla.map_or(0, |m| m.nope),
             },
+            mla,
+            scales,
         })
     }
 
@@ -148,6 +240,10 @@ impl HParams {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+    /// Width of the attention output (`attn_output`'s input): the heads' values.
+    pub fn att_dim(&self) -> usize {
+        self.n_head * self.mla.map_or(self.head_dim, |m| m.v)
     }
 }
 

@@ -7,7 +7,7 @@ pub mod synth;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use hparams::{Arch, HParams, RopeParams};
+pub use hparams::{Arch, HParams, MlaDims, RopeParams, Scales};
 
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -47,13 +47,65 @@ impl WeightRef {
     }
 }
 
+/// Kinds of a layer's target weights by slot (the tensor name's part after `blk.N.`): q/k/v
+/// attention uses slots 0..7, multi-head latent attention 3..11 (its four projections in place
+/// of q, k and v). The output head is slot [`N_SLOTS`].
+pub const SLOT_KINDS: [&str; N_SLOTS] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "attn_q_a",
+    "attn_q_b",
+    "attn_kv_a_mqa",
+    "attn_kv_b",
+];
+
+/// Target weight slots per layer (see [`SLOT_KINDS`]).
+pub const N_SLOTS: usize = 11;
+
+/// Slot numbers of the target weights (see [`SLOT_KINDS`]).
+pub mod slot {
+    pub const Q: usize = 0;
+    pub const K: usize = 1;
+    pub const V: usize = 2;
+    pub const O: usize = 3;
+    pub const GATE: usize = 4;
+    pub const UP: usize = 5;
+    pub const DOWN: usize = 6;
+    pub const Q_A: usize = 7;
+    pub const Q_B: usize = 8;
+    pub const KV_A: usize = 9;
+    pub const KV_B: usize = 10;
+}
+
+/// Multi-head latent attention's tensors (MiniCPM3).
+#[derive(Debug, Clone)]
+pub struct MlaWeights {
+    /// [n_embd] -> [q_lora]
+    pub wq_a: WeightRef,
+    pub q_a_norm: Vec<f32>,
+    /// [q_lora] -> [n_head * (nope + rope)]
+    pub wq_b: WeightRef,
+    /// [n_embd] -> [kv_lora + rope]
+    pub wkv_a: WeightRef,
+    pub kv_a_norm: Vec<f32>,
+    /// [kv_lora] -> [n_head * (nope + v)]
+    pub wkv_b: WeightRef,
+}
+
 /// The tensors of one transformer block.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub wq: WeightRef,
-    pub wk: WeightRef,
-    pub wv: WeightRef,
+    /// q/k/v projections; `None` with multi-head latent attention.
+    pub wq: Option<WeightRef>,
+    pub wk: Option<WeightRef>,
+    pub wv: Option<WeightRef>,
+    pub mla: Option<MlaWeights>,
     pub wo: WeightRef,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
@@ -62,6 +114,37 @@ pub struct LayerWeights {
     pub w_gate: WeightRef,
     pub w_up: WeightRef,
     pub w_down: WeightRef,
+}
+
+impl LayerWeights {
+    /// The layer's target weights with their slots, in execution order.
+    pub fn targets(&self) -> Vec<(usize, &WeightRef)> {
+        let mut v = Vec::with_capacity(8);
+        if let Some(m) = &self.mla {
+            v.extend([
+                (slot::Q_A, &m.wq_a),
+                (slot::KV_A, &m.wkv_a),
+                (slot::Q_B, &m.wq_b),
+                (slot::KV_B, &m.wkv_b),
+            ]);
+        }
+        for (s, w) in [
+            (slot::Q, &self.wq),
+            (slot::K, &self.wk),
+            (slot::V, &self.wv),
+        ] {
+            if let Some(w) = w {
+                v.push((s, w));
+            }
+        }
+        v.extend([
+            (slot::O, &self.wo),
+            (slot::GATE, &self.w_gate),
+            (slot::UP, &self.w_up),
+            (slot::DOWN, &self.w_down),
+        ]);
+        v
+    }
 }
 
 /// A model ready to run: the open file, its hyper-parameters and its tensors.
@@ -75,6 +158,8 @@ pub struct Model {
     pub layers: Vec<LayerWeights>,
     /// Llama 3.1 style per-dimension RoPE frequency divisors (`rope_freqs.weight`).
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's divisors (`rope_factors_long.weight`, `rope_factors_short.weight`), MiniCPM3.
+    pub rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Model {
@@ -110,15 +195,50 @@ impl Model {
                 None => Ok(None),
             }
         };
+        if let Some(m) = hp.mla
+            && hp.n_head_kv != hp.n_head
+        {
+            return Err(Error::Model(format!(
+                "minicpm3: head_count_kv {} differs from head_count {} (latent attention \
+                 expands the keys to every head; v head dim {})",
+                hp.n_head_kv, hp.n_head, m.v
+            )));
+        }
         let mut layers = Vec::with_capacity(hp.n_layer);
         for i in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
+            let (wq, wk, wv, mla) = match hp.mla {
+                None => (
+                    Some(matrix(&file, &n("attn_q.weight"), e, q)?),
+                    Some(matrix(&file, &n("attn_k.weight"), e, kv)?),
+                    Some(matrix(&file, &n("attn_v.weight"), e, kv)?),
+                    None,
+                ),
+                Some(m) => {
+                    let nh = hp.n_head;
+                    let mla = MlaWeights {
+                        wq_a: matrix(&file, &n("attn_q_a.weight"), e, m.q_lora)?,
+                        q_a_norm: vector(&file, &n("attn_q_a_norm.weight"), m.q_lora)?,
+                        wq_b: matrix(&file, &n("attn_q_b.weight"), m.q_lora, q)?,
+                        wkv_a: matrix(&file, &n("attn_kv_a_mqa.weight"), e, m.kv_a())?,
+                        kv_a_norm: vector(&file, &n("attn_kv_a_norm.weight"), m.kv_lora)?,
+                        wkv_b: matrix(
+                            &file,
+                            &n("attn_kv_b.weight"),
+                            m.kv_lora,
+                            nh * m.kv_b_head(),
+                        )?,
+                    };
+                    (None, None, None, Some(mla))
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(&file, &n("attn_norm.weight"), e)?,
-                wq: matrix(&file, &n("attn_q.weight"), e, q)?,
-                wk: matrix(&file, &n("attn_k.weight"), e, kv)?,
-                wv: matrix(&file, &n("attn_v.weight"), e, kv)?,
-                wo: matrix(&file, &n("attn_output.weight"), q, e)?,
+                wq,
+                wk,
+                wv,
+                mla,
+                wo: matrix(&file, &n("attn_output.weight"), hp.att_dim(), e)?,
                 bq: bias(&n("attn_q.bias"), q)?,
                 bk: bias(&n("attn_k.bias"), kv)?,
                 bv: bias(&n("attn_v.bias"), kv)?,
@@ -137,6 +257,19 @@ impl Model {
             Some(_) => Some(vector(&file, "rope_freqs.weight", hp.rope.n_dims / 2)?),
             None => None,
         };
+        let rope_long_short = match (
+            file.tensor("rope_factors_long.weight"),
+            file.tensor("rope_factors_short.weight"),
+        ) {
+            (None, None) => None,
+            _ => {
+                let half = hp.rope.n_dims / 2;
+                Some((
+                    vector(&file, "rope_factors_long.weight", half)?,
+                    vector(&file, "rope_factors_short.weight", half)?,
+                ))
+            }
+        };
         Ok(Model {
             file: Arc::new(file),
             hp,
@@ -145,6 +278,24 @@ impl Model {
             output,
             layers,
             rope_freqs,
+            rope_long_short,
+        })
+    }
+}
+
+impl Model {
+    /// The RoPE frequency divisors for a context of `n_ctx` positions: `rope_freqs`, or
+    /// LongRoPE's long factors when the context exceeds the training context and its short ones
+    /// otherwise (llama.cpp's `get_rope_factors`).
+    pub fn rope_factors(&self, n_ctx: usize) -> Option<&[f32]> {
+        if let Some(f) = &self.rope_freqs {
+            return Some(f);
+        }
+        let (long, short) = self.rope_long_short.as_ref()?;
+        Some(if n_ctx > self.hp.n_ctx_train {
+            long
+        } else {
+            short
         })
     }
 }

@@ -1,5 +1,5 @@
-//! Synthetic models for timing (`oato synth`): the tensor table of LLaMA3-8B, Llama-3.2-1B or
-//! QwQ-32B (names, ggml shapes, and the per-tensor types llama-quantize chooses) with seeded random
+//! Synthetic models for timing (`oato synth`): the tensor table of LLaMA3-8B, Llama-3.2-1B,
+//! QwQ-32B or MiniCPM3-4B (names, ggml shapes, and the per-tensor types llama-quantize chooses) with seeded random
 //! weights and a made-up SentencePiece vocabulary of the real size, written as GGUF v3 one tensor at
 //! a time. Timings on them are real; their text is not.
 //!
@@ -7,8 +7,9 @@
 //! every matrix, so that a synthetic file times like a quantised download:
 //! - the output head (`output.weight`, or `token_embd.weight` when the embeddings are tied) is
 //!   Q6_K for Q4_0 and Q4_K_M, Q8_0 for Q8_0;
-//! - Q4_K_M: `attn_v` and `ffn_down` are Q6_K in the layers [`use_more_bits`] picks, the other
-//!   matrices and an untied `token_embd` Q4_K;
+//! - Q4_K_M: `attn_v` (latent attention's `attn_kv_b`, which llama-quantize counts as one) and
+//!   `ffn_down` are Q6_K in the layers [`use_more_bits`] picks, the other matrices and an untied
+//!   `token_embd` Q4_K;
 //! - F16: every matrix F16, as llama.cpp's converter writes it.
 //!
 //! Norm weights are F32 near 1, biases F32 of spread 0.02, matrices of spread 0.02 (see
@@ -19,7 +20,7 @@ use std::path::Path;
 use crate::cache::fnv1a;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufWriter, TensorEntry, Value, ValueType};
-use crate::model::Arch;
+use crate::model::{Arch, MlaDims};
 use crate::quant::GgmlType;
 use crate::quant::random::fill_random;
 use crate::rng::SplitMix64;
@@ -47,6 +48,12 @@ pub enum SynthShape {
     /// QwQ's structure with small dimensions, for tests.
     #[value(name = "tiny-qwen2", hide = true)]
     TinyQwen2,
+    /// OpenBMB MiniCPM3-4B (minicpm3: multi-head latent attention, untied output).
+    #[value(name = "minicpm3-4b")]
+    MiniCpm3_4B,
+    /// MiniCPM3's structure with small dimensions, for tests.
+    #[value(name = "tiny-minicpm3", hide = true)]
+    TinyMiniCpm3,
 }
 
 /// The hyper-parameters of a synthetic model.
@@ -68,6 +75,8 @@ pub struct ShapeSpec {
     pub rms_eps: f32,
     /// No `output.weight`: the head reads `token_embd.weight`.
     pub tied: bool,
+    /// Multi-head latent attention's dimensions (MiniCPM3; `head_dim` is then nope + rope).
+    pub mla: Option<MlaDims>,
 }
 
 impl SynthShape {
@@ -86,6 +95,7 @@ impl SynthShape {
             rope_base: 500000.0,
             rms_eps: 1e-5,
             tied: false,
+            mla: None,
         };
         let qwq = ShapeSpec {
             name: "QwQ-32B",
@@ -102,6 +112,29 @@ impl SynthShape {
             ..llama3
         };
         // Small enough to write and run in milliseconds; rows stay whole K-quant blocks (256).
+        // llama.cpp's loader and converter (conversion/minicpm.py): 62 layers, q_lora_rank 768,
+        // kv_lora_rank 256, qk_nope 64 + qk_rope 32 = key_length 96, value head 2560 / 40 = 64.
+        let minicpm3 = ShapeSpec {
+            name: "MiniCPM3-4B",
+            arch: Arch::MiniCpm3,
+            n_layer: 62,
+            n_embd: 2560,
+            n_ff: 6400,
+            n_head: 40,
+            n_head_kv: 40,
+            head_dim: 96,
+            n_vocab: 73448,
+            n_ctx: 32768,
+            rope_base: 10000.0,
+            mla: Some(MlaDims {
+                q_lora: 768,
+                kv_lora: 256,
+                nope: 64,
+                rope: 32,
+                v: 64,
+            }),
+            ..llama3.clone()
+        };
         let tiny = ShapeSpec {
             n_layer: 2,
             n_embd: 256,
@@ -135,7 +168,43 @@ impl SynthShape {
                 rope_base: qwq.rope_base,
                 ..tiny
             },
+            SynthShape::MiniCpm3_4B => minicpm3,
+            // Latent ranks of a whole K-quant block (256) each, as the real model's are.
+            SynthShape::TinyMiniCpm3 => ShapeSpec {
+                name: "tiny-minicpm3",
+                n_head_kv: 4,
+                head_dim: 96,
+                mla: Some(MlaDims {
+                    q_lora: 256,
+                    kv_lora: 256,
+                    nope: 64,
+                    rope: 32,
+                    v: 64,
+                }),
+                ..minicpm3.with_dims_of(&tiny)
+            },
         }
+    }
+}
+
+impl ShapeSpec {
+    /// This architecture with `small`'s sizes (layers, widths, heads, vocabulary, context).
+    fn with_dims_of(self, small: &ShapeSpec) -> ShapeSpec {
+        ShapeSpec {
+            n_layer: small.n_layer,
+            n_embd: small.n_embd,
+            n_ff: small.n_ff,
+            n_head: small.n_head,
+            n_vocab: small.n_vocab,
+            n_ctx: small.n_ctx,
+            ..self
+        }
+    }
+
+    /// Query and key/value widths of the q/k/v projections (latent attention: of the expanded
+    /// heads).
+    fn q_kv(&self) -> (usize, usize) {
+        (self.n_head * self.head_dim, self.n_head_kv * self.head_dim)
     }
 }
 
@@ -165,6 +234,11 @@ pub enum Matrix {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// Latent attention's projections; llama-quantize counts `attn_kv_b` as an `attn_v`.
+    AttnQA,
+    AttnQB,
+    AttnKvA,
+    AttnKvB,
 }
 
 /// llama-quantize's "use more bits" layers: the first and last eighth, and every third in between.
@@ -204,7 +278,11 @@ impl SynthType {
             SynthType::Q4_0 => Q4_0,
             SynthType::Q4_K_M if head => Q6_K,
             SynthType::Q4_K_M => match m {
-                Matrix::AttnV | Matrix::FfnDown if use_more_bits(layer, n_layer) => Q6_K,
+                Matrix::AttnV | Matrix::AttnKvB | Matrix::FfnDown
+                    if use_more_bits(layer, n_layer) =>
+                {
+                    Q6_K
+                }
                 _ => Q4_K,
             },
         }
@@ -245,39 +323,74 @@ impl SynthTensor {
 /// layer, with ggml dims (row length first).
 pub fn tensor_table(spec: &ShapeSpec, ty: SynthType) -> Result<Vec<SynthTensor>> {
     let (e, ff, n) = (spec.n_embd, spec.n_ff, spec.n_layer);
-    let (q, kv) = (spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim);
+    let (q, kv) = spec.q_kv();
     let matrix = |name: &str, m: Matrix, layer: usize, k: usize, rows: usize| {
         let t = ty.matrix_type(m, layer, n, spec.tied);
         SynthTensor::new(name, &[k, rows], t, Fill::Weights)
     };
     let vector =
         |name: &str, len: usize, fill: Fill| SynthTensor::new(name, &[len], GgmlType::F32, fill);
-    let mut out = vec![matrix(
+    let mut out = Vec::with_capacity(n * 12 + 5);
+    // LongRoPE's factors (the converter writes them first, from the config's rope_scaling).
+    if let Some(m) = spec.mla {
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            out.push(vector(name, m.rope / 2, Fill::Norm)?);
+        }
+    }
+    out.push(matrix(
         "token_embd.weight",
         Matrix::TokenEmbd,
         0,
         e,
         spec.n_vocab,
-    )?];
+    )?);
     let biases = spec.arch == Arch::Qwen2;
     for i in 0..n {
         let name = |s: &str| format!("blk.{i}.{s}");
         out.push(vector(&name("attn_norm.weight"), e, Fill::Norm)?);
-        for (proj, m, rows) in [
-            ("attn_q", Matrix::AttnQ, q),
-            ("attn_k", Matrix::AttnK, kv),
-            ("attn_v", Matrix::AttnV, kv),
-        ] {
-            out.push(matrix(&name(&format!("{proj}.weight")), m, i, e, rows)?);
-            if biases {
-                out.push(vector(&name(&format!("{proj}.bias")), rows, Fill::Bias)?);
+        let att = match spec.mla {
+            Some(m) => {
+                out.extend([
+                    matrix(&name("attn_q_a.weight"), Matrix::AttnQA, i, e, m.q_lora)?,
+                    vector(&name("attn_q_a_norm.weight"), m.q_lora, Fill::Norm)?,
+                    matrix(&name("attn_q_b.weight"), Matrix::AttnQB, i, m.q_lora, q)?,
+                    matrix(
+                        &name("attn_kv_a_mqa.weight"),
+                        Matrix::AttnKvA,
+                        i,
+                        e,
+                        m.kv_a(),
+                    )?,
+                    vector(&name("attn_kv_a_norm.weight"), m.kv_lora, Fill::Norm)?,
+                    matrix(
+                        &name("attn_kv_b.weight"),
+                        Matrix::AttnKvB,
+                        i,
+                        m.kv_lora,
+                        spec.n_head * m.kv_b_head(),
+                    )?,
+                ]);
+                spec.n_head * m.v
             }
-        }
+            None => {
+                for (proj, m, rows) in [
+                    ("attn_q", Matrix::AttnQ, q),
+                    ("attn_k", Matrix::AttnK, kv),
+                    ("attn_v", Matrix::AttnV, kv),
+                ] {
+                    out.push(matrix(&name(&format!("{proj}.weight")), m, i, e, rows)?);
+                    if biases {
+                        out.push(vector(&name(&format!("{proj}.bias")), rows, Fill::Bias)?);
+                    }
+                }
+                q
+            }
+        };
         out.push(matrix(
             &name("attn_output.weight"),
             Matrix::AttnOutput,
             i,
-            q,
+            att,
             e,
         )?);
         out.push(vector(&name("ffn_norm.weight"), e, Fill::Norm)?);
@@ -364,10 +477,24 @@ pub fn metadata(spec: &ShapeSpec, ty: SynthType, seed: u64) -> Result<GgufWriter
         ("feed_forward_length", spec.n_ff),
         ("attention.head_count", spec.n_head),
         ("attention.head_count_kv", spec.n_head_kv),
-        ("rope.dimension_count", spec.head_dim),
+        (
+            "rope.dimension_count",
+            spec.mla.map_or(spec.head_dim, |m| m.rope),
+        ),
         ("vocab_size", spec.n_vocab),
     ] {
         w.set(&format!("{arch}.{key}"), u32_of(key, v)?);
+    }
+    // Latent attention as llama.cpp's converter writes it: the ranks and the key length (no
+    // value_length: the value head is n_embd / n_head).
+    if let Some(m) = spec.mla {
+        for (key, v) in [
+            ("attention.q_lora_rank", m.q_lora),
+            ("attention.kv_lora_rank", m.kv_lora),
+            ("attention.key_length", spec.head_dim),
+        ] {
+            w.set(&format!("{arch}.{key}"), u32_of(key, v)?);
+        }
     }
     w.set(
         &format!("{arch}.attention.layer_norm_rms_epsilon"),

@@ -17,7 +17,7 @@ use crate::kernels::cpu::{cpu_name, isa};
 use crate::model::{Model, WeightRef};
 use crate::quant::testdata::pattern;
 use crate::runtime::backend::{AttnCall, Backend, Category, DType, DeviceKind, transfer};
-use crate::runtime::forward::target_weights;
+use crate::runtime::forward::{target_slots, target_weights};
 use crate::runtime::kv_cache;
 use crate::scheduler::mib;
 use profile::{
@@ -39,27 +39,17 @@ pub struct TargetOp {
     pub out_bytes_per_token: u64,
 }
 
-pub const LAYER_KINDS: [&str; 7] = [
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
+/// A layer's target operator kinds by slot (`model::SLOT_KINDS`).
+pub const LAYER_KINDS: [&str; crate::model::N_SLOTS] = crate::model::SLOT_KINDS;
 
 /// The model's target operators in execution order, the output head last.
 pub fn target_ops(model: &Model) -> Vec<TargetOp> {
-    let ws = target_weights(model);
-    let n_layer = model.layers.len();
-    ws.into_iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let (layer, kind) = if i < n_layer * 7 {
-                (Some(i / 7), LAYER_KINDS[i % 7])
-            } else {
-                (None, "output")
+    target_slots(model)
+        .into_iter()
+        .map(|(layer, slot, w)| {
+            let kind = match layer {
+                Some(_) => LAYER_KINDS[slot],
+                None => "output",
             };
             // DESIGN.md: the tensor name without `.weight` (`token_embd` for a tied head).
             let op = w
@@ -369,7 +359,7 @@ fn time_non_target(
         put(
             "rms_norm",
             median_us(be, reps, || {
-                be.rms_norm(&x, 0, b, &norm_w, hp.rms_eps, &mut h)
+                be.rms_norm(&x, 0, b, e, &norm_w, hp.rms_eps, &mut h)
             })?,
         );
         put(

@@ -153,6 +153,50 @@ pub struct AttnCall {
     pub pos0: usize,
 }
 
+/// A strided copy of columns within one device: for each of `rows` rows `r`,
+/// `dst[r * dst_stride + dst_col ..][..width] = src[(r / src_rep) * src_stride + src_col ..][..width]`
+/// (`src_rep` > 1 repeats each source row: latent attention's shared RoPE key, to every head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColCopy {
+    pub rows: usize,
+    pub width: usize,
+    pub src_stride: usize,
+    pub src_col: usize,
+    pub src_rep: usize,
+    pub dst_stride: usize,
+    pub dst_col: usize,
+}
+
+impl ColCopy {
+    /// Elements `src` and `dst` must hold, after checking that the columns fit their rows.
+    pub fn extents(&self) -> Result<(usize, usize)> {
+        let fits = |col: usize, stride: usize| col + self.width <= stride;
+        if self.rows == 0 || self.width == 0 {
+            return Ok((0, 0));
+        }
+        if self.src_rep == 0
+            || !fits(self.src_col, self.src_stride)
+            || !fits(self.dst_col, self.dst_stride)
+        {
+            return Err(Error::Msg(format!("copy_cols: bad shape {self:?}")));
+        }
+        let src_rows = self.rows.div_ceil(self.src_rep);
+        Ok((
+            (src_rows - 1) * self.src_stride + self.src_col + self.width,
+            (self.rows - 1) * self.dst_stride + self.dst_col + self.width,
+        ))
+    }
+
+    /// The copy on host slices (the CPU backend's, and the reference for the others').
+    pub fn run(&self, src: &[f32], dst: &mut [f32]) {
+        for r in 0..self.rows {
+            let s = (r / self.src_rep) * self.src_stride + self.src_col;
+            let d = r * self.dst_stride + self.dst_col;
+            dst[d..d + self.width].copy_from_slice(&src[s..s + self.width]);
+        }
+    }
+}
+
 /// The operations of the forward pass. Activations are f32 row-major `[n_tok, width]`; a tensor
 /// may be longer than an operation uses. Every method checks that its tensors belong to it.
 pub trait Backend: Send + Sync {
@@ -214,19 +258,23 @@ pub trait Backend: Send + Sync {
         n_tok: usize,
         ys: &mut [&mut Tensor],
     ) -> Result<()>;
-    /// `y[r] = x[row0 + r] / sqrt(mean(x²) + eps) * w` for `n_rows` rows of width `w.len`.
+    /// `y[r] = x[row0 + r] / sqrt(mean(x²) + eps) * w` for `n_rows` rows of width `w.len`; the
+    /// rows of `x` start `x_stride` elements apart (at least `w.len`), those of `y` `w.len`.
+    #[allow(clippy::too_many_arguments)]
     fn rms_norm(
         &self,
         x: &Tensor,
         row0: usize,
         n_rows: usize,
+        x_stride: usize,
         w: &Tensor,
         eps: f32,
         y: &mut Tensor,
     ) -> Result<()>;
     /// Adds `b` to each of the `n_tok` rows of `x`.
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()>;
-    /// RoPE in place on `x` = [n_tok, n_heads, head_dim], token t at position `pos0 + t`.
+    /// RoPE in place on `x` = [n_tok, n_heads, head_dim], token t at position `pos0 + t`, on
+    /// dimensions `p.dim_offset..p.dim_offset + p.n_dims` of each head.
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
@@ -255,6 +303,10 @@ pub trait Backend: Send + Sync {
     fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()>;
     /// `x += y` over the first `n` elements.
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()>;
+    /// `x *= s` over the first `n` elements.
+    fn scale(&self, x: &mut Tensor, s: f32, n: usize) -> Result<()>;
+    /// Copies columns of `src` into `dst` as `c` says (both on this backend).
+    fn copy_cols(&self, src: &Tensor, dst: &mut Tensor, c: ColCopy) -> Result<()>;
     /// Rows `ids` of the embedding table `table` as f32 into `out` ([ids.len(), table.k]).
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()>;
 

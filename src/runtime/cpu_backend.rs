@@ -14,9 +14,9 @@ use crate::kernels::cpu::{isa, ops, pool};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::{GgmlType, dequantize_row};
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
-    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k, storage,
-    storage_mut, weight_storage,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, Ledger, MemInfo, Reservation,
+    Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k,
+    storage, storage_mut, weight_storage,
 };
 
 /// Elementwise operators split their work in pieces of this many elements.
@@ -283,17 +283,26 @@ impl Backend for CpuBackend {
         x: &Tensor,
         row0: usize,
         n_rows: usize,
+        x_stride: usize,
         w: &Tensor,
         eps: f32,
         y: &mut Tensor,
     ) -> Result<()> {
         let n = w.len;
+        if x_stride < n || n_rows == 0 {
+            return Err(Error::Msg(format!(
+                "rms_norm: rows of {n} at stride {x_stride}, {n_rows} rows"
+            )));
+        }
         let w = self.f32s(w, n, "rms_norm weight")?;
-        let x = self.f32s(x, (row0 + n_rows) * n, "rms_norm input")?;
+        let x = self.f32s(x, (row0 + n_rows - 1) * x_stride + n, "rms_norm input")?;
         let y = self.f32s_mut(y, n_rows * n, "rms_norm output")?;
-        let x = &x[row0 * n..];
+        let x = &x[row0 * x_stride..];
         ops::par_rows(y, n, |r0, rows| {
-            ops::rms_norm_into(&x[r0 * n..r0 * n + rows.len()], w, eps, rows)
+            for (i, out) in rows.chunks_mut(n).enumerate() {
+                let at = (r0 + i) * x_stride;
+                ops::rms_norm_into(&x[at..at + n], w, eps, out);
+            }
         });
         Ok(())
     }
@@ -384,6 +393,20 @@ impl Backend for CpuBackend {
         ops::par_rows(x, ELEMENT_CHUNK, |r0, rows| {
             ops::add_inplace(rows, &y[r0 * ELEMENT_CHUNK..][..rows.len()])
         });
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Tensor, s: f32, n: usize) -> Result<()> {
+        let x = self.f32s_mut(x, n, "scale")?;
+        ops::par_rows(x, ELEMENT_CHUNK, |_, rows| ops::scale_inplace(rows, s));
+        Ok(())
+    }
+
+    fn copy_cols(&self, src: &Tensor, dst: &mut Tensor, c: ColCopy) -> Result<()> {
+        let (ns, nd) = c.extents()?;
+        let src = self.f32s(src, ns, "copy_cols source")?;
+        let dst = self.f32s_mut(dst, nd, "copy_cols destination")?;
+        c.run(src, dst);
         Ok(())
     }
 

@@ -24,9 +24,9 @@ use crate::kernels::cuda::{self as kc, SOURCES};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, DType, DeviceKind, Ledger, MemInfo, Reservation, Stopwatch,
-    Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k, storage,
-    weight_storage,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, Ledger, MemInfo, Reservation,
+    Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k,
+    storage, weight_storage,
 };
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
@@ -505,6 +505,8 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "add_bias_f32",
             "swiglu_f32",
             "swiglu_q8_1",
+            "scale_f32",
+            "copy_cols_f32",
             "store_kv_f16",
             "attention_f16kv",
         ],
@@ -1205,14 +1207,21 @@ impl Backend for CudaBackend {
         x: &Tensor,
         row0: usize,
         n_rows: usize,
+        x_stride: usize,
         w: &Tensor,
         eps: f32,
         y: &mut Tensor,
     ) -> Result<()> {
-        self.bind()?;
         let n = w.len;
+        if x_stride < n || n_rows == 0 {
+            return Err(Error::Msg(format!(
+                "rms_norm: rows of {n} at stride {x_stride}, {n_rows} rows"
+            )));
+        }
+        self.bind()?;
         let wp = self.f32ptr(w, n, "rms_norm weight")?;
-        let xp = self.f32ptr(x, (row0 + n_rows) * n, "rms_norm input")? + (row0 * n * 4) as u64;
+        let xp = self.f32ptr(x, (row0 + n_rows - 1) * x_stride + n, "rms_norm input")?
+            + (row0 * x_stride * 4) as u64;
         let yp = self.f32ptr(y, n_rows * n, "rms_norm output")?;
         let mut s = self.scratch()?;
         s.q8_holds = None;
@@ -1220,11 +1229,12 @@ impl Backend for CudaBackend {
             let q = self.grow(&mut s.q8, n_rows * n / 32 * 36)?;
             launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
                 a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, nn: i32 = n as i32,
-                e: f32 = eps);
+                e: f32 = eps, xs: i32 = x_stride as i32);
             s.q8_holds = Some((yp, n_rows * n));
         } else {
             launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
-                a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps);
+                a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps,
+                xs: i32 = x_stride as i32);
         }
         Ok(())
     }
@@ -1254,10 +1264,10 @@ impl Backend for CudaBackend {
             Some(t) => self.f32ptr(t, p.n_dims / 2, "rope_freqs")?,
             None => 0,
         };
-        if p.n_dims > head_dim || !p.n_dims.is_multiple_of(2) {
+        if p.dim_offset + p.n_dims > head_dim || !p.n_dims.is_multiple_of(2) {
             return Err(Error::UnsupportedType(format!(
-                "RoPE over {} of {head_dim} dimensions on the GPU",
-                p.n_dims
+                "RoPE over {} of {head_dim} dimensions from {} on the GPU",
+                p.n_dims, p.dim_offset
             )));
         }
         self.bind()?;
@@ -1270,7 +1280,7 @@ impl Backend for CudaBackend {
                 a: u64 = xp + (t0 * n_heads * head_dim * 4) as u64, nt: i32 = len as i32,
                 nh: i32 = n_heads as i32, hd: i32 = head_dim as i32, nd: i32 = p.n_dims as i32,
                 p0: i32 = (pos0 + t0) as i32, base: f32 = p.freq_base, scale: f32 = p.freq_scale,
-                neox: i32 = p.neox as i32, f: u64 = ff);
+                neox: i32 = p.neox as i32, f: u64 = ff, off: i32 = p.dim_offset as i32);
         }
         Ok(())
     }
@@ -1393,6 +1403,36 @@ impl Backend for CudaBackend {
         let xp = self.f32ptr(x, n, "add")?;
         launch!(self, "add_f32", stride_grid(n, 4), B256;
             a: u64 = xp, b: u64 = yp, nn: i64 = n as i64);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Tensor, s: f32, n: usize) -> Result<()> {
+        self.bind()?;
+        self.forget_q8()?;
+        let xp = self.f32ptr(x, n, "scale")?;
+        launch!(self, "scale_f32", stride_grid(n, 4), B256;
+            a: u64 = xp, b: f32 = s, nn: i64 = n as i64);
+        Ok(())
+    }
+
+    fn copy_cols(&self, src: &Tensor, dst: &mut Tensor, c: ColCopy) -> Result<()> {
+        let (ns, nd) = c.extents()?;
+        let n = c.rows * c.width;
+        if n == 0 {
+            return Ok(());
+        }
+        if nd > i32::MAX as usize || ns > i32::MAX as usize {
+            return Err(Error::Msg(format!("copy_cols: {c:?} is too large")));
+        }
+        self.bind()?;
+        self.forget_q8()?;
+        let sp = self.f32ptr(src, ns, "copy_cols source")?;
+        let dp = self.f32ptr(dst, nd, "copy_cols destination")?;
+        let i = |v: usize| v as i32;
+        launch!(self, "copy_cols_f32", stride_grid(n, 4), B256;
+            a: u64 = sp, b: u64 = dp, w: i32 = i(c.width), ss: i32 = i(c.src_stride),
+            sc: i32 = i(c.src_col), sr: i32 = i(c.src_rep), ds: i32 = i(c.dst_stride),
+            dc: i32 = i(c.dst_col), nn: i64 = n as i64);
         Ok(())
     }
 

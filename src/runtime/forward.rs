@@ -8,9 +8,9 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::cpu::attention::AttnShape;
-use crate::model::{Model, WeightRef};
+use crate::model::{Model, N_SLOTS, WeightRef};
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, DType, DeviceKind, Tensor, Weight, transfer,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, Tensor, Weight, transfer,
 };
 use crate::runtime::cpu_backend::CpuBackend;
 use crate::runtime::plan::{
@@ -93,10 +93,18 @@ impl DeviceMap {
             .layers
             .iter()
             .zip(&self.layer_home)
-            .map(|(l, &home)| LayerTargets {
-                w: [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(dev),
-                attn: home,
-                bias: [l.bq.is_some(), l.bk.is_some(), l.bv.is_some()],
+            .map(|(l, &home)| {
+                let mut w = [cpu; N_SLOTS];
+                for (s, r) in l.targets() {
+                    w[s] = dev(r);
+                }
+                LayerTargets {
+                    w,
+                    attn: home,
+                    bias: [l.bq.is_some(), l.bk.is_some(), l.bv.is_some()],
+                    mla: l.mla.is_some(),
+                    res_scale: model.hp.scales.residual != 1.0,
+                }
             })
             .collect();
         (layers, dev(&model.output))
@@ -121,23 +129,34 @@ impl DeviceMap {
 /// The activations' widths of `model`.
 pub fn widths(model: &Model) -> Widths {
     let hp = &model.hp;
+    let m = hp.mla;
     Widths {
         embd: hp.n_embd,
         q: hp.q_dim(),
         kv: hp.kv_dim(),
         ff: hp.n_ff,
         vocab: hp.n_vocab,
+        att: hp.att_dim(),
+        q_lora: m.map_or(0, |m| m.q_lora),
+        kv_a: m.map_or(0, |m| m.kv_a()),
+        kv_lora: m.map_or(0, |m| m.kv_lora),
+        kv_b: m.map_or(0, |m| hp.n_head * m.kv_b_head()),
     }
 }
 
 /// The model's target weights (DESIGN.md's target operators) in execution order; the output head
 /// last.
 pub fn target_weights(model: &Model) -> Vec<&WeightRef> {
-    let mut v = Vec::with_capacity(model.layers.len() * 7 + 1);
-    for l in &model.layers {
-        v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+    target_slots(model).into_iter().map(|t| t.2).collect()
+}
+
+/// [`target_weights`] with each weight's layer and slot (`plan::HEAD` for the head).
+pub fn target_slots(model: &Model) -> Vec<(Option<usize>, usize, &WeightRef)> {
+    let mut v = Vec::with_capacity(model.layers.len() * 8 + 1);
+    for (il, l) in model.layers.iter().enumerate() {
+        v.extend(l.targets().into_iter().map(|(s, w)| (Some(il), s, w)));
     }
-    v.push(&model.output);
+    v.push((None, plan::HEAD, &model.output));
     v
 }
 
@@ -315,10 +334,21 @@ struct Layer {
     attn_norm: Vec<Tensor>,
     ffn_norm: Vec<Tensor>,
     bias: [Option<Tensor>; 3],
-    /// q, k, v, o, gate, up, down.
-    w: [Slot; 7],
+    /// The layer's target weights, in execution order; `at[slot]` is each one's index.
+    w: Vec<Slot>,
+    at: [Option<usize>; N_SLOTS],
+    /// Latent attention's q_a and kv_a norm weights, on the layer's home.
+    mla_norms: Option<(Tensor, Tensor)>,
     cache_k: Tensor,
     cache_v: Tensor,
+}
+
+impl Layer {
+    fn slot(&self, s: usize) -> Result<&Slot> {
+        self.at[s]
+            .map(|i| &self.w[i])
+            .ok_or_else(|| Error::Msg(format!("executor: the layer has no weight in slot {s}")))
+    }
 }
 
 /// A model placed on backends, with its KV caches and the number of positions already processed.
@@ -404,6 +434,12 @@ fn on_all(bes: &[Arc<dyn Backend>], v: &[f32]) -> Result<Vec<Tensor>> {
     bes.iter().map(|b| vector_on(&**b, v)).collect()
 }
 
+/// The latent attention dimensions of a model that has them.
+fn mla(hp: &crate::model::HParams) -> Result<crate::model::MlaDims> {
+    hp.mla
+        .ok_or_else(|| Error::Msg("executor: latent attention step in a model without it".into()))
+}
+
 /// Splits `vals` into the value at `i` and the rest (the slot at `i` left empty until put back).
 fn take(vals: &mut [Value], v: Val) -> Value {
     std::mem::replace(&mut vals[v.index()], Value::new(0, 0))
@@ -476,23 +512,27 @@ impl<'m> Session<'m> {
         for (il, l) in model.layers.iter().enumerate() {
             let home = check(map.layer_home[il], "layer home")?;
             let be = &*backends[home];
-            if let (Some(f), None) = (&model.rope_freqs, &rope_freqs[home]) {
+            if let (Some(f), None) = (model.rope_factors(n_ctx), &rope_freqs[home]) {
                 rope_freqs[home] = Some(vector_on(be, f)?);
             }
             let bias = |b: &Option<Vec<f32>>| b.as_deref().map(|b| vector_on(be, b)).transpose();
+            let mut at = [None; N_SLOTS];
+            let mut w = Vec::with_capacity(8);
+            for (i, (s, r)) in l.targets().into_iter().enumerate() {
+                at[s] = Some(i);
+                w.push(place(r)?);
+            }
+            let mla_norms = match &l.mla {
+                Some(m) => Some((vector_on(be, &m.q_a_norm)?, vector_on(be, &m.kv_a_norm)?)),
+                None => None,
+            };
             layers.push(Layer {
                 attn_norm: on_all(&backends, &l.attn_norm)?,
                 ffn_norm: on_all(&backends, &l.ffn_norm)?,
                 bias: [bias(&l.bq)?, bias(&l.bk)?, bias(&l.bv)?],
-                w: [
-                    place(&l.wq)?,
-                    place(&l.wk)?,
-                    place(&l.wv)?,
-                    place(&l.wo)?,
-                    place(&l.w_gate)?,
-                    place(&l.w_up)?,
-                    place(&l.w_down)?,
-                ],
+                w,
+                at,
+                mla_norms,
                 cache_k: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
                 cache_v: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
             });
@@ -514,6 +554,12 @@ impl<'m> Session<'m> {
             Val::U,
             Val::O,
             Val::Logits,
+            Val::Qa,
+            Val::Qn,
+            Val::Kva,
+            Val::Ckv,
+            Val::Kv,
+            Val::AttPad,
         ]
         .iter()
         .map(|&v| Value::new(Widths::of(v, &wd), nd))
@@ -621,7 +667,12 @@ impl<'m> Session<'m> {
         let bes = self.backends.clone();
         {
             let x = &mut self.vals[Val::X.index()];
-            bes[cpu].embed_rows(&self.embd, tokens, x.out(cpu, n, &*bes[cpu])?)?;
+            let xt = x.out(cpu, n, &*bes[cpu])?;
+            bes[cpu].embed_rows(&self.embd, tokens, xt)?;
+            let s = self.model.hp.scales.embd;
+            if s != 1.0 {
+                bes[cpu].scale(xt, s, n * self.model.hp.n_embd)?;
+            }
         }
         let n_layer = self.layers.len();
         let streaming = self.stream.as_ref().is_some_and(|s| n >= s.0);
@@ -764,7 +815,7 @@ impl<'m> Session<'m> {
                 let mut weights = Vec::with_capacity(ss.len());
                 for &(slot, v) in ss {
                     let w = match layer {
-                        Some(il) => &self.layers[il].w[slot],
+                        Some(il) => self.layers[il].slot(slot)?,
                         None => &self.output,
                     };
                     weights.push(w.weight_on(*pd)?);
@@ -805,16 +856,17 @@ impl<'m> Session<'m> {
                     } else {
                         &l.ffn_norm[d]
                     };
-                    be.rms_norm(get(Val::X)?, 0, n, nw, hp.rms_eps, y)
+                    be.rms_norm(get(Val::X)?, 0, n, hp.n_embd, nw, hp.rms_eps, y)
                 }
-                (OpKind::HeadNorm, None) => be.rms_norm(
-                    get(Val::X)?,
-                    from,
-                    n - from,
-                    &self.output_norm[d],
-                    hp.rms_eps,
-                    y,
-                ),
+                (OpKind::HeadNorm, None) => {
+                    let rows = n - from;
+                    let nw = &self.output_norm[d];
+                    be.rms_norm(get(Val::X)?, from, rows, hp.n_embd, nw, hp.rms_eps, y)?;
+                    match hp.scales.logits {
+                        1.0 => Ok(()),
+                        s => be.scale(y, s, rows * hp.n_embd),
+                    }
+                }
                 (OpKind::Bias(i), Some(il)) => match &self.layers[il].bias[*i] {
                     Some(b) => be.add_bias(y, b, n),
                     None => Ok(()),
@@ -827,6 +879,57 @@ impl<'m> Session<'m> {
                     };
                     let freqs = self.rope_freqs[d].as_ref();
                     be.rope(y, n, heads, hp.head_dim, pos0, &hp.rope, freqs)
+                }
+                (OpKind::RopeKpe, Some(_)) => {
+                    let m = mla(hp)?;
+                    // One "head" per token: the shared key sits after the compressed kv.
+                    let p = crate::model::RopeParams {
+                        dim_offset: m.kv_lora,
+                        ..hp.rope.clone()
+                    };
+                    let freqs = self.rope_freqs[d].as_ref();
+                    be.rope(y, n, 1, m.kv_a(), pos0, &p, freqs)
+                }
+                (OpKind::QaNorm | OpKind::KvaNorm, Some(il)) => {
+                    let m = mla(hp)?;
+                    let (qn, kvn) = self.layers[il].mla_norms.as_ref().ok_or_else(|| {
+                        Error::Msg(format!("executor: layer {il} has no latent attention"))
+                    })?;
+                    if s.op == OpKind::QaNorm {
+                        be.rms_norm(get(Val::Qa)?, 0, n, m.q_lora, qn, hp.rms_eps, y)
+                    } else {
+                        be.rms_norm(get(Val::Kva)?, 0, n, m.kv_a(), kvn, hp.rms_eps, y)
+                    }
+                }
+                (OpKind::MlaK | OpKind::MlaV | OpKind::AttnCompact, Some(_)) => {
+                    let m = mla(hp)?;
+                    let (hd, kvb, rows) = (hp.head_dim, m.kv_b_head(), n * hp.n_head);
+                    let cc = |width, src_stride, src_col, src_rep, dst_stride, dst_col| ColCopy {
+                        rows,
+                        width,
+                        src_stride,
+                        src_col,
+                        src_rep,
+                        dst_stride,
+                        dst_col,
+                    };
+                    match s.op {
+                        // [n, n_head, nope] from Kv, the shared [n, rope] from Kva to every head.
+                        OpKind::MlaK => {
+                            be.copy_cols(get(Val::Kv)?, y, cc(m.nope, kvb, 0, 1, hd, 0))?;
+                            let kpe = cc(m.rope, m.kv_a(), m.kv_lora, hp.n_head, hd, m.nope);
+                            be.copy_cols(get(Val::Kva)?, y, kpe)
+                        }
+                        // The value, then (finite, never read back) padding from the key.
+                        OpKind::MlaV => {
+                            be.copy_cols(get(Val::Kv)?, y, cc(m.v, kvb, m.nope, 1, hd, 0))?;
+                            match hd - m.v {
+                                0 => Ok(()),
+                                pad => be.copy_cols(get(Val::K)?, y, cc(pad, hd, 0, 1, hd, m.v)),
+                            }
+                        }
+                        _ => be.copy_cols(get(Val::AttPad)?, y, cc(m.v, hd, 0, 1, m.v, 0)),
+                    }
                 }
                 (OpKind::Attention, Some(il)) => {
                     let l = &mut self.layers[il];
@@ -850,6 +953,7 @@ impl<'m> Session<'m> {
                     )
                 }
                 (OpKind::Residual, _) => be.add(y, get(Val::O)?, n * hp.n_embd),
+                (OpKind::ResidualScale, _) => be.scale(y, hp.scales.residual, n * hp.n_embd),
                 (OpKind::Swiglu, _) => be.swiglu(y, get(Val::U)?, n, hp.n_ff),
                 (op, _) => Err(Error::Msg(format!(
                     "executor: step {op:?} does not belong to {}",

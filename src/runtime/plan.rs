@@ -17,7 +17,7 @@ pub enum Val {
     Q,
     K,
     V,
-    /// Attention output, [n, q_dim].
+    /// Attention output, [n, n_head * v_head_dim] (`attn_output`'s input).
     Att,
     /// Gate, then silu(gate) * up, [n, n_ff].
     G,
@@ -25,9 +25,20 @@ pub enum Val {
     /// attn_output or ffn_down output, [n, n_embd].
     O,
     Logits,
+    /// Multi-head latent attention: the compressed query, [n, q_lora], and it normed.
+    Qa,
+    Qn,
+    /// The compressed key/value and the shared RoPE key, [n, kv_lora + rope].
+    Kva,
+    /// The compressed key/value normed, [n, kv_lora].
+    Ckv,
+    /// `attn_kv_b`'s output, [n, n_head, nope + v].
+    Kv,
+    /// Attention output with values padded to the key's head size, [n, n_head * head_dim].
+    AttPad,
 }
 
-pub const N_VALS: usize = 10;
+pub const N_VALS: usize = 16;
 
 impl Val {
     pub fn index(self) -> usize {
@@ -43,22 +54,49 @@ pub struct Widths {
     pub kv: usize,
     pub ff: usize,
     pub vocab: usize,
+    /// Attention output (`attn_output`'s input).
+    pub att: usize,
+    /// Multi-head latent attention's widths (0 without): q_lora, kv_lora + rope, kv_lora,
+    /// n_head * (nope + v).
+    pub q_lora: usize,
+    pub kv_a: usize,
+    pub kv_lora: usize,
+    pub kv_b: usize,
 }
 
 impl Widths {
     pub fn of(v: Val, w: &Widths) -> usize {
         match v {
             Val::X | Val::H | Val::O => w.embd,
-            Val::Q | Val::Att => w.q,
+            Val::Q | Val::AttPad => w.q,
+            Val::Att => w.att,
             Val::K | Val::V => w.kv,
             Val::G | Val::U => w.ff,
             Val::Logits => w.vocab,
+            Val::Qa | Val::Qn => w.q_lora,
+            Val::Kva => w.kv_a,
+            Val::Ckv => w.kv_lora,
+            Val::Kv => w.kv_b,
         }
     }
 }
 
-/// Target weights of a layer by slot: q, k, v, o, gate, up, down; the head is slot [`HEAD`].
-pub const HEAD: usize = 7;
+impl Widths {
+    /// f32 elements per token of latent attention's activations beyond q/k/v attention's (0
+    /// without it): the compressed query and its norm, the compressed key/value and its norm,
+    /// `attn_kv_b`'s output, and the padded attention output.
+    pub fn latent_extra(&self) -> usize {
+        if self.kv_b == 0 {
+            return 0;
+        }
+        2 * self.q_lora + self.kv_a + self.kv_lora + self.kv_b + self.q
+    }
+}
+
+pub use crate::model::{N_SLOTS, slot};
+
+/// Target weights of a layer by slot (`model::SLOT_KINDS`); the head is slot [`HEAD`].
+pub const HEAD: usize = N_SLOTS;
 
 /// What a step computes.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,8 +121,22 @@ pub enum OpKind {
     Attention,
     /// X += O.
     Residual,
+    /// O *= the residual scale (MiniCPM3), before `Residual`.
+    ResidualScale,
     /// G = silu(G) * U.
     Swiglu,
+    /// Multi-head latent attention: Qn = rms_norm(Qa) * attn_q_a_norm.
+    QaNorm,
+    /// Ckv = rms_norm(Kva's first kv_lora columns) * attn_kv_a_norm.
+    KvaNorm,
+    /// RoPE on the shared key in Kva's last columns, in place.
+    RopeKpe,
+    /// K = each head's non-RoPE key from Kv, then the shared RoPE key from Kva.
+    MlaK,
+    /// V = each head's value from Kv, padded to the key's head size with K's first columns.
+    MlaV,
+    /// Att = AttPad without each head's padding.
+    AttnCompact,
 }
 
 /// One step of a plan: an operator on a device, reading and writing activations. A value in
@@ -153,13 +205,32 @@ impl CrossCost {
     }
 }
 
-/// One layer's placement inputs: the device of each target weight (slots 0..7) and of its
-/// attention (KV cache); whether it has q/k/v biases.
+/// One layer's placement inputs: the device of each target weight (by slot; absent slots are
+/// ignored) and of its attention (KV cache); whether it has q/k/v biases, multi-head latent
+/// attention, and scaled residual branches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerTargets {
-    pub w: [Dev; 7],
+    pub w: [Dev; N_SLOTS],
     pub attn: Dev,
     pub bias: [bool; 3],
+    pub mla: bool,
+    pub res_scale: bool,
+}
+
+impl LayerTargets {
+    /// The slots this layer has: q/k/v attention's 0..7, or latent attention's 3..11.
+    pub fn slots(&self) -> std::ops::Range<usize> {
+        if self.mla {
+            slot::O..N_SLOTS
+        } else {
+            0..slot::Q_A
+        }
+    }
+
+    /// The devices of the target weights this layer has.
+    pub fn used_devs(&self) -> impl Iterator<Item = Dev> + '_ {
+        self.slots().map(|s| self.w[s])
+    }
 }
 
 fn matmul_step(input: Val, slots: &[(usize, Val)], w: &[Dev], cpu: Dev) -> Step {
@@ -192,35 +263,75 @@ fn step(dev: Dev, op: OpKind, reads: &[Val], writes: &[Val]) -> Step {
 /// The attention half of a layer (norm, q/k/v, biases, RoPE, attention, attn_output, residual).
 fn attn_block(t: &LayerTargets, d: &LayerDevs, cpu: Dev) -> Vec<Step> {
     use Val::*;
-    let mut s = vec![
-        step(d.attn_norm, OpKind::AttnNorm, &[X], &[H]),
-        matmul_step(H, &[(0, Q), (1, K), (2, V)], &t.w, cpu),
-    ];
-    for (i, v) in [Q, K, V].into_iter().enumerate() {
-        if t.bias[i] {
-            s.push(step(d.attn, OpKind::Bias(i), &[v], &[v]));
+    let mut s = vec![step(d.attn_norm, OpKind::AttnNorm, &[X], &[H])];
+    if t.mla {
+        s.extend(mla_steps(t, d, cpu));
+    } else {
+        s.push(matmul_step(
+            H,
+            &[(slot::Q, Q), (slot::K, K), (slot::V, V)],
+            &t.w,
+            cpu,
+        ));
+        for (i, v) in [Q, K, V].into_iter().enumerate() {
+            if t.bias[i] {
+                s.push(step(d.attn, OpKind::Bias(i), &[v], &[v]));
+            }
         }
+        s.extend([
+            step(d.attn, OpKind::RopeQ, &[Q], &[Q]),
+            step(d.attn, OpKind::RopeK, &[K], &[K]),
+            step(d.attn, OpKind::Attention, &[Q, K, V], &[Att]),
+        ]);
     }
-    s.extend([
+    s.push(matmul_step(Att, &[(slot::O, O)], &t.w, cpu));
+    s.extend(residual(t, d.attn_add));
+    s
+}
+
+/// Multi-head latent attention from the normed input H to the attention output Att: the
+/// compressed query and key/value, their norms and expansions, RoPE, the keys and values of
+/// every head, attention. The non-target operators run with the attention (its device holds
+/// the KV cache and RoPE).
+fn mla_steps(t: &LayerTargets, d: &LayerDevs, cpu: Dev) -> Vec<Step> {
+    use Val::*;
+    vec![
+        matmul_step(H, &[(slot::Q_A, Qa), (slot::KV_A, Kva)], &t.w, cpu),
+        step(d.attn, OpKind::QaNorm, &[Qa], &[Qn]),
+        step(d.attn, OpKind::KvaNorm, &[Kva], &[Ckv]),
+        matmul_step(Qn, &[(slot::Q_B, Q)], &t.w, cpu),
+        matmul_step(Ckv, &[(slot::KV_B, Kv)], &t.w, cpu),
         step(d.attn, OpKind::RopeQ, &[Q], &[Q]),
-        step(d.attn, OpKind::RopeK, &[K], &[K]),
-        step(d.attn, OpKind::Attention, &[Q, K, V], &[Att]),
-        matmul_step(Att, &[(3, O)], &t.w, cpu),
-        step(d.attn_add, OpKind::Residual, &[X, O], &[X]),
-    ]);
+        step(d.attn, OpKind::RopeKpe, &[Kva], &[Kva]),
+        step(d.attn, OpKind::MlaK, &[Kv, Kva], &[K]),
+        step(d.attn, OpKind::MlaV, &[Kv, K], &[V]),
+        step(d.attn, OpKind::Attention, &[Q, K, V], &[AttPad]),
+        step(d.attn, OpKind::AttnCompact, &[AttPad], &[Att]),
+    ]
+}
+
+/// X += O on `dev`, O scaled first where the layer scales its residual branches.
+fn residual(t: &LayerTargets, dev: Dev) -> Vec<Step> {
+    use Val::*;
+    let mut s = Vec::with_capacity(2);
+    if t.res_scale {
+        s.push(step(dev, OpKind::ResidualScale, &[O], &[O]));
+    }
+    s.push(step(dev, OpKind::Residual, &[X, O], &[X]));
     s
 }
 
 /// The FFN half of a layer (norm, gate/up, SwiGLU, down, residual).
 fn ffn_block(t: &LayerTargets, d: &LayerDevs, cpu: Dev) -> Vec<Step> {
     use Val::*;
-    vec![
+    let mut s = vec![
         step(d.ffn_norm, OpKind::FfnNorm, &[X], &[H]),
-        matmul_step(H, &[(4, G), (5, U)], &t.w, cpu),
+        matmul_step(H, &[(slot::GATE, G), (slot::UP, U)], &t.w, cpu),
         step(d.swiglu, OpKind::Swiglu, &[G, U], &[G]),
-        matmul_step(G, &[(6, O)], &t.w, cpu),
-        step(d.ffn_add, OpKind::Residual, &[X, O], &[X]),
-    ]
+        matmul_step(G, &[(slot::DOWN, O)], &t.w, cpu),
+    ];
+    s.extend(residual(t, d.ffn_add));
+    s
 }
 
 /// A layer's steps.
@@ -232,7 +343,7 @@ pub fn layer_steps(t: &LayerTargets, d: &LayerDevs, cpu: Dev) -> Vec<Step> {
 
 /// The head's steps: the output norm on `norm`, the output matmul on `out`.
 pub fn head_steps(norm: Dev, out: Dev, cpu: Dev) -> Vec<Step> {
-    let mut w = [cpu; 8];
+    let mut w = [cpu; HEAD + 1];
     w[HEAD] = out;
     vec![
         step(norm, OpKind::HeadNorm, &[Val::X], &[Val::H]),
@@ -363,7 +474,7 @@ pub fn place_non_target(
 ) -> (Vec<LayerDevs>, Dev) {
     let mut devs: Vec<Dev> = layers
         .iter()
-        .flat_map(|l| l.w.iter().copied().chain([l.attn]))
+        .flat_map(|l| l.used_devs().chain([l.attn]))
         .chain([cpu, head_out, x_start])
         .collect();
     devs.sort_unstable();
@@ -474,13 +585,22 @@ mod tests {
         kv: 1024,
         ff: 14336,
         vocab: 128256,
+        att: 4096,
+        q_lora: 0,
+        kv_a: 0,
+        kv_lora: 0,
+        kv_b: 0,
     };
 
-    fn layer(w: [Dev; 7]) -> LayerTargets {
+    fn layer(w7: [Dev; 7]) -> LayerTargets {
+        let mut w = [0; N_SLOTS];
+        w[..7].copy_from_slice(&w7);
         LayerTargets {
             w,
             attn: 1,
             bias: [false; 3],
+            mla: false,
+            res_scale: false,
         }
     }
 
@@ -560,18 +680,100 @@ mod tests {
         }
     }
 
+    /// Every non-target operator on device 1.
+    const ALL_ON_1: LayerDevs = LayerDevs {
+        attn: 1,
+        attn_norm: 1,
+        attn_add: 1,
+        ffn_norm: 1,
+        swiglu: 1,
+        ffn_add: 1,
+    };
+
+    /// MiniCPM3-4B's widths.
+    const MLA_W: Widths = Widths {
+        embd: 2560,
+        q: 3840,
+        kv: 3840,
+        ff: 6400,
+        vocab: 73448,
+        att: 2560,
+        q_lora: 768,
+        kv_a: 288,
+        kv_lora: 256,
+        kv_b: 5120,
+    };
+
+    fn mla_layer(w: [Dev; N_SLOTS]) -> LayerTargets {
+        LayerTargets {
+            w,
+            attn: 1,
+            bias: [false; 3],
+            mla: true,
+            res_scale: true,
+        }
+    }
+
+    #[test]
+    fn latent_attention_steps_read_only_what_was_written() {
+        let t = mla_layer([1; N_SLOTS]);
+        let d = ALL_ON_1;
+        let steps = layer_steps(&t, &d, 0);
+        let mut written = vec![Val::X];
+        let mut slots = Vec::new();
+        for s in &steps {
+            for r in &s.reads {
+                assert!(
+                    written.contains(r),
+                    "{:?} reads {r:?} before it is written",
+                    s.op
+                );
+            }
+            written.extend(&s.writes);
+            if let OpKind::Matmul { parts } = &s.op {
+                slots.extend(parts.iter().flat_map(|p| p.1.iter().map(|x| x.0)));
+            }
+        }
+        // The latent projections, attn_output and the FFN, once each; no q/k/v slot.
+        slots.sort();
+        assert_eq!(slots, (slot::O..N_SLOTS).collect::<Vec<_>>());
+        // Both residual branches are scaled before they are added.
+        let ops: Vec<&OpKind> = steps.iter().map(|s| &s.op).collect();
+        assert_eq!(
+            ops.iter().filter(|o| ***o == OpKind::ResidualScale).count(),
+            2
+        );
+        assert_eq!(
+            MLA_W.latent_extra(),
+            2 * 768 + 288 + 256 + 5120 + 3840,
+            "extra activations per token"
+        );
+        assert_eq!(W.latent_extra(), 0);
+    }
+
+    #[test]
+    fn latent_attention_on_one_device_crosses_only_for_the_embedding() {
+        let layers = vec![mla_layer([1; N_SLOTS]); 3];
+        let (devs, norm) = place_non_target(&layers, 1, &MLA_W, 64, &CrossCost::default(), 0, 0);
+        assert_eq!(copies(&forward_steps(&layers, &devs, norm, 1, 0)).len(), 1);
+        // attn_q_a on the CPU: the normed input goes out and the compressed query comes back.
+        let mut w = [1; N_SLOTS];
+        w[slot::Q_A] = 0;
+        let layers = vec![mla_layer(w)];
+        let (devs, norm) = place_non_target(&layers, 1, &MLA_W, 1, &CrossCost::default(), 0, 0);
+        let c = copies(&forward_steps(&layers, &devs, norm, 1, 0));
+        assert_eq!(
+            c.iter().map(|c| c.val).collect::<Vec<_>>(),
+            [Val::X, Val::H, Val::Qa],
+            "{c:?}"
+        );
+    }
+
     #[test]
     fn shared_inputs_cross_once_per_device() {
         // q on the GPU, k and v on the CPU: the norm's output goes to the CPU once.
         let t = layer([1, 0, 0, 1, 1, 1, 1]);
-        let d = LayerDevs {
-            attn: 1,
-            attn_norm: 1,
-            attn_add: 1,
-            ffn_norm: 1,
-            swiglu: 1,
-            ffn_add: 1,
-        };
+        let d = ALL_ON_1;
         let mut v = Validity::only(Val::X, 1);
         let mut c = Vec::new();
         for s in layer_steps(&t, &d, 0) {

@@ -11,7 +11,8 @@ use crate::gguf::GgufFile;
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, DType, DeviceKind, MemInfo, Stopwatch, Tensor, Usage, Weight,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, MemInfo, Stopwatch, Tensor, Usage,
+    Weight,
 };
 use crate::runtime::cpu_backend::CpuBackend;
 
@@ -126,11 +127,12 @@ impl Backend for TestDevice {
         x: &Tensor,
         row0: usize,
         n_rows: usize,
+        x_stride: usize,
         w: &Tensor,
         eps: f32,
         y: &mut Tensor,
     ) -> Result<()> {
-        self.inner.rms_norm(x, row0, n_rows, w, eps, y)
+        self.inner.rms_norm(x, row0, n_rows, x_stride, w, eps, y)
     }
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
         self.inner.add_bias(x, b, n_tok)
@@ -165,6 +167,14 @@ impl Backend for TestDevice {
     }
     fn add(&self, x: &mut Tensor, y: &Tensor, n: usize) -> Result<()> {
         self.inner.add(x, y, n)
+    }
+
+    fn scale(&self, x: &mut Tensor, s: f32, n: usize) -> Result<()> {
+        self.inner.scale(x, s, n)
+    }
+
+    fn copy_cols(&self, src: &Tensor, dst: &mut Tensor, c: ColCopy) -> Result<()> {
+        self.inner.copy_cols(src, dst, c)
     }
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
         self.inner.embed_rows(table, ids, out)

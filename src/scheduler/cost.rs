@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, LinkInfo, Profile, time_at};
 use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
 use crate::runtime::plan::{
-    self, CrossCost, HEAD, LayerTargets, OpKind, Step, Validity, Widths, head_steps, layer_steps,
-    place_non_target,
+    self, CrossCost, HEAD, LayerTargets, N_SLOTS, OpKind, Step, Validity, Widths, head_steps,
+    layer_steps, place_non_target,
 };
 
 use super::placement::{Device, Predicted};
@@ -106,6 +106,9 @@ pub(crate) struct CostModel {
     /// The crossing cost the executor's rule 2 and the prediction use.
     pub cross: CrossCost,
     widths: Widths,
+    /// Every layer has latent attention (MiniCPM3), and scales its residual branches.
+    mla: bool,
+    res_scale: bool,
     pub n_layer: usize,
     /// Layers with q/k/v biases.
     biases: std::collections::BTreeSet<(usize, usize)>,
@@ -117,11 +120,12 @@ pub(crate) struct CostModel {
     pub stream_prefill: bool,
 }
 
-/// Which activation an operator reads, for the shared-copy rule: q/k/v of a layer read one, gate
-/// and up read another; every other operator reads its own.
+/// Which activation an operator reads, for the shared-copy rule: q/k/v (latent attention's
+/// q_a and kv_a) of a layer read one, gate and up read another; every other operator reads its
+/// own.
 fn input_family(kind: &str) -> Option<&'static str> {
     match kind {
-        "attn_q" | "attn_k" | "attn_v" => Some("attn_in"),
+        "attn_q" | "attn_k" | "attn_v" | "attn_q_a" | "attn_kv_a_mqa" => Some("attn_in"),
         "ffn_gate" | "ffn_up" => Some("ffn_in"),
         _ => None,
     }
@@ -163,22 +167,9 @@ impl CostModel {
                 h2d_gbps: l.h2d_gbps,
                 d2h_gbps: l.d2h_gbps,
             });
-        let ops = &profile.operators;
-        let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
-        let embd = match profile.model.n_embd {
-            0 => find("attn_q").map_or(0, |o| o.k),
-            n => n,
-        };
-        let widths = Widths {
-            embd,
-            q: find("attn_q").map_or(embd, |o| o.n),
-            kv: find("attn_k").map_or(embd, |o| o.n),
-            ff: find("ffn_up").map_or(embd, |o| o.n),
-            vocab: match profile.model.n_vocab {
-                0 => find("output").map_or(0, |o| o.n),
-                n => n,
-            },
-        };
+        let widths = profile_widths(profile);
+        let mla = widths.kv_b > 0;
+        let res_scale = profile.model.arch == crate::model::Arch::MiniCpm3.name();
         let biases = profile
             .model
             .other_tensors
@@ -212,6 +203,8 @@ impl CostModel {
             link,
             cross,
             widths,
+            mla,
+            res_scale,
             n_layer: profile.model.n_layer,
             biases,
             non_target,
@@ -359,15 +352,17 @@ impl CostModel {
         };
         let mut layers: Vec<LayerTargets> = (0..self.n_layer)
             .map(|l| LayerTargets {
-                w: [0; 7],
+                w: [0; N_SLOTS],
                 attn: attn.get(l).map_or(0, |&d| (d == Device::Gpu) as usize),
                 bias: std::array::from_fn(|i| self.biases.contains(&(l, i))),
+                mla: self.mla,
+                res_scale: self.res_scale,
             })
             .collect();
         let mut head = 0;
         for (op, &d) in self.ops.iter().zip(devices) {
             match op.layer {
-                Some(l) if l < layers.len() && op.slot < 7 => layers[l].w[op.slot] = id(d),
+                Some(l) if l < layers.len() && op.slot < N_SLOTS => layers[l].w[op.slot] = id(d),
                 None => head = id(d),
                 _ => {}
             }
@@ -409,6 +404,13 @@ impl CostModel {
                 .fold(0.0, f64::max),
             OpKind::Embed => 0.0,
             OpKind::AttnNorm | OpKind::FfnNorm | OpKind::HeadNorm => nt(s.dev, "rms_norm"),
+            // Latent attention's norms are over narrower rows than the profiled n_embd ones;
+            // its column copies and the residual scale move as many bytes as an add or less.
+            OpKind::QaNorm | OpKind::KvaNorm => nt(s.dev, "rms_norm"),
+            OpKind::RopeKpe => nt(s.dev, "rope_k"),
+            OpKind::MlaK | OpKind::MlaV | OpKind::AttnCompact | OpKind::ResidualScale => {
+                nt(s.dev, "add")
+            }
             OpKind::Bias(_) => nt(s.dev, "bias"),
             OpKind::RopeQ => nt(s.dev, "rope_q"),
             OpKind::RopeK => nt(s.dev, "rope_k"),
@@ -582,15 +584,17 @@ impl CostModel {
         let op = &self.ops[i];
         let attn = 1;
         let mut t = LayerTargets {
-            w: [attn; 7],
+            w: [attn; N_SLOTS],
             attn,
             bias: [false; 3],
+            mla: self.mla,
+            res_scale: self.res_scale,
         };
         let mut head_out = attn;
         for (o, &d) in self.ops.iter().zip(devices) {
             if o.layer == op.layer {
                 match o.layer {
-                    Some(_) if o.slot < 7 => t.w[o.slot] = (d == Device::Gpu) as usize,
+                    Some(_) if o.slot < N_SLOTS => t.w[o.slot] = (d == Device::Gpu) as usize,
                     None => head_out = (d == Device::Gpu) as usize,
                     _ => {}
                 }
@@ -816,6 +820,40 @@ pub(crate) fn prefill_stream_bytes(profile: &Profile) -> u64 {
 /// weight, or one slice of `GEMM_SLICE_BYTES` when it is larger: the backend dequantises big
 /// matrices a slice at a time) plus f32 activations for the prompt batch,
 /// `4 P (4 n_embd + 2 n_ff + n_vocab)`.
+/// The activations' widths, from the profile's operator shapes (and its model section).
+fn profile_widths(profile: &Profile) -> Widths {
+    let ops = &profile.operators;
+    let find = |kind: &str| ops.iter().find(|o| o.kind == kind);
+    let embd = match profile.model.n_embd {
+        0 => find("attn_q").map_or(0, |o| o.k),
+        n => n,
+    };
+    // Latent attention (MiniCPM3): its projections' shapes give its activations' widths; the
+    // keys and (padded) values are as wide as the queries.
+    let mla = find("attn_q_a").is_some();
+    let q = find("attn_q").or(find("attn_q_b")).map_or(embd, |o| o.n);
+    let n_of = |kind: &str| find(kind).map_or(0, |o| o.n);
+    Widths {
+        embd,
+        q,
+        kv: if mla {
+            q
+        } else {
+            find("attn_k").map_or(embd, |o| o.n)
+        },
+        ff: find("ffn_up").map_or(embd, |o| o.n),
+        vocab: match profile.model.n_vocab {
+            0 => find("output").map_or(0, |o| o.n),
+            n => n,
+        },
+        att: find("attn_output").map_or(q, |o| o.k),
+        q_lora: n_of("attn_q_a"),
+        kv_a: n_of("attn_kv_a_mqa"),
+        kv_lora: find("attn_kv_b").map_or(0, |o| o.k),
+        kv_b: n_of("attn_kv_b"),
+    }
+}
+
 pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
     let ops = &profile.operators;
     let largest_weight = ops
@@ -843,7 +881,9 @@ pub(crate) fn workspace_bytes(profile: &Profile, prompt_tokens: usize) -> u64 {
             .map_or(0, |o| o.n as u64),
         n => n as u64,
     };
+    let latent = profile_widths(profile).latent_extra() as u64;
     workspace_for(largest_weight, n_embd, n_ff, n_vocab, prompt_tokens)
+        .saturating_add((4 * prompt_tokens as u64).saturating_mul(latent))
 }
 
 /// [`workspace_bytes`] from the shapes: the largest weight's k×n, the widths, the prompt length.

@@ -340,16 +340,22 @@ def check_mmv(g, wname):
 
 def check_rms_norm(g):
     # f32 sums of squares and IEEE sqrt / division: relative error ~1e-7; tol 1e-5 of max |y|.
-    for n, n_rows, block, inplace in ((300, 3, 256, True), (300, 3, 64, False),
-                                      (4096, 2, 1024, False)):
-        rng = rng_for(f"rms {n} {block}")
-        x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
+    # Rows inside wider ones (x_stride > n): latent attention's compressed kv, normed where its
+    # projection wrote it.
+    for n, n_rows, block, inplace, stride in ((300, 3, 256, True, 300), (300, 3, 64, False, 300),
+                                              (4096, 2, 1024, False, 4096),
+                                              (256, 3, 256, False, 288)):
+        rng = rng_for(f"rms {n} {block}" + (f" stride {stride}" if stride != n else ""))
+        xs = (rng.standard_normal((n_rows, stride)) * 3).astype(np.float32)
+        x = xs[:, :n]
         w = cos_pattern(n)
-        xb = Buf.of(x)
+        xb = Buf.of(xs)
         y = xb if inplace else Buf.out(np.float32, x.size)
-        E.launch("rms_norm_f32", (n_rows,), (block,), xb, Buf.of(w), y, i32(n), f32(1e-5))
+        E.launch("rms_norm_f32", (n_rows,), (block,), xb, Buf.of(w), y, i32(n), f32(1e-5),
+                 i32(stride))
         want = refs.rms_norm(x, w, 1e-5)
-        g.close(f"n={n} rows={n_rows} block={block}{' in place' if inplace else ''}",
+        g.close(f"n={n} rows={n_rows} block={block}{' in place' if inplace else ''}"
+                + (f" stride={stride}" if stride != n else ""),
                 y.get(np.float32).reshape(n_rows, n), want, 1e-5, np.abs(want).max(),
                 dims=("row", "i"), metric="err/max|y|")
 
@@ -371,10 +377,10 @@ def check_fused_q8_1(g, kernel):
             w = cos_pattern(n)
             plain = Buf.out(np.float32, x.size)
             E.launch("rms_norm_f32", (n_rows,), (block,), Buf.of(x), Buf.of(w), plain, i32(n),
-                     f32(1e-5))
+                     f32(1e-5), i32(n))
             xb = Buf.of(x)
             y = xb if inplace else Buf.out(np.float32, x.size)
-            E.launch(kernel, (n_rows,), (block,), xb, Buf.of(w), y, q, i32(n), f32(1e-5))
+            E.launch(kernel, (n_rows,), (block,), xb, Buf.of(w), y, q, i32(n), f32(1e-5), i32(n))
         else:
             plain = Buf.of(x)
             E.launch("swiglu_f32", (cdiv(x.size, 256),), (256,), plain, Buf.of(u), i64(x.size))
@@ -390,34 +396,45 @@ def check_fused_q8_1(g, kernel):
 def check_rope(g):
     # The angles follow the kernel's written spec exactly (refs.rope), so what remains is the
     # f32 rounding of cos / sin and of the rotation: a few ulp of |x| <= ~4. tol 1e-5 absolute.
-    cases = [  # neox, freq factors, n_tok, n_heads, head_dim, n_dims, pos0, block
-        (0, False, 3, 4, 64, 64, 0, 128),
-        (1, False, 3, 4, 64, 64, 7, 128),
-        (0, True, 2, 2, 128, 128, 1000, 16),
-        (1, True, 2, 3, 128, 128, 1000, 128),
-        (0, False, 3, 4, 64, 48, 30000, 128),  # partial n_dims: dims 48..63 untouched
-        (1, True, 3, 4, 64, 32, 30000, 8),
+    cases = [  # neox, freq factors, n_tok, n_heads, head_dim, n_dims, pos0, block, dim_offset
+        (0, False, 3, 4, 64, 64, 0, 128, 0),
+        (1, False, 3, 4, 64, 64, 7, 128, 0),
+        (0, True, 2, 2, 128, 128, 1000, 16, 0),
+        (1, True, 2, 3, 128, 128, 1000, 128, 0),
+        (0, False, 3, 4, 64, 48, 30000, 128, 0),  # partial n_dims: dims 48..63 untouched
+        (1, True, 3, 4, 64, 32, 30000, 8, 0),
+        (1, True, 3, 4, 96, 32, 500, 128, 64),  # latent attention's q: each head's last 32
+        (1, True, 3, 1, 288, 32, 500, 128, 256),  # and its shared key after the compressed kv
     ]
-    for neox, use_ff, n_tok, nh, hd, n_dims, pos0, block in cases:
+    for neox, use_ff, n_tok, nh, hd, n_dims, pos0, block, off in cases:
         label = f"neox={neox} ff={int(use_ff)} n_tok={n_tok} hd={hd} n_dims={n_dims} pos0={pos0}"
+        label += f" offset={off}" if off else ""
         rng = rng_for("rope " + label)
         x = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
         ff = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if use_ff else None
         xb = Buf.of(x)
         E.launch("rope_f32", (nh, n_tok), (block,), xb, i32(n_tok), i32(nh), i32(hd),
                  i32(n_dims), i32(pos0), f32(10000.0), f32(0.5), i32(neox),
-                 Buf.of(ff) if ff is not None else None)
-        want = refs.rope(x, n_tok, nh, hd, n_dims, pos0, 10000.0, 0.5, neox, ff)
+                 Buf.of(ff) if ff is not None else None, i32(off))
+        x3 = x.reshape(n_tok, nh, hd)
+        want = x3.astype(np.float64).copy()
+        part = np.ascontiguousarray(x3[:, :, off:off + n_dims])
+        want[:, :, off:off + n_dims] = refs.rope(part, n_tok, nh, n_dims, n_dims, pos0, 10000.0,
+                                                 0.5, neox, ff)
         got = xb.get(np.float32).reshape(n_tok, nh, hd)
         g.close(label, got, want, 1e-5, dims=("t", "head", "i"), metric="abs err")
         if n_dims < hd:
-            g.exact(f"n_dims={n_dims}: dims {n_dims}..{hd} untouched", got[:, :, n_dims:],
-                    x.reshape(n_tok, nh, hd)[:, :, n_dims:])
+            rest = np.concatenate([got[:, :, :off], got[:, :, off + n_dims:]], axis=2)
+            orig = np.concatenate([x3[:, :, :off], x3[:, :, off + n_dims:]], axis=2)
+            g.exact(f"n_dims={n_dims} from {off}: the other dims of {hd} untouched", rest, orig)
     x = cos_pattern(64)
     xb = Buf.of(x)
     E.launch("rope_f32", (1, 1), (128,), xb, i32(1), i32(1), i32(64), i32(80), i32(5),
-             f32(10000.0), f32(1.0), i32(0), None)
+             f32(10000.0), f32(1.0), i32(0), None, i32(0))
     g.exact("n_dims > head_dim: nothing written", xb.get(np.float32), x)
+    E.launch("rope_f32", (1, 1), (128,), xb, i32(1), i32(1), i32(64), i32(32), i32(5),
+             f32(10000.0), f32(1.0), i32(0), None, i32(40))
+    g.exact("dim_offset + n_dims > head_dim: nothing written", xb.get(np.float32), x)
 
 
 def check_elementwise(g, kernel):
@@ -439,12 +456,39 @@ def check_elementwise(g, kernel):
             xb = Buf.of(a)
             E.launch(kernel, (grid,), (256,), xb, Buf.of(bias), i32(40), i64(n))
             g.exact(label + " width 40", xb.get(np.float32), a + np.tile(bias, n // 40))
+        elif kernel == "scale_f32":
+            xb = Buf.of(a)
+            E.launch(kernel, (grid,), (256,), xb, f32(0.17677669), i64(n))
+            g.exact(label, xb.get(np.float32), a * np.float32(0.17677669))
         elif kernel == "swiglu_f32":
             xb = Buf.of(a)
             E.launch(kernel, (grid,), (256,), xb, Buf.of(b), i64(n))
             want = refs.silu_mul(a, b)
             g.close(label, xb.get(np.float32), want, 1e-5, np.abs(want) + 1e-30,
                     dims=("i",), metric="rel err")
+
+
+def check_copy_cols(g):
+    # A copy: bit-exact. Latent attention's key assembly: each head's non-RoPE columns, then the
+    # token's shared RoPE key repeated into every head (src_rep = n_head); its value, padded.
+    n_tok, nh, nope, rope, v, lora = 3, 5, 16, 8, 12, 20
+    hd = nope + rope
+    rng = rng_for("copy_cols")
+    kv = rng.standard_normal(n_tok * nh * (nope + v)).astype(np.float32)
+    kva = rng.standard_normal(n_tok * (lora + rope)).astype(np.float32)
+    k = Buf.out(np.float32, n_tok * nh * hd)
+    rows = n_tok * nh
+    for src, width, ss, sc, rep, dc in ((kv, nope, nope + v, 0, 1, 0),
+                                        (kva, rope, lora + rope, lora, nh, nope)):
+        n = rows * width
+        for grid in (1, cdiv(n, 256)):
+            E.launch("copy_cols_f32", (grid,), (256,), Buf.of(src), k, i32(width), i32(ss),
+                     i32(sc), i32(rep), i32(hd), i32(dc), i64(n))
+    want = np.concatenate([kv.reshape(n_tok, nh, nope + v)[:, :, :nope],
+                           np.repeat(kva.reshape(n_tok, 1, lora + rope)[:, :, lora:], nh, axis=1)],
+                          axis=2)
+    g.exact(f"{n_tok} tokens x {nh} heads of {nope}+{rope}", k.get(np.float32).reshape(want.shape),
+            want)
 
 
 def check_attention(g):
@@ -604,8 +648,9 @@ def main():
     for k in ("rms_norm_q8_1", "swiglu_q8_1"):
         r.run(k, check_fused_q8_1, k)
     r.run("rope_f32", check_rope)
-    for k in ("add_f32", "add_bias_f32", "swiglu_f32"):
+    for k in ("add_f32", "add_bias_f32", "scale_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)
+    r.run("copy_cols_f32", check_copy_cols)
     r.run("attention_f16kv", check_attention)
     r.run("flash_decode", check_flash_decode)
     r.run("coverage", check_coverage, args.src)

@@ -29,6 +29,12 @@ pub fn add_bias(x: &mut [f32], b: &[f32]) {
     }
 }
 
+pub fn scale_inplace(x: &mut [f32], s: f32) {
+    for a in x.iter_mut() {
+        *a *= s;
+    }
+}
+
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
@@ -53,7 +59,8 @@ pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Rotary position embedding in place on `x` = [n_tok, n_heads, head_dim], token t at `pos0 + t`.
+/// Rotary position embedding in place on `x` = [n_tok, n_heads, head_dim], token t at `pos0 + t`,
+/// on dimensions `p.dim_offset..p.dim_offset + p.n_dims` of each head.
 /// `freq_factors` (Llama 3.1's rope_freqs) divide each pair's angle when present.
 pub fn rope(
     x: &mut [f32],
@@ -75,6 +82,7 @@ pub fn rope(
             theta *= theta_scale;
         }
         for head in tok.chunks_mut(head_dim) {
+            let head = &mut head[p.dim_offset..];
             for (i, &(c, s)) in cos_sin.iter().enumerate() {
                 let (a, b) = if p.neox {
                     (i, i + half)

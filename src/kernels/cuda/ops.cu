@@ -17,10 +17,10 @@
 
 // y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 1024).
-// x, y: [n_rows, n]; w: [n].
+// x: n_rows rows of n, x_stride (>= n) floats apart; y: [n_rows, n]; w: [n].
 extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
-                                        int n, float eps) {
-    const float* xr = x + (i64)blockIdx.x * n;
+                                        int n, float eps, int x_stride) {
+    const float* xr = x + (i64)blockIdx.x * x_stride;
     float* yr = y + (i64)blockIdx.x * n;
     const float scale = row_rms_scale(xr, n, eps);
     // Each element is read and written by the same thread, so y == x is safe.
@@ -30,10 +30,12 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
 // rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
 // read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, bit for bit.
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
-// of 32. x, y: [n_rows, n] (y may be x); w: [n]; q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
+// of 32. x: as rms_norm_f32's; y: [n_rows, n] (may be x); w: [n]; q: [n_rows * n / 32]
+// block_q8_1, 4-byte aligned.
 extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
-                                         block_q8_1* __restrict__ q, int n, float eps) {
-    const float* xr = x + (i64)blockIdx.x * n;
+                                         block_q8_1* __restrict__ q, int n, float eps,
+                                         int x_stride) {
+    const float* xr = x + (i64)blockIdx.x * x_stride;
     float* yr = y + (i64)blockIdx.x * n;
     const float scale = row_rms_scale(xr, n, eps);
     const int nb = n / QK, lane = threadIdx.x & 31;
@@ -57,14 +59,17 @@ extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict
 // multiplies, exactly as the CPU (and ggml's CPU) code does; theta_scale is the correctly
 // rounded f32 of the double-precision power, and cos / sin of the f32 angle are evaluated in
 // double precision and rounded (angles reach 3e4 radians at long contexts, where the f32 fast
-// paths lose digits). Dimensions >= n_dims are untouched.
+// paths lose digits). The rotated dimensions start at dim_offset in each head (latent attention
+// rotates a head's trailing dimensions); the others are untouched.
 // launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
 extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
                                     int pos0, float freq_base, float freq_scale, int neox,
-                                    const float* __restrict__ freq_factors) {
+                                    const float* __restrict__ freq_factors, int dim_offset) {
     const int h = blockIdx.x, t = blockIdx.y;
-    if (h >= n_heads || t >= n_tok || n_dims > head_dim || n_dims < 2) return;
-    float* head = x + ((i64)t * n_heads + h) * head_dim;
+    if (h >= n_heads || t >= n_tok || dim_offset < 0 || dim_offset + n_dims > head_dim ||
+        n_dims < 2)
+        return;
+    float* head = x + ((i64)t * n_heads + h) * head_dim + dim_offset;
     const int half = n_dims / 2;
     const float theta_scale = (float)pow((double)freq_base, -2.0 / (double)n_dims);
     float theta = (float)(pos0 + t) * freq_scale;
@@ -91,6 +96,27 @@ extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_d
 extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
     GRID_STRIDE_LOOP(i, n) {
         x[i] += y[i];
+    }
+}
+
+// x *= s (ggml_scale: one rounded multiply).
+// launch: grid any, block (256, 1, 1).
+extern "C" __global__ void scale_f32(float* x, float s, i64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        x[i] = __fmul_rn(x[i], s);
+    }
+}
+
+// For each of `rows` rows r: dst[r * dst_stride + dst_col + c] =
+// src[(r / src_rep) * src_stride + src_col + c], c < width (latent attention's key and value
+// assembly; src_rep > 1 repeats a source row, the shared RoPE key, for every head).
+// launch: grid any, block (256, 1, 1); n = rows * width.
+extern "C" __global__ void copy_cols_f32(const float* __restrict__ src, float* __restrict__ dst,
+                                         int width, int src_stride, int src_col, int src_rep,
+                                         int dst_stride, int dst_col, i64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const i64 r = i / width, c = i % width;
+        dst[r * dst_stride + dst_col + c] = src[(r / src_rep) * src_stride + src_col + c];
     }
 }
 
