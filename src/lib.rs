@@ -12,6 +12,7 @@ pub mod quant;
 pub mod rng;
 pub mod runtime;
 pub mod scheduler;
+pub mod server;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
