@@ -143,6 +143,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let g = generate_cached(
             &mut session,
             tokenizer,
+            false,
             &mut sampler,
             &mut cached,
             &ids,

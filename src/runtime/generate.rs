@@ -105,14 +105,16 @@ pub fn generate(
     )
 }
 
-/// As [`generate`] (stopping at end-of-generation tokens), reusing the cache: the longest common prefix of `cached` and `prompt_ids`
+/// As [`generate`], reusing the cache: the longest common prefix of `cached` and `prompt_ids`
 /// (all but the prompt's last token at most) stays in the session, only the rest of the prompt is
 /// run (`Generation::cached_tokens` says how many were reused), and `cached` then holds what
 /// the cache holds. `on_bytes` returns false to stop; generation also stops, with
 /// [`Finish::ContextFull`], when the context has no room left.
+#[allow(clippy::too_many_arguments)]
 pub fn generate_cached(
     session: &mut Session,
     tokenizer: &Tokenizer,
+    ignore_eog: bool,
     sampler: &mut Sampler,
     cached: &mut CachedTokens,
     prompt_ids: &[u32],
@@ -122,7 +124,7 @@ pub fn generate_cached(
     run(
         session,
         tokenizer,
-        false,
+        ignore_eog,
         sampler,
         Some(cached),
         prompt_ids,

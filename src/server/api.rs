@@ -64,6 +64,8 @@ pub struct Request {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Keep generating past end-of-generation tokens (llama.cpp's server has it too).
+    pub ignore_eos: bool,
 }
 
 /// Fields accepted and ignored (they change nothing oato does, or only say who asks).
@@ -103,6 +105,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, n_ctx: usize) -> Result<Request, A
         "frequency_penalty",
         "logprobs",
         "echo",
+        "ignore_eos",
     ];
     for k in obj.keys() {
         let wrong_endpoint = match endpoint {
@@ -199,6 +202,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, n_ctx: usize) -> Result<Request, A
         }
     }
     let stream = field(&obj, "stream")?.unwrap_or(false);
+    let ignore_eos = field(&obj, "ignore_eos")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -215,6 +219,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, n_ctx: usize) -> Result<Request, A
         stop,
         stream,
         include_usage,
+        ignore_eos,
     })
 }
 

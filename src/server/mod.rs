@@ -169,6 +169,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -198,6 +199,18 @@ async fn not_found(State(state): State<Arc<AppState>>) -> Response {
         kind: "invalid_request_error",
         param: None,
         code: Some("unknown_url".into()),
+    };
+    error_reply(&state, &e)
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>) -> Response {
+    let e = ApiError {
+        status: 405,
+        message: "Method not allowed: the /v1 completion endpoints take POST, the others GET"
+            .into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("method_not_allowed".into()),
     };
     error_reply(&state, &e)
 }
@@ -295,6 +308,7 @@ async fn generation(state: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Re
         sampling: req.sampling,
         max_tokens: req.max_tokens,
         stop: req.stop,
+        ignore_eos: req.ignore_eos,
         cancel,
         events: events_tx,
         enqueued: Instant::now(),

@@ -35,6 +35,8 @@ pub struct Job {
     /// At most this many tokens; `None`: until the context is full.
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    pub ignore_eos: bool,
     /// Set when the client has gone: the generation stops at its next token.
     pub cancel: Arc<AtomicBool>,
     pub events: UnboundedSender<Event>,
@@ -130,18 +132,16 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
             Err(message) => {
                 let _ = job.events.send(Event::Rejected {
                     message,
-                    param: Some(match job.prompt {
-                        Prompt::Chat(_) => "messages",
-                        Prompt::Text(_) => "prompt",
-                    }),
+                    param: Some(prompt_param(&job.prompt)),
                     code: None,
                 });
                 continue;
             }
         };
+        let prompt_param = prompt_param(&job.prompt);
         let room = n_ctx.saturating_sub(ids.len());
-        let want = job.max_tokens.unwrap_or(room);
-        if ids.len() + want > n_ctx || room == 0 {
+        let want = job.max_tokens.unwrap_or(room).max(1);
+        if ids.len() + want > n_ctx {
             let _ = job.events.send(Event::Rejected {
                 message: format!(
                     "This model's maximum context length is {n_ctx} tokens. However, you \
@@ -153,7 +153,7 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
                 param: Some(if job.max_tokens.is_some() && ids.len() < n_ctx {
                     "max_tokens"
                 } else {
-                    "messages"
+                    prompt_param
                 }),
                 code: Some("context_length_exceeded"),
             });
@@ -172,6 +172,7 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
         let g = generate_cached(
             &mut session,
             &opened.tokenizer,
+            job.ignore_eos,
             &mut sampler,
             &mut cached,
             &ids,
@@ -212,6 +213,14 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
         }
     }
     Ok(())
+}
+
+/// The request field that holds the prompt.
+fn prompt_param(p: &Prompt) -> &'static str {
+    match p {
+        Prompt::Chat(_) => "messages",
+        Prompt::Text(_) => "prompt",
+    }
 }
 
 /// The prompt's token ids, or why it cannot be tokenised (a template error).
