@@ -4,20 +4,15 @@
 mod common;
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use common::{model_path, repo, text};
+use common::{model_path, oato_piped, text};
 
 /// Runs `oato args` with stdout a pipe that is closed after `read` bytes were read (0: at once),
 /// and returns its stderr, having checked how it ended.
 fn closed_pipe(args: &[&str], read: usize) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oato"))
-        .args(args)
-        .current_dir(repo())
-        .env_remove("OATO_MODEL")
+    let mut child = oato_piped(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("the oato binary runs");
     let mut out = child.stdout.take().expect("piped stdout");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{model_path, repo, text, tmp_dir};
+use common::{model_path, oato_piped, repo, text, tmp_dir};
 
 /// A server process on a free loopback port, killed when dropped.
 struct Server {
@@ -34,16 +34,10 @@ impl Server {
     /// `/health` says ready.
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         let m = model_path();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oato"))
-            .arg("serve")
-            .arg(&m)
-            .args(["--port", "0", "-t", "1"])
+        let mut child = oato_piped(&["serve", m.to_str().unwrap(), "--port", "0", "-t", "1"])
             .args(args)
-            .current_dir(repo())
-            .env_remove("OATO_MODEL")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the oato binary runs");

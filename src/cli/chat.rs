@@ -35,6 +35,9 @@ pub struct ChatArgs {
     /// from the cache and how many were computed, and the tokens generated.
     #[arg(short = 'v', long)]
     pub verbose: bool,
+    /// Keep generating past end-of-generation tokens (for tests of Ctrl-C and a full context).
+    #[arg(long = "ignore-eos", hide = true)]
+    pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: super::options::SamplingArgs,
     #[command(flatten)]
@@ -51,15 +54,16 @@ extern "C" fn on_sigint(_: libc::c_int) {
     if ANSWERING.load(Ordering::SeqCst) {
         STOP.store(true, Ordering::SeqCst);
     } else {
-        // SAFETY: _exit is async-signal-safe; leaving at the prompt, as a shell's ^C would.
-        unsafe { libc::_exit(130) };
+        const HINT: &[u8] = b"\n(Ctrl-C stops an answer; /bye or Ctrl-D leaves)\n";
+        // SAFETY: write(2) is async-signal-safe and HINT outlives the call.
+        unsafe { libc::write(2, HINT.as_ptr().cast(), HINT.len()) };
     }
 }
 
-/// Ctrl-C stops an answer; at the prompt it leaves.
+/// Ctrl-C stops an answer; at the prompt it says how to leave (as `ollama run` does).
 fn catch_ctrl_c() {
     #[cfg(unix)]
-    // SAFETY: the handler only touches atomics and calls _exit, both async-signal-safe.
+    // SAFETY: the handler only touches atomics and calls write(2), both async-signal-safe.
     unsafe {
         libc::signal(
             libc::SIGINT,
@@ -143,7 +147,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let g = generate_cached(
             &mut session,
             tokenizer,
-            false,
+            a.ignore_eos,
             &mut sampler,
             &mut cached,
             &ids,
