@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod engine;
 pub mod error;
+pub mod fuzz;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
