@@ -20,6 +20,7 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -95,13 +96,15 @@ async fn serve_async(cfg: ServeConfig) -> Result<()> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue);
     let n_ctx = cfg.engine.place.ctx;
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<Error>();
+    let shutdown = Arc::new(AtomicBool::new(false));
     {
         let metrics = metrics.clone();
         let spec = cfg.engine;
+        let shutdown = shutdown.clone();
         std::thread::Builder::new()
             .name("oato-engine".into())
             .spawn(move || {
-                if let Err(e) = worker::run(spec, rx, metrics) {
+                if let Err(e) = worker::run(spec, rx, metrics, shutdown) {
                     let _ = failed_tx.send(e);
                 }
             })
@@ -132,7 +135,9 @@ async fn serve_async(cfg: ServeConfig) -> Result<()> {
             Ok(())
         }
     };
-    // Closing the queue ends the engine thread once its current request is done.
+    // The running generation stops, the waiting requests fail, and closing the queue ends the
+    // engine thread.
+    shutdown.store(true, Ordering::Relaxed);
     if let Ok(mut j) = state.jobs.lock() {
         j.take();
     }
@@ -251,11 +256,13 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     reply(&state, 200, body)
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+type Body = std::result::Result<Bytes, BytesRejection>;
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     generation(state, Endpoint::Chat, body).await
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     generation(state, Endpoint::Completion, body).await
 }
 
@@ -289,7 +296,16 @@ fn engine_error(message: String) -> ApiError {
     }
 }
 
-async fn generation(state: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn generation(state: Arc<AppState>, endpoint: Endpoint, body: Body) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        // Too large (over 2 MiB), or not readable.
+        Err(e) => {
+            let mut err = ApiError::invalid(e.body_text(), None);
+            err.status = e.status().as_u16();
+            return error_reply(&state, &err);
+        }
+    };
     let req = match api::parse(&body, endpoint, state.n_ctx) {
         Ok(r) => r,
         Err(e) => return error_reply(&state, &e),

@@ -2,6 +2,7 @@
 //! the other on its session, keeping the cache's tokens so that a request that starts as the
 //! previous one did (a shared system prompt, a conversation's earlier turns) runs only the rest.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
@@ -93,8 +94,14 @@ pub struct EngineSpec {
 }
 
 /// Opens and places the model (reporting `ready` to `metrics`), then serves `jobs` until every
-/// sender is gone. An error when the model cannot be opened or placed.
-pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Result<()> {
+/// sender is gone; once `shutdown` is set, the running generation stops and the waiting jobs
+/// fail. An error when the model cannot be opened or placed.
+pub fn run(
+    spec: EngineSpec,
+    jobs: Receiver<Job>,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+) -> Result<()> {
     let opened = Opened::open(&spec.path, spec.device)?;
     let engine = opened.place(&spec.place)?;
     let mut session = engine.session;
@@ -123,6 +130,12 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
     for job in jobs {
         metrics.dequeued();
         let waited = job.enqueued.elapsed().as_secs_f64();
+        if shutdown.load(Ordering::Relaxed) {
+            let _ = job
+                .events
+                .send(Event::Failed("the server is shutting down".into()));
+            continue;
+        }
         if job.cancel.load(Ordering::Relaxed) {
             metrics.cancelled();
             continue;
@@ -169,23 +182,38 @@ pub fn run(spec: EngineSpec, jobs: Receiver<Job>, metrics: Arc<Metrics>) -> Resu
         let mut stopped_by_string = false;
         let events = &job.events;
         let cancel = &job.cancel;
-        let g = generate_cached(
-            &mut session,
-            &opened.tokenizer,
-            job.ignore_eos,
-            &mut sampler,
-            &mut cached,
-            &ids,
-            want,
-            |b| {
-                let (text, stop) = stops.push(&utf8.push(b));
-                if !text.is_empty() && events.send(Event::Text(text)).is_err() {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-                stopped_by_string = stop;
-                !stop && !cancel.load(Ordering::Relaxed)
-            },
-        );
+        // A bug that panics fails this request, not the server: the cache is then forgotten.
+        let g = catch_unwind(AssertUnwindSafe(|| {
+            generate_cached(
+                &mut session,
+                &opened.tokenizer,
+                job.ignore_eos,
+                &mut sampler,
+                &mut cached,
+                &ids,
+                want,
+                |b| {
+                    let (text, stop) = stops.push(&utf8.push(b));
+                    if !text.is_empty() && events.send(Event::Text(text)).is_err() {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                    stopped_by_string = stop;
+                    !stop && !cancel.load(Ordering::Relaxed) && !shutdown.load(Ordering::Relaxed)
+                },
+            )
+        }))
+        .unwrap_or_else(|p| {
+            cached.clear();
+            session.reset();
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(crate::error::Error::Msg(format!(
+                "internal error (the generation panicked: {why})"
+            )))
+        });
         match g {
             Ok(g) => {
                 if !stopped_by_string {
