@@ -51,6 +51,13 @@ fn what_the_fuzzer_found_is_now_a_clear_error() {
     prof["model"]["n_layer"] = (1u64 << 32).into();
     let e = replay(Target::Profile, &seeds, prof.to_string().as_bytes()).unwrap_err();
     assert!(e.to_string().contains("n_layer 4294967296"), "{e}");
+    // The same through n_layer 0 (the layers then counted from the operators) and a layer of
+    // 2^32.
+    let mut prof: serde_json::Value = serde_json::from_str(&seeds.profile).unwrap();
+    prof["model"]["n_layer"] = 0.into();
+    prof["operators"][0]["layer"] = (1u64 << 32).into();
+    let e = replay(Target::Profile, &seeds, prof.to_string().as_bytes()).unwrap_err();
+    assert!(e.to_string().contains("in layer Some(4294967296)"), "{e}");
 }
 
 #[test]

@@ -8,7 +8,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -471,44 +470,72 @@ fn a_split_placement_on_the_test_device_serves() {
     assert!(s.metric("oato_gpu_memory_bytes{kind=\"weights\"}") > 0.0);
 }
 
-/// A Python with the `openai` package: a virtual environment under target/, made once.
-fn openai_python() -> Option<PathBuf> {
-    let venv = repo().join("target/openai-venv");
-    let py = venv.join("bin/python");
-    let has = |py: &PathBuf| {
-        Command::new(py)
-            .args(["-c", "import openai"])
+/// The `openai` package's version the test installs.
+const OPENAI: &str = "openai==3.54.0";
+
+/// A Python command with the `openai` package: a virtual environment under target/, made once;
+/// where venv is missing, the system python3 with the package installed into
+/// target/openai-pylib. `None` (the test then says why it did not run) only when pip is not
+/// there either.
+fn openai_python() -> Option<Command> {
+    let has = |c: &mut Command| {
+        c.args(["-c", "import openai"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if has(&py) {
-        return Some(py);
+    let venv = repo().join("target/openai-venv");
+    let py = venv.join("bin/python");
+    let lib = repo().join("target/openai-pylib");
+    let with_lib = || {
+        let mut c = Command::new("python3");
+        c.env("PYTHONPATH", &lib);
+        c
+    };
+    if has(&mut Command::new(&py)) {
+        return Some(Command::new(&py));
     }
-    let made = Command::new("python3")
+    if has(&mut with_lib()) {
+        return Some(with_lib());
+    }
+    let venv_ok = Command::new("python3")
         .args(["-m", "venv"])
         .arg(&venv)
-        .status();
-    match made {
+        .status()
+        .is_ok_and(|s| s.success());
+    let (mut pip, python) = if venv_ok {
+        let mut pip = Command::new(&py);
+        pip.args(["-m", "pip", "install", "-q", OPENAI]);
+        (pip, Command::new(&py))
+    } else {
+        println!(
+            "python3 -m venv failed: installing openai into {}",
+            lib.display()
+        );
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "install", "-q", "--target"])
+            .arg(&lib)
+            .arg(OPENAI);
+        (pip, with_lib())
+    };
+    match pip.status() {
         Ok(s) if s.success() => {}
         other => {
-            println!(
-                "skipped: python3 -m venv failed ({other:?}); the openai client test needs Python"
-            );
+            println!("skipped: pip could not install {OPENAI} ({other:?}); this test needs it");
             return None;
         }
     }
-    let pip = Command::new(venv.join("bin/python"))
-        .args(["-m", "pip", "install", "-q", "openai==3.54.0"])
-        .status()
-        .expect("the venv's python runs");
-    assert!(pip.success(), "pip install openai failed");
-    assert!(has(&py), "openai installed but not importable");
-    Some(py)
+    let mut check = if venv_ok {
+        Command::new(&py)
+    } else {
+        with_lib()
+    };
+    assert!(has(&mut check), "{OPENAI} installed but not importable");
+    Some(python)
 }
 
 #[test]
 fn the_openai_python_client_talks_to_it() {
-    let Some(py) = openai_python() else {
+    let Some(mut py) = openai_python() else {
         return;
     };
     let s = Server::start(&["--ctx", "512"], &[]);
@@ -540,7 +567,7 @@ print(json.dumps({
     "models": models,
 }))
 "#;
-    let out = Command::new(&py)
+    let out = py
         .args(["-c", script, &format!("http://{}/v1", s.addr)])
         .output()
         .expect("python runs");

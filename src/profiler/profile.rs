@@ -177,10 +177,13 @@ impl Profile {
                 m.n_layer
             )));
         }
+        // With n_layer 0 the scheduler counts the layers from the operators' (so a layer of 2^32
+        // did the same).
+        let layers = if m.n_layer > 0 { m.n_layer } else { MAX_LAYERS };
         if let Some(o) = p
             .operators
             .iter()
-            .find(|o| o.layer.is_some_and(|l| m.n_layer > 0 && l >= m.n_layer))
+            .find(|o| o.layer.is_some_and(|l| l >= layers))
         {
             return Err(bad(format!(
                 "operator {} is in layer {:?}, past the model's {} layers",
@@ -287,7 +290,7 @@ mod tests {
     fn bad_profiles_are_refused_with_the_reason() {
         assert!(Profile::from_json(&profile_json(|_| {}), "p").is_ok());
         type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
-        let cases: [(Edit, &str); 10] = [
+        let cases: [(Edit, &str); 11] = [
             (
                 &|v| v["model"]["n_layer"] = (1u64 << 32).into(),
                 "n_layer 4294967296",
@@ -295,6 +298,13 @@ mod tests {
             (
                 &|v| v["operators"][0]["layer"] = 3.into(),
                 "past the model's 1 layers",
+            ),
+            (
+                &|v| {
+                    v["model"]["n_layer"] = 0.into();
+                    v["operators"][0]["layer"] = (1u64 << 32).into();
+                },
+                "in layer Some(4294967296)",
             ),
             // Found by the fuzzer: an unknown kind indexed past a layer's seven weights.
             (
