@@ -4,7 +4,8 @@
 //! valid files made by the project's own writers (a tiny llama model from [`GgufWriter`], its
 //! profile on the CPU-backed test device, the plan from that profile); each input is a seed with
 //! a few random mutations (bit flips, boundary integers, byte runs inserted, deleted or copied,
-//! JSON numbers and strings swapped for awkward ones), run under `catch_unwind`. A panic is a
+//! JSON numbers and strings swapped for awkward ones), run under `catch_unwind`. A fourth target is
+//! the server's request bodies (`oato serve`'s field-by-field reader). A panic is a
 //! bug: the report keeps the input that caused it.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -29,16 +30,24 @@ pub enum Target {
     Gguf,
     Profile,
     Placement,
+    /// A request body of `oato serve` (chat and completion).
+    Request,
 }
 
 impl Target {
-    pub const ALL: [Target; 3] = [Target::Gguf, Target::Profile, Target::Placement];
+    pub const ALL: [Target; 4] = [
+        Target::Gguf,
+        Target::Profile,
+        Target::Placement,
+        Target::Request,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Target::Gguf => "gguf",
             Target::Profile => "profile",
             Target::Placement => "placement",
+            Target::Request => "request",
         }
     }
 }
@@ -49,6 +58,8 @@ pub struct Seeds {
     pub gguf: Vec<Vec<u8>>,
     pub profile: String,
     pub placement: String,
+    /// A chat completion request that sets every field the server reads.
+    pub request: String,
     pub model: Model,
 }
 
@@ -217,10 +228,27 @@ impl Seeds {
         let profile = serde_json::to_string_pretty(&prof)
             .map_err(|e| Error::Msg(format!("the seed profile: {e}")))?;
         let placement = plan(&prof, &request(Policy::Oato, Budget::Percent(50.0)))?.to_json()?;
+        let request = serde_json::json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Name a colour.", "name": "u"}
+            ],
+            "max_tokens": 16, "max_completion_tokens": 16, "temperature": 0.7, "top_p": 0.9,
+            "top_k": 40, "min_p": 0.05, "seed": 3, "stop": ["\n\n", "END"],
+            "repeat_penalty": 1.1, "repeat_last_n": 64, "stream": true,
+            "stream_options": {"include_usage": true}, "n": 1, "presence_penalty": 0,
+            "frequency_penalty": 0, "logprobs": false, "ignore_eos": false,
+            "user": "x"
+        })
+        .to_string();
         Ok(Seeds {
             gguf,
             profile,
             placement,
+            request,
             model,
         })
     }
@@ -262,6 +290,16 @@ fn run_one(target: Target, seeds: &Seeds, input: &[u8]) -> Result<()> {
             let map = device_map(&p, &seeds.model, 0, 1);
             let _ = map.crossings(&seeds.model, 0, 16);
             Ok(())
+        }
+        Target::Request => {
+            use crate::server::api::{Endpoint, parse};
+            // Read as both: a mutation that turns `messages` into `prompt` reaches the other.
+            let chat = parse(input, Endpoint::Chat, 4096);
+            let completion = parse(input, Endpoint::Completion, 4096);
+            match (chat, completion) {
+                (Err(e), Err(_)) => Err(Error::Msg(e.message)),
+                _ => Ok(()),
+            }
         }
     }
 }
@@ -467,16 +505,18 @@ pub fn fuzz(target: Target, seeds: &Seeds, inputs: u64, seed: u64) -> Report {
         .collect();
     let parse = |t: &str| serde_json::from_str(t).unwrap_or(serde_json::Value::Null);
     let (profile_doc, placement_doc) = (parse(&seeds.profile), parse(&seeds.placement));
+    let request_doc = parse(&seeds.request);
     for _ in 0..inputs {
         let (mut buf, json, focus) = match target {
             Target::Gguf => {
                 let i = below(&mut rng, seeds.gguf.len());
                 (seeds.gguf[i].clone(), false, header_len[i])
             }
-            Target::Profile | Target::Placement => {
+            Target::Profile | Target::Placement | Target::Request => {
                 let (doc, text) = match target {
                     Target::Profile => (&profile_doc, &seeds.profile),
-                    _ => (&placement_doc, &seeds.placement),
+                    Target::Placement => (&placement_doc, &seeds.placement),
+                    _ => (&request_doc, &seeds.request),
                 };
                 // Half the inputs: structural changes that keep the JSON valid, so that the
                 // checks past the parser see them.
@@ -540,6 +580,7 @@ mod tests {
         }
         replay(Target::Profile, &s, s.profile.as_bytes()).unwrap();
         replay(Target::Placement, &s, s.placement.as_bytes()).unwrap();
+        replay(Target::Request, &s, s.request.as_bytes()).unwrap();
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn mutated_inputs_are_errors_never_panics() {
         (Target::Gguf, 4000),
         (Target::Profile, 600),
         (Target::Placement, 3000),
+        (Target::Request, 4000),
     ] {
         let r = fuzz(target, &seeds, inputs, 0xC1);
         println!(
