@@ -19,6 +19,7 @@ use crate::runtime::forward::{DeviceMap, Session, target_weights};
 use crate::runtime::test_device::TestDevice;
 use crate::scheduler::{Placement, PlanRequest, Policy, mib, parse_budget, plan};
 use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::{ChatMessage, render_chat};
 
 /// The file name of a path, for reports and profiles.
 pub fn file_name(p: &Path) -> String {
@@ -209,6 +210,24 @@ impl Opened {
             dev,
             device,
         })
+    }
+
+    /// `messages` in the model's own chat template (`tokenizer.chat_template`), ending with the
+    /// assistant's turn opened; an error naming the file when it has none.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let template = self
+            .model
+            .file
+            .get_str("tokenizer.chat_template")
+            .ok_or_else(|| {
+                Error::Template(format!(
+                    "{} has no tokenizer.chat_template: it cannot chat (run it without a template)",
+                    self.path.display()
+                ))
+            })?;
+        let tok = &self.tokenizer;
+        let name = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("");
+        render_chat(template, messages, true, name(tok.bos()), name(tok.eos()))
     }
 
     /// Places the model as `opts` says and opens a session on it. A whole model that does not

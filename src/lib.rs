@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod engine;
 pub mod error;
+pub mod fuzz;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
@@ -12,6 +13,7 @@ pub mod quant;
 pub mod rng;
 pub mod runtime;
 pub mod scheduler;
+pub mod server;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

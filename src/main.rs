@@ -37,10 +37,31 @@ enum Command {
     Synth(cli::synth::SynthArgs),
     /// Draw the paper's figures (PNG and SVG) from results CSVs.
     Plot(cli::plot::PlotArgs),
+    /// An OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions (streamed over
+    /// server-sent events or not), /v1/models, /health, /metrics.
+    Serve(cli::serve::ServeArgs),
+    /// Talk with the model in the terminal: its chat template, the history kept (and its cache
+    /// reused) across turns; Ctrl-C stops an answer, /bye or end of input leaves.
+    Chat(cli::chat::ChatArgs),
+}
+
+/// Restores the default action of SIGPIPE, which Rust's runtime ignores: a command whose output
+/// pipe closes (`oato inspect m.gguf | head`) then ends quietly, as `cat` does, instead of
+/// panicking in `println!` with "failed printing to stdout: Broken pipe". Not for `oato serve`,
+/// whose sockets report a closed peer as an error (a cancelled request), never as a signal.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: signal(2) with SIG_DFL installs no handler code; it runs before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Run(a) => cli::run::run(a),
@@ -51,6 +72,8 @@ fn main() {
         Command::Plan(a) => cli::plan::run(a),
         Command::Synth(a) => cli::synth::run(a),
         Command::Plot(a) => cli::plot::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Chat(a) => cli::chat::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -1,13 +1,16 @@
 //! Subcommand implementations and the options they share.
 
 pub mod bench;
+pub mod chat;
 pub mod inspect;
+pub mod options;
 pub mod perplexity;
 pub mod plan;
 pub mod plot;
 pub mod profile;
 pub mod run;
 pub mod selftest;
+pub mod serve;
 pub mod synth;
 
 use std::path::PathBuf;

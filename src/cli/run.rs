@@ -7,14 +7,13 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::json;
 
-use oato::engine::{Engine, Opened, PlaceOptions, Split};
+use oato::engine::{Engine, Opened};
 use oato::error::{Error, Result};
 use oato::model::Model;
 use oato::runtime::forward::{Logits, target_weights};
 use oato::runtime::generate::{Utf8Stream, generate};
-use oato::runtime::sampler::{Sampler, SamplerConfig};
-use oato::scheduler::Policy;
-use oato::tokenizer::chat::{ChatMessage, render_chat};
+use oato::runtime::sampler::Sampler;
+use oato::tokenizer::chat::ChatMessage;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -35,22 +34,8 @@ pub struct RunArgs {
     /// Threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
-    /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    pub temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// Random seed for sampling.
-    #[arg(short = 's', long, default_value_t = 0x5EED)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: super::options::SamplingArgs,
     /// Wrap the prompt in the model's own chat template (tokenizer.chat_template).
     #[arg(long)]
     pub chat: bool,
@@ -67,36 +52,12 @@ pub struct RunArgs {
     /// first token) until it is long enough; for timing at a fixed prompt length.
     #[arg(long = "prompt-tokens")]
     pub prompt_tokens: Option<usize>,
-    /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto); with
-    /// --vram-budget or --placement, the GPU the placement uses.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub device: super::DeviceArg,
-    /// Split the model between the CPU and the GPU under this much GPU memory (bytes with a
-    /// binary unit, 12G, or a share of the target weights, 75%): profile (or reuse the cached
-    /// profile), plan, place, run.
-    #[arg(long = "vram-budget", conflicts_with = "placement")]
-    pub vram_budget: Option<String>,
-    /// Placement policy for --vram-budget.
-    #[arg(long, value_enum, default_value = "oato", requires = "vram_budget")]
-    pub policy: Policy,
-    /// Run with this placement file (oato.placement/v1) instead of planning one.
-    #[arg(long)]
-    pub placement: Option<PathBuf>,
-    /// No prefill streaming (rule 5) with --vram-budget: CPU-resident weights compute on the
-    /// CPU in prefill too.
-    #[arg(long = "no-stream", requires = "vram_budget")]
-    pub no_stream: bool,
-    /// Stream the placement's prefill operators (rule 5) for batches of at least this many
-    /// tokens (default: the placement's, derived from the profile).
-    #[arg(long = "stream-min-tokens", value_name = "N")]
-    pub stream_min_tokens: Option<usize>,
+    #[command(flatten)]
+    pub place: super::options::PlaceArgs,
     /// Run the prompt in micro-batches of at most this many tokens, one after the other (0: the
     /// whole prompt as one batch). Each micro-batch streams the prefill weights again (rule 5).
     #[arg(long = "ubatch", default_value_t = 0, value_name = "N")]
     pub ubatch: usize,
-    /// Re-profile even when a cached profile exists (with --vram-budget).
-    #[arg(long = "force-profile", requires = "vram_budget")]
-    pub force_profile: bool,
 }
 
 /// The model's weight type as results name it: the most common type among its target weights.
@@ -120,56 +81,18 @@ pub fn run(a: RunArgs) -> Result<()> {
         (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?,
         (None, None) => return Err(Error::Usage("give a prompt with -p TEXT or -f FILE".into())),
     };
-    if a.temp.is_nan()
-        || a.temp < 0.0
-        || a.top_p <= 0.0
-        || a.top_p > 1.0
-        || a.min_p < 0.0
-        || a.min_p > 1.0
-        || a.repeat_penalty <= 0.0
-    {
-        return Err(Error::Usage(format!(
-            "sampling settings out of range: --temp {} (>= 0), --top-p {} (0..1], --min-p {} [0..1], --repeat-penalty {} (> 0)",
-            a.temp, a.top_p, a.min_p, a.repeat_penalty
-        )));
-    }
+    let sampling = a.sampling.config()?;
 
     let t_load = Instant::now();
-    let opened = Opened::open(&path, a.device)?;
+    let opened = Opened::open(&path, a.place.device)?;
     let (model, tokenizer) = (&opened.model, &opened.tokenizer);
     let text = if a.chat {
-        let template = model
-            .file
-            .get_str("tokenizer.chat_template")
-            .ok_or_else(|| {
-                Error::Template(format!(
-                    "{} has no tokenizer.chat_template; run without --chat",
-                    path.display()
-                ))
-            })?;
         let mut messages = Vec::new();
         if let Some(s) = &a.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: s.clone(),
-            });
+            messages.push(ChatMessage::new("system", s.clone()));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: prompt.clone(),
-        });
-        let name = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.token_text(i))
-                .unwrap_or("")
-                .to_string()
-        };
-        render_chat(
-            template,
-            &messages,
-            true,
-            &name(tokenizer.bos()),
-            &name(tokenizer.eos()),
-        )?
+        messages.push(ChatMessage::new("user", prompt.clone()));
+        opened.render_chat(&messages)?
     } else {
         prompt
     };
@@ -200,24 +123,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         )));
     }
-    let split = match (&a.placement, &a.vram_budget) {
-        (Some(f), _) => Split::File(f.clone()),
-        (None, Some(budget)) => Split::Budget {
-            budget: budget.clone(),
-            policy: a.policy,
-            stream: !a.no_stream,
-            force_profile: a.force_profile,
-        },
-        (None, None) => Split::Whole,
-    };
-    let engine = opened.place(&PlaceOptions {
-        split,
-        threads,
-        ctx,
-        prompt_tokens: prompt_ids.len(),
-        gen_tokens: a.n_predict,
-        stream_min_tokens: a.stream_min_tokens,
-    })?;
+    let engine = opened.place(&a.place.options(threads, ctx, prompt_ids.len(), a.n_predict))?;
     let Engine {
         backends,
         dev,
@@ -249,15 +155,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     session.reset();
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed: a.seed,
-    });
+    let mut sampler = Sampler::new(sampling);
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
     let json = a.json;

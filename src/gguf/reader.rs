@@ -186,6 +186,22 @@ impl GgufFile {
         Self::parse(path.to_path_buf(), mmap)
     }
 
+    /// Parses `bytes` as if they were the file `name` (copied into an anonymous map): for the
+    /// fuzzer and tests, which have no file on disk.
+    pub fn from_bytes(name: impl AsRef<Path>, bytes: &[u8]) -> Result<Self> {
+        let path = name.as_ref().to_path_buf();
+        if bytes.is_empty() {
+            return Err(Error::Gguf {
+                path,
+                msg: "empty file: not a GGUF file".into(),
+            });
+        }
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| Error::io(&path, e))?;
+        map.copy_from_slice(bytes);
+        let map = map.make_read_only().map_err(|e| Error::io(&path, e))?;
+        Self::parse(path, map)
+    }
+
     fn parse(path: PathBuf, mmap: Mmap) -> Result<Self> {
         let mut c = Cursor {
             buf: &mmap[..],

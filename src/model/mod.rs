@@ -204,7 +204,9 @@ impl Model {
                 hp.n_head_kv, hp.n_head, m.v
             )));
         }
-        let mut layers = Vec::with_capacity(hp.n_layer);
+        // Not with_capacity(n_layer): block_count comes from the file (the fuzzer's 2^32 layers
+        // asked for 600 GB and aborted); a layer that is not there fails at its first tensor.
+        let mut layers = Vec::with_capacity(hp.n_layer.min(file.tensors.len()));
         for i in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             let (wq, wk, wv, mla) = match hp.mla {

@@ -169,6 +169,27 @@ impl Profile {
         if m.n_embd > MAX_DIM || m.n_vocab > MAX_DIM || m.kv_bytes_per_token > 1 << 40 {
             return Err(bad("model sizes out of range".into()));
         }
+        // The scheduler makes a slot per layer (the fuzzer's 2^32 layers asked for 300 GB).
+        const MAX_LAYERS: usize = 1 << 16;
+        if m.n_layer > MAX_LAYERS {
+            return Err(bad(format!(
+                "n_layer {} is out of range (at most {MAX_LAYERS})",
+                m.n_layer
+            )));
+        }
+        // With n_layer 0 the scheduler counts the layers from the operators' (so a layer of 2^32
+        // did the same).
+        let layers = if m.n_layer > 0 { m.n_layer } else { MAX_LAYERS };
+        if let Some(o) = p
+            .operators
+            .iter()
+            .find(|o| o.layer.is_some_and(|l| l >= layers))
+        {
+            return Err(bad(format!(
+                "operator {} is in layer {:?}, past the model's {} layers",
+                o.op, o.layer, m.n_layer
+            )));
+        }
         let times = |t: &BTreeMap<String, f64>, dev: &str, op: &str| -> Result<()> {
             let mut seen = std::collections::BTreeSet::new();
             for (k, v) in t {
@@ -199,6 +220,24 @@ impl Profile {
                 return Err(bad(format!(
                     "operator {} has {} weight bytes and shape {}x{} (model file {} bytes)",
                     o.op, o.weight_bytes, o.k, o.n, m.bytes
+                )));
+            }
+            // The scheduler indexes a layer's weights by kind: a layer's operator must be one of
+            // the seven matmuls, the head's the output.
+            let kind_ok = match o.layer {
+                Some(_) => crate::profiler::LAYER_KINDS.contains(&o.kind.as_str()),
+                None => o.kind == "output",
+            };
+            if !kind_ok {
+                return Err(bad(format!(
+                    "operator {}: kind {:?} {} (a layer's kinds: {}; the head's: output)",
+                    o.op,
+                    o.kind,
+                    match o.layer {
+                        Some(l) => format!("in layer {l}"),
+                        None => "outside a layer".to_string(),
+                    },
+                    crate::profiler::LAYER_KINDS.join(", ")
                 )));
             }
             total = total.saturating_add(o.weight_bytes);
@@ -251,7 +290,31 @@ mod tests {
     fn bad_profiles_are_refused_with_the_reason() {
         assert!(Profile::from_json(&profile_json(|_| {}), "p").is_ok());
         type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
-        let cases: [(Edit, &str); 6] = [
+        let cases: [(Edit, &str); 11] = [
+            (
+                &|v| v["model"]["n_layer"] = (1u64 << 32).into(),
+                "n_layer 4294967296",
+            ),
+            (
+                &|v| v["operators"][0]["layer"] = 3.into(),
+                "past the model's 1 layers",
+            ),
+            (
+                &|v| {
+                    v["model"]["n_layer"] = 0.into();
+                    v["operators"][0]["layer"] = (1u64 << 32).into();
+                },
+                "in layer Some(4294967296)",
+            ),
+            // Found by the fuzzer: an unknown kind indexed past a layer's seven weights.
+            (
+                &|v| v["operators"][0]["kind"] = "5attn_v".into(),
+                "kind \"5attn_v\" in layer 0",
+            ),
+            (
+                &|v| v["operators"][0]["layer"] = serde_json::Value::Null,
+                "outside a layer",
+            ),
             (
                 &|v| v["operators"][0]["cpu_us"]["0"] = 1.0.into(),
                 "is 0 or repeated",

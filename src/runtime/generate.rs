@@ -16,6 +16,9 @@ pub struct Generation {
     pub output_ids: Vec<u32>,
     pub text: String,
     pub stopped_on_eog: bool,
+    pub finish: Finish,
+    /// Prompt tokens whose keys and values were already in the cache ([`generate_cached`]).
+    pub cached_tokens: usize,
     /// Prefill: prompt ready to first token sampled.
     pub ttft_ms: f64,
     /// Mean of the later decode steps: (e2e - ttft) / (G - 1); 0 when G < 2.
@@ -42,6 +45,40 @@ impl Generation {
     }
 }
 
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// An end-of-generation token was sampled.
+    Eog,
+    /// `n_predict` tokens were generated.
+    Length,
+    /// The caller's `on_bytes` said stop (a stop string, a cancelled request, Ctrl-C).
+    Stopped,
+    /// The session's context had no room for another token.
+    ContextFull,
+}
+
+/// The token ids whose keys and values a session's cache holds, position by position, so that a
+/// generation whose prompt starts with them (the earlier turns of a chat) runs only the rest.
+#[derive(Debug, Default, Clone)]
+pub struct CachedTokens {
+    ids: Vec<u32>,
+}
+
+impl CachedTokens {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    /// Forgets them (and so the next generation recomputes its whole prompt).
+    pub fn clear(&mut self) {
+        self.ids.clear();
+    }
+}
+
 /// Generates up to `n_predict` tokens after `prompt_ids`, stopping at an end-of-generation token
 /// unless `ignore_eog`; `on_bytes` receives each token's bytes.
 pub fn generate(
@@ -53,14 +90,85 @@ pub fn generate(
     n_predict: usize,
     mut on_bytes: impl FnMut(&[u8]),
 ) -> Result<Generation> {
+    run(
+        session,
+        tokenizer,
+        ignore_eog,
+        sampler,
+        None,
+        prompt_ids,
+        n_predict,
+        |b| {
+            on_bytes(b);
+            true
+        },
+    )
+}
+
+/// As [`generate`], reusing the cache: the longest common prefix of `cached` and `prompt_ids`
+/// (all but the prompt's last token at most) stays in the session, only the rest of the prompt is
+/// run (`Generation::cached_tokens` says how many were reused), and `cached` then holds what
+/// the cache holds. `on_bytes` returns false to stop; generation also stops, with
+/// [`Finish::ContextFull`], when the context has no room left.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cached(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    ignore_eog: bool,
+    sampler: &mut Sampler,
+    cached: &mut CachedTokens,
+    prompt_ids: &[u32],
+    n_predict: usize,
+    on_bytes: impl FnMut(&[u8]) -> bool,
+) -> Result<Generation> {
+    run(
+        session,
+        tokenizer,
+        ignore_eog,
+        sampler,
+        Some(cached),
+        prompt_ids,
+        n_predict,
+        on_bytes,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    ignore_eog: bool,
+    sampler: &mut Sampler,
+    mut cached: Option<&mut CachedTokens>,
+    prompt_ids: &[u32],
+    n_predict: usize,
+    mut on_bytes: impl FnMut(&[u8]) -> bool,
+) -> Result<Generation> {
     let start = Instant::now();
     let mut history = prompt_ids.to_vec();
     let mut output = Vec::with_capacity(n_predict);
     let mut ttft_ms = 0.0;
-    let mut stopped_on_eog = false;
+    let mut finish = Finish::Length;
     let mut text_bytes = Vec::new();
+    let mut reused = 0;
+    if let Some(c) = cached.as_deref_mut() {
+        if c.ids.len() != session.n_past {
+            c.ids.clear();
+            session.reset();
+        }
+        reused = c
+            .ids
+            .iter()
+            .zip(prompt_ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt_ids.len().saturating_sub(1));
+        c.ids.truncate(reused);
+        session.n_past = reused;
+    }
     if n_predict > 0 {
-        let mut logits = session.forward(prompt_ids, Logits::Last)?;
+        let fed = &prompt_ids[reused..];
+        let mut logits = forward_recorded(session, cached.as_deref_mut(), fed)?;
         loop {
             let tok = sampler.sample(&logits, &history);
             if output.is_empty() {
@@ -69,16 +177,23 @@ pub fn generate(
             output.push(tok);
             history.push(tok);
             if !ignore_eog && tokenizer.is_eog(tok) {
-                stopped_on_eog = true;
+                finish = Finish::Eog;
                 break;
             }
             let bytes = tokenizer.token_bytes(tok, false);
-            on_bytes(&bytes);
             text_bytes.extend_from_slice(&bytes);
+            if !on_bytes(&bytes) {
+                finish = Finish::Stopped;
+                break;
+            }
             if output.len() >= n_predict {
                 break;
             }
-            logits = session.forward(&[tok], Logits::Last)?;
+            if session.n_past >= session.n_ctx {
+                finish = Finish::ContextFull;
+                break;
+            }
+            logits = forward_recorded(session, cached.as_deref_mut(), &[tok])?;
         }
     }
     let e2e_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -91,11 +206,33 @@ pub fn generate(
         prompt_ids: prompt_ids.to_vec(),
         output_ids: output,
         text: String::from_utf8_lossy(&text_bytes).into_owned(),
-        stopped_on_eog,
+        stopped_on_eog: finish == Finish::Eog,
+        finish,
+        cached_tokens: reused,
         ttft_ms,
         tpot_ms,
         e2e_ms,
     })
+}
+
+/// A forward call for the last token's logits that keeps `cached` in step with the session
+/// (cleared when the call fails part-way, since the cache's state is then unknown).
+fn forward_recorded(
+    session: &mut Session,
+    cached: Option<&mut CachedTokens>,
+    tokens: &[u32],
+) -> Result<Vec<f32>> {
+    let r = session.forward(tokens, Logits::Last);
+    if let Some(c) = cached {
+        match &r {
+            Ok(_) => c.ids.extend_from_slice(tokens),
+            Err(_) => {
+                c.ids.clear();
+                session.reset();
+            }
+        }
+    }
+    r
 }
 
 /// Splits a byte stream into complete UTF-8 text, holding back an unfinished character.

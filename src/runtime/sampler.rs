@@ -30,6 +30,40 @@ impl Default for SamplerConfig {
     }
 }
 
+/// A sampling setting out of its range: the field (`temperature`, `top_p`, `min_p`,
+/// `repeat_penalty`), its value and the range it must be in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfRange {
+    pub field: &'static str,
+    pub value: f32,
+    pub range: &'static str,
+}
+
+/// A setting's name, value, range and test.
+type RangeCheck = (&'static str, f32, &'static str, fn(f32) -> bool);
+
+impl SamplerConfig {
+    /// The first setting out of range, if any (NaN and infinities are out of every range).
+    pub fn check(&self) -> std::result::Result<(), OutOfRange> {
+        let checks: [RangeCheck; 4] = [
+            ("temperature", self.temperature, ">= 0", |v| v >= 0.0),
+            ("top_p", self.top_p, "(0, 1]", |v| v > 0.0 && v <= 1.0),
+            ("min_p", self.min_p, "[0, 1]", |v| (0.0..=1.0).contains(&v)),
+            ("repeat_penalty", self.repeat_penalty, "> 0", |v| v > 0.0),
+        ];
+        for (field, value, range, ok) in checks {
+            if !value.is_finite() || !ok(value) {
+                return Err(OutOfRange {
+                    field,
+                    value,
+                    range,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// xoshiro256** seeded through splitmix64: small, fast, reproducible across platforms.
 struct Rng([u64; 4]);
 

@@ -23,6 +23,20 @@ pub fn oato_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
         .expect("the oato binary runs")
 }
 
+/// The oato binary with `args`, in the repository, without `$OATO_MODEL`, its standard input,
+/// output and error piped: for a test that talks to it while it runs.
+pub fn oato_piped(args: &[&str]) -> std::process::Command {
+    use std::process::Stdio;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oato"));
+    c.args(args)
+        .current_dir(repo())
+        .env_remove("OATO_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -1,0 +1,65 @@
+//! `oato serve [MODEL]`: the OpenAI-compatible HTTP server (see `oato::server`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use oato::error::{Error, Result};
+use oato::server::worker::EngineSpec;
+use oato::server::{ServeConfig, serve};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
+    pub model: Option<PathBuf>,
+    /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: a free one; the address is printed on stdout).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Context size in tokens (prompt + generated) of the one session requests share.
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    /// Requests that may wait while one runs; more are refused with 503 and Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Seconds a refused client is told to wait (Retry-After).
+    #[arg(long = "retry-after", default_value_t = 1)]
+    pub retry_after: u64,
+    /// The prompt length the plan is made for (with --vram-budget).
+    #[arg(long = "plan-prompt-tokens", default_value_t = 512)]
+    pub plan_prompt_tokens: usize,
+    #[command(flatten)]
+    pub place: super::options::PlaceArgs,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let path = super::model_path(a.model.clone())?;
+    let threads = super::init_threads(a.threads)?;
+    if a.ctx < 2 {
+        return Err(Error::Usage(format!(
+            "--ctx {}: give at least 2 tokens",
+            a.ctx
+        )));
+    }
+    let prompt = a.plan_prompt_tokens.clamp(1, a.ctx - 1);
+    let engine = EngineSpec {
+        path: path.clone(),
+        device: a.place.device,
+        place: a
+            .place
+            .options(threads, a.ctx, prompt, (a.ctx - prompt).min(128)),
+    };
+    serve(ServeConfig {
+        engine,
+        model_name: super::file_name(&path),
+        host: a.host,
+        port: a.port,
+        queue: a.queue,
+        retry_after_s: a.retry_after,
+    })
+}
