@@ -208,6 +208,34 @@ unsafe fn quarter_scales(groups: __m512i, u: usize) -> __m512i {
     _mm512_permutexvar_epi16(idx, groups)
 }
 
+/// `vpshufb` indices spreading 16 unsigned group scales (bytes, the same 16 in every 128-bit
+/// lane) to quarter u's i16 lanes: byte pair w of lane l takes group `4u + l`, zero-extended.
+static QUARTER_SHUF: [[i8; 64]; 4] = {
+    let mut m = [[0i8; 64]; 4];
+    let mut u = 0;
+    while u < 4 {
+        let mut b = 0;
+        while b < 64 {
+            m[u][b] = if b % 2 == 0 {
+                (4 * u + b / 16) as i8
+            } else {
+                -128
+            };
+            b += 1;
+        }
+        u += 1;
+    }
+    m
+};
+
+/// [`quarter_scales`] for unsigned scales given as bytes broadcast to every 128-bit lane: one
+/// in-lane byte shuffle instead of a word permutation.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quarter_scales_u8(bytes: __m512i, u: usize) -> __m512i {
+    _mm512_shuffle_epi8(bytes, _mm512_loadu_si512(QUARTER_SHUF[u].as_ptr().cast()))
+}
+
 /// 16 group scales (i16) widened to a 512-bit register (upper half zero).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -327,7 +355,7 @@ struct K4Block {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k4_unpack(head: &[u8; 16], qs: &[u8; QK_K / 2], qh: Option<&[u8; QK_K / 8]>) -> K4Block {
     let (sm, d) = avx2::k4_head(head);
-    let groups = groups512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm)));
+    let groups = _mm512_broadcast_i32x4(_mm_unpacklo_epi8(sm, sm));
     let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
     let m4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);
@@ -347,7 +375,7 @@ unsafe fn k4_unpack(head: &[u8; 16], qs: &[u8; QK_K / 2], qh: Option<&[u8; QK_K 
     });
     K4Block {
         z,
-        scales: std::array::from_fn(|c| quarter_scales(groups, c)),
+        scales: std::array::from_fn(|c| quarter_scales_u8(groups, c)),
         mins,
         d,
     }
