@@ -45,6 +45,7 @@ fn turns(stderr: &str) -> Vec<[usize; 4]> {
                 .filter_map(|w| w.parse().ok())
                 .collect();
             // turn N: prompt P tokens (R reused ..., C computed), G generated, ...
+            assert!(nums.len() >= 5, "not a turn line: {l:?}\n{stderr}");
             [nums[1], nums[2], nums[3], nums[4]]
         })
         .collect()

@@ -46,7 +46,7 @@ pub struct ChatArgs {
 
 /// Set by Ctrl-C while an answer is generated: stop it.
 static STOP: AtomicBool = AtomicBool::new(false);
-/// An answer is being generated (Ctrl-C stops it rather than leaving).
+/// A turn is being answered or reported (Ctrl-C stops the answer rather than printing the hint).
 static ANSWERING: AtomicBool = AtomicBool::new(false);
 
 #[cfg(unix)]
@@ -158,7 +158,6 @@ pub fn run(a: ChatArgs) -> Result<()> {
                 !STOP.load(Ordering::SeqCst)
             },
         );
-        ANSWERING.store(false, Ordering::SeqCst);
         let g = g?;
         let _ = writeln!(stdout, "{}", utf8.finish());
         let _ = stdout.flush();
@@ -186,6 +185,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
                 g.decode_tps()
             );
         }
+        // Only now back at the prompt: a Ctrl-C before this point sets STOP (cleared when the
+        // next answer starts) instead of writing the hint into the middle of the lines above.
+        ANSWERING.store(false, Ordering::SeqCst);
         messages.push(ChatMessage::new("assistant", g.text));
     }
     Ok(())
