@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use oato::model::Model;
 use oato::runtime::forward::{Logits, Session};
+// The first index among equals, as numpy's argmax.
+use oato::runtime::sampler::argmax;
 
 /// A reference.json and the model file beside it.
 pub struct Reference {
@@ -128,17 +130,6 @@ impl Reference {
             .collect();
         assert_eq!(argmax(&last), self.greedy[0]);
     }
-}
-
-/// Index of the largest value (the lowest index among equals, as numpy's argmax).
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The largest |ours - theirs| over [n_tok, n_vocab] logits, and where: (error, position, token id).

@@ -102,8 +102,10 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     }
 }
 
-/// Bytes ahead of each row that the row kernels prefetch: 512 measured best of 0 / 512 / 2048
-/// here (1B Q4_0 tg16 on 2 EPYC threads, alternated: 26.8-29.1 / 31.0-31.6 / 30.8 GB/s).
+/// Bytes ahead of each row that the row kernels prefetch. 1B Q4_0 tg16 on 2 EPYC threads, three
+/// alternated rounds on a machine loaded by other builds (the second round slow for all), GB/s of
+/// weights read: 0 bytes 26.8 / 15.3 / 29.1, 512 bytes 31.6 / 16.6 / 31.0, 2048 bytes 16.0 /
+/// 16.1 / 30.8. 512 was never behind; the margin is within this machine's noise.
 const ROWS_PREFETCH: usize = 512;
 
 /// `R` Q4_0 rows against one Q8_0 row, bit-identical with [`vec_dot_q4_0_q8_0_x2`] per row: the
@@ -742,6 +744,7 @@ mod tests {
         use crate::kernels::cpu::{Isa, dot_fn};
         use crate::quant::{GgmlType, quantize_row};
         if !Isa::Avx512.supported() {
+            eprintln!("rows_equal_scalar_dots: skipped, this CPU has no AVX-512 VNNI");
             return;
         }
         for wty in [GgmlType::Q4_0, GgmlType::Q8_0] {

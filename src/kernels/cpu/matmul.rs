@@ -207,8 +207,7 @@ impl<'a> RowJob<'a> {
             #[cfg(target_arch = "x86_64")]
             wide: super::tile::wide_tile_fn(isa, w.ty),
             #[cfg(target_arch = "x86_64")]
-            rows4: super::avx512::rows_fn(w.ty)
-                .filter(|_| isa == super::Isa::Avx512 && isa.supported()),
+            rows4: super::avx512::rows_fn(w.ty).filter(|_| isa == super::Isa::Avx512),
             out: SharedOut(y.as_mut_ptr()),
         })
     }
@@ -337,7 +336,7 @@ impl<'a> RowJob<'a> {
                 let w = at.map(|r| self.row(r));
                 for t in 0..acts.n_tok {
                     // SAFETY: rows_fn's kernels are handed out only under Isa::Avx512, which
-                    // `isa()` chooses only when the CPU has it.
+                    // `isa()` returns only when the CPU has it (resolve_isa, set_isa).
                     let v = unsafe { rows4(w, acts.row(t)) };
                     (0..4).for_each(|j| self.put(t, at[j], v[j]));
                 }
