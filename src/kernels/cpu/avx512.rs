@@ -442,7 +442,7 @@ unsafe fn k4_step4(sumf: __m128, x: &K4Block, ys: [&BlockQ8K; 4]) -> __m128 {
 }
 
 /// A Q4_K / Q5_K block's parts for [`k4_unpack`].
-trait K4Parts: Block {
+pub(crate) trait K4Parts: Block {
     fn parts(&self) -> (&[u8; QK_K / 2], Option<&[u8; QK_K / 8]>);
 }
 
@@ -552,6 +552,20 @@ pub unsafe fn q5_k_tile<const R: usize, const T: usize>(
     a: [&[u8]; T],
 ) -> [[f32; T]; R] {
     k4_tile::<BlockQ5K, R, T>(w, a)
+}
+
+/// A Q4_K / Q5_K super-block's 256 quants as unsigned bytes in element order (four quarters).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn k4_quants<B: K4Parts>(x: &B) -> [__m512i; 4] {
+    k4_unpack_block(x).z
+}
+
+/// A Q6_K super-block's 256 quants as unsigned bytes `q + 32` in element order (four quarters).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q6_quants(x: &BlockQ6K) -> [__m512i; 4] {
+    q6_unpack(x).z
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

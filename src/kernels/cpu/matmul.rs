@@ -135,8 +135,10 @@ fn rows_per_task(bytes: usize, n_rows: usize, n_tok: usize, threads: usize) -> u
     } else {
         by_size.min(threads * 4) / threads * threads
     };
-    // Multiples of four rows keep the prefill tiles whole.
-    n_rows.div_ceil(n_chunks.max(1)).next_multiple_of(4)
+    // Multiples of four rows keep the prefill tiles whole (sixteen, `kwide`'s panels, when there
+    // are several tokens).
+    let whole = if n_tok >= 4 { 16 } else { 4 };
+    n_rows.div_ceil(n_chunks.max(1)).next_multiple_of(whole)
 }
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
@@ -169,6 +171,9 @@ struct RowJob<'a> {
     /// Four rows against one token (decode), where the type has such a kernel.
     #[cfg(target_arch = "x86_64")]
     rows4: Option<super::avx512::RowsFn<4>>,
+    /// Sixteen interleaved rows against every token (`kwide`, prefill of the K-quants).
+    #[cfg(target_arch = "x86_64")]
+    kwide: bool,
     out: SharedOut,
 }
 
@@ -208,6 +213,8 @@ impl<'a> RowJob<'a> {
             wide: super::tile::wide_tile_fn(isa, w.ty),
             #[cfg(target_arch = "x86_64")]
             rows4: super::avx512::rows_fn(w.ty).filter(|_| isa == super::Isa::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            kwide: isa == super::Isa::Avx512 && super::kwide::supports(w.ty) && kwide_enabled(),
             out: SharedOut(y.as_mut_ptr()),
         })
     }
@@ -314,6 +321,11 @@ impl<'a> RowJob<'a> {
             }
         }
         #[cfg(target_arch = "x86_64")]
+        if self.kwide && acts.n_tok >= KWIDE_MIN_TOKENS {
+            let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
+            r = super::kwide::run_rows(acts, self.w.ty, row, rows.clone(), put);
+        }
+        #[cfg(target_arch = "x86_64")]
         {
             let (t4, t2, t1) = self.tiles;
             r = self.tiled(acts, r, rows.end, self.wide, t4);
@@ -377,6 +389,19 @@ impl<'a> RowJob<'a> {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (r, ahead);
     }
+}
+
+/// Fewest tokens for which the K-quants go through `kwide`'s panels (below, the 4 x 16 tiles
+/// and single-row dots: the panel's unpacking would not pay for itself).
+#[cfg(target_arch = "x86_64")]
+const KWIDE_MIN_TOKENS: usize = 4;
+
+/// `OATO_CPU_KWIDE=0` keeps the K-quants' prefill on the 4 x 16 tiles (for comparison; the
+/// results are the same bits either way).
+#[cfg(target_arch = "x86_64")]
+fn kwide_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OATO_CPU_KWIDE").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Bytes ahead of the current row that decode prefetches (`OATO_CPU_PREFETCH`, 0 turns it off;
@@ -479,9 +504,10 @@ mod tests {
         crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
     }
 
-    /// The K-quant tiles (AVX-512) give the single-row dots' bits: random blocks (super-block
-    /// scales set to small finite values), rows with one, two and three left over from the
-    /// 4-row tiles, 21 tokens (the 16-token tile, the 4-token one, one left), under every variant.
+    /// The K-quant tiles and panels (AVX-512) give the single-row dots' bits: random blocks
+    /// (super-block scales set to small finite values), rows with one, two and three left over
+    /// from the 4-row tiles and 37 (two panels and five rows), 21 tokens (the 16-token tile, the
+    /// 4-token one, one left; the panels' groups of eight and five left), under every variant.
     #[test]
     fn k_quant_batches_equal_token_by_token() {
         let (k, n_tok) = (512, 21);
@@ -494,7 +520,8 @@ mod tests {
                 (GgmlType::Q5_K, &[0, 2]),
                 (GgmlType::Q6_K, &[208]),
             ] {
-                for n in [9, 10, 11] {
+                // 37 rows: two of kwide's sixteen-row panels (AVX-512), then the tiles.
+                for n in [9, 10, 11, 37] {
                     let rb = ty.row_bytes(k).unwrap();
                     let mut wq: Vec<u8> = (0..rb * n).map(|_| rng.next_u64() as u8).collect();
                     for block in wq.chunks_mut(ty.type_size()) {

@@ -16,6 +16,8 @@ pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod f16wide;
 pub mod kquants;
+#[cfg(target_arch = "x86_64")]
+pub mod kwide;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -1,0 +1,443 @@
+//! Prefill for the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
+//! interleaved so that one 512-bit register holds the same four elements of all sixteen rows.
+//!
+//! Once per block of sixteen rows every super-block is unpacked into a [`Panel`] (unsigned byte
+//! quants, per-group scales as i32 lanes, the group corrections as i16 pairs, `d` and `dmin`), in
+//! a buffer that stays in L2. A token's super-block is then, per group of `G` elements, `G / 4`
+//! `vpdpbusd` of the panel's registers with the token's four bytes broadcast, one `vpmulld` by the
+//! group scales and one add: lane r ends with row r's exact `isum` (and `imin` for the types with
+//! mins, from the activation's 16-element sums by `vpdpwssd`). The float part is `kquants`'
+//! canonical step, lane by lane, so every output is the single-row kernel's bit for bit:
+//!
+//! ```text
+//! sumf = fma(d_y * d_x, isum as f32, sumf)
+//! sumf = fma(-(d_y * dmin_x), imin as f32, sumf)     (Q4_K, Q5_K)
+//! ```
+//!
+//! The integers are exact whatever their grouping (see `kquants`): Q6_K's quants enter as
+//! `u = q + 32` (0..64), and `Σ_g sc_g Σ (u - 32) y = Σ_g sc_g Σ u y - 32 Σ_g sc_g bsum_g`, the
+//! second sum from the activation's group sums with `-32 sc_g` as the i16 correction.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::kernels::cpu::matmul::QuantizedActs;
+use crate::quant::GgmlType;
+use crate::quant::blocks::*;
+
+/// Rows per panel: one i32 lane each.
+const ROWS: usize = 16;
+
+/// Tokens whose sums stay in registers at once.
+const GROUP_TOKENS: usize = 8;
+
+/// Bytes of activations per block of tokens (each run over the panel's super-blocks reads the
+/// block once per super-block: small enough to stay in L2 beside the panel).
+const TOKEN_BLOCK_BYTES: usize = 192 << 10;
+
+/// Sixteen 32-bit lanes, aligned as a 512-bit register.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Lanes([i32; 16]);
+
+const ZERO: Lanes = Lanes([0; 16]);
+
+/// One super-block of sixteen rows. `q[e]`: lane r holds row r's elements `4e..4e + 4` as
+/// unsigned bytes; `sc[j]`: lane r, row r's scale of group j (`G` elements); `pc[p]`: lane r,
+/// row r's corrections of the 16-element groups 2p and 2p + 1 as two i16 (mins for Q4_K / Q5_K,
+/// `-32 sc` for Q6_K); `d`, `dmin` the rows' super-block scales.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Panel {
+    q: [Lanes; QK_K / 4],
+    sc: [Lanes; 16],
+    pc: [Lanes; 8],
+    d: [f32; 16],
+    dmin: [f32; 16],
+}
+
+const EMPTY: Panel = Panel {
+    q: [ZERO; QK_K / 4],
+    sc: [ZERO; 16],
+    pc: [ZERO; 8],
+    d: [0.0; 16],
+    dmin: [0.0; 16],
+};
+
+/// Whether the panels handle weights of type `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Rows `rows` of a K-quant weight (`row(r)`: its bytes) against every token of `acts` (Q8_K,
+/// AVX-512 CPUs only), written through `put(token, row, value)`, sixteen rows at a time; returns
+/// the first row not done (`rows.end` minus fewer than sixteen).
+pub(crate) fn run_rows<'w>(
+    acts: &QuantizedActs,
+    ty: GgmlType,
+    row: impl Fn(usize) -> &'w [u8],
+    rows: Range<usize>,
+    put: impl Fn(usize, usize, f32),
+) -> usize {
+    let per_token = acts.k / QK_K * size_of::<BlockQ8K>();
+    let block_tokens = (TOKEN_BLOCK_BYTES / per_token.max(1)).max(GROUP_TOKENS);
+    run_blocks(acts, ty, row, rows, block_tokens, put)
+}
+
+/// [`run_rows`] with `block_tokens` tokens per block of tokens.
+fn run_blocks<'w>(
+    acts: &QuantizedActs,
+    ty: GgmlType,
+    row: impl Fn(usize) -> &'w [u8],
+    rows: Range<usize>,
+    block_tokens: usize,
+    put: impl Fn(usize, usize, f32),
+) -> usize {
+    assert!(
+        supports(ty) && acts.ty == GgmlType::Q8_K,
+        "kwide::run_rows on {ty} weights"
+    );
+    assert!(crate::kernels::cpu::Isa::Avx512.supported());
+    let nb = acts.k / QK_K;
+    let mut panels = vec![EMPTY; nb];
+    let mut acc = vec![[0f32; ROWS]; block_tokens.min(acts.n_tok)];
+    let mut r = rows.start;
+    while r + ROWS <= rows.end {
+        let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
+        // SAFETY: AVX-512 is present (asserted above).
+        unsafe { unpack(ty, &w, &mut panels) };
+        let mut t0 = 0;
+        while t0 < acts.n_tok {
+            let toks = t0..(t0 + block_tokens).min(acts.n_tok);
+            let acc = &mut acc[..toks.len()];
+            // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
+            unsafe {
+                match ty {
+                    GgmlType::Q6_K => run_block::<16, false>(&panels, acts, toks.clone(), acc),
+                    _ => run_block::<32, true>(&panels, acts, toks.clone(), acc),
+                }
+            }
+            for (t, a) in toks.clone().zip(acc.iter()) {
+                for (i, &v) in a.iter().enumerate() {
+                    put(t, r + i, v);
+                }
+            }
+            t0 = toks.end;
+        }
+        r += ROWS;
+    }
+    r
+}
+
+/// Unpacks sixteen rows' super-blocks into `panels`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
+    use crate::kernels::cpu::avx512;
+    // Row r's quants in element order: quarters 4r..4r + 4.
+    let mut natural = [_mm512_setzero_si512(); 4 * ROWS];
+    let size = ty.type_size();
+    for (b, p) in panels.iter_mut().enumerate() {
+        for (r, &row) in rows.iter().enumerate() {
+            let z = match ty {
+                GgmlType::Q4_K => avx512::k4_quants(&blocks_of::<BlockQ4K>(row)[b]),
+                GgmlType::Q5_K => avx512::k4_quants(&blocks_of::<BlockQ5K>(row)[b]),
+                GgmlType::Q6_K => avx512::q6_quants(&blocks_of::<BlockQ6K>(row)[b]),
+                other => unreachable!("kwide unpack of {other}"),
+            };
+            natural[4 * r..4 * r + 4].copy_from_slice(&z);
+        }
+        for u in 0..4 {
+            let a: [__m512i; 16] = std::array::from_fn(|r| natural[4 * r + u]);
+            for (c, v) in transpose16(a).into_iter().enumerate() {
+                store(&mut p.q[16 * u + c], v);
+            }
+        }
+        // The 32-bit word at byte `off` of each row's block, lane by lane (inside the block).
+        let words = |off: usize| -> __m512i {
+            let w: [i32; ROWS] = std::array::from_fn(|r| {
+                let at = b * size + off;
+                i32::from_le_bytes(rows[r][at..at + 4].try_into().unwrap())
+            });
+            _mm512_loadu_si512(w.as_ptr().cast())
+        };
+        match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                // d, dmin, then twelve bytes of packed scales: `kquants::k4_scales` lane-wise.
+                let head = words(0);
+                let f16s = |v: __m512i| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+                _mm512_store_ps(p.d.as_mut_ptr(), f16s(head));
+                _mm512_store_ps(p.dmin.as_mut_ptr(), f16s(_mm512_srli_epi32::<16>(head)));
+                let (w0, w1, w2) = (words(4), words(8), words(12));
+                let k = |v: u32| _mm512_set1_epi32(v as i32);
+                let (low6, low4, low2) = (k(0x3F3F_3F3F), k(0x0F0F_0F0F), k(0x0303_0303));
+                let top2 =
+                    |w| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(w), low2));
+                let sc_lo = _mm512_and_si512(w0, low6);
+                let sc_hi = _mm512_or_si512(_mm512_and_si512(w2, low4), top2(w0));
+                let m_lo = _mm512_and_si512(w1, low6);
+                let m_hi =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w2), low4), top2(w1));
+                for j in 0..8 {
+                    let (sw, mw) = if j < 4 { (sc_lo, m_lo) } else { (sc_hi, m_hi) };
+                    store(&mut p.sc[j], byte(sw, j % 4));
+                    let m = byte(mw, j % 4);
+                    store(&mut p.pc[j], _mm512_or_si512(m, _mm512_slli_epi32::<16>(m)));
+                }
+            }
+            GgmlType::Q6_K => {
+                // Sixteen i8 scales at 192; d at 208, the top half of the word at 206.
+                let d = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(words(206)));
+                _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
+                let sw: [__m512i; 4] = std::array::from_fn(|i| words(192 + 4 * i));
+                let sc: [__m512i; 16] = std::array::from_fn(|j| {
+                    let up = _mm512_set1_epi32(24 - 8 * (j as i32 % 4));
+                    _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw[j / 4], up))
+                });
+                for (l, &v) in p.sc.iter_mut().zip(&sc) {
+                    store(l, v);
+                }
+                let m32 = |v| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(v));
+                for (k, l) in p.pc.iter_mut().enumerate() {
+                    let lo = _mm512_and_si512(m32(sc[2 * k]), _mm512_set1_epi32(0xFFFF));
+                    store(
+                        l,
+                        _mm512_or_si512(lo, _mm512_slli_epi32::<16>(m32(sc[2 * k + 1]))),
+                    );
+                }
+            }
+            other => unreachable!("kwide unpack of {other}"),
+        }
+    }
+}
+
+/// Byte `i` of every 32-bit lane, zero-extended.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn byte(w: __m512i, i: usize) -> __m512i {
+    let shifted = _mm512_srlv_epi32(w, _mm512_set1_epi32(8 * i as i32));
+    _mm512_and_si512(shifted, _mm512_set1_epi32(0xFF))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn store(l: &mut Lanes, v: __m512i) {
+    _mm512_store_si512(l.0.as_mut_ptr().cast(), v)
+}
+
+/// The transpose of a 16 x 16 matrix of 32-bit words, one row per register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn transpose16(a: [__m512i; 16]) -> [__m512i; 16] {
+    // Within 128-bit lanes: t[2i] = [a2i.0 a2i+1.0 a2i.1 a2i+1.1], t[2i + 1] words 2 and 3.
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (x, y) = (a[i & !1], a[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(x, y)
+        } else {
+            _mm512_unpackhi_epi32(x, y)
+        }
+    });
+    // u[4i + m], 128-bit lane L: rows 4i..4i + 4 of column 4L + m.
+    let u: [__m512i; 16] = std::array::from_fn(|j| {
+        let (i, m) = (j / 4, j % 4);
+        let (x, y) = (t[4 * i + m / 2], t[4 * i + 2 + m / 2]);
+        if m % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    // The 4 x 4 transpose of 128-bit lanes: out[4L + m], lane i = u[4i + m], lane L.
+    let mut out = [_mm512_setzero_si512(); 16];
+    for m in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[m], u[4 + m]);
+        let v1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[m], u[4 + m]);
+        let v2 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[8 + m], u[12 + m]);
+        let v3 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[8 + m], u[12 + m]);
+        out[m] = _mm512_shuffle_i32x4::<0b10_00_10_00>(v0, v2);
+        out[4 + m] = _mm512_shuffle_i32x4::<0b11_01_11_01>(v0, v2);
+        out[8 + m] = _mm512_shuffle_i32x4::<0b10_00_10_00>(v1, v3);
+        out[12 + m] = _mm512_shuffle_i32x4::<0b11_01_11_01>(v1, v3);
+    }
+    out
+}
+
+/// Tokens `toks` of `acts` against every super-block of `panels`: `acc[t - toks.start]` gets
+/// the sixteen rows' dot products with token t. `G`: elements per scale group (32 for Q4_K /
+/// Q5_K, 16 for Q6_K); `MINS`: the corrections are mins (into `imin`) rather than part of `isum`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_block<const G: usize, const MINS: bool>(
+    panels: &[Panel],
+    acts: &QuantizedActs,
+    toks: Range<usize>,
+    acc: &mut [[f32; ROWS]],
+) {
+    for a in acc.iter_mut() {
+        *a = [0.0; ROWS];
+    }
+    let block = |t: usize, b: usize| -> &BlockQ8K { &blocks_of::<BlockQ8K>(acts.row(t))[b] };
+    for (b, p) in panels.iter().enumerate() {
+        let mut t = toks.start;
+        while t + GROUP_TOKENS <= toks.end {
+            let ys: [&BlockQ8K; GROUP_TOKENS] = std::array::from_fn(|i| block(t + i, b));
+            let a = &mut acc[t - toks.start..][..GROUP_TOKENS];
+            step::<G, MINS, GROUP_TOKENS>(p, ys, a.try_into().unwrap());
+            t += GROUP_TOKENS;
+        }
+        while t < toks.end {
+            let a = &mut acc[t - toks.start..][..1];
+            step::<G, MINS, 1>(p, [block(t, b)], a.try_into().unwrap());
+            t += 1;
+        }
+    }
+}
+
+/// One super-block of `NT` tokens: the canonical step onto each token's sixteen sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn step<const G: usize, const MINS: bool, const NT: usize>(
+    p: &Panel,
+    ys: [&BlockQ8K; NT],
+    acc: &mut [[f32; ROWS]; NT],
+) {
+    let lanes = |l: &Lanes| _mm512_load_si512(l.0.as_ptr().cast());
+    let word = |y: &BlockQ8K, at: usize| -> __m512i {
+        _mm512_set1_epi32(std::ptr::read_unaligned(
+            y.qs.as_ptr().add(at).cast::<i32>(),
+        ))
+    };
+    let mut isum = [_mm512_setzero_si512(); NT];
+    let mut imin = [_mm512_setzero_si512(); NT];
+    let per = G / 4;
+    for j in 0..QK_K / G {
+        let w: [__m512i; 8] = std::array::from_fn(|e| {
+            if e < per {
+                lanes(&p.q[j * per + e])
+            } else {
+                _mm512_setzero_si512()
+            }
+        });
+        let sc = lanes(&p.sc[j]);
+        for t in 0..NT {
+            let mut s = _mm512_setzero_si512();
+            for (e, &we) in w.iter().enumerate().take(per) {
+                s = _mm512_dpbusd_epi32(s, we, word(ys[t], j * G + 4 * e));
+            }
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s, sc));
+        }
+    }
+    for t in 0..NT {
+        let bsums = ys[t].bsums.as_ptr().cast::<i32>();
+        let mut c = if MINS { imin[t] } else { isum[t] };
+        for k in 0..8 {
+            let pair = _mm512_set1_epi32(std::ptr::read_unaligned(bsums.add(k)));
+            c = _mm512_dpwssd_epi32(c, lanes(&p.pc[k]), pair);
+        }
+        if MINS {
+            imin[t] = c;
+        } else {
+            isum[t] = c;
+        }
+    }
+    let d_x = _mm512_load_ps(p.d.as_ptr());
+    let dmin_x = _mm512_load_ps(p.dmin.as_ptr());
+    for t in 0..NT {
+        let d_y = _mm512_set1_ps(ys[t].d.get());
+        let sumf = _mm512_loadu_ps(acc[t].as_ptr());
+        let sumf = _mm512_fmadd_ps(_mm512_mul_ps(d_y, d_x), _mm512_cvtepi32_ps(isum[t]), sumf);
+        let sumf = if MINS {
+            _mm512_fnmadd_ps(
+                _mm512_mul_ps(d_y, dmin_x),
+                _mm512_cvtepi32_ps(imin[t]),
+                sumf,
+            )
+        } else {
+            sumf
+        };
+        _mm512_storeu_ps(acc[t].as_mut_ptr(), sumf);
+    }
+}
+
+/// Whole blocks of a byte slice, viewed in place (callers pass rows of whole blocks).
+#[inline(always)]
+fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
+    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
+    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::{Isa, dot_fn};
+    use crate::rng::SplitMix64;
+
+    /// Random K-quant rows with small finite super-block scales (so no sum overflows to inf).
+    fn random_rows(ty: GgmlType, k: usize, n: usize, rng: &mut SplitMix64) -> Vec<u8> {
+        let scales: &[usize] = match ty {
+            GgmlType::Q6_K => &[208],
+            _ => &[0, 2],
+        };
+        let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * n)
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        for block in w.chunks_mut(ty.type_size()) {
+            for &o in scales {
+                let v = half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
+                block[o..o + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// Every panel output equals the canonical scalar dot's bits, for token blocks smaller than,
+    /// equal to and larger than the token count, whole and partial token groups, and the rows
+    /// past the last whole panel left to the caller.
+    #[test]
+    fn panels_equal_the_scalar_dots() {
+        if !Isa::Avx512.supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let mut rng = SplitMix64::new(11);
+        let k = 768;
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let n = 37;
+            let rb = ty.row_bytes(k).unwrap();
+            let w = random_rows(ty, k, n, &mut rng);
+            for n_tok in [1, 9, 21] {
+                let x: Vec<f32> = (0..k * n_tok)
+                    .map(|i| ((i as f32) * 0.731).sin() * 3.0 + 0.2)
+                    .collect();
+                let acts = QuantizedActs::new(ty, &x, k).unwrap();
+                let dot = dot_fn(Isa::Scalar, ty);
+                for block_tokens in [3, 8, 1000] {
+                    let out = std::sync::Mutex::new(vec![f32::NAN; n * n_tok]);
+                    let row = |r: usize| &w[r * rb..(r + 1) * rb];
+                    let put = |t: usize, r: usize, v: f32| out.lock().unwrap()[t * n + r] = v;
+                    let done = run_blocks(&acts, ty, row, 2..n, block_tokens, put);
+                    assert_eq!(done, 34, "{ty}: two panels from row 2");
+                    let out = out.into_inner().unwrap();
+                    for t in 0..n_tok {
+                        for r in 0..n {
+                            let got = out[t * n + r];
+                            if !(2..34).contains(&r) {
+                                assert!(got.is_nan(), "{ty} row {r} written");
+                                continue;
+                            }
+                            // SAFETY: the scalar variant runs everywhere.
+                            let want = unsafe { dot(row(r), acts.row(t), k) };
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{ty} token {t} of {n_tok} row {r}, block {block_tokens}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
