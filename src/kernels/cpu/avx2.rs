@@ -176,18 +176,20 @@ pub unsafe fn load32(q: &[i8; 32]) -> __m256i {
 /// The 32-element kernels, generic over the integer dot (`maddubs` here, VNNI in `avx512`).
 macro_rules! block_kernels {
     ($feat:literal, $us:path, $ss:path) => {
+        /// Q4_0's own order (`scalar`): one exact integer per block, one FMA chain.
         #[target_feature(enable = $feat)]
         pub unsafe fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
             let tab = $crate::kernels::cpu::avx2::f16_table();
-            let mut acc = _mm256_setzero_ps();
+            let mut sumf = 0f32;
             let off = _mm256_set1_epi8(8);
             for (x, y) in xs.iter().zip(ys) {
-                let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
+                let d = tab[x.d.bits() as usize] * tab[y.d.bits() as usize];
                 let qx = _mm256_sub_epi8($crate::kernels::cpu::avx2::nibbles32(&x.qs), off);
-                let xy = _mm256_cvtepi32_ps($ss(qx, $crate::kernels::cpu::avx2::load32(&y.qs)));
-                acc = _mm256_fmadd_ps(d, xy, acc);
+                let lanes = $ss(qx, $crate::kernels::cpu::avx2::load32(&y.qs));
+                let isum = $crate::kernels::cpu::avx2::hsum_i32(lanes);
+                sumf = d.mul_add(isum as f32, sumf);
             }
-            $crate::kernels::cpu::avx2::hsum8(acc)
+            sumf
         }
 
         #[target_feature(enable = $feat)]
@@ -371,6 +373,23 @@ pub unsafe fn hsum_i32_pair(a: __m256i, b: __m256i) -> __m128i {
     let s = _mm256_hadd_epi32(a, b); // [a01 a23 b01 b23 | a45 a67 b45 b67]
     let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
     _mm_hadd_epi32(s, s)
+}
+
+/// The sum of eight i32 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// The eight i32 lanes of each of four vectors summed, into lanes 0..4 (exact, any order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn sum4_i32(v: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
 /// Two f16 super-block scales, exactly widened, in lanes 0 and 1.

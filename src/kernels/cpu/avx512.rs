@@ -36,13 +36,13 @@ super::avx2::block_kernels!(
 
 /// Q4_0 · Q8_0 two blocks per 512-bit register, bit-identical with [`vec_dot_q4_0_q8_0`]: each
 /// i32 lane (four consecutive products) is `Σ q·y − Σ 8·y` over the unsigned nibbles q, which is
-/// exactly `Σ (q − 8)·y`, so both blocks' lanes are the same integers as one block at a time;
-/// they are converted and accumulated with one FMA per block in block order, as there.
+/// exactly `Σ (q − 8)·y`; each block's eight lanes are summed to its exact `isum`, then one FMA
+/// per block in block order, as there.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
     let tab = avx2::f16_table();
     let n = xs.len().min(ys.len());
-    let mut acc = _mm256_setzero_ps();
+    let mut sumf = 0f32;
     let low = _mm256_set1_epi8(0x0F);
     let eight = _mm512_set1_epi8(8);
     let zero = _mm512_setzero_si512();
@@ -63,28 +63,27 @@ pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
             _mm512_castsi256_si512(_mm256_loadu_si256(y[0].qs.as_ptr().cast())),
             _mm256_loadu_si256(y[1].qs.as_ptr().cast()),
         );
-        let lanes = _mm512_sub_epi32(
-            _mm512_dpbusd_epi32(zero, z, yv),
-            _mm512_dpbusd_epi32(zero, eight, yv),
+        let minus8y = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, yv));
+        let lanes = _mm512_dpbusd_epi32(minus8y, z, yv);
+        // [x0 sum, x1 sum] in lanes 0, 1 (exact).
+        let s = avx2::hsum_i32_pair(
+            _mm512_castsi512_si256(lanes),
+            _mm512_extracti64x4_epi64::<1>(lanes),
         );
-        let f = _mm512_cvtepi32_ps(lanes);
-        let d0 = _mm256_set1_ps(tab[x[0].d.bits() as usize] * tab[y[0].d.bits() as usize]);
-        let d1 = _mm256_set1_ps(tab[x[1].d.bits() as usize] * tab[y[1].d.bits() as usize]);
-        acc = _mm256_fmadd_ps(d0, _mm512_castps512_ps256(f), acc);
-        acc = _mm256_fmadd_ps(
-            d1,
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(f))),
-            acc,
-        );
+        let f = _mm_cvtepi32_ps(s);
+        let d0 = tab[x[0].d.bits() as usize] * tab[y[0].d.bits() as usize];
+        let d1 = tab[x[1].d.bits() as usize] * tab[y[1].d.bits() as usize];
+        sumf = d0.mul_add(_mm_cvtss_f32(f), sumf);
+        sumf = d1.mul_add(_mm_cvtss_f32(_mm_movehdup_ps(f)), sumf);
     }
     let off = _mm256_set1_epi8(8);
     for (x, y) in xt.iter().zip(yt) {
-        let d = _mm256_set1_ps(tab[x.d.bits() as usize] * tab[y.d.bits() as usize]);
+        let d = tab[x.d.bits() as usize] * tab[y.d.bits() as usize];
         let qx = _mm256_sub_epi8(avx2::nibbles32(&x.qs), off);
-        let xy = _mm256_cvtepi32_ps(dot_ss8(qx, avx2::load32(&y.qs)));
-        acc = _mm256_fmadd_ps(d, xy, acc);
+        let isum = avx2::hsum_i32(dot_ss8(qx, avx2::load32(&y.qs)));
+        sumf = d.mul_add(isum as f32, sumf);
     }
-    avx2::hsum8(acc)
+    sumf
 }
 
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
@@ -96,7 +95,7 @@ pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     use crate::quant::GgmlType;
     match wty {
-        GgmlType::Q4_0 => Some(rows_q4_0::<4>),
+        GgmlType::Q4_0 => Some(rows_q4_0),
         GgmlType::Q8_0 => Some(rows_q8_0::<4>),
         _ => None,
     }
@@ -108,30 +107,30 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
 /// 16.1 / 30.8. 512 was never behind; the margin is within this machine's noise.
 const ROWS_PREFETCH: usize = 512;
 
-/// `R` Q4_0 rows against one Q8_0 row, bit-identical with [`vec_dot_q4_0_q8_0_x2`] per row: the
-/// same i32 lanes (`Σ q·y − Σ 8·y` over four consecutive elements), the same FMA per block in
-/// block order, the same horizontal sum. A block's nibbles are spread by one 128-bit broadcast
-/// load, a variable shift (0 for the low half, 4 for the high) and a mask; the activation block
-/// and its `−8·Σy` lanes are loaded once for the R rows, and starting the VNNI sum from them
-/// replaces the subtraction.
+/// Four Q4_0 rows against one Q8_0 row, bit-identical with [`vec_dot_q4_0_q8_0_x2`] per row:
+/// the same exact `isum` per block, the same FMA per block in block order, the four rows' chains
+/// in the lanes of one register. A block's nibbles are spread by one 128-bit broadcast load, a
+/// variable shift (0 for the low half, 4 for the high) and a mask; the activation block and its
+/// `−8·Σy` lanes are loaded once for the four rows, and starting the VNNI sum from them replaces
+/// the subtraction.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_q4_0<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     let tab = avx2::f16_table();
-    let xs: [&[BlockQ4_0]; R] = w.map(super::blocks::<BlockQ4_0>);
+    let xs: [&[BlockQ4_0]; 4] = w.map(super::blocks::<BlockQ4_0>);
     let ys: &[BlockQ8_0] = super::blocks(a);
     let nb = xs.iter().map(|x| x.len()).fold(ys.len(), usize::min);
     let low = _mm256_set1_epi8(0x0F);
     let shift = _mm256_set_epi64x(4, 4, 0, 0);
     let eight = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = _mm_setzero_ps();
     for b in 0..nb {
         // SAFETY: b < nb <= ys.len().
         let y = unsafe { ys.get_unchecked(b) };
         let yv = _mm256_loadu_si256(y.qs.as_ptr().cast());
         let minus8y = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, yv));
-        let dy = tab[y.d.bits() as usize];
-        for r in 0..R {
+        let dy = _mm_set1_ps(tab[y.d.bits() as usize]);
+        let lanes: [__m256i; 4] = std::array::from_fn(|r| {
             // SAFETY: b < nb <= xs[r].len().
             let x = unsafe { xs[r].get_unchecked(b) };
             _mm_prefetch::<_MM_HINT_T0>(
@@ -141,12 +140,19 @@ pub unsafe fn rows_q4_0<const R: usize>(w: [&[u8]; R], a: &[u8]) -> [f32; R] {
             );
             let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.qs.as_ptr().cast()));
             let z = _mm256_and_si256(_mm256_srlv_epi64(q, shift), low);
-            let lanes = _mm256_dpbusd_epi32(minus8y, z, yv);
-            let d = _mm256_set1_ps(tab[x.d.bits() as usize] * dy);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
+            _mm256_dpbusd_epi32(minus8y, z, yv)
+        });
+        let isum = avx2::sum4_i32(lanes);
+        // SAFETY: as above.
+        let dx = std::array::from_fn::<f32, 4, _>(|r| {
+            tab[unsafe { xs[r].get_unchecked(b) }.d.bits() as usize]
+        });
+        let d = _mm_mul_ps(_mm_loadu_ps(dx.as_ptr()), dy);
+        acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc);
     }
-    acc.map(|v| avx2::hsum8(v))
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
 }
 
 /// `R` Q8_0 rows against one Q8_0 row, bit-identical per row with the single-row kernel
@@ -411,14 +417,6 @@ unsafe fn k4_step(sumf: f32, x: &K4Block, y: &BlockQ8K) -> f32 {
     avx2::finish_with_mins(sumf, y.d.get(), x.d, sums)
 }
 
-/// The eight i32 lanes of each of four vectors summed, into lanes 0..4 (exact, any order).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sum4_i32(v: [__m256i; 4]) -> __m128i {
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-}
-
 /// The four activation rows' super-block scales `d`, lane by lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -431,8 +429,8 @@ unsafe fn d_y4(ys: [&BlockQ8K; 4]) -> __m128 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k4_step4(sumf: __m128, x: &K4Block, ys: [&BlockQ8K; 4]) -> __m128 {
-    let isum = sum4_i32(std::array::from_fn(|t| k4_isum(x, ys[t])));
-    let imin = sum4_i32(std::array::from_fn(|t| k4_imin(x, ys[t])));
+    let isum = avx2::sum4_i32(std::array::from_fn(|t| k4_isum(x, ys[t])));
+    let imin = avx2::sum4_i32(std::array::from_fn(|t| k4_imin(x, ys[t])));
     let (fi, fm) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(imin));
     let d_y = d_y4(ys);
     let d_x = _mm_shuffle_ps::<0b00_00_00_00>(x.d, x.d);
@@ -645,7 +643,7 @@ unsafe fn q6_step(sumf: f32, x: &Q6Block, y: &BlockQ8K) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_step4(sumf: __m128, x: &Q6Block, ys: [&BlockQ8K; 4]) -> __m128 {
-    let isum = sum4_i32(std::array::from_fn(|t| q6_isum(x, ys[t])));
+    let isum = avx2::sum4_i32(std::array::from_fn(|t| q6_isum(x, ys[t])));
     let d_y = d_y4(ys);
     _mm_fmadd_ps(
         _mm_mul_ps(d_y, _mm_set1_ps(x.d)),

@@ -1,4 +1,4 @@
-//! Prefill for the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
+//! Prefill for Q4_0 and the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
 //! interleaved so that one 512-bit register holds the same four elements of all sixteen rows.
 //!
 //! Once per block of sixteen rows every super-block is unpacked into a [`Panel`] (unsigned byte
@@ -68,12 +68,16 @@ const EMPTY: Panel = Panel {
 
 /// Whether the panels handle weights of type `ty`.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    )
 }
 
-/// Rows `rows` of a K-quant weight (`row(r)`: its bytes) against every token of `acts` (Q8_K,
-/// AVX-512 CPUs only), written through `put(token, row, value)`, sixteen rows at a time; returns
-/// the first row not done (`rows.end` minus fewer than sixteen).
+/// Rows `rows` of a weight of type `ty` (Q4_0 or a K-quant; `row(r)`: its bytes) against every
+/// token of `acts` (its `vec_dot_type`, AVX-512 CPUs only), written through
+/// `put(token, row, value)`, sixteen rows at a time; returns the first row not done (`rows.end`
+/// minus fewer than sixteen).
 pub(crate) fn run_rows<'w>(
     acts: &QuantizedActs,
     ty: GgmlType,
@@ -81,8 +85,7 @@ pub(crate) fn run_rows<'w>(
     rows: Range<usize>,
     put: impl Fn(usize, usize, f32),
 ) -> usize {
-    let per_token = acts.k / QK_K * size_of::<BlockQ8K>();
-    let block_tokens = (TOKEN_BLOCK_BYTES / per_token.max(1)).max(GROUP_TOKENS);
+    let block_tokens = (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS);
     run_blocks(acts, ty, row, rows, block_tokens, put)
 }
 
@@ -96,29 +99,86 @@ fn run_blocks<'w>(
     put: impl Fn(usize, usize, f32),
 ) -> usize {
     assert!(
-        supports(ty) && acts.ty == GgmlType::Q8_K,
-        "kwide::run_rows on {ty} weights"
+        supports(ty) && acts.ty == ty.vec_dot_type(),
+        "kwide::run_rows on {ty} weights with {} activations",
+        acts.ty
     );
     assert!(crate::kernels::cpu::Isa::Avx512.supported());
+    if ty == GgmlType::Q4_0 {
+        let nsum = minus8_block_sums(acts);
+        let nb = acts.k / QK;
+        let unpack = |w: &[&[u8]; ROWS], p: &mut [Q4Panel]| {
+            // SAFETY: AVX-512 is present (asserted above).
+            unsafe { unpack_q4_0(w, p) }
+        };
+        let block = |p: &[Q4Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
+            // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
+            unsafe { run_block_q4_0(p, acts, &nsum, toks, acc) }
+        };
+        return drive(
+            acts.n_tok,
+            nb,
+            Q4_EMPTY,
+            rows,
+            row,
+            block_tokens,
+            put,
+            unpack,
+            block,
+        );
+    }
     let nb = acts.k / QK_K;
-    let mut panels = vec![EMPTY; nb];
-    let mut acc = vec![[0f32; ROWS]; block_tokens.min(acts.n_tok)];
+    let unpack = |w: &[&[u8]; ROWS], p: &mut [Panel]| {
+        // SAFETY: AVX-512 is present (asserted above).
+        unsafe { unpack(ty, w, p) }
+    };
+    let block = |p: &[Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
+        // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
+        unsafe {
+            match ty {
+                GgmlType::Q6_K => run_block::<16, false>(p, acts, toks, acc),
+                _ => run_block::<32, true>(p, acts, toks, acc),
+            }
+        }
+    };
+    drive(
+        acts.n_tok,
+        nb,
+        EMPTY,
+        rows,
+        row,
+        block_tokens,
+        put,
+        unpack,
+        block,
+    )
+}
+
+/// The loop shared by the formats: per sixteen rows, `unpack` every block into a panel, then
+/// per block of tokens `block` the dot products into `acc` and `put` them out.
+#[allow(clippy::too_many_arguments)]
+fn drive<'w, P: Copy>(
+    n_tok: usize,
+    nb: usize,
+    empty: P,
+    rows: Range<usize>,
+    row: impl Fn(usize) -> &'w [u8],
+    block_tokens: usize,
+    put: impl Fn(usize, usize, f32),
+    unpack: impl Fn(&[&[u8]; ROWS], &mut [P]),
+    block: impl Fn(&[P], Range<usize>, &mut [[f32; ROWS]]),
+) -> usize {
+    let mut panels = vec![empty; nb];
+    let mut acc = vec![[0f32; ROWS]; block_tokens.min(n_tok)];
     let mut r = rows.start;
     while r + ROWS <= rows.end {
         let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
-        // SAFETY: AVX-512 is present (asserted above).
-        unsafe { unpack(ty, &w, &mut panels) };
+        unpack(&w, &mut panels);
         let mut t0 = 0;
-        while t0 < acts.n_tok {
-            let toks = t0..(t0 + block_tokens).min(acts.n_tok);
+        while t0 < n_tok {
+            let toks = t0..(t0 + block_tokens).min(n_tok);
             let acc = &mut acc[..toks.len()];
-            // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
-            unsafe {
-                match ty {
-                    GgmlType::Q6_K => run_block::<16, false>(&panels, acts, toks.clone(), acc),
-                    _ => run_block::<32, true>(&panels, acts, toks.clone(), acc),
-                }
-            }
+            block(&panels, toks.clone(), acc);
             for (t, a) in toks.clone().zip(acc.iter()) {
                 for (i, &v) in a.iter().enumerate() {
                     put(t, r + i, v);
@@ -360,6 +420,126 @@ unsafe fn step<const G: usize, const MINS: bool, const NT: usize>(
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Q4_0 (against Q8_0 activations): per block of 32, eight `vpdpbusd` from `-8 Σy` give the exact
+// `isum = Σ (q - 8) y` of each row in its lane, then `scalar`'s one FMA per block.
+
+/// One Q4_0 block of sixteen rows: `q[e]`, lane r, row r's elements `4e..4e + 4` as unsigned
+/// nibbles; `d` the rows' scales.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Q4Panel {
+    q: [Lanes; QK / 4],
+    d: [f32; 16],
+}
+
+const Q4_EMPTY: Q4Panel = Q4Panel {
+    q: [ZERO; QK / 4],
+    d: [0.0; 16],
+};
+
+/// `-8 Σ y` of every Q8_0 block of `acts`, token by token (`nb` per token).
+fn minus8_block_sums(acts: &QuantizedActs) -> Vec<i32> {
+    (0..acts.n_tok)
+        .flat_map(|t| blocks_of::<BlockQ8_0>(acts.row(t)).iter())
+        .map(|y| -8 * y.qs.iter().map(|&v| v as i32).sum::<i32>())
+        .collect()
+}
+
+/// Unpacks sixteen Q4_0 rows' blocks into `panels`, two blocks per transpose.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel]) {
+    use crate::kernels::cpu::avx2::nibbles32;
+    let xs: [&[BlockQ4_0]; ROWS] = rows.map(blocks_of::<BlockQ4_0>);
+    let nb = panels.len();
+    for b in (0..nb).step_by(2) {
+        // Lane r: row r's blocks b and b + 1 (zero past the end) in element order.
+        let natural: [__m512i; ROWS] = std::array::from_fn(|r| {
+            let lo = nibbles32(&xs[r][b].qs);
+            let hi = if b + 1 < nb {
+                nibbles32(&xs[r][b + 1].qs)
+            } else {
+                _mm256_setzero_si256()
+            };
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        });
+        let t = transpose16(natural);
+        for (i, p) in panels[b..(b + 2).min(nb)].iter_mut().enumerate() {
+            for (e, q) in p.q.iter_mut().enumerate() {
+                store(q, t[8 * i + e]);
+            }
+            let d: [u16; ROWS] = std::array::from_fn(|r| xs[r][b + i].d.bits());
+            let d = _mm256_loadu_si256(d.as_ptr().cast());
+            _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
+        }
+    }
+}
+
+/// Tokens `toks` of `acts` against every block of `panels`, eight tokens at a time with their
+/// sums in registers across the blocks; `acc[t - toks.start]` gets token t's sixteen sums.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_block_q4_0(
+    panels: &[Q4Panel],
+    acts: &QuantizedActs,
+    nsum: &[i32],
+    toks: Range<usize>,
+    acc: &mut [[f32; ROWS]],
+) {
+    let nb = panels.len();
+    let mut t = toks.start;
+    while t < toks.end {
+        let a = &mut acc[t - toks.start..];
+        if t + GROUP_TOKENS <= toks.end {
+            let ys = std::array::from_fn(|i| blocks_of::<BlockQ8_0>(acts.row(t + i)));
+            let ns = std::array::from_fn(|i| &nsum[(t + i) * nb..][..nb]);
+            q4_0_tokens::<GROUP_TOKENS>(
+                panels,
+                ys,
+                ns,
+                (&mut a[..GROUP_TOKENS]).try_into().unwrap(),
+            );
+            t += GROUP_TOKENS;
+        } else {
+            let ys = [blocks_of::<BlockQ8_0>(acts.row(t))];
+            let ns = [&nsum[t * nb..][..nb]];
+            q4_0_tokens::<1>(panels, ys, ns, (&mut a[..1]).try_into().unwrap());
+            t += 1;
+        }
+    }
+}
+
+/// `NT` tokens against every block of `panels`: per block and token, the exact `isum` of each
+/// row from `-8 Σy` and eight `vpdpbusd`, then `sumf = fma(d_x * d_y, isum, sumf)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_0_tokens<const NT: usize>(
+    panels: &[Q4Panel],
+    ys: [&[BlockQ8_0]; NT],
+    nsum: [&[i32]; NT],
+    acc: &mut [[f32; ROWS]; NT],
+) {
+    let tab = crate::kernels::cpu::avx2::f16_table();
+    let mut sumf = [_mm512_setzero_ps(); NT];
+    for (b, p) in panels.iter().enumerate() {
+        let w: [__m512i; QK / 4] =
+            std::array::from_fn(|e| _mm512_load_si512(p.q[e].0.as_ptr().cast()));
+        let d_x = _mm512_load_ps(p.d.as_ptr());
+        for t in 0..NT {
+            let y = &ys[t][b];
+            let mut s = _mm512_set1_epi32(nsum[t][b]);
+            for (e, &we) in w.iter().enumerate() {
+                let word = std::ptr::read_unaligned(y.qs.as_ptr().add(4 * e).cast::<i32>());
+                s = _mm512_dpbusd_epi32(s, we, _mm512_set1_epi32(word));
+            }
+            let d = _mm512_mul_ps(d_x, _mm512_set1_ps(tab[y.d.bits() as usize]));
+            sumf[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), sumf[t]);
+        }
+    }
+    for t in 0..NT {
+        _mm512_storeu_ps(acc[t].as_mut_ptr(), sumf[t]);
+    }
+}
+
 /// Whole blocks of a byte slice, viewed in place (callers pass rows of whole blocks).
 #[inline(always)]
 fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
@@ -377,6 +557,7 @@ mod tests {
     /// Random K-quant rows with small finite super-block scales (so no sum overflows to inf).
     fn random_rows(ty: GgmlType, k: usize, n: usize, rng: &mut SplitMix64) -> Vec<u8> {
         let scales: &[usize] = match ty {
+            GgmlType::Q4_0 => &[0],
             GgmlType::Q6_K => &[208],
             _ => &[0, 2],
         };
@@ -402,9 +583,15 @@ mod tests {
             return;
         }
         let mut rng = SplitMix64::new(11);
-        let k = 768;
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let n = 37;
+            // Q4_0: 25 blocks, the last panel's transpose half empty.
+            let k = if ty == GgmlType::Q4_0 { 800 } else { 768 };
             let rb = ty.row_bytes(k).unwrap();
             let w = random_rows(ty, k, n, &mut rng);
             for n_tok in [1, 9, 21] {

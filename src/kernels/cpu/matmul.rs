@@ -17,13 +17,18 @@ enum Prepared {
 }
 
 impl Prepared {
-    /// The layout the AVX-512 tiles take for `acts`, when they will run (else `None`).
+    /// The layout the AVX-512 tiles take for `acts` against weights of the types `wty`, when
+    /// they will run (else `None`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn new(acts: &QuantizedActs) -> Option<Prepared> {
+    fn new(acts: &QuantizedActs, wty: impl Iterator<Item = GgmlType>) -> Option<Prepared> {
         #[cfg(target_arch = "x86_64")]
         {
             if let Some(w) = super::f16wide::WideActs::new(acts) {
                 return Some(Prepared::F16(w));
+            }
+            let mut wty = wty;
+            if !wty.any(super::qwide::supports) {
+                return None;
             }
             if let Some(p) = super::qwide::PairActs::new(acts) {
                 return Some(Prepared::Q8(p));
@@ -462,7 +467,7 @@ pub fn matmul_quantized_many(
     }
     starts.push(total);
     let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
-    let prepared = Prepared::new(acts);
+    let prepared = Prepared::new(acts, jobs.iter().map(|j| j.w.ty));
     let pool = pool::global();
     let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
     pool.for_chunks(total, chunk, |g| {

@@ -1,4 +1,4 @@
-//! Prefill for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX-512 CPUs. Once per
+//! Prefill for the 32-element formats (Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 is `kwide`'s) on AVX-512 CPUs. Once per
 //! operator the int8 activations are laid out by token pairs, with their group sums and scales;
 //! once per block of tokens each block of weight rows is unpacked to unsigned bytes and f32
 //! scales, in a buffer that stays in L1. The tile's inner loop is then, per weight row and token
@@ -186,7 +186,7 @@ struct Unpacked {
 /// offset by `1 << shift` to unsigned bytes, or carry a minimum.
 fn format(ty: GgmlType) -> Option<(i32, bool)> {
     match ty {
-        GgmlType::Q4_0 => Some((3, false)),
+        // (Q4_0 has its own order, and `kwide`'s panels.)
         GgmlType::Q4_1 => Some((0, true)),
         GgmlType::Q5_0 => Some((4, false)),
         GgmlType::Q5_1 => Some((0, true)),
@@ -206,9 +206,6 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]], nb: usize, u: &mut Unpacked) {
     let none = F16Le::from_bits(0);
     for (r, &row) in rows.iter().enumerate() {
         match ty {
-            GgmlType::Q4_0 => unpack_row::<_, false>(blocks_of::<BlockQ4_0>(row), r, nb, u, |x| {
-                (nibbles32(&x.qs), x.d, none)
-            }),
             GgmlType::Q4_1 => unpack_row::<_, true>(blocks_of::<BlockQ4_1>(row), r, nb, u, |x| {
                 (nibbles32(&x.qs), x.d, x.m)
             }),
@@ -435,7 +432,6 @@ mod tests {
         }
         let val = |i: usize, o: f32| 0.1 + 2.0 * (i as f32 * 0.37 + o).cos();
         for ty in [
-            GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
             GgmlType::Q5_1,

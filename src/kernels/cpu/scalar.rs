@@ -5,6 +5,12 @@
 //! lanes are summed pairwise at the end (`(l0+l4 + l2+l6) + (l1+l5 + l3+l7)`), then the
 //! `m_x * s_y` terms of Q4_1/Q5_1, summed in block order, are added.
 //!
+//! Q4_0 alone sums each block's 32 products exactly into one integer and runs one FMA chain over
+//! the blocks, `sumf = fma(d_x * d_y, isum as f32, sumf)` from `sumf = 0`, as the K-quants do:
+//! with one float step per block instead of eight, its prefill panels (`kwide`, AVX-512; sixteen
+//! rows per register) do one conversion and one FMA per sixteen rows and 32 elements. (Until
+//! 2026-11 it had the eight-lane order above; the two differ by rounding only.)
+//!
 //! The plain-float formats (F32, F16, BF16; activations in the same format) widen to f32 and
 //! accumulate in 4 x 8 lanes: lane (c, l) takes elements `i` with `i % 32 == 8c + l` by FMA;
 //! then `(c0 + c1) + (c2 + c3)` lane-wise, [`hsum8`], and the `n % 32` tail elements by FMA in order.
@@ -64,13 +70,16 @@ fn five_bits(qs: &[u8; QK / 2], qh: &[u8; 4], offset: i32) -> [i32; QK] {
     x
 }
 
+/// Q4_0 has its own order (see the module's note): per block the exact `isum = Σ (q − 8)·y`,
+/// then `sumf = fma(d_x * d_y, isum as f32, sumf)` in block order from 0.
 pub fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
-    let mut acc = [0f32; 8];
+    let mut sumf = 0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let xy = lanes(&nibbles(&x.qs, 8), &y.qs);
-        fma_lanes(&mut acc, x.d.to_f32() * y.d.to_f32(), &xy);
+        let q = nibbles(&x.qs, 8);
+        let isum: i32 = q.iter().zip(&y.qs).map(|(&q, &y)| q * y as i32).sum();
+        sumf = (x.d.to_f32() * y.d.to_f32()).mul_add(isum as f32, sumf);
     }
-    hsum8(&acc)
+    sumf
 }
 
 pub fn vec_dot_q4_1_q8_1(xs: &[BlockQ4_1], ys: &[BlockQ8_1]) -> f32 {

@@ -82,11 +82,47 @@ macro_rules! tiles {
                 }};
             }
 
+            /// Q4_0's own order (`scalar`): each block's exact `isum` for four tokens at once
+            /// (`sum4_i32`), then one FMA per block with the four tokens' chains in one
+            /// register's lanes. `T` is a multiple of four, at most sixteen.
             #[target_feature(enable = $feat)]
             pub unsafe fn q4_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
+                assert!(T % 4 == 0 && T <= 16, "Q4_0 tile of {T} tokens");
                 let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(8);
-                tile_body!(tab, w, a, BlockQ4_0, BlockQ8_0, |x| (_mm256_sub_epi8(nibbles32(&x.qs), off), tab[x.d.bits() as usize], 0.0), |_y| 0.0, $ss, false)
+                let xs: [&[BlockQ4_0]; R] = w.map(blocks_of::<BlockQ4_0>);
+                let ys: [&[BlockQ8_0]; T] = a.map(blocks_of::<BlockQ8_0>);
+                let nb = xs.iter().map(|x| x.len()).chain(ys.iter().map(|y| y.len())).min().unwrap_or(0);
+                let mut acc = [[_mm_setzero_ps(); 4]; R];
+                let mut dy = [0f32; T];
+                for b in 0..nb {
+                    for t in 0..T {
+                        // SAFETY: b < nb <= ys[t].len().
+                        dy[t] = tab[unsafe { ys[t].get_unchecked(b) }.d.bits() as usize];
+                    }
+                    for r in 0..R {
+                        // SAFETY: b < nb <= xs[r].len().
+                        let x = unsafe { xs[r].get_unchecked(b) };
+                        let qx = _mm256_sub_epi8(nibbles32(&x.qs), off);
+                        let dx = _mm_set1_ps(tab[x.d.bits() as usize]);
+                        for q in 0..T / 4 {
+                            let lanes: [__m256i; 4] = std::array::from_fn(|j| {
+                                // SAFETY: as above.
+                                $ss(qx, load32(&unsafe { ys[4 * q + j].get_unchecked(b) }.qs))
+                            });
+                            let isum = crate::kernels::cpu::avx2::sum4_i32(lanes);
+                            let d = _mm_mul_ps(dx, _mm_loadu_ps(dy[4 * q..].as_ptr()));
+                            acc[r][q] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc[r][q]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; T]; R];
+                for r in 0..R {
+                    for q in 0..T / 4 {
+                        _mm_storeu_ps(out[r][4 * q..].as_mut_ptr(), acc[r][q]);
+                    }
+                }
+                out
             }
 
             #[target_feature(enable = $feat)]
