@@ -66,8 +66,13 @@ for policy in oato oato-paper layer-split flexgen; do
             > "$RES/golden-$policy-${b%\%}.txt" 2>&1 || status=1
     done
 done
+step "golden, all on the GPU, CUDA graphs off"
+OATO_CUDA_GRAPHS=0 python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
+    --out "$RES/golden-gpu-graphs-off.json" -- --device gpu > "$RES/golden-gpu-graphs-off.txt" 2>&1 || status=1
 step "bench"
 "$OATO" bench "$MODEL" --device gpu -p 64,512 -n 32,128 -r 5 --json > "$RES/bench-gpu.json" 2> "$RES/bench-gpu.err" || status=1
+OATO_CUDA_GRAPHS=0 "$OATO" bench "$MODEL" --device gpu -p 64 -n 32,128 -r 5 --json \
+    > "$RES/bench-gpu-graphs-off.json" 2> "$RES/bench-gpu-graphs-off.err" || status=1
 "$OATO" bench "$MODEL" --device cpu -p 64,512 -n 32,128 -r 5 > "$RES/bench-cpu.md" 2> "$RES/bench-cpu.err" || status=1
 step profile
 "$OATO" profile "$MODEL" --force -o "$RES/profile.json" > "$RES/profile.txt" 2>&1 || status=1

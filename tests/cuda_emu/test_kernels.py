@@ -437,6 +437,47 @@ def check_rope(g):
     g.exact("dim_offset + n_dims > head_dim: nothing written", xb.get(np.float32), x)
 
 
+def check_rope_store_kv(g):
+    # rope_store_kv_f16 against what it fuses, run here: rope_f32 on q, rope_f32 on k,
+    # store_kv_f16 of k and v. The same arithmetic in the same order, so bit for bit, caches
+    # included (guard bytes: nothing outside the stored rows).
+    cases = [  # neox, freq factors, n_tok, n_head, n_head_kv, head_dim, n_dims, pos0, offset, block
+        (0, False, 1, 4, 2, 64, 64, 0, 0, 128),
+        (1, False, 1, 8, 2, 128, 128, 1023, 0, 128),
+        (1, True, 3, 6, 2, 64, 64, 37, 0, 128),
+        (0, True, 8, 4, 4, 128, 96, 30000, 0, 64),   # partial n_dims: dims 96..127 stored as is
+        (1, False, 2, 4, 1, 96, 32, 500, 64, 128),   # rotated dims at an offset
+        (1, False, 1, 2, 1, 64, 80, 5, 0, 128),      # n_dims > head_dim: no rotation, store only
+    ]
+    for neox, use_ff, n_tok, nh, nkv, hd, n_dims, pos0, off, block in cases:
+        label = (f"neox={neox} ff={int(use_ff)} n_tok={n_tok} heads={nh}/{nkv} hd={hd} "
+                 f"n_dims={n_dims} pos0={pos0}" + (f" offset={off}" if off else "") +
+                 (f" block={block}" if block != 128 else ""))
+        rng = rng_for("rope_store_kv " + label)
+        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+        k = rng.standard_normal(n_tok * nkv * hd).astype(np.float32)
+        v = rng.standard_normal(n_tok * nkv * hd).astype(np.float32)
+        ff = rng.uniform(1.0, 8.0, max(n_dims // 2, 1)).astype(np.float32) if use_ff else None
+        rope = (i32(n_dims), i32(pos0), f32(10000.0), f32(0.5), i32(neox),
+                Buf.of(ff) if ff is not None else None, i32(off))
+        n = n_tok * nkv * hd
+        # The unfused steps.
+        qa, ka = Buf.of(q), Buf.of(k)
+        cka, cva = Buf.out(np.float16, n), Buf.out(np.float16, n)
+        for x, heads in ((qa, nh), (ka, nkv)):
+            E.launch("rope_f32", (heads, n_tok), (128,), x, i32(n_tok), i32(heads), i32(hd), *rope)
+        E.launch("store_kv_f16", (cdiv(n, 1024),), (256,), ka, Buf.of(v), cka, cva, i64(n))
+        # The fused kernel.
+        qb, kb = Buf.of(q), Buf.of(k)
+        ckb, cvb = Buf.out(np.float16, n), Buf.out(np.float16, n)
+        E.launch("rope_store_kv_f16", (nh + nkv, n_tok), (block,), qb, kb, Buf.of(v), ckb, cvb,
+                 i32(n_tok), i32(nh), i32(nkv), i32(hd), *rope)
+        for what, got, want, dt in (("q", qb, qa, np.float32), ("k", kb, ka, np.float32),
+                                    ("k cache", ckb, cka, np.float16),
+                                    ("v cache", cvb, cva, np.float16)):
+            g.exact(f"{label}: {what}", got.get(dt), want.get(dt))
+
+
 def check_elementwise(g, kernel):
     # One f32 operation per element (add, add_bias), or a rounding to f16: bit-exact against
     # numpy's f32 arithmetic / astype. SwiGLU uses expf (the GPU's __expf under fast math is a
@@ -648,6 +689,7 @@ def main():
     for k in ("rms_norm_q8_1", "swiglu_q8_1"):
         r.run(k, check_fused_q8_1, k)
     r.run("rope_f32", check_rope)
+    r.run("rope_store_kv_f16", check_rope_store_kv)
     for k in ("add_f32", "add_bias_f32", "scale_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)
     r.run("copy_cols_f32", check_copy_cols)
