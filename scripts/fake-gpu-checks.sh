@@ -12,6 +12,8 @@
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
 # the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
 # minutes per placement). Timings printed here are the emulator's and mean nothing.
+# Prefill attention of more than 8 tokens takes the tiled kernel (flash_prefill.cu): the third
+# golden prompt (9 tokens) is checked for it.
 # Decode segments run as CUDA graphs by default (replayed for real by the stand-in driver), so the
 # golden checks cover them; graphs_check below also compares with OATO_CUDA_GRAPHS=0, all on the
 # GPU and under a mixed placement.
@@ -57,6 +59,8 @@ step "the whole model on the GPU"
 golden --device gpu
 step "the whole model on the GPU, direct matrix-vector kernels and split decode attention"
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
+step "the first 3 prompts on the GPU, 4 tokens (the third's 9-token prompt takes the tiled prefill attention)"
+fake python3 experiments/golden_check.py --oato "$OATO" --prompts 3 --max-tokens 4 -- --device gpu
 step "CUDA graphs: the whole model on the GPU, split decode attention (its grid grows with the context)"
 OATO_CUDA_ATTN_SPLIT=1 graphs_check "all on the GPU, split attention" --device gpu
 step "profile"

@@ -343,6 +343,25 @@ pub fn set_mmvq_direct(on: bool) {
     MMVQ_DIRECT.store(on, Ordering::Relaxed);
 }
 
+/// Whether prefill attention (more than `MMVQ_MAX_TOKENS` tokens) runs as the tiled kernel of
+/// flash_prefill.cu (query tiles sharing K/V tiles) rather than one block per (head, token)
+/// (attention_f16kv). On unless `OATO_CUDA_FLASH_PREFILL=0` at start-up or
+/// `set_flash_prefill(false)`; the two agree to rounding (the order of the softmax sums).
+static FLASH_PREFILL: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(std::env::var("OATO_CUDA_FLASH_PREFILL").map_or(true, |v| v.trim() != "0"))
+});
+
+/// Chooses the tiled (true) or per-token (false) prefill attention for every CUDA backend of the
+/// process (`selftest --perf` times both).
+pub fn set_flash_prefill(on: bool) {
+    FLASH_PREFILL.store(on, Ordering::Relaxed);
+}
+
+/// Whether prefill attention runs as the tiled kernel.
+pub fn flash_prefill() -> bool {
+    FLASH_PREFILL.load(Ordering::Relaxed)
+}
+
 /// Whether the direct decode matrix-vector kernels are chosen.
 pub fn mmvq_direct() -> bool {
     MMVQ_DIRECT.load(Ordering::Relaxed)
@@ -554,6 +573,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         "flash_decode.cu",
         &["attention_split_f16kv", "attention_merge_f32"],
     ),
+    ("flash_prefill.cu", &["attention_flash_f16kv"]),
 ];
 
 /// The kernels `KERNELS` lists for source file `source`.
@@ -1336,7 +1356,7 @@ impl Backend for CudaBackend {
         self.batch(n_tok)?;
         self.forget_q8()?;
         let xp = self.f32ptr(x, n_tok * n_heads * head_dim, "rope")?;
-        if self.fuse_q8(n_tok, 32) {
+        if FUSE_Q8.load(Ordering::Relaxed) && n_tok <= MMVQ_MAX_TOKENS {
             // Held for the attention that follows: q's and k's RoPE then run with the KV store
             // as one kernel (rope_store_kv_f16); anything else issues it first.
             launch!(hold self, "rope_f32", (n_heads as u32, n_tok as u32, 1), (128, 1, 1);
@@ -1449,6 +1469,15 @@ impl Backend for CudaBackend {
             launch!(self, "attention_merge_f32", (s.n_head as u32, n as u32, 1), (128, 1, 1);
                 a: u64 = part, b: u64 = op, nt_: i32 = nt, nh_: i32 = nh, hd_: i32 = hd,
                 ns: i32 = p.n_split as i32);
+            return Ok(());
+        }
+        if n > MMVQ_MAX_TOKENS && FLASH_PREFILL.load(Ordering::Relaxed) {
+            // Tiles of 16 query tokens (FLP_BQ) sharing each K/V tile.
+            launch!(self, "attention_flash_f16kv", (n.div_ceil(16) as u32, s.n_head as u32, 1),
+                (128, 1, 1);
+                a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
+                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+                hd: i32 = s.head_dim as i32, p0: i32 = call.pos0 as i32, scale: f32 = scale);
             return Ok(());
         }
         for t0 in (0..n).step_by(MAX_GRID_Y) {

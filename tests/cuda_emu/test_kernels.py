@@ -570,6 +570,66 @@ def check_attention(g):
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
 
 
+# flash_prefill.cu: the tiled prefill kernel, against the same float64 reference and tolerance as
+# attention_f16kv (its tiles change only the order of the f32 sums).
+
+
+def attention_data(seed, hd, n_tok, pos0, nh, nkv, extra=3):
+    """q, the K and V caches (with `extra` rows past the last position, never read) and the
+    scale of one attention check, seeded by `seed`."""
+    rng = rng_for(seed)
+    n_ctx = pos0 + n_tok + extra
+    q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+    kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
+    vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
+    return q, kc, vc, 1.0 / np.sqrt(hd)
+
+
+def close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale):
+    want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
+    g.close(label, got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
+            dims=("t", "head", "d"), metric="err/max|v|")
+
+
+def check_flash_prefill(g):
+    cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv
+        (64, 16, 0, 4, 2),     # one full query tile from position 0
+        (64, 17, 0, 4, 2),     # a second tile of one query
+        (128, 40, 100, 8, 2),  # three tiles after 100 cached positions, GQA 4:1
+        (96, 21, 5, 3, 3),     # head_dim 96 (3 dims per lane), no GQA
+        (256, 9, 30, 2, 1),    # largest head_dim, a partial tile
+        (32, 70, 0, 2, 1),     # smallest head_dim, 5 tiles, causal masks in every K/V tile
+        (128, 1, 299, 4, 4),   # a single query over 300 positions
+    ]
+    for hd, n_tok, pos0, nh, nkv in cases:
+        label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv}"
+        q, kc, vc, scale = attention_data("flash prefill " + label, hd, n_tok, pos0, nh, nkv)
+        out = Buf.out(np.float32, q.size)
+        E.launch("attention_flash_f16kv", (cdiv(n_tok, 16), nh), (128,), Buf.of(q), Buf.of(kc),
+                 Buf.of(vc), out, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        close_attention(g, label, out.get(np.float32).reshape(n_tok, nh, hd), q, kc, vc, n_tok,
+                        nh, nkv, hd, pos0, scale)
+    # Large scores (q x 40): tiles' maxima far apart, so a missing rescale would show.
+    hd, nh, nkv, pos0, n_tok = 64, 2, 1, 50, 20
+    rng = rng_for("flash prefill peaked")
+    q = (rng.standard_normal(n_tok * nh * hd) * 40).astype(np.float32)
+    kc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    vc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    out = Buf.out(np.float32, q.size)
+    E.launch("attention_flash_f16kv", (2, nh), (128,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
+             i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(0.125))
+    want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, 0.125)
+    g.close("peaked scores (q x 40)", out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
+            np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
+    # Unsupported: head_dim 48, 64 threads, head_dim 288: NaN rows, nothing else touched.
+    for hd, block in ((48, 128), (64, 64), (288, 128)):
+        out = Buf(4 * 3 * 2 * hd, fill=0)
+        z = Buf.of(np.zeros(4 * hd, np.float16))
+        E.launch("attention_flash_f16kv", (1, 2), (block,), Buf.of(np.zeros(3 * 2 * hd, np.float32)),
+                 z, z, out, i32(3), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
+        g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
+
+
 # flash_decode.cu: attention_split_f16kv then attention_merge_f32, against the same float64
 # reference and tolerance as attention_f16kv (the chunks change only the order of the f32 sums).
 
@@ -598,16 +658,9 @@ def check_flash_decode(g):
     ]
     for hd, n_tok, pos0, nh, nkv, gq, chunk in cases:
         label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv} gq={gq} chunk={chunk}"
-        rng = rng_for("flash decode " + label)
-        n_ctx = pos0 + n_tok + 2  # rows past the last position are never read
-        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
-        kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
-        vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
-        scale = 1.0 / np.sqrt(hd)
+        q, kc, vc, scale = attention_data("flash decode " + label, hd, n_tok, pos0, nh, nkv, 2)
         got = flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk)
-        want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
-        g.close(label, got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
-                dims=("t", "head", "d"), metric="err/max|v|")
+        close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
     # Large scores (q * 40): the chunks' maxima differ by far more than exp's range, so a merge
     # that forgot to rescale would be off by orders of magnitude.
     hd, nh, nkv, pos0 = 64, 4, 2, 200
@@ -695,6 +748,7 @@ def main():
     r.run("copy_cols_f32", check_copy_cols)
     r.run("attention_f16kv", check_attention)
     r.run("flash_decode", check_flash_decode)
+    r.run("attention_flash_f16kv", check_flash_prefill)
     r.run("coverage", check_coverage, args.src)
     return 0 if r.summary() else 1
 
