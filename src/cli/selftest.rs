@@ -20,6 +20,7 @@ use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor
 use oato::runtime::cuda_backend::{
     flash_prefill, missing_kernels, mmvq_direct, set_flash_prefill, set_mmvq_direct,
 };
+use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 
 use super::DeviceArg;
 
@@ -781,7 +782,49 @@ fn perf(be: &dyn Backend) -> Result<()> {
         );
     }
     set_flash_prefill(chosen);
+    if gpu {
+        launch_overhead(be, reps)?;
+    }
     link_perf(be)
+}
+
+/// Wall time of 128 decode-sized kernels (64 x RMSNorm of one 4096 row + add), launched one by
+/// one and replayed as a CUDA graph (src/runtime/cuda_graphs.rs): what graphs save per launch.
+fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
+    let e = 4096;
+    let x = put(be, &pattern(e, 0.0))?;
+    let g = put(be, &pattern(e, 1.0))?;
+    let mut y = be.alloc(DType::F32, e, Category::Workspace)?;
+    let mut z = be.alloc(DType::F32, e, Category::Workspace)?;
+    let mut run = || -> Result<()> {
+        for _ in 0..64 {
+            be.rms_norm(&x, 0, 1, e, &g, 1e-5, &mut y)?;
+            be.add(&mut z, &y, e)?;
+        }
+        Ok(())
+    };
+    let chosen = graphs_on();
+    for on in [false, true] {
+        set_graphs(on);
+        let before = graph_stats();
+        let t = wall_median_us(be, reps, &mut run)?;
+        let after = graph_stats();
+        println!(
+            "128 decode-sized kernels (RMSNorm + add of {e}), {}: {t:.1} us{}",
+            if on { "CUDA graph" } else { "one launch each" },
+            if on {
+                format!(
+                    " ({} graphs built, {} graph launches)",
+                    after.built - before.built,
+                    after.launches - before.launches
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    set_graphs(chosen);
+    Ok(())
 }
 
 /// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a
