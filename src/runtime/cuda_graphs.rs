@@ -222,7 +222,7 @@ impl Launcher {
         let mut st = self.lock()?;
         st.defer = graphs_on() && n_tok <= decode_max;
         if !st.defer {
-            self.release_held(&mut st)?;
+            // Held launches stay held: they come after the segment, and before the next launch.
             self.flush_locked(&mut st)?;
         }
         Ok(())
