@@ -10,8 +10,11 @@
 #                                     prompts of LENGTHS tokens; archive of $RES in $OUT
 #   experiments/gpu-hybrid.sh lengths oato's TTFT against prompt length (LENGTHS, LENGTH_SHARE)
 #   experiments/gpu-hybrid.sh kernels all on the GPU, oato (default kernels, direct matrix-vector,
-#                                     split attention off) vs llama.cpp: experiments/gpu-vs-llamacpp.sh
-#                                     into $RES/gpu-vs-llamacpp.{csv,md}
+#                                     split attention off, fusion off, CUDA graphs off, per-token
+#                                     prefill attention) vs llama.cpp:
+#                                     experiments/gpu-vs-llamacpp.sh into $RES/gpu-vs-llamacpp.{csv,md}
+#   experiments/gpu-hybrid.sh graphs  hybrid decode with CUDA graphs on and off (OATO_CUDA_GRAPHS):
+#                                     the oato policy at GRAPH_BUDGETS ("50% 75%"), $RES/graphs-{on,off}
 # Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
 # no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
 # RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
@@ -61,6 +64,17 @@ kernels)
     OATO_BIN=$OATO MODEL=$MODEL REPS=${REPS:-3} THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
         experiments/gpu-vs-llamacpp.sh 2>&1 | tail -40
     ;;
+graphs)
+    # Hybrid decode runs several GPU segments per token, each a graph launch when graphs are on.
+    for g in on off; do
+        OATO_CUDA_GRAPHS=$([ $g = on ] && echo 1 || echo 0) OATO_BIN=$OATO MODEL=$MODEL \
+            OUT="$RES/graphs-$g" PLAIN="" THREADS=$THREADS POLICIES=oato \
+            BUDGETS="${GRAPH_BUDGETS:-50% 75%}" REPS=${REPS:-3} \
+            experiments/placement-sweep.sh > "$RES/graphs-$g.log" 2>&1 || true
+        echo "== CUDA graphs $g"
+        tail -4 "$RES/graphs-$g.md" 2>/dev/null || tail -5 "$RES/graphs-$g.log"
+    done
+    ;;
 lengths)
     # TTFT against prompt length (issue 11) at LENGTH_SHARE (25%) for POLICIES (oato layer-split).
     for p in ${LENGTHS:-32 128 512 2048}; do
@@ -71,7 +85,7 @@ lengths)
     done
     ;;
 *)
-    echo "usage: $0 build|oato|peer|lengths" >&2
+    echo "usage: $0 build|oato|peer|lengths|kernels|graphs" >&2
     exit 2
     ;;
 esac

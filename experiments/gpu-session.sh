@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything a borrowed GPU machine should run, in one command (it has no Rust toolchain and no
-# network): the GPU selftest and its --perf table, the all-GPU and hybrid greedy continuations
-# against the golden ids, `oato bench --device gpu`, a profile, and the placement sweep.
+# network): the GPU selftest and its --perf table (with prefill attention tiled and per token, and
+# kernel launches one by one against a CUDA graph), the all-GPU and hybrid greedy continuations
+# against the golden ids (all-GPU also with CUDA graphs off), `oato bench --device gpu` (decode also
+# with CUDA graphs off), a profile, and the placement sweep.
 # Results go to $RES (default results/gpu-<date>); on the device machine they also come back as
 # $OUT/gpu-session.tgz.
 #
@@ -66,8 +68,13 @@ for policy in oato oato-paper layer-split flexgen; do
             > "$RES/golden-$policy-${b%\%}.txt" 2>&1 || status=1
     done
 done
+step "golden, all on the GPU, CUDA graphs off"
+OATO_CUDA_GRAPHS=0 python3 experiments/golden_check.py --oato "$OATO" --model "$MODEL" \
+    --out "$RES/golden-gpu-graphs-off.json" -- --device gpu > "$RES/golden-gpu-graphs-off.txt" 2>&1 || status=1
 step "bench"
 "$OATO" bench "$MODEL" --device gpu -p 64,512 -n 32,128 -r 5 --json > "$RES/bench-gpu.json" 2> "$RES/bench-gpu.err" || status=1
+OATO_CUDA_GRAPHS=0 "$OATO" bench "$MODEL" --device gpu -p 64 -n 32,128 -r 5 --json \
+    > "$RES/bench-gpu-graphs-off.json" 2> "$RES/bench-gpu-graphs-off.err" || status=1
 "$OATO" bench "$MODEL" --device cpu -p 64,512 -n 32,128 -r 5 > "$RES/bench-cpu.md" 2> "$RES/bench-cpu.err" || status=1
 step profile
 "$OATO" profile "$MODEL" --force -o "$RES/profile.json" > "$RES/profile.txt" 2>&1 || status=1

@@ -12,6 +12,11 @@
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
 # the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
 # minutes per placement). Timings printed here are the emulator's and mean nothing.
+# Prefill attention of more than 8 tokens takes the tiled kernel (flash_prefill.cu): the third
+# golden prompt (9 tokens) is checked for it.
+# Decode segments run as CUDA graphs by default (replayed for real by the stand-in driver), so the
+# golden checks cover them; graphs_check below also compares with OATO_CUDA_GRAPHS=0, all on the
+# GPU and under a mixed placement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO=target/release/oato
@@ -27,6 +32,26 @@ golden() {
     fake python3 experiments/golden_check.py --oato "$OATO" --prompts "$P" --max-tokens "$N" -- "$@"
 }
 
+# CUDA graphs (src/runtime/cuda_graphs.rs): greedy ids with graphs on equal those with
+# OATO_CUDA_GRAPHS=0, and with them on the stand-in driver really replays graphs (it logs each
+# instantiation and launch): at least one graph built and more graph launches than builds.
+graphs_check() {
+    local what=$1 on off built launched
+    shift
+    local run=("$OATO" run models/SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is"
+        -n "$N" --temp 0 --ignore-eos --json -c 256 "$@")
+    local ids='import json,sys; print(json.load(sys.stdin)["output_ids"])'
+    off=$(OATO_CUDA_GRAPHS=0 fake "${run[@]}" | python3 -c "$ids")
+    on=$(OATO_FAKE_CUDA_LOG=1 fake "${run[@]}" 2>"$W/graphs.log" | python3 -c "$ids")
+    built=$(grep -c '^fake-cuda: cuGraphInstantiate' "$W/graphs.log" || true)
+    launched=$(grep -c '^fake-cuda: cuGraphLaunch' "$W/graphs.log" || true)
+    if [ "$on" != "$off" ] || [ "$built" -lt 1 ] || [ "$launched" -le "$built" ]; then
+        echo "FAIL graphs $what: ids $on with graphs, $off without; $built built, $launched launched" >&2
+        exit 1
+    fi
+    echo "OK   graphs $what: $on either way; $built graphs built, $launched graph launches"
+}
+
 cargo build --release --quiet
 step "selftest --device gpu"
 fake "$OATO" selftest --device gpu | tail -1
@@ -34,6 +59,10 @@ step "the whole model on the GPU"
 golden --device gpu
 step "the whole model on the GPU, direct matrix-vector kernels and split decode attention"
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
+step "the first 3 prompts on the GPU, 4 tokens (the third's 9-token prompt takes the tiled prefill attention)"
+fake python3 experiments/golden_check.py --oato "$OATO" --prompts 3 --max-tokens 4 -- --device gpu
+step "CUDA graphs: the whole model on the GPU, split decode attention (its grid grows with the context)"
+OATO_CUDA_ATTN_SPLIT=1 graphs_check "all on the GPU, split attention" --device gpu
 step "profile"
 fake "$OATO" profile --reps 1 -o "$W/profile.json" | tail -3
 for policy in layer-split flexgen oato; do
@@ -56,6 +85,8 @@ p["policy"] = "oato"  # the schema knows no "hand-made"; the executor does not r
 json.dump(p, open(sys.argv[2], "w"))
 PY
 golden --placement "$W/mixed.json"
+step "CUDA graphs: the mixed placement (several GPU segments per token)"
+graphs_check "mixed placement" --placement "$W/mixed.json"
 step "prefill streaming (layer-split's CPU weights copied to the GPU for the prompt batch)"
 python3 - "$W/layer-split.json" "$W/stream.json" <<'PY'
 import json, sys

@@ -17,7 +17,10 @@ use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::DeviceKind;
 use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor};
-use oato::runtime::cuda_backend::{missing_kernels, mmvq_direct, set_mmvq_direct};
+use oato::runtime::cuda_backend::{
+    flash_prefill, missing_kernels, mmvq_direct, set_flash_prefill, set_mmvq_direct,
+};
+use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 
 use super::DeviceArg;
 
@@ -513,12 +516,15 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         cases.push(compare("rope", "f32", label, &got, &want, 1e-6));
     }
     // Attention: prefill after a few cached positions, and decode steps over a long cache (on a
-    // GPU, 256 positions and more take the split kernel of flash_decode.cu).
+    // GPU, 256 positions and more take the split kernel of flash_decode.cu, prefill batches of
+    // more than 8 tokens the tiled kernel of flash_prefill.cu).
     for (n_tok, pos0, hd) in [
         (4usize, 5usize, 64usize),
         (1, 300, 64),
         (5, 0, 128),
         (3, 400, 128),
+        (24, 5, 64),
+        (20, 0, 128),
     ] {
         let shape = AttnShape {
             n_head: 6,
@@ -745,7 +751,80 @@ fn perf(be: &dyn Backend) -> Result<()> {
             (2 * ctx * kvd * 2) as f64 / t / 1e3
         );
     }
+    // Prefill attention of `batch` tokens from position 0 (on a GPU the tiled kernel, then the
+    // one-block-per-(head, token) kernel it replaced); causal: batch (batch + 1) / 2 scores per
+    // head, each a dot product and a weighted sum over 128 dims.
+    let mut ck = be.alloc(DType::F16, batch * kvd, Category::KvCache)?;
+    let mut cv = be.alloc(DType::F16, batch * kvd, Category::KvCache)?;
+    let q = put(be, &pattern(batch * qd, 0.0))?;
+    let kv = put(be, &pattern(batch * kvd, 0.5))?;
+    let mut out = be.alloc(DType::F32, batch * qd, Category::Workspace)?;
+    let call = AttnCall {
+        shape,
+        n_tok: batch,
+        pos0: 0,
+    };
+    let flops = 4.0 * 32.0 * 128.0 * (batch * (batch + 1) / 2) as f64;
+    let chosen = flash_prefill();
+    for tiled in if gpu { &[true, false][..] } else { &[true][..] } {
+        set_flash_prefill(*tiled);
+        let t = median_us(be, reps, || {
+            be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
+        })?;
+        println!(
+            "attention prefill{}, 32/8 heads x 128, {batch} tokens: {t:.1} us, {:.2} TFLOP/s",
+            match (gpu, tiled) {
+                (false, _) => "",
+                (true, true) => " (tiled)",
+                (true, false) => " (per token)",
+            },
+            flops / t / 1e6
+        );
+    }
+    set_flash_prefill(chosen);
+    if gpu {
+        launch_overhead(be, reps)?;
+    }
     link_perf(be)
+}
+
+/// Wall time of 128 decode-sized kernels (64 x RMSNorm of one 4096 row + add), launched one by
+/// one and replayed as a CUDA graph (src/runtime/cuda_graphs.rs): what graphs save per launch.
+fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
+    let e = 4096;
+    let x = put(be, &pattern(e, 0.0))?;
+    let g = put(be, &pattern(e, 1.0))?;
+    let mut y = be.alloc(DType::F32, e, Category::Workspace)?;
+    let mut z = be.alloc(DType::F32, e, Category::Workspace)?;
+    let mut run = || -> Result<()> {
+        for _ in 0..64 {
+            be.rms_norm(&x, 0, 1, e, &g, 1e-5, &mut y)?;
+            be.add(&mut z, &y, e)?;
+        }
+        Ok(())
+    };
+    let chosen = graphs_on();
+    for on in [false, true] {
+        set_graphs(on);
+        let before = graph_stats();
+        let t = wall_median_us(be, reps, &mut run)?;
+        let after = graph_stats();
+        println!(
+            "128 decode-sized kernels (RMSNorm + add of {e}), {}: {t:.1} us{}",
+            if on { "CUDA graph" } else { "one launch each" },
+            if on {
+                format!(
+                    " ({} graphs built, {} graph launches)",
+                    after.built - before.built,
+                    after.launches - before.launches
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    set_graphs(chosen);
+    Ok(())
 }
 
 /// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a

@@ -14,7 +14,6 @@ use cudarc::cublas;
 use cudarc::driver::sys::{CUevent_flags, CUstream};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
-    LaunchConfig, PushKernelArg,
 };
 
 use crate::error::{Error, Result};
@@ -28,6 +27,7 @@ use crate::runtime::backend::{
     Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k,
     storage, weight_storage,
 };
+use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
 pub const MMVQ_MAX_TOKENS: usize = 8;
@@ -250,11 +250,15 @@ struct Scratch {
 }
 
 struct CudaTensor {
+    /// First, so deferred launches that read `buf` are issued before it is freed.
+    _flush: FlushOnDrop,
     buf: CudaSlice<u8>,
     _res: Reservation,
 }
 
 struct CudaWeight {
+    /// As in `CudaTensor`.
+    _flush: FlushOnDrop,
     buf: CudaSlice<u8>,
     _res: Reservation,
     /// For a streamed weight: recorded on the copy stream after its upload; kernels that read
@@ -267,6 +271,9 @@ pub struct CudaBackend {
     ledger: Arc<Ledger>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Kernel launches on `stream`, replayed as CUDA graphs in decode (cuda_graphs.rs). Every
+    /// other operation on `stream` first calls its `flush`.
+    launcher: Arc<Launcher>,
     /// Uploads of streamed weights, overlapping the compute stream.
     copy_stream: Arc<CudaStream>,
     blas: BlasHandle,
@@ -284,28 +291,34 @@ pub struct CudaBackend {
     pub kernels_from_cache: usize,
 }
 
-/// Launches kernel `$name` with `grid` and `block`; each argument is bound to a local first so
-/// the pointer the driver reads stays alive until the launch.
+/// Launches kernel `$name` with `grid` and `block` (at once, or deferred to the end of a decode
+/// segment: cuda_graphs.rs); each argument is typed as the kernel declares it. `launch!(hold
+/// ...)` holds the launch back for a fusion with the next one (`Launcher::hold`).
 macro_rules! launch {
+    (hold $s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),* $(,)?) => {{
+        launch!(@call hold, $s, $name, $grid, $block; $($arg: $ty = $val),*)
+    }};
     ($s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),* $(,)?) => {{
+        launch!(@call launch, $s, $name, $grid, $block; $($arg: $ty = $val),*)
+    }};
+    (@call $how:ident, $s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),*) => {{
         let f = $s.func($name)?;
-        $(let $arg: $ty = $val;)*
-        let mut b = $s.stream.launch_builder(f);
-        $(b.arg(&$arg);)*
-        let cfg = LaunchConfig {
-            grid_dim: $grid,
-            block_dim: $block,
-            shared_mem_bytes: 0,
-        };
+        let args = [$({
+            let $arg: $ty = $val;
+            KernelArg::slot($arg)
+        }),*];
+        let l = Launch::new(f.cu_function(), $name, $grid, $block, &args);
         // SAFETY: the argument list matches the kernel's signature in src/kernels/cuda, every
-        // pointer is a live device allocation of the size the kernel reads, and the launch
+        // pointer is a device allocation of the size the kernel reads (kept alive until the
+        // launch runs: its owner flushes deferred launches before freeing it), and the launch
         // contract (grid, block) is the one its source documents.
-        unsafe { b.launch(cfg) }.map_err(drv($name))?;
+        unsafe { $s.launcher.$how(l) }?;
     }};
 }
 
 /// Whether RMSNorm and SwiGLU of decode-sized batches also write the Q8_1 blocks the next
-/// matrix-vector product reads (`rms_norm_q8_1`, `swiglu_q8_1`: one launch fewer each). On
+/// matrix-vector product reads (`rms_norm_q8_1`, `swiglu_q8_1`: one launch fewer each), and
+/// decode RoPE of q and k runs with the KV store (`rope_store_kv_f16`: two launches fewer). On
 /// unless `OATO_CUDA_FUSE=0` at start-up or `set_fuse_q8(false)`; the values are the same either
 /// way, bit for bit.
 static FUSE_Q8: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
@@ -328,6 +341,25 @@ static MMVQ_DIRECT: AtomicBool = AtomicBool::new(false);
 /// backend of the process (`selftest --perf` times both).
 pub fn set_mmvq_direct(on: bool) {
     MMVQ_DIRECT.store(on, Ordering::Relaxed);
+}
+
+/// Whether prefill attention (more than `MMVQ_MAX_TOKENS` tokens) runs as the tiled kernel of
+/// flash_prefill.cu (query tiles sharing K/V tiles) rather than one block per (head, token)
+/// (attention_f16kv). On unless `OATO_CUDA_FLASH_PREFILL=0` at start-up or
+/// `set_flash_prefill(false)`; the two agree to rounding (the order of the softmax sums).
+static FLASH_PREFILL: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(std::env::var("OATO_CUDA_FLASH_PREFILL").map_or(true, |v| v.trim() != "0"))
+});
+
+/// Chooses the tiled (true) or per-token (false) prefill attention for every CUDA backend of the
+/// process (`selftest --perf` times both).
+pub fn set_flash_prefill(on: bool) {
+    FLASH_PREFILL.store(on, Ordering::Relaxed);
+}
+
+/// Whether prefill attention runs as the tiled kernel.
+pub fn flash_prefill() -> bool {
+    FLASH_PREFILL.load(Ordering::Relaxed)
 }
 
 /// Whether the direct decode matrix-vector kernels are chosen.
@@ -411,6 +443,31 @@ fn attn_split_force() -> Option<bool> {
         Ok("0") => Some(false),
         _ => None,
     }
+}
+
+/// The shared RoPE arguments (n_dims, pos0, base, scale, neox, freq factors, offset, as
+/// rope_f32 takes them) when `held` is exactly rope_f32 on the query at `q` (`s.n_head` heads)
+/// and on the key at `k` (`s.n_head_kv` heads), in either order, over the same `n_tok` tokens of
+/// `s.head_dim` with the same arguments: what rope_store_kv_f16 does with the store.
+fn fused_rope(held: &[Launch], q: u64, k: u64, n_tok: usize, s: AttnShape) -> Option<[[u8; 8]; 7]> {
+    let [a, b] = held else { return None };
+    let (qr, kr) = if a.args.first() == Some(&q.slot()) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let is = |l: &Launch, x: u64, heads: usize| {
+        l.name == "rope_f32"
+            && l.args.len() == 11
+            && l.args[0] == x.slot()
+            && l.args[1] == (n_tok as i32).slot()
+            && l.args[2] == (heads as i32).slot()
+            && l.args[3] == (s.head_dim as i32).slot()
+    };
+    if !is(qr, q, s.n_head) || !is(kr, k, s.n_head_kv) || qr.args[4..] != kr.args[4..] {
+        return None;
+    }
+    qr.args[4..].try_into().ok()
 }
 
 /// A grid for a grid-stride kernel over `n` items with 256 threads per block.
@@ -508,6 +565,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "scale_f32",
             "copy_cols_f32",
             "store_kv_f16",
+            "rope_store_kv_f16",
             "attention_f16kv",
         ],
     ),
@@ -515,6 +573,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         "flash_decode.cu",
         &["attention_split_f16kv", "attention_merge_f32"],
     ),
+    ("flash_prefill.cu", &["attention_flash_f16kv"]),
 ];
 
 /// The kernels `KERNELS` lists for source file `source`.
@@ -607,11 +666,13 @@ impl CudaBackend {
             Pinned::new(&ctx, PINNED_BYTES)?,
         ];
         let host_ctx = ctx.clone();
+        let launcher = Launcher::new(ctx.clone(), stream.cu_stream());
         Ok(CudaBackend {
             id: next_backend_id(),
             ledger: Arc::default(),
             ctx,
             stream,
+            launcher,
             copy_stream,
             blas,
             name,
@@ -671,6 +732,7 @@ impl CudaBackend {
     fn wptr(&self, w: &Weight) -> Result<u64> {
         let cw = weight_storage::<CudaWeight>(w, self.id)?;
         if let Some(ev) = &cw.ready {
+            self.launcher.flush()?;
             self.stream
                 .wait(ev)
                 .map_err(drv("wait for a streamed weight"))?;
@@ -681,6 +743,7 @@ impl CudaBackend {
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
     fn grow(&self, slot: &mut Option<(CudaSlice<u8>, Reservation)>, bytes: usize) -> Result<u64> {
         if slot.as_ref().is_none_or(|(b, _)| b.len() < bytes) {
+            self.launcher.flush()?;
             *slot = None;
             let bytes = bytes.next_multiple_of(1 << 20);
             // SAFETY: scratch is always written by a kernel before it is read.
@@ -699,6 +762,7 @@ impl CudaBackend {
 
     /// As [`Self::upload`], the copies queued on `stream`.
     fn upload_on(&self, stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
+        self.launcher.flush()?;
         let mut s = self.scratch()?;
         for (i, chunk) in src.chunks(PINNED_BYTES).enumerate() {
             let turn = s.turn;
@@ -726,6 +790,7 @@ impl CudaBackend {
     /// the two pinned buffers in turn: the DMA of one chunk runs while the threads copy the chunk
     /// before it out of the other buffer.
     fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.launcher.flush()?;
         let mut s = self.scratch()?;
         // The chunk whose bytes wait in a pinned buffer: (buffer, destination).
         let mut pending: Option<(usize, &mut [u8])> = None;
@@ -774,6 +839,7 @@ impl CudaBackend {
         rows: std::ops::Range<usize>,
         n_tok: usize,
     ) -> Result<()> {
+        self.launcher.flush()?;
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: w holds rows.len()*k and x n_tok*k elements of `ty`, y n_tok*n f32 (C starts
         // at row rows.start of each column of length n); alpha and beta are host f32 (the default
@@ -831,6 +897,12 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(drv("bind context"))
     }
 
+    /// The launches that follow belong to a batch of `n_tok` tokens (decode-sized ones may run
+    /// as CUDA graphs).
+    fn batch(&self, n_tok: usize) -> Result<()> {
+        self.launcher.batch(n_tok, MMVQ_MAX_TOKENS)
+    }
+
     /// Whether an RMSNorm or SwiGLU over `n_tok` rows of `width` writes the Q8_1 blocks too: a
     /// batch the staged matrix-vector kernels take, whole blocks per row.
     fn fuse_q8(&self, n_tok: usize, width: usize) -> bool {
@@ -864,6 +936,7 @@ impl CudaBackend {
     ) -> Result<Weight> {
         check_weight_bytes(name, ty, k, n, bytes)?;
         self.bind()?;
+        self.launcher.flush()?;
         if kernels_of(ty).is_none() {
             return Err(Error::UnsupportedType(format!(
                 "{ty} as a GPU weight ({name:?})"
@@ -905,6 +978,7 @@ impl CudaBackend {
             bytes: bytes.len(),
             device: self.id,
             data: Box::new(CudaWeight {
+                _flush: FlushOnDrop(self.launcher.clone()),
                 buf,
                 _res: self.ledger.reserve(Category::Weights, bytes.len()),
                 ready,
@@ -974,6 +1048,7 @@ impl Stopwatch for EventClock<'_> {
             .ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(drv("event"))?;
+        self.b.launcher.flush()?;
         e.record(&self.b.stream).map_err(drv("event record"))?;
         self.start = Some(e);
         Ok(())
@@ -989,6 +1064,7 @@ impl Stopwatch for EventClock<'_> {
             .ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(drv("event"))?;
+        self.b.launcher.flush()?;
         end.record(&self.b.stream).map_err(drv("event record"))?;
         end.synchronize().map_err(drv("event wait"))?;
         let ms = start.elapsed_ms(&end).map_err(drv("elapsed"))?;
@@ -1031,6 +1107,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
         self.bind()?;
+        self.launcher.flush()?;
         self.forget_q8()?;
         let bytes = (len * dtype.size()).max(1);
         let buf = self
@@ -1042,6 +1119,7 @@ impl Backend for CudaBackend {
             dtype,
             len,
             data: Box::new(CudaTensor {
+                _flush: FlushOnDrop(self.launcher.clone()),
                 buf,
                 _res: self.ledger.reserve(cat, bytes),
             }),
@@ -1070,6 +1148,7 @@ impl Backend for CudaBackend {
 
     fn release_weight(&self, w: Weight) -> Result<()> {
         self.bind()?;
+        self.launcher.flush()?;
         // The buffer is freed on the copy stream, which first waits for the kernels queued so
         // far on the compute stream (the ones that read it).
         let done = self.ctx.new_event(None).map_err(drv("event"))?;
@@ -1109,6 +1188,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
+        self.batch(n_tok)?;
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
@@ -1219,6 +1299,7 @@ impl Backend for CudaBackend {
             )));
         }
         self.bind()?;
+        self.batch(n_rows)?;
         let wp = self.f32ptr(w, n, "rms_norm weight")?;
         let xp = self.f32ptr(x, (row0 + n_rows - 1) * x_stride + n, "rms_norm input")?
             + (row0 * x_stride * 4) as u64;
@@ -1241,6 +1322,7 @@ impl Backend for CudaBackend {
 
     fn add_bias(&self, x: &mut Tensor, b: &Tensor, n_tok: usize) -> Result<()> {
         self.bind()?;
+        self.batch(n_tok)?;
         self.forget_q8()?;
         let bp = self.f32ptr(b, b.len, "bias")?;
         let n = n_tok * b.len;
@@ -1271,8 +1353,19 @@ impl Backend for CudaBackend {
             )));
         }
         self.bind()?;
+        self.batch(n_tok)?;
         self.forget_q8()?;
         let xp = self.f32ptr(x, n_tok * n_heads * head_dim, "rope")?;
+        if FUSE_Q8.load(Ordering::Relaxed) && n_tok <= MMVQ_MAX_TOKENS {
+            // Held for the attention that follows: q's and k's RoPE then run with the KV store
+            // as one kernel (rope_store_kv_f16); anything else issues it first.
+            launch!(hold self, "rope_f32", (n_heads as u32, n_tok as u32, 1), (128, 1, 1);
+                a: u64 = xp, nt: i32 = n_tok as i32, nh: i32 = n_heads as i32,
+                hd: i32 = head_dim as i32, nd: i32 = p.n_dims as i32, p0: i32 = pos0 as i32,
+                base: f32 = p.freq_base, scale: f32 = p.freq_scale, neox: i32 = p.neox as i32,
+                f: u64 = ff, off: i32 = p.dim_offset as i32);
+            return Ok(());
+        }
         // Tokens go in gridDim.y, which CUDA caps: long batches run in chunks.
         for t0 in (0..n_tok).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n_tok - t0);
@@ -1309,6 +1402,7 @@ impl Backend for CudaBackend {
             )));
         }
         self.bind()?;
+        self.batch(call.n_tok)?;
         self.forget_q8()?;
         let (qd, kvd) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
         let n = call.n_tok;
@@ -1333,9 +1427,22 @@ impl Backend for CudaBackend {
             );
         }
         let [(ks, kc), (vs, vc)] = at;
-        launch!(self, "store_kv_f16", stride_grid(n * kvd, 4), B256;
-            a: u64 = ks, b: u64 = vs, c: u64 = kc, d: u64 = vc, nn: i64 = (n * kvd) as i64);
         let qp = self.f32ptr(q, n * qd, "attention query")?;
+        // q's and k's RoPE, held by `rope`, fused with the store when they are exactly that.
+        let held = self.launcher.take_held()?;
+        if let Some(rope) = fused_rope(&held, qp, ks, n, s) {
+            launch!(self, "rope_store_kv_f16", ((s.n_head + s.n_head_kv) as u32, n as u32, 1),
+                (128, 1, 1);
+                a: u64 = qp, b: u64 = ks, c: u64 = vs, d: u64 = kc, e: u64 = vc, nt: i32 = n as i32,
+                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+                hd: i32 = s.head_dim as i32, nd: [u8; 8] = rope[0], p0: [u8; 8] = rope[1],
+                base: [u8; 8] = rope[2], scale: [u8; 8] = rope[3], neox: [u8; 8] = rope[4],
+                f: [u8; 8] = rope[5], off: [u8; 8] = rope[6]);
+        } else {
+            self.launcher.unhold(held)?;
+            launch!(self, "store_kv_f16", stride_grid(n * kvd, 4), B256;
+                a: u64 = ks, b: u64 = vs, c: u64 = kc, d: u64 = vc, nn: i64 = (n * kvd) as i64);
+        }
         let kp = self.tptr(cache_k, 0, (call.pos0 + n) * kvd, "k cache")?;
         let vp = self.tptr(cache_v, 0, (call.pos0 + n) * kvd, "v cache")?;
         let op = self.f32ptr(out, n * qd, "attention output")?;
@@ -1364,6 +1471,15 @@ impl Backend for CudaBackend {
                 ns: i32 = p.n_split as i32);
             return Ok(());
         }
+        if n > MMVQ_MAX_TOKENS && FLASH_PREFILL.load(Ordering::Relaxed) {
+            // Tiles of 16 query tokens (FLP_BQ) sharing each K/V tile.
+            launch!(self, "attention_flash_f16kv", (n.div_ceil(16) as u32, s.n_head as u32, 1),
+                (128, 1, 1);
+                a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
+                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+                hd: i32 = s.head_dim as i32, p0: i32 = call.pos0 as i32, scale: f32 = scale);
+            return Ok(());
+        }
         for t0 in (0..n).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n - t0);
             launch!(self, "attention_f16kv", (s.n_head as u32, len as u32, 1), (128, 1, 1);
@@ -1378,6 +1494,7 @@ impl Backend for CudaBackend {
 
     fn swiglu(&self, g: &mut Tensor, u: &Tensor, n_tok: usize, width: usize) -> Result<()> {
         self.bind()?;
+        self.batch(n_tok)?;
         let n = n_tok * width;
         let up = self.f32ptr(u, n, "swiglu up")?;
         let gp = self.f32ptr(g, n, "swiglu gate")?;
@@ -1438,6 +1555,7 @@ impl Backend for CudaBackend {
 
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
         self.bind()?;
+        self.batch(ids.len())?;
         self.forget_q8()?;
         let k = table.k;
         let rb = table.bytes / table.n;
@@ -1456,6 +1574,7 @@ impl Backend for CudaBackend {
             let dst = op + (t * k * 4) as u64;
             let f16_row = match table.ty {
                 GgmlType::F32 => {
+                    self.launcher.flush()?;
                     // SAFETY: both ranges are k f32 inside their allocations.
                     unsafe {
                         cudarc::driver::result::memcpy_dtod_async(dst, src, k * 4, self.cu_stream())
@@ -1480,6 +1599,7 @@ impl Backend for CudaBackend {
 
     fn pinned_copy_gbps(&self, bytes: usize) -> Result<Option<(f64, f64)>> {
         self.bind()?;
+        self.launcher.flush()?;
         let mut host = Pinned::new(&self.ctx, bytes)?;
         // SAFETY: written by the copies below before it is read.
         let dev = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(drv("link buffer"))?;
@@ -1508,6 +1628,7 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
+        self.launcher.flush()?;
         // Streamed weights' copies too (the profiler times them).
         self.copy_stream.synchronize().map_err(drv("synchronize"))?;
         self.stream.synchronize().map_err(drv("synchronize"))
@@ -1552,6 +1673,43 @@ mod tests {
         };
         assert_eq!(attn_split(odd, 1, 4096, 132, None), None);
         assert_eq!(attn_split(LLAMA8B, 1, 4096, 132, Some(false)), None);
+    }
+
+    #[test]
+    fn rope_fuses_only_with_exactly_q_and_k_of_the_attention() {
+        let (q, k, n) = (0x1000u64, 0x2000u64, 1usize);
+        let rope = |name, x: u64, heads: i32, pos0: i32| {
+            let args = [
+                x.slot(),
+                1i32.slot(),
+                heads.slot(),
+                128i32.slot(),
+                128i32.slot(),
+                pos0.slot(),
+                10000f32.slot(),
+                1f32.slot(),
+                0i32.slot(),
+                0u64.slot(),
+                0i32.slot(),
+            ];
+            Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (128, 1, 1), &args)
+        };
+        let (rq, rk) = (rope("rope_f32", q, 32, 7), rope("rope_f32", k, 8, 7));
+        let got = fused_rope(&[rq.clone(), rk.clone()], q, k, n, LLAMA8B).unwrap();
+        assert_eq!(got[0], 128i32.slot());
+        assert_eq!(got[1], 7i32.slot());
+        // Either order; not with one rope alone, another tensor, other heads, another position
+        // or another kernel.
+        assert!(fused_rope(&[rk.clone(), rq.clone()], q, k, n, LLAMA8B).is_some());
+        assert!(fused_rope(std::slice::from_ref(&rq), q, k, n, LLAMA8B).is_none());
+        assert!(fused_rope(&[rq.clone(), rk.clone()], q, k + 4, n, LLAMA8B).is_none());
+        assert!(fused_rope(&[rq.clone(), rk.clone()], q, k, 2, LLAMA8B).is_none());
+        let rk8 = rope("rope_f32", k, 4, 7);
+        assert!(fused_rope(&[rq.clone(), rk8], q, k, n, LLAMA8B).is_none());
+        let rk_pos = rope("rope_f32", k, 8, 8);
+        assert!(fused_rope(&[rq.clone(), rk_pos], q, k, n, LLAMA8B).is_none());
+        let other = rope("scale_f32", k, 8, 7);
+        assert!(fused_rope(&[rq, other], q, k, n, LLAMA8B).is_none());
     }
 
     #[test]

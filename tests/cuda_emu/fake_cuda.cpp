@@ -16,6 +16,8 @@
 //   New allocations are filled with 0xFF bytes (NaN as f32/f16), so a read before a write shows.
 // - cublasGemmEx's arguments are checked as cuBLAS documents them (leading dimensions, types).
 // - Launch limits: gridDim.y/z <= 65535, <= 1024 threads per block, no dynamic shared memory.
+// - CUDA graphs of kernel nodes (built node by node, instantiated, nodes updated, launched) are
+//   replayed for real: a graph launch queues the kernels its nodes hold now.
 // Any such error is printed on stderr ("fake-cuda: ...") and is sticky: every later call fails.
 //
 // Environment: OATO_FAKE_CUDA_MEM  device memory in bytes (default 4 GiB)
@@ -672,44 +674,199 @@ API(cuModuleGetFunction)(void** out, void* m, const char* name) {
     return NOT_FOUND;
 }
 
+// One kernel launch with its argument values copied, as a launch, a graph node or an
+// instantiated graph's node holds it.
+struct Kernel {
+    Function* f;
+    unsigned grid[3], block[3];
+    std::vector<std::vector<unsigned char>> vals;
+};
+
+// Checks a launch as the driver would and copies its argument values into `k`.
+CUresult make_kernel(const char* api, void* func, const unsigned grid[3], const unsigned block[3],
+                     unsigned shmem, void** params, void** extra, Kernel* k) {
+    auto* f = (Function*)func;
+    if (!f) return fault(INVALID_HANDLE, "%s without a function", api);
+    const unsigned long long threads = (unsigned long long)block[0] * block[1] * block[2];
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 ||
+        threads == 0 || threads > 1024 || block[2] > 64) {
+        return fault(INVALID_CONFIG, "%s: %s with grid (%u,%u,%u) block (%u,%u,%u)", api,
+                     f->name.c_str(), grid[0], grid[1], grid[2], block[0], block[1], block[2]);
+    }
+    if (shmem != 0) return fault(INVALID_VALUE, "%s: %s with %u bytes of dynamic shared memory (the kernels use none)", api, f->name.c_str(), shmem);
+    if (extra) return fault(INVALID_VALUE, "%s: %s with `extra` parameters", api, f->name.c_str());
+    k->f = f;
+    std::copy(grid, grid + 3, k->grid);
+    std::copy(block, block + 3, k->block);
+    k->vals.clear();
+    for (size_t i = 0; i < f->sig.size(); ++i) { // the values now, as the driver copies them
+        const auto* p = (const unsigned char*)params[i];
+        k->vals.emplace_back(p, p + param_size(f->sig[i]));
+    }
+    return OK;
+}
+
+// Every pointer argument of `k` lies in a live device allocation (checked when it is queued).
+CUresult check_pointers(const char* api, const Kernel& k) {
+    for (size_t i = 0; i < k.vals.size(); ++i) {
+        if (k.f->sig[i] != 'p') continue;
+        CUdeviceptr v, base;
+        memcpy(&v, k.vals[i].data(), 8);
+        if (v != 0 && !find_dev(v, &base)) {
+            return fault(ILLEGAL_ADDRESS, "%s: %s parameter %zu is 0x%llx, not in any device allocation%s",
+                         api, k.f->name.c_str(), i, v, is_pinned((void*)v, 1) ? " (it is page-locked host memory)" : "");
+        }
+    }
+    return OK;
+}
+
+void enqueue_kernel(void* stream, const Kernel& k) {
+    enqueue(stream, k.f->name, [k] {
+        std::vector<void*> ptrs;
+        for (auto& v : k.vals) ptrs.push_back((void*)v.data());
+        if (emu_launch(k.f->name.c_str(), k.grid, k.block, k.f->sig.c_str(), ptrs.data()) != 0) {
+            fault(LAUNCH_FAILED, "%s", emu_last_error());
+        }
+    });
+}
+
 API(cuLaunchKernel)(void* func, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                     unsigned bz, unsigned shmem, void* stream, void** params, void** extra) {
     LOCK;
     STICKY;
-    auto* f = (Function*)func;
-    const unsigned long long threads = (unsigned long long)bx * by * bz;
-    if (gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535 || threads == 0 ||
-        threads > 1024 || bz > 64) {
-        return fault(INVALID_CONFIG, "%s launched with grid (%u,%u,%u) block (%u,%u,%u)",
-                     f->name.c_str(), gx, gy, gz, bx, by, bz);
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    Kernel k;
+    if (CUresult r = make_kernel("cuLaunchKernel", func, grid, block, shmem, params, extra, &k)) return r;
+    if (CUresult r = check_pointers("cuLaunchKernel", k)) return r;
+    logf("launch %s grid (%u,%u,%u) block (%u,%u,%u)", k.f->name.c_str(), gx, gy, gz, bx, by, bz);
+    enqueue_kernel(stream, k);
+    return OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs of kernel nodes. A graph launch queues its nodes' kernels on the stream, in the order
+// they were added (a topological order: a node's dependencies exist before it). Every node but
+// the first must depend on an earlier one: the engine builds chains, and a node without one
+// would run concurrently with the others on a real GPU. An instantiated graph keeps its own copy
+// of the nodes (later cuGraphExecKernelNodeSetParams calls change only it); pointers are checked
+// again at every launch, since a buffer may have been freed since.
+
+struct KernelNodeParams { // CUDA_KERNEL_NODE_PARAMS_v2
+    void* func;
+    unsigned grid[3], block[3], shmem;
+    void** params;
+    void** extra;
+    void* kern;
+    void* ctx;
+};
+struct GraphNode {
+    Kernel k;
+};
+struct Graph {
+    std::vector<std::unique_ptr<GraphNode>> nodes;
+};
+struct GraphExec {
+    std::map<const GraphNode*, size_t> index;
+    std::vector<Kernel> kernels;
+};
+std::set<Graph*> graphs;
+std::set<GraphExec*> graph_execs;
+
+CUresult node_kernel(const char* api, const KernelNodeParams* p, Kernel* k) {
+    if (!p) return fault(INVALID_VALUE, "%s without parameters", api);
+    if (p->kern) return fault(INVALID_VALUE, "%s with a CUkernel (the engine passes functions)", api);
+    return make_kernel(api, p->func, p->grid, p->block, p->shmem, p->params, p->extra, k);
+}
+
+API(cuGraphCreate)(void** out, unsigned flags) {
+    LOCK;
+    STICKY;
+    if (flags != 0) return fault(INVALID_VALUE, "cuGraphCreate flags %u", flags);
+    auto* g = new Graph;
+    graphs.insert(g);
+    *out = g;
+    return OK;
+}
+
+API(cuGraphAddKernelNode_v2)(void** out, void* graph, void** deps, size_t n_deps,
+                             const KernelNodeParams* p) {
+    LOCK;
+    STICKY;
+    auto* g = (Graph*)graph;
+    if (!graphs.count(g)) return fault(INVALID_HANDLE, "cuGraphAddKernelNode: %p is not a graph", graph);
+    for (size_t i = 0; i < n_deps; ++i) {
+        bool found = false;
+        for (auto& n : g->nodes) found |= n.get() == deps[i];
+        if (!found) return fault(INVALID_VALUE, "cuGraphAddKernelNode: dependency %p is not a node of the graph", deps[i]);
     }
-    if (shmem != 0) return fault(INVALID_VALUE, "%s launched with %u bytes of dynamic shared memory (the kernels use none)", f->name.c_str(), shmem);
-    if (extra) return fault(INVALID_VALUE, "%s launched with `extra` parameters", f->name.c_str());
-    // Copy the parameter values now, as the driver does.
-    std::vector<std::vector<unsigned char>> vals;
-    for (size_t i = 0; i < f->sig.size(); ++i) {
-        const size_t n = param_size(f->sig[i]);
-        const auto* p = (const unsigned char*)params[i];
-        vals.emplace_back(p, p + n);
-        if (f->sig[i] == 'p') {
-            CUdeviceptr v;
-            memcpy(&v, p, 8);
-            CUdeviceptr base;
-            if (v != 0 && !find_dev(v, &base)) {
-                return fault(ILLEGAL_ADDRESS, "%s parameter %zu is 0x%llx, not in any device allocation%s",
-                             f->name.c_str(), i, v, is_pinned((void*)v, 1) ? " (it is page-locked host memory)" : "");
-            }
-        }
+    if (!g->nodes.empty() && n_deps == 0) {
+        return fault(INVALID_VALUE, "cuGraphAddKernelNode: node %zu depends on no earlier node, so it would run concurrently with them", g->nodes.size());
     }
-    logf("launch %s grid (%u,%u,%u) block (%u,%u,%u)", f->name.c_str(), gx, gy, gz, bx, by, bz);
-    enqueue(stream, f->name, [f, vals, gx, gy, gz, bx, by, bz] {
-        std::vector<void*> ptrs;
-        for (auto& v : vals) ptrs.push_back((void*)v.data());
-        const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-        if (emu_launch(f->name.c_str(), grid, block, f->sig.c_str(), ptrs.data()) != 0) {
-            fault(LAUNCH_FAILED, "%s", emu_last_error());
-        }
-    });
+    auto n = std::make_unique<GraphNode>();
+    if (CUresult r = node_kernel("cuGraphAddKernelNode", p, &n->k)) return r;
+    *out = n.get();
+    g->nodes.push_back(std::move(n));
+    return OK;
+}
+
+API(cuGraphInstantiateWithFlags)(void** out, void* graph, unsigned long long flags) {
+    LOCK;
+    STICKY;
+    auto* g = (Graph*)graph;
+    if (!graphs.count(g)) return fault(INVALID_HANDLE, "cuGraphInstantiate: %p is not a graph", graph);
+    auto* e = new GraphExec;
+    for (auto& n : g->nodes) {
+        e->index[n.get()] = e->kernels.size();
+        e->kernels.push_back(n->k);
+    }
+    graph_execs.insert(e);
+    logf("cuGraphInstantiate %zu kernels", e->kernels.size());
+    *out = e;
+    return OK;
+}
+
+API(cuGraphExecKernelNodeSetParams_v2)(void* exec, void* node, const KernelNodeParams* p) {
+    LOCK;
+    STICKY;
+    auto* e = (GraphExec*)exec;
+    if (!graph_execs.count(e)) return fault(INVALID_HANDLE, "cuGraphExecKernelNodeSetParams: %p is not an instantiated graph", exec);
+    auto it = e->index.find((const GraphNode*)node);
+    if (it == e->index.end()) return fault(INVALID_VALUE, "cuGraphExecKernelNodeSetParams: %p is not a node of the graph", node);
+    Kernel k;
+    if (CUresult r = node_kernel("cuGraphExecKernelNodeSetParams", p, &k)) return r;
+    Kernel& old = e->kernels[it->second];
+    if (k.f != old.f) return fault(INVALID_VALUE, "cuGraphExecKernelNodeSetParams: %s node set to %s", old.f->name.c_str(), k.f->name.c_str());
+    logf("cuGraphExecKernelNodeSetParams %s (node %zu)", k.f->name.c_str(), it->second);
+    old = std::move(k);
+    return OK;
+}
+
+API(cuGraphLaunch)(void* exec, void* stream) {
+    LOCK;
+    STICKY;
+    auto* e = (GraphExec*)exec;
+    if (!graph_execs.count(e)) return fault(INVALID_HANDLE, "cuGraphLaunch: %p is not an instantiated graph", exec);
+    for (const Kernel& k : e->kernels) {
+        if (CUresult r = check_pointers("cuGraphLaunch", k)) return r;
+    }
+    logf("cuGraphLaunch %zu kernels", e->kernels.size());
+    for (const Kernel& k : e->kernels) enqueue_kernel(stream, k);
+    return OK;
+}
+
+API(cuGraphExecDestroy)(void* exec) {
+    LOCK;
+    auto* e = (GraphExec*)exec;
+    if (!graph_execs.erase(e)) return fault(INVALID_HANDLE, "cuGraphExecDestroy: %p is not an instantiated graph", exec);
+    delete e; // queued launches hold their own copies
+    return OK;
+}
+
+API(cuGraphDestroy)(void* graph) {
+    LOCK;
+    auto* g = (Graph*)graph;
+    if (!graphs.erase(g)) return fault(INVALID_HANDLE, "cuGraphDestroy: %p is not a graph", graph);
+    delete g;
     return OK;
 }
 

@@ -437,6 +437,47 @@ def check_rope(g):
     g.exact("dim_offset + n_dims > head_dim: nothing written", xb.get(np.float32), x)
 
 
+def check_rope_store_kv(g):
+    # rope_store_kv_f16 against what it fuses, run here: rope_f32 on q, rope_f32 on k,
+    # store_kv_f16 of k and v. The same arithmetic in the same order, so bit for bit, caches
+    # included (guard bytes: nothing outside the stored rows).
+    cases = [  # neox, freq factors, n_tok, n_head, n_head_kv, head_dim, n_dims, pos0, offset, block
+        (0, False, 1, 4, 2, 64, 64, 0, 0, 128),
+        (1, False, 1, 8, 2, 128, 128, 1023, 0, 128),
+        (1, True, 3, 6, 2, 64, 64, 37, 0, 128),
+        (0, True, 8, 4, 4, 128, 96, 30000, 0, 64),   # partial n_dims: dims 96..127 stored as is
+        (1, False, 2, 4, 1, 96, 32, 500, 64, 128),   # rotated dims at an offset
+        (1, False, 1, 2, 1, 64, 80, 5, 0, 128),      # n_dims > head_dim: no rotation, store only
+    ]
+    for neox, use_ff, n_tok, nh, nkv, hd, n_dims, pos0, off, block in cases:
+        label = (f"neox={neox} ff={int(use_ff)} n_tok={n_tok} heads={nh}/{nkv} hd={hd} "
+                 f"n_dims={n_dims} pos0={pos0}" + (f" offset={off}" if off else "") +
+                 (f" block={block}" if block != 128 else ""))
+        rng = rng_for("rope_store_kv " + label)
+        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+        k = rng.standard_normal(n_tok * nkv * hd).astype(np.float32)
+        v = rng.standard_normal(n_tok * nkv * hd).astype(np.float32)
+        ff = rng.uniform(1.0, 8.0, max(n_dims // 2, 1)).astype(np.float32) if use_ff else None
+        rope = (i32(n_dims), i32(pos0), f32(10000.0), f32(0.5), i32(neox),
+                Buf.of(ff) if ff is not None else None, i32(off))
+        n = n_tok * nkv * hd
+        # The unfused steps.
+        qa, ka = Buf.of(q), Buf.of(k)
+        cka, cva = Buf.out(np.float16, n), Buf.out(np.float16, n)
+        for x, heads in ((qa, nh), (ka, nkv)):
+            E.launch("rope_f32", (heads, n_tok), (128,), x, i32(n_tok), i32(heads), i32(hd), *rope)
+        E.launch("store_kv_f16", (cdiv(n, 1024),), (256,), ka, Buf.of(v), cka, cva, i64(n))
+        # The fused kernel.
+        qb, kb = Buf.of(q), Buf.of(k)
+        ckb, cvb = Buf.out(np.float16, n), Buf.out(np.float16, n)
+        E.launch("rope_store_kv_f16", (nh + nkv, n_tok), (block,), qb, kb, Buf.of(v), ckb, cvb,
+                 i32(n_tok), i32(nh), i32(nkv), i32(hd), *rope)
+        for what, got, want, dt in (("q", qb, qa, np.float32), ("k", kb, ka, np.float32),
+                                    ("k cache", ckb, cka, np.float16),
+                                    ("v cache", cvb, cva, np.float16)):
+            g.exact(f"{label}: {what}", got.get(dt), want.get(dt))
+
+
 def check_elementwise(g, kernel):
     # One f32 operation per element (add, add_bias), or a rounding to f16: bit-exact against
     # numpy's f32 arithmetic / astype. SwiGLU uses expf (the GPU's __expf under fast math is a
@@ -529,6 +570,66 @@ def check_attention(g):
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
 
 
+# flash_prefill.cu: the tiled prefill kernel, against the same float64 reference and tolerance as
+# attention_f16kv (its tiles change only the order of the f32 sums).
+
+
+def attention_data(seed, hd, n_tok, pos0, nh, nkv, extra=3):
+    """q, the K and V caches (with `extra` rows past the last position, never read) and the
+    scale of one attention check, seeded by `seed`."""
+    rng = rng_for(seed)
+    n_ctx = pos0 + n_tok + extra
+    q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
+    kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
+    vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
+    return q, kc, vc, 1.0 / np.sqrt(hd)
+
+
+def close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale):
+    want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
+    g.close(label, got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
+            dims=("t", "head", "d"), metric="err/max|v|")
+
+
+def check_flash_prefill(g):
+    cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv
+        (64, 16, 0, 4, 2),     # one full query tile from position 0
+        (64, 17, 0, 4, 2),     # a second tile of one query
+        (128, 40, 100, 8, 2),  # three tiles after 100 cached positions, GQA 4:1
+        (96, 21, 5, 3, 3),     # head_dim 96 (3 dims per lane), no GQA
+        (256, 9, 30, 2, 1),    # largest head_dim, a partial tile
+        (32, 70, 0, 2, 1),     # smallest head_dim, 5 tiles, causal masks in every K/V tile
+        (128, 1, 299, 4, 4),   # a single query over 300 positions
+    ]
+    for hd, n_tok, pos0, nh, nkv in cases:
+        label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv}"
+        q, kc, vc, scale = attention_data("flash prefill " + label, hd, n_tok, pos0, nh, nkv)
+        out = Buf.out(np.float32, q.size)
+        E.launch("attention_flash_f16kv", (cdiv(n_tok, 16), nh), (128,), Buf.of(q), Buf.of(kc),
+                 Buf.of(vc), out, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        close_attention(g, label, out.get(np.float32).reshape(n_tok, nh, hd), q, kc, vc, n_tok,
+                        nh, nkv, hd, pos0, scale)
+    # Large scores (q x 40): tiles' maxima far apart, so a missing rescale would show.
+    hd, nh, nkv, pos0, n_tok = 64, 2, 1, 50, 20
+    rng = rng_for("flash prefill peaked")
+    q = (rng.standard_normal(n_tok * nh * hd) * 40).astype(np.float32)
+    kc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    vc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    out = Buf.out(np.float32, q.size)
+    E.launch("attention_flash_f16kv", (2, nh), (128,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
+             i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(0.125))
+    want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, 0.125)
+    g.close("peaked scores (q x 40)", out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
+            np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
+    # Unsupported: head_dim 48, 64 threads, head_dim 288: NaN rows, nothing else touched.
+    for hd, block in ((48, 128), (64, 64), (288, 128)):
+        out = Buf(4 * 3 * 2 * hd, fill=0)
+        z = Buf.of(np.zeros(4 * hd, np.float16))
+        E.launch("attention_flash_f16kv", (1, 2), (block,), Buf.of(np.zeros(3 * 2 * hd, np.float32)),
+                 z, z, out, i32(3), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
+        g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
+
+
 # flash_decode.cu: attention_split_f16kv then attention_merge_f32, against the same float64
 # reference and tolerance as attention_f16kv (the chunks change only the order of the f32 sums).
 
@@ -557,16 +658,9 @@ def check_flash_decode(g):
     ]
     for hd, n_tok, pos0, nh, nkv, gq, chunk in cases:
         label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv} gq={gq} chunk={chunk}"
-        rng = rng_for("flash decode " + label)
-        n_ctx = pos0 + n_tok + 2  # rows past the last position are never read
-        q = rng.standard_normal(n_tok * nh * hd).astype(np.float32)
-        kc = (rng.standard_normal(n_ctx * nkv * hd) * 0.5).astype(np.float16)
-        vc = rng.standard_normal(n_ctx * nkv * hd).astype(np.float16)
-        scale = 1.0 / np.sqrt(hd)
+        q, kc, vc, scale = attention_data("flash decode " + label, hd, n_tok, pos0, nh, nkv, 2)
         got = flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk)
-        want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
-        g.close(label, got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
-                dims=("t", "head", "d"), metric="err/max|v|")
+        close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
     # Large scores (q * 40): the chunks' maxima differ by far more than exp's range, so a merge
     # that forgot to rescale would be off by orders of magnitude.
     hd, nh, nkv, pos0 = 64, 4, 2, 200
@@ -648,11 +742,13 @@ def main():
     for k in ("rms_norm_q8_1", "swiglu_q8_1"):
         r.run(k, check_fused_q8_1, k)
     r.run("rope_f32", check_rope)
+    r.run("rope_store_kv_f16", check_rope_store_kv)
     for k in ("add_f32", "add_bias_f32", "scale_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)
     r.run("copy_cols_f32", check_copy_cols)
     r.run("attention_f16kv", check_attention)
     r.run("flash_decode", check_flash_decode)
+    r.run("attention_flash_f16kv", check_flash_prefill)
     r.run("coverage", check_coverage, args.src)
     return 0 if r.summary() else 1
 

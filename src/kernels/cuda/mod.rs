@@ -41,6 +41,10 @@ pub const SOURCES: &[Source] = &[
         name: "flash_decode.cu",
         code: include_str!("flash_decode.cu"),
     },
+    Source {
+        name: "flash_prefill.cu",
+        code: include_str!("flash_prefill.cu"),
+    },
 ];
 
 /// Whether libnvrtc can be loaded (checked before any other NVRTC call: cudarc panics when the

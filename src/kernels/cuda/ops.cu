@@ -62,17 +62,15 @@ extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict
 // paths lose digits). The rotated dimensions start at dim_offset in each head (latent attention
 // rotates a head's trailing dimensions); the others are untouched.
 // launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
-extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
-                                    int pos0, float freq_base, float freq_scale, int neox,
-                                    const float* __restrict__ freq_factors, int dim_offset) {
-    const int h = blockIdx.x, t = blockIdx.y;
-    if (h >= n_heads || t >= n_tok || dim_offset < 0 || dim_offset + n_dims > head_dim ||
-        n_dims < 2)
-        return;
-    float* head = x + ((i64)t * n_heads + h) * head_dim + dim_offset;
+// One head's rotation (head points at its first rotated dimension), at position pos; when cache
+// is not null the rotated values are also written there as f16 (round to nearest even), at the
+// same offsets. Shared by rope_f32 and rope_store_kv_f16, so both round alike.
+static __device__ __forceinline__ void rope_head(float* head, __half* cache, int pos, int n_dims,
+                                                 float freq_base, float freq_scale, int neox,
+                                                 const float* __restrict__ freq_factors) {
     const int half = n_dims / 2;
     const float theta_scale = (float)pow((double)freq_base, -2.0 / (double)n_dims);
-    float theta = (float)(pos0 + t) * freq_scale;
+    float theta = (float)pos * freq_scale;
     int at = 0; // theta == theta_0 * theta_scale^at
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         for (; at < i; ++at) theta *= theta_scale;
@@ -83,8 +81,61 @@ extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_d
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float x0 = head[i0], x1 = head[i1];
-        head[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        head[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        head[i0] = y0;
+        head[i1] = y1;
+        if (cache) {
+            cache[i0] = __float2half_rn(y0);
+            cache[i1] = __float2half_rn(y1);
+        }
+    }
+}
+
+static __device__ __forceinline__ bool rope_shape_ok(int head_dim, int n_dims, int dim_offset) {
+    return dim_offset >= 0 && dim_offset + n_dims <= head_dim && n_dims >= 2;
+}
+
+extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
+                                    int pos0, float freq_base, float freq_scale, int neox,
+                                    const float* __restrict__ freq_factors, int dim_offset) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    if (h >= n_heads || t >= n_tok || !rope_shape_ok(head_dim, n_dims, dim_offset)) return;
+    float* head = x + ((i64)t * n_heads + h) * head_dim + dim_offset;
+    rope_head(head, nullptr, pos0 + t, n_dims, freq_base, freq_scale, neox, freq_factors);
+}
+
+// RoPE of a step's q and k fused with the KV store, in one launch: what rope_f32 on q
+// ([n_tok, n_head * head_dim]), rope_f32 on k ([n_tok, n_head_kv * head_dim]) and store_kv_f16
+// of k and v ([n_tok, n_head_kv * head_dim]) into ck, cv (the caches at position pos0) write,
+// bit for bit: q and k rotated in place, ck = f16(rotated k), cv = f16(v). Blocks 0..n_head
+// rotate q's heads, the next n_head_kv rotate k's heads and store them with v's.
+// launch: grid (n_head + n_head_kv, n_tok, 1), block (128, 1, 1) (any size works).
+extern "C" __global__ void rope_store_kv_f16(float* q, float* k, const float* __restrict__ v,
+                                             __half* __restrict__ ck, __half* __restrict__ cv,
+                                             int n_tok, int n_head, int n_head_kv, int head_dim,
+                                             int n_dims, int pos0, float freq_base,
+                                             float freq_scale, int neox,
+                                             const float* __restrict__ freq_factors,
+                                             int dim_offset) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    if (h >= n_head + n_head_kv || t >= n_tok) return;
+    const bool ok = rope_shape_ok(head_dim, n_dims, dim_offset);
+    if (h < n_head) {
+        if (ok) {
+            float* head = q + ((i64)t * n_head + h) * head_dim + dim_offset;
+            rope_head(head, nullptr, pos0 + t, n_dims, freq_base, freq_scale, neox, freq_factors);
+        }
+        return;
+    }
+    const i64 at = ((i64)t * n_head_kv + (h - n_head)) * head_dim;
+    if (ok) {
+        rope_head(k + at + dim_offset, ck + at + dim_offset, pos0 + t, n_dims, freq_base,
+                  freq_scale, neox, freq_factors);
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        if (!ok || d < dim_offset || d >= dim_offset + n_dims) ck[at + d] = __float2half_rn(k[at + d]);
+        cv[at + d] = __float2half_rn(v[at + d]);
     }
 }
 
