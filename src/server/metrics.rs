@@ -213,7 +213,7 @@ impl Metrics {
             (
                 "oato_prompt_tokens_cached_total",
                 "counter",
-                "Prompt tokens whose keys and values were reused from the previous request.",
+                "Prompt tokens whose keys and values were reused from an earlier request.",
                 ld(&self.cached_tokens),
             ),
             (
