@@ -499,7 +499,8 @@ fn all_at_once(addr: &str) -> Vec<String> {
 
 /// Continuous batching: six concurrent greedy requests over four slots (so some join while
 /// others decode, and take the slots of those that left) give exactly the texts they give one
-/// at a time, on the CPU and on the test device; one client's disconnect cancels its
+/// at a time, on the CPU and on the test device, and with prompts prefilled in pieces; one
+/// client's disconnect cancels its
 /// sequence without disturbing the others; /metrics shows the batch.
 #[test]
 fn concurrent_requests_decode_in_one_batch_as_they_do_alone() {
@@ -520,8 +521,13 @@ fn concurrent_requests_decode_in_one_batch_as_they_do_alone() {
         ("OATO_TEST_DEVICE", "2000000000"),
         ("OATO_CACHE_DIR", cache.to_str().unwrap()),
     ];
-    for env in [&[][..], &device[..]] {
-        let s = Server::start(&["--ctx", "256", "--parallel", "4"], env);
+    // The CPU, the test device, and prompts prefilled three tokens at a time between the
+    // others' decode steps.
+    for (ubatch, env) in [("512", &[][..]), ("512", &device[..]), ("3", &[][..])] {
+        let s = Server::start(
+            &["--ctx", "256", "--parallel", "4", "--ubatch", ubatch],
+            env,
+        );
         assert_eq!(s.metric("oato_parallel"), 4.0);
         let got = all_at_once(&s.addr);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {

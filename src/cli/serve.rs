@@ -32,6 +32,11 @@ pub struct ServeArgs {
     /// Requests that may wait while --parallel run; more are refused with 503 and Retry-After.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Prefill a prompt in pieces of at most this many tokens, one piece between two decode
+    /// steps of the other requests, so a long prompt holds them up one piece at a time
+    /// (llama-server's -ub; 0: each prompt at once).
+    #[arg(long = "ubatch", default_value_t = 512, value_name = "N")]
+    pub ubatch: usize,
     /// Seconds a refused client is told to wait (Retry-After).
     #[arg(long = "retry-after", default_value_t = 1)]
     pub retry_after: u64,
@@ -62,6 +67,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .options(threads, a.ctx, prompt, (a.ctx - prompt).min(128));
     place.seqs = a.parallel;
     let engine = EngineSpec {
+        ubatch: a.ubatch,
         path: path.clone(),
         device: a.place.device,
         place,

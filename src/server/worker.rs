@@ -90,6 +90,9 @@ impl Outcome {
 
 /// What the engine thread needs to open the model.
 pub struct EngineSpec {
+    /// A prompt runs in pieces of at most this many tokens, one piece per step, so the
+    /// requests decoding meanwhile wait for one piece at a time (0: the whole prompt at once).
+    pub ubatch: usize,
     pub path: std::path::PathBuf,
     pub device: DeviceChoice,
     pub place: PlaceOptions,
@@ -134,6 +137,8 @@ struct Engine<'a, 'm> {
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
     taken: u64,
+    /// Largest piece of a prompt one step runs (0: the whole prompt).
+    ubatch: usize,
 }
 
 /// Opens and places the model (reporting `ready` to `metrics`), then serves `jobs` until every
@@ -178,6 +183,7 @@ pub fn run(
         metrics,
         shutdown,
         taken: 0,
+        ubatch: spec.ubatch,
     };
     let mut open = true;
     loop {
@@ -306,36 +312,66 @@ impl Engine<'_, '_> {
             start,
             ttft_ms: 0.0,
         });
-        self.forward(&[i], |seq| &seq.prompt[reused..]);
     }
 
-    /// One decode step: every running sequence's last token in one forward pass.
+    /// One step: a piece of at most `ubatch` tokens of each prompt not yet in its slot's cache
+    /// (the whole rest when `ubatch` is 0), each as its own forward pass (a prompt whose last
+    /// piece ran samples its first token); then one forward pass over the last token of every
+    /// request that is decoding.
     fn step(&mut self) {
-        let running: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].seq.is_some())
-            .collect();
-        self.metrics.decode_step(running.len());
-        self.forward(&running, |seq| {
-            std::slice::from_ref(seq.history.last().unwrap_or(&0))
-        });
-    }
-
-    /// Runs the tokens `fed` picks of the sequences on `slots` (each at its slot's next
-    /// position) as one batch, then samples each one's next token and hands it on; a failure
-    /// (or a panic, which fails these requests rather than the server) ends them all and
-    /// forgets their slots' caches.
-    fn forward(&mut self, slots: &[usize], fed: impl Fn(&Seq) -> &[u32]) {
-        let mut parts = Vec::with_capacity(slots.len());
-        for &i in slots {
+        for i in 0..self.slots.len() {
             let s = &self.slots[i];
-            if let Some(seq) = &s.seq {
-                parts.push(SeqPart {
-                    slot: i,
-                    pos0: s.cached.len(),
-                    tokens: fed(seq),
-                });
+            let Some(seq) = &s.seq else { continue };
+            // Past the prompt: decoding.
+            let (at, len) = (s.cached.len(), seq.prompt.len());
+            if at >= len {
+                continue;
+            }
+            let end = match self.ubatch {
+                0 => len,
+                u => (at + u).min(len),
+            };
+            let piece = seq.prompt[at..end].to_vec();
+            if let Some(l) = self.forward(&[(i, piece)])
+                && end == len
+            {
+                self.next_token(i, &l[0]);
             }
         }
+        let decoding: Vec<(usize, Vec<u32>)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let seq = s.seq.as_ref()?;
+                (s.cached.len() >= seq.prompt.len())
+                    .then(|| (i, seq.history[seq.history.len() - 1..].to_vec()))
+            })
+            .collect();
+        if decoding.is_empty() {
+            return;
+        }
+        self.metrics.decode_step(decoding.len());
+        if let Some(logits) = self.forward(&decoding) {
+            for ((i, _), l) in decoding.iter().zip(&logits) {
+                self.next_token(*i, l);
+            }
+        }
+    }
+
+    /// Runs each `(slot, tokens)` at its slot's next position as one batch and returns each
+    /// one's last-token logits, the slots' caches then holding the tokens; a failure (or a
+    /// panic, which fails these requests rather than the server) ends those requests, forgets
+    /// their slots' caches and returns `None`.
+    fn forward(&mut self, fed: &[(usize, Vec<u32>)]) -> Option<Vec<Vec<f32>>> {
+        let parts: Vec<SeqPart> = fed
+            .iter()
+            .map(|(i, t)| SeqPart {
+                slot: *i,
+                pos0: self.slots[*i].cached.len(),
+                tokens: t,
+            })
+            .collect();
         let session = &mut self.session;
         let r =
             catch_unwind(AssertUnwindSafe(|| session.forward_seqs(&parts))).unwrap_or_else(|p| {
@@ -348,23 +384,23 @@ impl Engine<'_, '_> {
                     "internal error (the generation panicked: {why})"
                 )))
             });
-        let fed: Vec<Vec<u32>> = parts.iter().map(|p| p.tokens.to_vec()).collect();
         match r {
             Ok(logits) => {
-                for ((&i, l), f) in slots.iter().zip(&logits).zip(fed) {
-                    self.slots[i].cached.extend_from_slice(&f);
-                    self.next_token(i, l);
+                for (i, t) in fed {
+                    self.slots[*i].cached.extend_from_slice(t);
                 }
+                Some(logits)
             }
             Err(e) => {
-                for &i in slots {
-                    let slot = &mut self.slots[i];
+                for (i, _) in fed {
+                    let slot = &mut self.slots[*i];
                     slot.cached.clear();
                     if let Some(seq) = slot.seq.take() {
                         self.metrics.failed();
                         let _ = seq.job.events.send(Event::Failed(e.to_string()));
                     }
                 }
+                None
             }
         }
     }
