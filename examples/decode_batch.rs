@@ -41,7 +41,7 @@ fn main() {
         };
         s.forward_seqs(&[part]).expect("a prefill");
     }
-    let tokens = vec![7u32; slots];
+    let tokens = vec![7u32; slots.max(steps)];
     let mut pos = prompt_len;
     println!("{path}: {threads} threads");
     for b in sizes {

@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--out", default="results/serve-batching.md")
     ap.add_argument("--note", default="", help="a line for the report")
+    ap.add_argument("--append", action="store_true", help="add to --out instead of replacing it")
+    ap.add_argument("--probe", default="1,2,3,4,8,16",
+                    help="batch sizes for examples/decode_batch after the runs ('' : none)")
     args = ap.parse_args()
     runs = [run_one(args, int(n)) for n in args.parallel.split(",")]
 
@@ -206,8 +209,22 @@ def main():
         + (", ".join(others) if others else "none above 5%") + ".",
         "",
     ]
-    with open(os.path.join(REPO, args.out), "a" if os.path.exists(args.out) and
-              os.environ.get("APPEND") else "w") as f:
+    probe = os.path.join(REPO, "target/release/examples/decode_batch")
+    if args.probe and os.path.exists(probe):
+        pcmd = [probe, args.model, str(args.threads)] + args.probe.split(",")
+        pr = subprocess.run(pcmd, cwd=REPO, capture_output=True, text=True)
+        out = pr.stdout + (f"(failed: {pr.stderr.strip()[-300:]})" if pr.returncode else "")
+        lines += [
+            "Decode step time against batch size, the forward pass alone (`"
+            + " ".join(os.path.relpath(a, REPO) if a == probe else a for a in pcmd)
+            + "`, after the runs above; `cargo build --release --example decode_batch`):",
+            "",
+            "```",
+            out.strip(),
+            "```",
+            "",
+        ]
+    with open(os.path.join(REPO, args.out), "a" if args.append else "w") as f:
         f.write("\n".join(lines))
     print(f"wrote {args.out}")
 
