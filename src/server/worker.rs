@@ -327,6 +327,13 @@ impl Engine<'_, '_> {
             if at >= len {
                 continue;
             }
+            // A client gone during its prefill stops it before the next piece.
+            if seq.job.cancel.load(Ordering::Relaxed) || self.shutdown.load(Ordering::Relaxed) {
+                if let Some(seq) = self.slots[i].seq.take() {
+                    finish_seq(seq, Finish::Stopped, &self.metrics);
+                }
+                continue;
+            }
             let end = match self.ubatch {
                 0 => len,
                 u => (at + u).min(len),
