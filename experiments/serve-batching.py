@@ -73,16 +73,16 @@ def start_server(args, parallel):
     sys.exit("the server did not become ready")
 
 
-def busy_processes():
-    """Other processes using the CPU now (a one-second ps sample), for the report."""
+def busy_processes(server_pid):
+    """Other processes using the CPU (ps: CPU time over lifetime, 5% or more), for the report."""
     out = subprocess.run(
         ["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"], capture_output=True, text=True
     ).stdout.splitlines()[1:]
-    me = {str(os.getpid())}
+    me = {str(os.getpid()), str(server_pid)}
     rows = []
     for line in out:
         pid, cpu, comm = line.split(None, 2)
-        if pid in me or comm.startswith("oato") or float(cpu) < 5.0:
+        if pid in me or float(cpu) < 5.0:
             continue
         rows.append(f"{comm} ({cpu}%)")
     return rows[:6]
@@ -97,7 +97,7 @@ def run_one(args, parallel):
         lat, toks, errors = [], [], []
         lock = threading.Lock()
         load0 = os.getloadavg()[0]
-        others = set(busy_processes())
+        others = set(busy_processes(p.pid))
 
         def client(c):
             for i in range(args.requests):
@@ -117,12 +117,12 @@ def run_one(args, parallel):
         ts = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
         for t in ts:
             t.start()
-        mid = None
+        last = t0
         while any(t.is_alive() for t in ts):
             time.sleep(1.0)
-            if mid is None and time.perf_counter() - t0 > 5:
-                mid = busy_processes()
-                others.update(mid)
+            if time.perf_counter() - last > 5:
+                others.update(busy_processes(p.pid))
+                last = time.perf_counter()
         wall = time.perf_counter() - t0
         after = metrics(addr)
         load1 = os.getloadavg()[0]
@@ -205,7 +205,7 @@ def main():
     others = sorted({o for r in runs for o in r["others"]})
     lines += [
         "",
-        "Other processes seen using the CPU during the runs (ps samples): "
+        "Other processes seen using the CPU during the runs (ps samples every 5 s): "
         + (", ".join(others) if others else "none above 5%") + ".",
         "",
     ]
