@@ -84,8 +84,8 @@ def busy_processes(server_pid):
         pid, cpu, comm = line.split(None, 2)
         if pid in me or float(cpu) < 5.0:
             continue
-        rows.append(f"{comm} ({cpu}%)")
-    return rows[:6]
+        rows.append((pid, comm))
+    return rows
 
 
 def run_one(args, parallel):
@@ -173,8 +173,10 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), "?")
     base = runs[0]["tps"]
-    lines = [
-        "# `oato serve`: throughput with and without continuous batching",
+    title = [] if args.append else [
+        "# `oato serve`: throughput with and without continuous batching", ""]
+    lines = title + [
+        f"## {os.path.basename(args.model)}",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
         f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}",
@@ -202,11 +204,15 @@ def main():
             f"| {r['parallel']} | {r['requests']} | {r['tokens']} | {r['wall_s']:.1f} | "
             f"{r['tps']:.2f} | {r['tps'] / base:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
             f"{r['mean_batch']:.2f} | {r['load'][0]:.2f}→{r['load'][1]:.2f} |")
-    others = sorted({o for r in runs for o in r["others"]})
+    seen = {}
+    for pid, comm in {o for r in runs for o in r["others"]}:
+        seen[comm] = seen.get(comm, 0) + 1
+    others = [f"{comm} ×{n}" for comm, n in sorted(seen.items(), key=lambda x: -x[1])]
     lines += [
         "",
-        "Other processes seen using the CPU during the runs (ps samples every 5 s): "
-        + (", ".join(others) if others else "none above 5%") + ".",
+        "Other processes seen using the CPU during the runs (ps samples every 5 s; command and "
+        "how many processes, each at 5% or more of a core over its life): "
+        + (", ".join(others) if others else "none") + ".",
         "",
     ]
     probe = os.path.join(REPO, "target/release/examples/decode_batch")
