@@ -143,11 +143,12 @@ fn reference(model: &Model, plans: &[Plan]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The batched run on the CPU, on the test device whole, and split at random between them,
-/// each against `want`.
+/// The batched run on the CPU, on the test device whole, split at random between them, and
+/// split with half the CPU's weights streamed to the device for batches of 3 tokens or more
+/// (placement rule 5, so decode batches stream too), each against `want`.
 fn check_everywhere(model: &Model, plans: &[Plan], want: &[Vec<u32>], seed: u64) {
     let mut rng = Rng(seed);
-    for round in 0..3 {
+    for round in 0..4 {
         let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
         let (backends, mut map) = if round == 0 {
             (vec![cpu], DeviceMap::uniform(model, 0))
@@ -155,13 +156,24 @@ fn check_everywhere(model: &Model, plans: &[Plan], want: &[Vec<u32>], seed: u64)
             let dev: Arc<dyn Backend> = Arc::new(TestDevice::new(1 << 30));
             (vec![cpu, dev], DeviceMap::uniform(model, 1))
         };
-        if round == 2 {
+        if round >= 2 {
             for d in map.weights.values_mut() {
                 *d = (rng.next() & 1) as usize;
             }
             for h in map.layer_home.iter_mut() {
                 *h = (rng.next() & 1) as usize;
             }
+        }
+        if round == 3 {
+            map.prefill_stream = map
+                .weights
+                .iter()
+                .filter(|&(_, &d)| d == 0)
+                .map(|(n, _)| n.clone())
+                .filter(|_| rng.next() & 1 == 1)
+                .collect();
+            assert!(!map.prefill_stream.is_empty());
+            (map.stream_dev, map.stream_min_tokens) = (1, 3);
         }
         let mut session = Session::with_devices(model, 64, backends, &map).unwrap();
         session.set_slots(4).unwrap();
