@@ -136,6 +136,7 @@ struct Engine<'a, 'm> {
     slots: Vec<Slot>,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
+    /// Requests started so far: the clock of `Slot::used`.
     taken: u64,
     /// Largest piece of a prompt one step runs (0: the whole prompt).
     ubatch: usize,
