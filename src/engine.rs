@@ -160,8 +160,11 @@ pub struct PlaceOptions {
     pub split: Split,
     /// CPU threads (the pool's size), recorded in the profile.
     pub threads: usize,
-    /// Context size in tokens (prompt + generated).
+    /// Context size in tokens (prompt + generated) of each sequence.
     pub ctx: usize,
+    /// Sequences that decode together (`oato serve --parallel`), each with a KV cache of `ctx`
+    /// tokens; 1 for one conversation.
+    pub seqs: usize,
     /// The prompt length the plan is made for (and the whole-model fit is checked at).
     pub prompt_tokens: usize,
     /// Tokens to generate, for the plan's objective.
@@ -237,7 +240,12 @@ impl Opened {
         let (mut backends, mut dev) = (self.backends.clone(), self.dev);
         if dev != 0
             && whole
-            && let Err(why) = fits_whole(&self.model, opts.ctx, opts.prompt_tokens, &*backends[dev])
+            && let Err(why) = fits_whole(
+                &self.model,
+                opts.ctx * opts.seqs.max(1),
+                opts.prompt_tokens,
+                &*backends[dev],
+            )
         {
             if self.device == DeviceChoice::Gpu {
                 return Err(Error::Usage(format!(
@@ -254,7 +262,8 @@ impl Opened {
             let (m, p) = self.placed_map(opts)?;
             (m, Some(p))
         };
-        let session = Session::with_devices(&self.model, opts.ctx, backends.clone(), &map)?;
+        let mut session = Session::with_devices(&self.model, opts.ctx, backends.clone(), &map)?;
+        session.set_slots(opts.seqs)?;
         Ok(Engine {
             backends,
             dev,
@@ -285,7 +294,7 @@ impl Opened {
                     budget: parse_budget(budget)?,
                     prompt_tokens: opts.prompt_tokens,
                     gen_tokens: opts.gen_tokens,
-                    ctx_tokens: opts.ctx,
+                    ctx_tokens: opts.ctx * opts.seqs.max(1),
                     stream: *stream,
                 };
                 let popts = ProfileOptions::for_prompt(opts.prompt_tokens);

@@ -85,6 +85,7 @@ fn reusing_the_cache_gives_the_tokens_of_a_fresh_prefill() {
         split: Split::Whole,
         threads: 1,
         ctx: 512,
+        seqs: 1,
         prompt_tokens: 64,
         gen_tokens: 16,
         stream_min_tokens: None,

@@ -20,6 +20,7 @@ fn greedy(opened: &Opened, split: Split) -> (Vec<u32>, Option<oato::scheduler::P
             split,
             threads: 2,
             ctx: 256,
+            seqs: 1,
             prompt_tokens: prompt.len(),
             gen_tokens: 8,
             stream_min_tokens: None,

@@ -12,26 +12,10 @@ use oato::quant::testdata::Rng;
 use oato::runtime::backend::Backend;
 use oato::runtime::cpu_backend::CpuBackend;
 use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
-use oato::runtime::sampler::argmax;
 use oato::runtime::test_device::TestDevice;
 use oato::tokenizer::Tokenizer;
 
-use common::model_path;
-
-/// Greedy continuation of `prompt` for `n` tokens; returns the tokens.
-fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
-    session.reset();
-    let mut logits = session.forward(prompt, Logits::Last).unwrap();
-    let mut out = Vec::new();
-    for i in 0..n {
-        let t = argmax(&logits);
-        out.push(t);
-        if i + 1 < n {
-            logits = session.forward(&[t], Logits::Last).unwrap();
-        }
-    }
-    out
-}
+use common::{greedy, model_path};
 
 /// Backend 0 the CPU, backend 1 a test device (returned too, for its counters).
 /// The test prompt's ids and the all-CPU greedy continuation of `n_gen` tokens.

@@ -1,8 +1,9 @@
 //! `oato serve` on 127.0.0.1 with real clients: whole and streamed answers that agree, the
 //! OpenAI `openai` Python package and curl, 4xx errors with OpenAI bodies for bad input (the
 //! server still serving after), a full queue's 503 with Retry-After, a disconnect cancelling its
-//! generation, a split placement on the test device, and a bounded load test (200 requests from
-//! 16 clients) that reports p50/p99 latency and tokens/s and asserts every answer is whole.
+//! generation, a split placement on the test device, concurrent requests decoding in one batch
+//! exactly as they do alone (and a cancel among them), and a bounded load test (200 requests
+//! from 16 clients) that reports p50/p99 latency and tokens/s and asserts every answer is whole.
 
 mod common;
 
@@ -128,6 +129,33 @@ fn request(addr: &str, method: &str, path: &str, body: Option<&str>) -> Response
         headers: head.to_ascii_lowercase(),
         body: body.to_string(),
     }
+}
+
+/// A streamed greedy completion of `max_tokens` (end-of-generation ignored), read until its
+/// first text has arrived, so that it runs; dropping the connection cancels it.
+fn streaming(addr: &str, prompt: &str, max_tokens: u64) -> TcpStream {
+    let mut a = TcpStream::connect(addr).unwrap();
+    let body = completion_body(prompt, max_tokens, true);
+    write!(
+        a,
+        "POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !text(&seen).contains("\"text\"") {
+        let n = a.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    a
+}
+
+fn completion_body(prompt: &str, max_tokens: u64, stream: bool) -> String {
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
+           "stream": stream})
+    .to_string()
 }
 
 fn chat_body(content: &str, extra: Value) -> String {
@@ -380,28 +408,22 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 
 #[test]
 fn a_full_queue_refuses_and_a_disconnect_cancels() {
+    // One request at a time, as before batching: B waits while A runs.
     let s = Server::start(
-        &["--ctx", "1024", "--queue", "1", "--retry-after", "7"],
+        &[
+            "--ctx",
+            "1024",
+            "--queue",
+            "1",
+            "--retry-after",
+            "7",
+            "--parallel",
+            "1",
+        ],
         &[],
     );
     // A: a long streamed generation; read until its first text arrives, so it runs.
-    let mut a = TcpStream::connect(&s.addr).unwrap();
-    let body = json!({"prompt": "Once upon a time", "max_tokens": 900, "temperature": 0,
-                      "ignore_eos": true, "stream": true})
-    .to_string();
-    write!(
-        a,
-        "POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 256];
-    while !text(&seen).contains("\"text\"") {
-        let n = a.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended early: {}", text(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let a = streaming(&s.addr, "Once upon a time", 900);
     // B waits in the queue (its one place)...
     let addr = s.addr.clone();
     let b = std::thread::spawn(move || {
@@ -438,6 +460,128 @@ fn a_full_queue_refuses_and_a_disconnect_cancels() {
     let made = s.metric("oato_completion_tokens_total");
     assert!(made < 900.0, "{made} tokens generated");
     assert_eq!(s.metric("oato_requests_completed_total"), 1.0);
+}
+
+/// Six greedy completions: a prompt and a length each.
+const BATCH_REQUESTS: [(&str, u64); 6] = [
+    ("Once upon a time", 24),
+    ("The capital of France is", 12),
+    ("1, 2, 3, 4,", 20),
+    ("def fibonacci(n):", 8),
+    ("The quick brown fox jumps over", 16),
+    ("In the beginning", 10),
+];
+
+/// The text of one greedy completion of `BATCH_REQUESTS[i]`.
+fn completion_text(addr: &str, i: usize) -> String {
+    let (prompt, n) = BATCH_REQUESTS[i];
+    let r = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&completion_body(prompt, n, false)),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], n, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// Every request of `BATCH_REQUESTS` at once, from its own client.
+fn all_at_once(addr: &str) -> Vec<String> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..BATCH_REQUESTS.len())
+            .map(|i| sc.spawn(move || completion_text(addr, i)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Continuous batching: six concurrent greedy requests over four slots (so some join while
+/// others decode, and take the slots of those that left) give exactly the texts they give one
+/// at a time, on the CPU and on the test device, and with prompts prefilled in pieces; one
+/// client's disconnect cancels its
+/// sequence without disturbing the others; /metrics shows the batch.
+#[test]
+fn concurrent_requests_decode_in_one_batch_as_they_do_alone() {
+    let one = Server::start(&["--ctx", "256", "--parallel", "1"], &[]);
+    let want: Vec<String> = (0..BATCH_REQUESTS.len())
+        .map(|i| completion_text(&one.addr, i))
+        .collect();
+    assert_eq!(one.metric("oato_parallel"), 1.0);
+    assert_eq!(
+        one.metric("oato_decode_step_tokens_total"),
+        one.metric("oato_decode_steps_total")
+    );
+    drop(one);
+
+    let dir = tmp_dir("serve", "batch");
+    let cache = dir.join("cache");
+    let device = [
+        ("OATO_TEST_DEVICE", "2000000000"),
+        ("OATO_CACHE_DIR", cache.to_str().unwrap()),
+    ];
+    // The CPU, the test device, and prompts prefilled three tokens at a time between the
+    // others' decode steps.
+    for (ubatch, env) in [("512", &[][..]), ("512", &device[..]), ("3", &[][..])] {
+        let s = Server::start(
+            &["--ctx", "256", "--parallel", "4", "--ubatch", ubatch],
+            env,
+        );
+        assert_eq!(s.metric("oato_parallel"), 4.0);
+        let got = all_at_once(&s.addr);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g, w,
+                "request {i} ({env:?}): batched text differs from alone"
+            );
+        }
+        let (steps, tokens) = (
+            s.metric("oato_decode_steps_total"),
+            s.metric("oato_decode_step_tokens_total"),
+        );
+        assert!(
+            tokens > steps && tokens <= 4.0 * steps,
+            "{tokens} tokens in {steps} decode steps: no batch of 2 to 4"
+        );
+        assert_eq!(s.metric("oato_requests_running"), 0.0);
+        // The engine says so once it is back waiting (a bounded wait, not a timing assertion).
+        let idle = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            s.metric("oato_batch_size") == 0.0
+        });
+        assert!(idle, "oato_batch_size stays above 0 with nothing running");
+    }
+
+    // A long streamed request, cancelled while two others decode beside it.
+    let s = Server::start(&["--ctx", "256", "--parallel", "3"], &[]);
+    let a = streaming(&s.addr, "Once upon a time", 200);
+    let got = std::thread::scope(|sc| {
+        let addr = &s.addr;
+        let hs: Vec<_> = [0, 2]
+            .into_iter()
+            .map(|i| sc.spawn(move || completion_text(addr, i)))
+            .collect();
+        // Let the two join A's batch, then A's client goes.
+        for _ in 0..600 {
+            if s.metric("oato_batch_size") >= 2.0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(a);
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(got, [want[0].clone(), want[2].clone()]);
+    assert_eq!(s.metric("oato_requests_cancelled_total"), 1.0);
+    assert_eq!(s.metric("oato_requests_completed_total"), 2.0);
+    let made = s.metric("oato_completion_tokens_total");
+    assert!(
+        made < 200.0 + 44.0,
+        "{made} tokens generated: A was not cancelled"
+    );
 }
 
 #[test]

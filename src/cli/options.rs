@@ -68,6 +68,7 @@ impl PlaceArgs {
             split: self.split(),
             threads,
             ctx,
+            seqs: 1,
             prompt_tokens,
             gen_tokens,
             stream_min_tokens: self.stream_min_tokens,

@@ -18,15 +18,25 @@ pub struct ServeArgs {
     /// Port to listen on (0: a free one; the address is printed on stdout).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Context size in tokens (prompt + generated) of the one session requests share.
+    /// Context size in tokens (prompt + generated) of each request.
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
+    /// Requests that generate at once, decoding together in one batch (llama-server's -np,
+    /// Ollama's OLLAMA_NUM_PARALLEL); each has its own KV cache of --ctx tokens. 1: one at a
+    /// time.
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
+    pub parallel: usize,
     /// Threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
-    /// Requests that may wait while one runs; more are refused with 503 and Retry-After.
+    /// Requests that may wait while --parallel run; more are refused with 503 and Retry-After.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Prefill a prompt in pieces of at most this many tokens, one piece between two decode
+    /// steps of the other requests, so a long prompt holds them up one piece at a time
+    /// (llama-server's -ub; 0: each prompt at once).
+    #[arg(long = "ubatch", default_value_t = 512, value_name = "N")]
+    pub ubatch: usize,
     /// Seconds a refused client is told to wait (Retry-After).
     #[arg(long = "retry-after", default_value_t = 1)]
     pub retry_after: u64,
@@ -46,13 +56,21 @@ pub fn run(a: ServeArgs) -> Result<()> {
             a.ctx
         )));
     }
+    if a.parallel == 0 {
+        return Err(Error::Usage(
+            "--parallel 0: give at least 1 request at a time".into(),
+        ));
+    }
     let prompt = a.plan_prompt_tokens.clamp(1, a.ctx - 1);
+    let mut place = a
+        .place
+        .options(threads, a.ctx, prompt, (a.ctx - prompt).min(128));
+    place.seqs = a.parallel;
     let engine = EngineSpec {
+        ubatch: a.ubatch,
         path: path.clone(),
         device: a.place.device,
-        place: a
-            .place
-            .options(threads, a.ctx, prompt, (a.ctx - prompt).min(128)),
+        place,
     };
     serve(ServeConfig {
         engine,

@@ -29,6 +29,15 @@ pub enum Logits {
     From(usize),
 }
 
+/// One sequence's part of a batched forward call ([`Session::forward_seqs`]): its tokens, at
+/// positions `pos0..` of KV slot `slot`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqPart<'a> {
+    pub slot: usize,
+    pub pos0: usize,
+    pub tokens: &'a [u32],
+}
+
 /// Where each part of the model runs, as indices into the session's backends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceMap {
@@ -339,8 +348,9 @@ struct Layer {
     at: [Option<usize>; N_SLOTS],
     /// Latent attention's q_a and kv_a norm weights, on the layer's home.
     mla_norms: Option<(Tensor, Tensor)>,
-    cache_k: Tensor,
-    cache_v: Tensor,
+    /// The keys and values of each KV slot (one per sequence of a batch; `forward` uses
+    /// slot 0), on the layer's home.
+    kv: Vec<(Tensor, Tensor)>,
 }
 
 impl Layer {
@@ -365,6 +375,9 @@ pub struct Session<'m> {
     /// rope_freqs on each backend that is some layer's home.
     rope_freqs: Vec<Option<Tensor>>,
     vals: Vec<Value>,
+    /// Scratch values a per-sequence step of a batch of several sequences runs on
+    /// ([`Session::exec_seqs`]).
+    seq_vals: Vec<Value>,
     staging: Vec<f32>,
     link: CrossCost,
     /// Each layer's target and attention devices, and the head's, from the map.
@@ -438,6 +451,44 @@ fn on_all(bes: &[Arc<dyn Backend>], v: &[f32]) -> Result<Vec<Tensor>> {
 fn mla(hp: &crate::model::HParams) -> Result<crate::model::MlaDims> {
     hp.mla
         .ok_or_else(|| Error::Msg("executor: latent attention step in a model without it".into()))
+}
+
+/// One KV slot's keys and values for `len` elements on `be`.
+fn kv_slot(be: &dyn Backend, len: usize) -> Result<(Tensor, Tensor)> {
+    Ok((
+        be.alloc(DType::F16, len, Category::KvCache)?,
+        be.alloc(DType::F16, len, Category::KvCache)?,
+    ))
+}
+
+/// Whether a step works per sequence (its positions, its KV slot) rather than row by row.
+fn per_sequence(op: &OpKind) -> bool {
+    matches!(
+        op,
+        OpKind::RopeQ | OpKind::RopeK | OpKind::RopeKpe | OpKind::Attention
+    )
+}
+
+/// Copies `rows` rows of `width` from row `src_row` of `src` to row `dst_row` of `dst` on
+/// `be`, as one [`ColCopy`] row.
+fn copy_rows(
+    be: &dyn Backend,
+    src: &Tensor,
+    src_row: usize,
+    dst: &mut Tensor,
+    dst_row: usize,
+    (rows, width): (usize, usize),
+) -> Result<()> {
+    let c = ColCopy {
+        rows: 1,
+        width: rows * width,
+        src_stride: (src_row + rows) * width,
+        src_col: src_row * width,
+        src_rep: 1,
+        dst_stride: (dst_row + rows) * width,
+        dst_col: dst_row * width,
+    };
+    be.copy_cols(src, dst, c)
 }
 
 /// Splits `vals` into the value at `i` and the rest (the slot at `i` left empty until put back).
@@ -533,8 +584,7 @@ impl<'m> Session<'m> {
                 w,
                 at,
                 mla_norms,
-                cache_k: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
-                cache_v: be.alloc(DType::F16, n_ctx * kvd, Category::KvCache)?,
+                kv: vec![kv_slot(be, n_ctx * kvd)?],
             });
         }
         let (targets, head_out) = map.targets(model, cpu, 1);
@@ -563,7 +613,8 @@ impl<'m> Session<'m> {
         ]
         .iter()
         .map(|&v| Value::new(Widths::of(v, &wd), nd))
-        .collect();
+        .collect::<Vec<_>>();
+        let seq_vals = vals.iter().map(|v| Value::new(v.width, nd)).collect();
         Ok(Session {
             model,
             n_ctx,
@@ -574,6 +625,7 @@ impl<'m> Session<'m> {
             layers,
             rope_freqs,
             vals,
+            seq_vals,
             staging: Vec::new(),
             link: map.link,
             targets,
@@ -593,6 +645,24 @@ impl<'m> Session<'m> {
     /// Forgets every position (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// KV slots: sequences that can decode together in one [`Session::forward_seqs`] call.
+    pub fn slots(&self) -> usize {
+        self.layers.first().map_or(1, |l| l.kv.len())
+    }
+
+    /// Gives the session `n` (at least 1) KV slots of `n_ctx` positions each, on each layer's
+    /// home; slot 0, the one [`Session::forward`] uses, is kept.
+    pub fn set_slots(&mut self, n: usize) -> Result<()> {
+        let len = self.n_ctx * self.model.hp.kv_dim();
+        for (l, t) in self.layers.iter_mut().zip(&self.targets) {
+            l.kv.truncate(n.max(1));
+            while l.kv.len() < n {
+                l.kv.push(kv_slot(&*self.backends[t.attn], len)?);
+            }
+        }
+        Ok(())
     }
 
     /// The steps of a batch of `n` tokens, lowered once per batch size.
@@ -644,19 +714,77 @@ impl<'m> Session<'m> {
         self.forward_batch(tokens, want)
     }
 
-    /// Runs `tokens` as one batch at positions n_past.. and returns the logits `want` names.
+    /// Runs `tokens` as one batch at positions n_past.. of slot 0 and returns the logits `want`
+    /// names.
     fn forward_batch(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(Error::Msg("forward: no tokens".into()));
+        let part = SeqPart {
+            slot: 0,
+            pos0: self.n_past,
+            tokens,
+        };
+        let logits = self.forward_parts(&[part], want)?;
+        self.n_past += tokens.len();
+        Ok(logits)
+    }
+
+    /// Runs several sequences as one batch, each part on its own KV slot (distinct) and
+    /// positions, and returns each part's last-token logits. Every target matmul runs once
+    /// over the rows of all parts; RoPE, the KV store and attention run per part. Neither
+    /// `n_past` nor anything about slot positions is kept: the caller tracks them.
+    pub fn forward_seqs(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<f32>>> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::Msg("forward: no sequences".into()))?;
+        let from = first.tokens.len().saturating_sub(1);
+        let logits = self.forward_parts(parts, Logits::From(from))?;
+        let nv = self.model.hp.n_vocab;
+        let mut end = 0;
+        Ok(parts
+            .iter()
+            .map(|p| {
+                end += p.tokens.len();
+                let r = end - 1 - from;
+                logits[r * nv..(r + 1) * nv].to_vec()
+            })
+            .collect())
+    }
+
+    /// Runs `parts` (one, or several on distinct slots) as one batch and returns the logits
+    /// `want` names, counting rows over the parts in order.
+    fn forward_parts(&mut self, parts: &[SeqPart], want: Logits) -> Result<Vec<f32>> {
+        let n: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        let slots = self.slots();
+        for (i, p) in parts.iter().enumerate() {
+            if p.tokens.is_empty() {
+                return Err(Error::Msg("forward: no tokens".into()));
+            }
+            if p.slot >= slots || parts[..i].iter().any(|q| q.slot == p.slot) {
+                return Err(Error::Msg(format!(
+                    "forward: KV slot {} is not one of {slots} or is used twice",
+                    p.slot
+                )));
+            }
+            if p.pos0 + p.tokens.len() > self.n_ctx {
+                return Err(Error::Msg(format!(
+                    "context full: {} + {} tokens exceed --ctx {}",
+                    p.pos0,
+                    p.tokens.len(),
+                    self.n_ctx
+                )));
+            }
         }
-        let pos0 = self.n_past;
-        if pos0 + n > self.n_ctx {
-            return Err(Error::Msg(format!(
-                "context full: {} + {} tokens exceed --ctx {}",
-                pos0, n, self.n_ctx
-            )));
-        }
+        let joined;
+        let tokens = match parts {
+            [p] => p.tokens,
+            _ => {
+                joined = parts
+                    .iter()
+                    .flat_map(|p| p.tokens)
+                    .copied()
+                    .collect::<Vec<_>>();
+                &joined[..]
+            }
+        };
         let plan = self.lowered(n);
         let started = std::time::Instant::now();
         if let Some(t) = self.trace.as_mut() {
@@ -691,7 +819,11 @@ impl<'m> Session<'m> {
                 }
             }
             for s in &plan.layers[il] {
-                self.exec(s, Some(il), n, 0, pos0)?;
+                match parts {
+                    [p] => self.exec(s, Some(il), n, 0, (p.pos0, p.slot))?,
+                    _ if per_sequence(&s.op) => self.exec_seqs(s, il, n, parts)?,
+                    _ => self.exec(s, Some(il), n, 0, (0, 0))?,
+                }
             }
             match self.layers.get_mut(il + 1) {
                 Some(next) => fetch(&mut next.w, &bes, &file)?,
@@ -712,7 +844,7 @@ impl<'m> Session<'m> {
             Logits::From(i) => i.min(n - 1),
         };
         for s in &plan.head {
-            self.exec(s, None, n, from, pos0)?;
+            self.exec(s, None, n, from, (0, 0))?;
         }
         let od = plan.head_out;
         release(std::slice::from_mut(&mut self.output), &bes)?;
@@ -724,7 +856,6 @@ impl<'m> Session<'m> {
         let rows = n - from;
         let mut logits = vec![0f32; rows * self.model.hp.n_vocab];
         bes[od].read(self.vals[Val::Logits.index()].get(od)?, 0, &mut logits)?;
-        self.n_past += n;
         if let Some(t) = self.trace.as_mut() {
             t.add(
                 "(whole forward)".into(),
@@ -736,24 +867,77 @@ impl<'m> Session<'m> {
         Ok(logits)
     }
 
-    /// Runs one step of layer `layer` (the head when `None`) on `n` tokens at `pos0`; the head
-    /// computes rows `from..n` only.
+    /// Runs a per-sequence step (RoPE, attention) of layer `il` in a batch of `n` rows made of
+    /// several sequences: each part's rows are copied to the start of the scratch values, the
+    /// step runs there as that sequence's own batch (its positions, its KV slot), and the rows
+    /// it wrote are copied back. Only `copy_cols` and the step's own operation are used, so
+    /// every backend can.
+    fn exec_seqs(&mut self, s: &Step, il: usize, n: usize, parts: &[SeqPart]) -> Result<()> {
+        let d = s.dev;
+        let bes = self.backends.clone();
+        let be = &*bes[d];
+        let w = s.writes[0];
+        let mut row0 = 0;
+        for p in parts {
+            let m = p.tokens.len();
+            let mut cx = Ctx {
+                bes: &bes,
+                staging: &mut self.staging,
+                stats: &mut self.transfers,
+            };
+            for &r in &s.reads {
+                let src = &mut self.vals[r.index()];
+                src.need(d, n, &mut cx)?;
+                let dst = self.seq_vals[r.index()].out(d, m, be)?;
+                copy_rows(be, src.get(d)?, row0, dst, 0, (m, src.width))?;
+            }
+            std::mem::swap(&mut self.vals, &mut self.seq_vals);
+            let res = self.exec(s, Some(il), m, 0, (p.pos0, p.slot));
+            std::mem::swap(&mut self.vals, &mut self.seq_vals);
+            res?;
+            let mut cx = Ctx {
+                bes: &bes,
+                staging: &mut self.staging,
+                stats: &mut self.transfers,
+            };
+            let dst = &mut self.vals[w.index()];
+            let width = dst.width;
+            let dst = if s.reads.contains(&w) {
+                dst.modify(d, n, &mut cx)?
+            } else {
+                dst.out(d, n, be)?
+            };
+            copy_rows(
+                be,
+                self.seq_vals[w.index()].get(d)?,
+                0,
+                dst,
+                row0,
+                (m, width),
+            )?;
+            row0 += m;
+        }
+        Ok(())
+    }
+
+    /// Runs one step of layer `layer` (the head when `None`) on `n` tokens at `at` (the first
+    /// one's position, and the KV slot); the head computes rows `from..n` only.
     fn exec(
         &mut self,
         s: &Step,
         layer: Option<usize>,
         n: usize,
         from: usize,
-        pos0: usize,
+        at: (usize, usize),
     ) -> Result<()> {
         if self.trace.is_none() {
-            return self.exec_step(s, layer, n, from, pos0);
+            return self.exec_step(s, layer, n, from, at);
         }
         for b in &self.backends {
             b.synchronize()?;
         }
         let t0 = std::time::Instant::now();
-        self.exec_step(s, layer, n, from, pos0)?;
+        self.exec_step(s, layer, n, from, at)?;
         for b in &self.backends {
             b.synchronize()?;
         }
@@ -781,7 +965,7 @@ impl<'m> Session<'m> {
         layer: Option<usize>,
         n: usize,
         from: usize,
-        pos0: usize,
+        (pos0, slot): (usize, usize),
     ) -> Result<()> {
         let hp = &self.model.hp;
         let bes = &self.backends;
@@ -932,7 +1116,10 @@ impl<'m> Session<'m> {
                     }
                 }
                 (OpKind::Attention, Some(il)) => {
-                    let l = &mut self.layers[il];
+                    let (cache_k, cache_v) = self.layers[il]
+                        .kv
+                        .get_mut(slot)
+                        .ok_or_else(|| Error::Msg(format!("executor: no KV slot {slot}")))?;
                     let call = AttnCall {
                         shape: AttnShape {
                             n_head: hp.n_head,
@@ -947,8 +1134,8 @@ impl<'m> Session<'m> {
                         get(Val::Q)?,
                         get(Val::K)?,
                         get(Val::V)?,
-                        &mut l.cache_k,
-                        &mut l.cache_v,
+                        cache_k,
+                        cache_v,
                         y,
                     )
                 }

@@ -69,6 +69,12 @@ pub struct Metrics {
     queue_depth: AtomicUsize,
     pub queue_capacity: AtomicUsize,
     running: AtomicUsize,
+    /// Sequences that may decode together (`--parallel`).
+    pub parallel: AtomicUsize,
+    /// Sequences in the last decode step, and the steps and their tokens so far.
+    batch_size: AtomicUsize,
+    decode_steps: AtomicU64,
+    decode_tokens: AtomicU64,
     completed: AtomicU64,
     cancelled: AtomicU64,
     failed: AtomicU64,
@@ -108,7 +114,7 @@ impl Metrics {
     }
 
     pub fn started(&self, queue_wait_s: f64) {
-        self.running.store(1, Ordering::Relaxed);
+        self.running.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut l) = self.latencies.lock() {
             l.queue_wait.observe(queue_wait_s);
         }
@@ -118,13 +124,35 @@ impl Metrics {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A running generation ended.
+    fn stopped(&self) {
+        let _ = self
+            .running
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                Some(d.saturating_sub(1))
+            });
+    }
+
+    /// One decode step ran `batch` sequences together.
+    pub fn decode_step(&self, batch: usize) {
+        self.batch_size.store(batch, Ordering::Relaxed);
+        self.decode_steps.fetch_add(1, Ordering::Relaxed);
+        self.decode_tokens
+            .fetch_add(batch as u64, Ordering::Relaxed);
+    }
+
+    /// No sequence is decoding.
+    pub fn idle(&self) {
+        self.batch_size.store(0, Ordering::Relaxed);
+    }
+
     pub fn failed(&self) {
-        self.running.store(0, Ordering::Relaxed);
+        self.stopped();
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn finished(&self, g: &Generation, cancelled: bool) {
-        self.running.store(0, Ordering::Relaxed);
+        self.stopped();
         if cancelled {
             self.cancelled();
         } else {
@@ -151,7 +179,7 @@ impl Metrics {
         let mut out = String::new();
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let lu = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
-        let scalars: [(&str, &str, &str, u64); 10] = [
+        let scalars: [(&str, &str, &str, u64); 14] = [
             (
                 "oato_ready",
                 "gauge",
@@ -185,7 +213,7 @@ impl Metrics {
             (
                 "oato_prompt_tokens_cached_total",
                 "counter",
-                "Prompt tokens whose keys and values were reused from the previous request.",
+                "Prompt tokens whose keys and values were reused from an earlier request.",
                 ld(&self.cached_tokens),
             ),
             (
@@ -211,6 +239,30 @@ impl Metrics {
                 "gauge",
                 "Generations running now.",
                 lu(&self.running),
+            ),
+            (
+                "oato_parallel",
+                "gauge",
+                "Sequences that may decode together in one batch (--parallel).",
+                lu(&self.parallel),
+            ),
+            (
+                "oato_batch_size",
+                "gauge",
+                "Sequences in the last decode step (0 when none is decoding).",
+                lu(&self.batch_size),
+            ),
+            (
+                "oato_decode_steps_total",
+                "counter",
+                "Decode steps: one forward pass over every decoding sequence.",
+                ld(&self.decode_steps),
+            ),
+            (
+                "oato_decode_step_tokens_total",
+                "counter",
+                "Tokens of the decode steps (over oato_decode_steps_total: the mean batch size).",
+                ld(&self.decode_tokens),
             ),
         ];
         for (name, kind, help, v) in scalars {

@@ -1,8 +1,9 @@
 //! `oato serve`: an OpenAI-compatible HTTP server (axum on tokio). The model is loaded once on an
-//! engine thread ([`worker`]); requests wait for it in a bounded queue (a full queue is a 503
-//! with `Retry-After`), each streamed over server-sent events or answered whole, and a client
-//! that disconnects cancels its generation. `/health` says loading or ready, `/metrics` gives
-//! Prometheus text, `/v1/models` the one model.
+//! engine thread ([`worker`]), which decodes up to `--parallel` requests together in one batch;
+//! the others wait for it in a bounded queue (a full queue is a 503 with `Retry-After`). Each is
+//! streamed over server-sent events or answered whole, and a client that disconnects cancels its
+//! generation. `/health` says loading or ready, `/metrics` gives Prometheus text, `/v1/models`
+//! the one model.
 
 pub mod api;
 pub mod metrics;
@@ -41,7 +42,7 @@ pub struct ServeConfig {
     pub model_name: String,
     pub host: String,
     pub port: u16,
-    /// Requests that may wait while one runs; more get 503.
+    /// Requests that may wait while `--parallel` run; more get 503.
     pub queue: usize,
     /// Seconds a client told 503 should wait (`Retry-After`).
     pub retry_after_s: u64,

@@ -91,3 +91,20 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// Greedy continuation of `prompt` for `n` tokens on slot 0 of `session`, from position 0.
+pub fn greedy(session: &mut oato::runtime::forward::Session, prompt: &[u32], n: usize) -> Vec<u32> {
+    use oato::runtime::forward::Logits;
+    use oato::runtime::sampler::argmax;
+    session.reset();
+    let mut logits = session.forward(prompt, Logits::Last).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        if i + 1 < n {
+            logits = session.forward(&[t], Logits::Last).unwrap();
+        }
+    }
+    out
+}
