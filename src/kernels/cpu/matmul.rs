@@ -1,7 +1,8 @@
 //! Matrix multiplication with a weight in its GGUF format: activations are quantised once per
 //! operator to the weight type's dot-product format, then rows are split over the thread pool.
-//! Prefill on AVX-512 CPUs lays the activations out once more for the tiles of `qwide` (the
-//! 32-element formats) and `f16wide` (F16); other CPUs use the register tiles of `tile`.
+//! Prefill on AVX-512 CPUs runs Q4_0 and the K-quants through `kwide`'s sixteen-row panels, and
+//! lays the activations out once more for the tiles of `qwide` (the other 32-element formats) and
+//! `f16wide` (F16); other CPUs use the register tiles of `tile`.
 
 use crate::error::{Error, Result};
 use crate::kernels::cpu::pool;
@@ -401,8 +402,8 @@ impl<'a> RowJob<'a> {
 #[cfg(target_arch = "x86_64")]
 const KWIDE_MIN_TOKENS: usize = 4;
 
-/// `OATO_CPU_KWIDE=0` keeps the K-quants' prefill on the 4 x 16 tiles (for comparison; the
-/// results are the same bits either way).
+/// `OATO_CPU_KWIDE=0` keeps prefill on the older tiles (K-quants 4 x 16, Q4_0 4 x 4), for
+/// comparison: the results are the same bits either way.
 #[cfg(target_arch = "x86_64")]
 fn kwide_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

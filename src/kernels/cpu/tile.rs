@@ -1,9 +1,9 @@
 //! Register tiles for the 32-element formats: `R` weight rows against `T` tokens at once, so each
 //! weight block is unpacked once per `T` dot products and each activation block's scales are
 //! converted once per `R`. Every output is accumulated exactly as the single-row kernels do (same
-//! per-block FMA chain, same horizontal sum), so tiled and untiled results are bit-identical.
-//! Prefill on AVX2 CPUs uses 4 x 4 tiles (then 2 x 4 and 1 x 4 for the rows left; AVX-512 CPUs use
-//! `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
+//! per-block FMA chain, same horizontal sum; Q4_0's one chain of block sums), so tiled and
+//! untiled results are bit-identical. Prefill on AVX2 CPUs uses 4 x 4 tiles (then 2 x 4 and 1 x 4
+//! for the rows left; AVX-512 CPUs use `kwide`, `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
 //! kernels of `avx512::rows_fn` for Q4_0 and Q8_0 (rows taken from the four quarters of a task's
 //! range, so the weights stay four long sequential streams).
 
