@@ -115,44 +115,77 @@ const ROWS_PREFETCH: usize = 512;
 /// the subtraction.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    rows_q4_0_tokens::<1>(w, [a])[0]
+}
+
+/// [`rows_q4_0`] for `T` tokens at once (a small decode batch): each weight block is unpacked
+/// once for the `T` tokens; per token the same operations, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> [[f32; 4]; T] {
     let tab = avx2::f16_table();
     let xs: [&[BlockQ4_0]; 4] = w.map(super::blocks::<BlockQ4_0>);
-    let ys: &[BlockQ8_0] = super::blocks(a);
-    let nb = xs.iter().map(|x| x.len()).fold(ys.len(), usize::min);
+    let ys: [&[BlockQ8_0]; T] = a.map(super::blocks::<BlockQ8_0>);
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .chain(ys.iter().map(|y| y.len()))
+        .min()
+        .unwrap_or(0);
     let low = _mm256_set1_epi8(0x0F);
     let shift = _mm256_set_epi64x(4, 4, 0, 0);
     let eight = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
-    let mut acc = _mm_setzero_ps();
+    let mut acc = [_mm_setzero_ps(); T];
     for b in 0..nb {
-        // SAFETY: b < nb <= ys.len().
-        let y = unsafe { ys.get_unchecked(b) };
-        let yv = _mm256_loadu_si256(y.qs.as_ptr().cast());
-        let minus8y = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, yv));
-        let dy = _mm_set1_ps(tab[y.d.bits() as usize]);
-        let lanes: [__m256i; 4] = std::array::from_fn(|r| {
-            // SAFETY: b < nb <= xs[r].len().
-            let x = unsafe { xs[r].get_unchecked(b) };
+        // SAFETY (unchecked accesses): b < nb <= every row's and token's length.
+        let x: [&BlockQ4_0; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
+        let z: [__m256i; 4] = std::array::from_fn(|r| {
             _mm_prefetch::<_MM_HINT_T0>(
-                (x as *const BlockQ4_0)
+                (x[r] as *const BlockQ4_0)
                     .cast::<i8>()
                     .wrapping_add(ROWS_PREFETCH),
             );
-            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.qs.as_ptr().cast()));
-            let z = _mm256_and_si256(_mm256_srlv_epi64(q, shift), low);
-            _mm256_dpbusd_epi32(minus8y, z, yv)
+            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(x[r].qs.as_ptr().cast()));
+            _mm256_and_si256(_mm256_srlv_epi64(q, shift), low)
         });
-        let isum = avx2::sum4_i32(lanes);
-        // SAFETY: as above.
-        let dx = std::array::from_fn::<f32, 4, _>(|r| {
-            tab[unsafe { xs[r].get_unchecked(b) }.d.bits() as usize]
-        });
-        let d = _mm_mul_ps(_mm_loadu_ps(dx.as_ptr()), dy);
-        acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc);
+        let dx: [f32; 4] = std::array::from_fn(|r| tab[x[r].d.bits() as usize]);
+        let dx = _mm_loadu_ps(dx.as_ptr());
+        for t in 0..T {
+            let y = unsafe { ys[t].get_unchecked(b) };
+            let yv = _mm256_loadu_si256(y.qs.as_ptr().cast());
+            let minus8y = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, yv));
+            let lanes = z.map(|z| _mm256_dpbusd_epi32(minus8y, z, yv));
+            let isum = avx2::sum4_i32(lanes);
+            let d = _mm_mul_ps(dx, _mm_set1_ps(tab[y.d.bits() as usize]));
+            acc[t] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc[t]);
+        }
     }
-    let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    acc.map(|v| {
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), v);
+        out
+    })
+}
+
+/// Four Q4_0 rows against the tokens `a` (a small batch): [`rows_q4_0_tokens`] four, two, then
+/// one token at a time; `put(t, sums)` gets token t's four sums.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_q4_0_batch(w: [&[u8]; 4], a: &[&[u8]], mut put: impl FnMut(usize, [f32; 4])) {
+    let mut t = 0;
+    while t + 4 <= a.len() {
+        let v = rows_q4_0_tokens::<4>(w, std::array::from_fn(|j| a[t + j]));
+        v.into_iter().enumerate().for_each(|(j, v)| put(t + j, v));
+        t += 4;
+    }
+    if t + 2 <= a.len() {
+        let v = rows_q4_0_tokens::<2>(w, [a[t], a[t + 1]]);
+        v.into_iter().enumerate().for_each(|(j, v)| put(t + j, v));
+        t += 2;
+    }
+    if t < a.len() {
+        put(t, rows_q4_0_tokens::<1>(w, [a[t]])[0]);
+    }
 }
 
 /// `R` Q8_0 rows against one Q8_0 row, bit-identical per row with the single-row kernel

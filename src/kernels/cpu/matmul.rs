@@ -326,13 +326,19 @@ impl<'a> RowJob<'a> {
                 return;
             }
         }
+        // A small Q4_0 batch (decode of several sequences) goes to the four-row kernel, each
+        // weight block unpacked once for all its tokens.
         #[cfg(target_arch = "x86_64")]
-        if self.kwide && acts.n_tok >= KWIDE_MIN_TOKENS {
+        let small_q4_0 = self.w.ty == GgmlType::Q4_0
+            && self.rows4.is_some()
+            && acts.n_tok < kwide_min_tokens(self.w.ty);
+        #[cfg(target_arch = "x86_64")]
+        if self.kwide && acts.n_tok >= kwide_min_tokens(self.w.ty) {
             let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
             r = super::kwide::run_rows(acts, self.w.ty, row, rows.clone(), put);
         }
         #[cfg(target_arch = "x86_64")]
-        {
+        if !small_q4_0 {
             let (t4, t2, t1) = self.tiles;
             r = self.tiled(acts, r, rows.end, self.wide, t4);
             r = self.tiled(acts, r, rows.end, t4, None);
@@ -352,11 +358,17 @@ impl<'a> RowJob<'a> {
                     at.iter().for_each(|&r| self.prefetch(r, ahead));
                 }
                 let w = at.map(|r| self.row(r));
+                let put = |t: usize, v: [f32; 4]| (0..4).for_each(|j| self.put(t, at[j], v[j]));
+                if small_q4_0 && acts.n_tok > 1 {
+                    let a: Vec<&[u8]> = (0..acts.n_tok).map(|t| acts.row(t)).collect();
+                    // SAFETY: as below (rows4 exists, so the CPU has AVX-512).
+                    unsafe { super::avx512::rows_q4_0_batch(w, &a, put) };
+                    continue;
+                }
                 for t in 0..acts.n_tok {
                     // SAFETY: rows_fn's kernels are handed out only under Isa::Avx512, which
                     // `isa()` returns only when the CPU has it (resolve_isa, set_isa).
-                    let v = unsafe { rows4(w, acts.row(t)) };
-                    (0..4).for_each(|j| self.put(t, at[j], v[j]));
+                    put(t, unsafe { rows4(w, acts.row(t)) });
                 }
             }
             r += 4 * q;
@@ -397,10 +409,18 @@ impl<'a> RowJob<'a> {
     }
 }
 
-/// Fewest tokens for which the K-quants go through `kwide`'s panels (below, the 4 x 16 tiles
-/// and single-row dots: the panel's unpacking would not pay for itself).
+/// Fewest tokens for which weights of type `ty` go through `kwide`'s panels (below, the 4 x 16
+/// tiles, the four-row kernel and single-row dots: the panels' unpacking would not pay).
 #[cfg(target_arch = "x86_64")]
-const KWIDE_MIN_TOKENS: usize = 4;
+fn kwide_min_tokens(ty: GgmlType) -> usize {
+    // Q4_0 below 8 tokens takes the four-row kernel a batch at a time: 1B shape, 2 EPYC
+    // threads, decode step (examples/decode_batch) at b = 4 / 6 / 8: panels from 4 tokens
+    // 105 / 117 / 118 ms, from 8 76 / 106 / 125 (and from 12: 72 / 112 / 124).
+    match ty {
+        GgmlType::Q4_0 => 8,
+        _ => 4,
+    }
+}
 
 /// `OATO_CPU_KWIDE=0` keeps prefill on the older tiles (K-quants 4 x 16, Q4_0 4 x 4), for
 /// comparison: the results are the same bits either way.
@@ -540,6 +560,27 @@ mod tests {
                     let x = pattern(k * n_tok, 0.3);
                     batched_vs_single(ty, k, n, &wq, &x, isa.name());
                 }
+            }
+        }
+        crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
+    }
+
+    /// Small Q4_0 batches (2 to 7 tokens: the four-row kernel a batch at a time on AVX-512) give
+    /// the token-by-token bits, under every variant.
+    #[test]
+    fn small_q4_0_batches_equal_token_by_token() {
+        let k = 256;
+        let n = 37;
+        let rb = GgmlType::Q4_0.row_bytes(k).unwrap();
+        let mut wq = vec![0u8; rb * n];
+        for (r, dst) in wq.chunks_mut(rb).enumerate() {
+            quantize_row(GgmlType::Q4_0, &pattern(k, r as f32), dst).unwrap();
+        }
+        for isa in crate::kernels::cpu::Isa::all_supported() {
+            crate::kernels::cpu::set_isa(isa).unwrap();
+            for n_tok in 2..=9 {
+                let x = pattern(k * n_tok, 0.7 + n_tok as f32);
+                batched_vs_single(GgmlType::Q4_0, k, n, &wq, &x, isa.name());
             }
         }
         crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
