@@ -126,12 +126,7 @@ pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> 
     let tab = avx2::f16_table();
     let xs: [&[BlockQ4_0]; 4] = w.map(super::blocks::<BlockQ4_0>);
     let ys: [&[BlockQ8_0]; T] = a.map(super::blocks::<BlockQ8_0>);
-    let nb = xs
-        .iter()
-        .map(|x| x.len())
-        .chain(ys.iter().map(|y| y.len()))
-        .min()
-        .unwrap_or(0);
+    let nb = super::common_blocks(&xs, &ys);
     let low = _mm256_set1_epi8(0x0F);
     let shift = _mm256_set_epi64x(4, 4, 0, 0);
     let eight = _mm256_set1_epi8(8);
@@ -515,12 +510,7 @@ unsafe fn k_tile<B: Block, U, const R: usize, const T: usize>(
 ) -> [[f32; T]; R] {
     let xs: [&[B]; R] = w.map(blocks_prefix::<B>);
     let ys: [&[BlockQ8K]; T] = a.map(blocks_prefix::<BlockQ8K>);
-    let nb = xs
-        .iter()
-        .map(|x| x.len())
-        .chain(ys.iter().map(|y| y.len()))
-        .min()
-        .unwrap_or(0);
+    let nb = super::common_blocks(&xs, &ys);
     let mut out = [[0f32; T]; R];
     let quads = T / 4;
     let mut acc4 = [[_mm_setzero_ps(); 4]; R];

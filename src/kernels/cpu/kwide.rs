@@ -23,6 +23,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use crate::kernels::cpu::blocks;
 use crate::kernels::cpu::matmul::QuantizedActs;
 use crate::quant::GgmlType;
 use crate::quant::blocks::*;
@@ -78,20 +79,44 @@ pub fn supports(ty: GgmlType) -> bool {
 /// token of `acts` (its `vec_dot_type`, AVX-512 CPUs only), written through
 /// `put(token, row, value)`, sixteen rows at a time; returns the first row not done (`rows.end`
 /// minus fewer than sixteen).
+/// `extra`: the operator's [`PanelActs`] for `acts`.
 pub(crate) fn run_rows<'w>(
     acts: &QuantizedActs,
+    extra: &PanelActs,
     ty: GgmlType,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
     put: impl Fn(usize, usize, f32),
 ) -> usize {
     let block_tokens = (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS);
-    run_blocks(acts, ty, row, rows, block_tokens, put)
+    run_blocks(acts, extra, ty, row, rows, block_tokens, put)
+}
+
+/// What the panels need of the activations beyond their blocks, computed once per operator:
+/// Q4_0's `-8 Σ y` of every Q8_0 block, token by token (`nb` per token); nothing for Q8_K.
+pub(crate) struct PanelActs {
+    nsum: Vec<i32>,
+}
+
+impl PanelActs {
+    pub(crate) fn new(acts: &QuantizedActs) -> PanelActs {
+        let nsum = if acts.ty == GgmlType::Q8_0 {
+            (0..acts.n_tok)
+                .flat_map(|t| blocks::<BlockQ8_0>(acts.row(t)).iter())
+                .map(|y| -8 * y.qs.iter().map(|&v| v as i32).sum::<i32>())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        PanelActs { nsum }
+    }
 }
 
 /// [`run_rows`] with `block_tokens` tokens per block of tokens.
+#[allow(clippy::too_many_arguments)]
 fn run_blocks<'w>(
     acts: &QuantizedActs,
+    extra: &PanelActs,
     ty: GgmlType,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
@@ -105,15 +130,20 @@ fn run_blocks<'w>(
     );
     assert!(crate::kernels::cpu::Isa::Avx512.supported());
     if ty == GgmlType::Q4_0 {
-        let nsum = minus8_block_sums(acts);
         let nb = acts.k / QK;
+        let nsum = &extra.nsum;
+        assert_eq!(
+            nsum.len(),
+            acts.n_tok * nb,
+            "kwide: PanelActs of other activations"
+        );
         let unpack = |w: &[&[u8]; ROWS], p: &mut [Q4Panel]| {
             // SAFETY: AVX-512 is present (asserted above).
             unsafe { unpack_q4_0(w, p) }
         };
         let block = |p: &[Q4Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
             // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
-            unsafe { run_block_q4_0(p, acts, &nsum, toks, acc) }
+            unsafe { run_block_q4_0(p, acts, nsum, toks, acc) }
         };
         return drive(
             acts.n_tok,
@@ -201,9 +231,9 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
     for (b, p) in panels.iter_mut().enumerate() {
         for (r, &row) in rows.iter().enumerate() {
             let z = match ty {
-                GgmlType::Q4_K => avx512::k4_quants(&blocks_of::<BlockQ4K>(row)[b]),
-                GgmlType::Q5_K => avx512::k4_quants(&blocks_of::<BlockQ5K>(row)[b]),
-                GgmlType::Q6_K => avx512::q6_quants(&blocks_of::<BlockQ6K>(row)[b]),
+                GgmlType::Q4_K => avx512::k4_quants(&blocks::<BlockQ4K>(row)[b]),
+                GgmlType::Q5_K => avx512::k4_quants(&blocks::<BlockQ5K>(row)[b]),
+                GgmlType::Q6_K => avx512::q6_quants(&blocks::<BlockQ6K>(row)[b]),
                 other => unreachable!("kwide unpack of {other}"),
             };
             natural[4 * r..4 * r + 4].copy_from_slice(&z);
@@ -337,7 +367,7 @@ unsafe fn run_block<const G: usize, const MINS: bool>(
     for a in acc.iter_mut() {
         *a = [0.0; ROWS];
     }
-    let block = |t: usize, b: usize| -> &BlockQ8K { &blocks_of::<BlockQ8K>(acts.row(t))[b] };
+    let block = |t: usize, b: usize| -> &BlockQ8K { &blocks::<BlockQ8K>(acts.row(t))[b] };
     for (b, p) in panels.iter().enumerate() {
         let mut t = toks.start;
         while t + GROUP_TOKENS <= toks.end {
@@ -438,19 +468,11 @@ const Q4_EMPTY: Q4Panel = Q4Panel {
     d: [0.0; 16],
 };
 
-/// `-8 Σ y` of every Q8_0 block of `acts`, token by token (`nb` per token).
-fn minus8_block_sums(acts: &QuantizedActs) -> Vec<i32> {
-    (0..acts.n_tok)
-        .flat_map(|t| blocks_of::<BlockQ8_0>(acts.row(t)).iter())
-        .map(|y| -8 * y.qs.iter().map(|&v| v as i32).sum::<i32>())
-        .collect()
-}
-
 /// Unpacks sixteen Q4_0 rows' blocks into `panels`, two blocks per transpose.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel]) {
     use crate::kernels::cpu::avx2::nibbles32;
-    let xs: [&[BlockQ4_0]; ROWS] = rows.map(blocks_of::<BlockQ4_0>);
+    let xs: [&[BlockQ4_0]; ROWS] = rows.map(blocks::<BlockQ4_0>);
     let nb = panels.len();
     for b in (0..nb).step_by(2) {
         // Lane r: row r's blocks b and b + 1 (zero past the end) in element order.
@@ -490,7 +512,7 @@ unsafe fn run_block_q4_0(
     while t < toks.end {
         let a = &mut acc[t - toks.start..];
         if t + GROUP_TOKENS <= toks.end {
-            let ys = std::array::from_fn(|i| blocks_of::<BlockQ8_0>(acts.row(t + i)));
+            let ys = std::array::from_fn(|i| blocks::<BlockQ8_0>(acts.row(t + i)));
             let ns = std::array::from_fn(|i| &nsum[(t + i) * nb..][..nb]);
             q4_0_tokens::<GROUP_TOKENS>(
                 panels,
@@ -500,7 +522,7 @@ unsafe fn run_block_q4_0(
             );
             t += GROUP_TOKENS;
         } else {
-            let ys = [blocks_of::<BlockQ8_0>(acts.row(t))];
+            let ys = [blocks::<BlockQ8_0>(acts.row(t))];
             let ns = [&nsum[t * nb..][..nb]];
             q4_0_tokens::<1>(panels, ys, ns, (&mut a[..1]).try_into().unwrap());
             t += 1;
@@ -538,14 +560,6 @@ unsafe fn q4_0_tokens<const NT: usize>(
     for t in 0..NT {
         _mm512_storeu_ps(acc[t].as_mut_ptr(), sumf[t]);
     }
-}
-
-/// Whole blocks of a byte slice, viewed in place (callers pass rows of whole blocks).
-#[inline(always)]
-fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
-    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
-    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
 #[cfg(test)]
@@ -604,7 +618,8 @@ mod tests {
                     let out = std::sync::Mutex::new(vec![f32::NAN; n * n_tok]);
                     let row = |r: usize| &w[r * rb..(r + 1) * rb];
                     let put = |t: usize, r: usize, v: f32| out.lock().unwrap()[t * n + r] = v;
-                    let done = run_blocks(&acts, ty, row, 2..n, block_tokens, put);
+                    let extra = PanelActs::new(&acts);
+                    let done = run_blocks(&acts, &extra, ty, row, 2..n, block_tokens, put);
                     assert_eq!(done, 34, "{ty}: two panels from row 2");
                     let out = out.into_inner().unwrap();
                     for t in 0..n_tok {

@@ -9,6 +9,12 @@ use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{dot_fn, isa};
 use crate::quant::GgmlType;
 
+/// What `kwide`'s panels need of the activations, computed once per operator (nothing off x86).
+#[cfg(target_arch = "x86_64")]
+type Panels = super::kwide::PanelActs;
+#[cfg(not(target_arch = "x86_64"))]
+type Panels = ();
+
 /// Activations laid out once per operator for the AVX-512 prefill tiles.
 enum Prepared {
     #[cfg(target_arch = "x86_64")]
@@ -229,6 +235,12 @@ impl<'a> RowJob<'a> {
         &self.w.data[r * self.wrb..(r + 1) * self.wrb]
     }
 
+    /// Whether `n_tok` tokens go through `kwide`'s panels.
+    #[cfg(target_arch = "x86_64")]
+    fn uses_panels(&self, n_tok: usize) -> bool {
+        self.kwide && n_tok >= kwide_min_tokens(self.w.ty)
+    }
+
     /// Writes output (token t, row r).
     fn put(&self, t: usize, r: usize, v: f32) {
         // SAFETY: callers pass t < n_tok and r < n, so t * n + r is inside y (checked in `new`),
@@ -300,7 +312,13 @@ impl<'a> RowJob<'a> {
     /// `prepared` activations when there are some, else tiles of four rows, then two, then one;
     /// single dots for what is left (decode, the tokens after the last tile, a CPU without tiles).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn run(&self, acts: &QuantizedActs, prepared: Option<&Prepared>, rows: std::ops::Range<usize>) {
+    fn run(
+        &self,
+        acts: &QuantizedActs,
+        prepared: Option<&Prepared>,
+        panels: Option<&Panels>,
+        rows: std::ops::Range<usize>,
+    ) {
         #[allow(unused_mut)]
         let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
@@ -333,9 +351,9 @@ impl<'a> RowJob<'a> {
             && self.rows4.is_some()
             && acts.n_tok < kwide_min_tokens(self.w.ty);
         #[cfg(target_arch = "x86_64")]
-        if self.kwide && acts.n_tok >= kwide_min_tokens(self.w.ty) {
+        if let Some(panels) = panels.filter(|_| self.uses_panels(acts.n_tok)) {
             let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
-            r = super::kwide::run_rows(acts, self.w.ty, row, rows.clone(), put);
+            r = super::kwide::run_rows(acts, panels, self.w.ty, row, rows.clone(), put);
         }
         #[cfg(target_arch = "x86_64")]
         if !small_q4_0 {
@@ -352,6 +370,11 @@ impl<'a> RowJob<'a> {
             // as one long sequential stream (four adjacent rows would make four short streams
             // per group, which the hardware prefetchers follow badly).
             let q = (rows.end - r) / 4;
+            let batch: Vec<&[u8]> = if small_q4_0 && acts.n_tok > 1 {
+                (0..acts.n_tok).map(|t| acts.row(t)).collect()
+            } else {
+                Vec::new()
+            };
             for i in 0..q {
                 let at: [usize; 4] = std::array::from_fn(|j| r + j * q + i);
                 if ahead > 0 {
@@ -359,10 +382,9 @@ impl<'a> RowJob<'a> {
                 }
                 let w = at.map(|r| self.row(r));
                 let put = |t: usize, v: [f32; 4]| (0..4).for_each(|j| self.put(t, at[j], v[j]));
-                if small_q4_0 && acts.n_tok > 1 {
-                    let a: Vec<&[u8]> = (0..acts.n_tok).map(|t| acts.row(t)).collect();
+                if !batch.is_empty() {
                     // SAFETY: as below (rows4 exists, so the CPU has AVX-512).
-                    unsafe { super::avx512::rows_q4_0_batch(w, &a, put) };
+                    unsafe { super::avx512::rows_q4_0_batch(w, &batch, put) };
                     continue;
                 }
                 for t in 0..acts.n_tok {
@@ -489,13 +511,25 @@ pub fn matmul_quantized_many(
     starts.push(total);
     let bytes: usize = jobs.iter().map(|j| j.w.data.len()).sum();
     let prepared = Prepared::new(acts, jobs.iter().map(|j| j.w.ty));
+    #[cfg(target_arch = "x86_64")]
+    let panels = jobs
+        .iter()
+        .any(|j| j.uses_panels(acts.n_tok))
+        .then(|| super::kwide::PanelActs::new(acts));
+    #[cfg(not(target_arch = "x86_64"))]
+    let panels: Option<Panels> = None;
     let pool = pool::global();
     let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
     pool.for_chunks(total, chunk, |g| {
         for (i, j) in jobs.iter().enumerate() {
             let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
             if lo < hi {
-                j.run(acts, prepared.as_ref(), lo - starts[i]..hi - starts[i]);
+                j.run(
+                    acts,
+                    prepared.as_ref(),
+                    panels.as_ref(),
+                    lo - starts[i]..hi - starts[i],
+                );
             }
         }
     });

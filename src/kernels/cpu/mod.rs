@@ -188,6 +188,13 @@ fn blocks<B: Block>(b: &[u8]) -> &[B] {
     unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
+/// The fewest blocks among the rows `xs` and `ys` (what a tile of them can run over).
+#[inline(always)]
+pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
+    let lens = xs.iter().map(|x| x.len()).chain(ys.iter().map(|y| y.len()));
+    lens.min().unwrap_or(0)
+}
+
 fn scalar_dot(wty: GgmlType) -> DotFn {
     // Each arm is a plain function item coerced to the fn pointer.
     match wty {

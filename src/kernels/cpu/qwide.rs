@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::kernels::cpu::avx2::{f16_table, high_bits32, hsum8, load32, nibbles32};
+use crate::kernels::cpu::blocks;
 use crate::kernels::cpu::matmul::QuantizedActs;
 use crate::kernels::cpu::pool;
 use crate::quant::GgmlType;
@@ -121,19 +122,12 @@ impl PairActs {
 /// (d, s, quants) of block b of an activation row.
 fn act_block(row: &[u8], with_s: bool, b: usize) -> (F16Le, F16Le, &[i8; 32]) {
     if with_s {
-        let y = &blocks_of::<BlockQ8_1>(row)[b];
+        let y = &blocks::<BlockQ8_1>(row)[b];
         (y.d, y.s, &y.qs)
     } else {
-        let y = &blocks_of::<BlockQ8_0>(row)[b];
+        let y = &blocks::<BlockQ8_0>(row)[b];
         (y.d, F16Le::from_bits(0), &y.qs)
     }
-}
-
-/// Whole blocks of a byte slice, viewed in place.
-fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
-    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
-    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -206,19 +200,19 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]], nb: usize, u: &mut Unpacked) {
     let none = F16Le::from_bits(0);
     for (r, &row) in rows.iter().enumerate() {
         match ty {
-            GgmlType::Q4_1 => unpack_row::<_, true>(blocks_of::<BlockQ4_1>(row), r, nb, u, |x| {
+            GgmlType::Q4_1 => unpack_row::<_, true>(blocks::<BlockQ4_1>(row), r, nb, u, |x| {
                 (nibbles32(&x.qs), x.d, x.m)
             }),
-            GgmlType::Q5_0 => unpack_row::<_, false>(blocks_of::<BlockQ5_0>(row), r, nb, u, |x| {
+            GgmlType::Q5_0 => unpack_row::<_, false>(blocks::<BlockQ5_0>(row), r, nb, u, |x| {
                 let q = _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh));
                 (q, x.d, none)
             }),
-            GgmlType::Q5_1 => unpack_row::<_, true>(blocks_of::<BlockQ5_1>(row), r, nb, u, |x| {
+            GgmlType::Q5_1 => unpack_row::<_, true>(blocks::<BlockQ5_1>(row), r, nb, u, |x| {
                 let q = _mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh));
                 (q, x.d, x.m)
             }),
             // x + 128 as an unsigned byte is x ^ 0x80.
-            GgmlType::Q8_0 => unpack_row::<_, false>(blocks_of::<BlockQ8_0>(row), r, nb, u, |x| {
+            GgmlType::Q8_0 => unpack_row::<_, false>(blocks::<BlockQ8_0>(row), r, nb, u, |x| {
                 let q = _mm256_xor_si256(load32(&x.qs), _mm256_set1_epi8(-128));
                 (q, x.d, none)
             }),

@@ -14,20 +14,13 @@
 
 use std::arch::x86_64::*;
 
+use crate::kernels::cpu::blocks;
 use crate::quant::GgmlType;
 use crate::quant::blocks::*;
 
 /// `R` weight rows (bytes) against `T` activation rows (bytes): `out[r][t]`.
 pub type TileFn<const R: usize, const T: usize> =
     unsafe fn([&[u8]; R], [&[u8]; T]) -> [[f32; T]; R];
-
-/// Whole blocks of a byte slice, viewed in place (callers check lengths; a ragged tail is left out).
-#[inline(always)]
-fn blocks_of<B: Block>(b: &[u8]) -> &[B] {
-    // SAFETY: `Block` types are alignment-1 byte structs without padding for which every byte
-    // pattern is valid (see quant::blocks), and the length is rounded down to whole blocks.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
-}
 
 /// Generates the tile kernels for one instruction set, given its integer dot products.
 macro_rules! tiles {
@@ -41,8 +34,8 @@ macro_rules! tiles {
             /// gives an activation block's `s` (0 for Q8_0, which has none).
             macro_rules! tile_body {
                 ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:path, $with_min:expr) => {{
-                    let xs: [&[$xty]; R] = $w.map(blocks_of::<$xty>);
-                    let ys: [&[$yty]; T] = $a.map(blocks_of::<$yty>);
+                    let xs: [&[$xty]; R] = $w.map(blocks::<$xty>);
+                    let ys: [&[$yty]; T] = $a.map(blocks::<$yty>);
                     let nb = xs.iter().chain([&xs[0]]).map(|x| x.len()).min().unwrap_or(0);
                     let nb = ys.iter().map(|y| y.len()).fold(nb, usize::min);
                     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -90,9 +83,9 @@ macro_rules! tiles {
                 assert!(T % 4 == 0 && T <= 16, "Q4_0 tile of {T} tokens");
                 let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(8);
-                let xs: [&[BlockQ4_0]; R] = w.map(blocks_of::<BlockQ4_0>);
-                let ys: [&[BlockQ8_0]; T] = a.map(blocks_of::<BlockQ8_0>);
-                let nb = xs.iter().map(|x| x.len()).chain(ys.iter().map(|y| y.len())).min().unwrap_or(0);
+                let xs: [&[BlockQ4_0]; R] = w.map(blocks::<BlockQ4_0>);
+                let ys: [&[BlockQ8_0]; T] = a.map(blocks::<BlockQ8_0>);
+                let nb = crate::kernels::cpu::common_blocks(&xs, &ys);
                 let mut acc = [[_mm_setzero_ps(); 4]; R];
                 let mut dy = [0f32; T];
                 for b in 0..nb {
