@@ -1,12 +1,15 @@
 //! F16 prefill on AVX-512 CPUs. The f16 activations are widened to f32 once per operator, laid out
 //! in the order the tile reads them, and each block of weight rows is widened once per block of
-//! tokens into a buffer that stays in L1, so the tile's inner loop is loads and FMAs only.
+//! tokens into a buffer that stays in L2, so the tile's inner loop is loads and FMAs only; while a
+//! block's tiles run, the next block's weight rows are prefetched a cache line per step.
 //!
 //! Every output is computed as `avx2::vec_dot_f16` computes it (`scalar::dot_wide`'s order): lane
 //! (c, l) of four 8-lane FMA chains takes the elements `i % 32 == 8c + l` as `fma(w, a, acc)`,
 //! then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then the `k % 32` tail elements by FMA in
-//! order. A 512-bit register holds two tokens' 8 lanes of one chain (tokens 2p and 2p + 1 of a
-//! quad), so tiled and single-row results are bit-identical.
+//! order. The chains are independent, so the tile runs them one after the other: a 512-bit
+//! register holds two tokens' 8 lanes of one chain, and one chain of six rows x eight tokens is
+//! 24 accumulators, each weight load feeding four FMAs and each activation load six. Tiled and
+//! single-row results are bit-identical.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -23,23 +26,32 @@ use crate::quant::blocks::f16_bits_to_f32;
 #[repr(C, align(64))]
 pub struct Lanes16([f32; 16]);
 
-const ZERO: Lanes16 = Lanes16([0.0; 16]);
+/// Eight f32 lanes, aligned as a 256-bit register.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Lanes8([f32; 8]);
 
-/// Weight rows per tile: three rows x four tokens is 24 accumulators of the 32 registers.
-const MAX_ROWS: usize = 3;
+/// Weight rows per tile.
+const MAX_ROWS: usize = 6;
 
-/// Bytes of widened activations per block of tokens (each weight row block is widened once per
-/// token block and runs against every quad in it): small enough to stay in L2 beside the weights.
-const TOKEN_BLOCK_BYTES: usize = 256 << 10;
+/// Token pairs per tile: six rows x four pairs is 24 accumulators of the 32 registers.
+const MAX_PAIRS: usize = 4;
 
-/// f16 activations widened to f32, four tokens (a quad) at a time: `[quad][step][pair][chunk]`
-/// of [`Lanes16`], where step s is elements 32s..32s + 32 and entry (p, c) holds elements
-/// 32s + 8c..32s + 8c + 8 of token 4q + 2p (lanes 0..8) and of token 4q + 2p + 1 (lanes 8..16).
-/// Tokens after the last whole quad and elements after the last whole step are not widened.
+/// Bytes of widened activations per block of tokens: each weight row block is widened once per
+/// token block and runs against every pair in it, the pairs streaming from L3. 1B shape F16,
+/// pp64 / pp512, one EPYC thread, t/s by block: 256 KiB 36.4 / -, 512 KiB 41.8 / 41.0, 2 MiB
+/// 45.6 / 45.0, 4 MiB 44.4 / -, 8 MiB - / 46.5, 32 MiB - / 41.4 (smaller blocks re-widen the
+/// weights too often, larger ones leave L3).
+const TOKEN_BLOCK_BYTES: usize = 4 << 20;
+
+/// f16 activations widened to f32, two tokens (a pair) at a time: `[pair][chain][step]` of
+/// [`Lanes16`], where entry (c, s) holds elements 32s + 8c..32s + 8c + 8 of token 2q (lanes
+/// 0..8) and of token 2q + 1 (lanes 8..16). A token after the last whole pair and elements after
+/// the last whole step are not widened.
 pub struct WideActs {
     data: Vec<Lanes16>,
     steps: usize,
-    n_quads: usize,
+    n_pairs: usize,
 }
 
 impl WideActs {
@@ -54,47 +66,46 @@ impl WideActs {
         Some(Self::widen(acts))
     }
 
-    /// Widens the whole quads of `acts` (F16, on a CPU with AVX-512).
+    /// Widens the whole pairs of `acts` (F16, on a CPU with AVX-512).
     fn widen(acts: &QuantizedActs) -> WideActs {
         assert!(
             acts.ty == crate::quant::GgmlType::F16 && crate::kernels::cpu::Isa::Avx512.supported()
         );
         let steps = acts.k / 32;
-        let n_quads = acts.n_tok / 4;
-        let per_quad = steps * 8;
-        let mut data = vec![ZERO; n_quads * per_quad];
+        let n_pairs = acts.n_tok / 2;
+        let per_pair = steps * 4;
+        let mut data = vec![Lanes16([0.0; 16]); n_pairs * per_pair];
         let out = SharedLanes(data.as_mut_ptr());
-        pool::global().for_chunks(n_quads, 8, |quads| {
+        pool::global().for_chunks(n_pairs, 16, |pairs| {
             let out = &out;
-            for q in quads {
-                // SAFETY: quad q owns data[q * per_quad..(q + 1) * per_quad], disjoint across
+            for q in pairs {
+                // SAFETY: pair q owns data[q * per_pair..(q + 1) * per_pair], disjoint across
                 // tasks, and `data` outlives the job.
                 let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_quad), per_quad) };
-                let rows = std::array::from_fn(|j| acts.row(4 * q + j));
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
                 // SAFETY: this CPU has AVX-512 (asserted above).
-                unsafe { widen_quad(rows, dst) };
+                unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
             }
         });
         WideActs {
             data,
             steps,
-            n_quads,
+            n_pairs,
         }
     }
 
-    /// Tokens the tiles cover: 0..4 * n_quads.
+    /// Tokens the tiles cover: 0..2 * n_pairs.
     pub fn n_tok(&self) -> usize {
-        4 * self.n_quads
+        2 * self.n_pairs
     }
 
-    fn quad(&self, q: usize) -> &[Lanes16] {
-        let n = self.steps * 8;
+    fn pair(&self, q: usize) -> &[Lanes16] {
+        let n = self.steps * 4;
         &self.data[q * n..(q + 1) * n]
     }
 }
 
-/// Output pointer for tasks that write disjoint quads.
+/// Output pointer for tasks that write disjoint pairs.
 struct SharedLanes(*mut Lanes16);
 // SAFETY: tasks write disjoint ranges of the buffer, which outlives the parallel loop.
 unsafe impl Sync for SharedLanes {}
@@ -108,67 +119,122 @@ unsafe fn load8(b: &[u8], i: usize) -> __m128i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_quad(rows: [&[u8]; 4], dst: &mut [Lanes16]) {
-    let steps = dst.len() / 8;
+unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [Lanes16]) {
+    let steps = dst.len() / 4;
     assert!(rows.iter().all(|r| r.len() >= 64 * steps));
-    for s in 0..steps {
-        for p in 0..2 {
-            for c in 0..4 {
-                let i = 32 * s + 8 * c;
-                let two = _mm256_inserti128_si256::<1>(
-                    _mm256_castsi128_si256(load8(rows[2 * p], i)),
-                    load8(rows[2 * p + 1], i),
-                );
-                _mm512_store_ps(dst[8 * s + 4 * p + c].0.as_mut_ptr(), _mm512_cvtph_ps(two));
+    for c in 0..4 {
+        for s in 0..steps {
+            let i = 32 * s + 8 * c;
+            let two = _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(load8(rows[0], i)),
+                load8(rows[1], i),
+            );
+            _mm512_store_ps(dst[c * steps + s].0.as_mut_ptr(), _mm512_cvtph_ps(two));
+        }
+    }
+}
+
+/// Widens `R` weight rows (f16 bytes) into `dst` as `[row][chain][step]` of [`Lanes8`]: entry
+/// (r, c, s) holds row r's elements 32s + 8c..32s + 8c + 8.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) {
+    assert!(dst.len() >= R * 4 * steps && rows.iter().all(|r| r.len() >= 64 * steps));
+    let d = dst.as_mut_ptr().cast::<f32>();
+    for (r, row) in rows.iter().enumerate() {
+        let base = d.add(r * 32 * steps);
+        for s in 0..steps {
+            for h in 0..2 {
+                // Elements 32s + 16h..32s + 16h + 16: chains 2h and 2h + 1.
+                let x =
+                    _mm512_cvtph_ps(_mm256_loadu_si256(row.as_ptr().add(64 * s + 32 * h).cast()));
+                let lo = _mm512_castps512_ps256(x);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+                _mm256_store_ps(base.add(8 * ((2 * h) * steps + s)), lo);
+                _mm256_store_ps(base.add(8 * ((2 * h + 1) * steps + s)), hi);
             }
         }
     }
 }
 
-/// Widens `R` weight rows (f16 bytes) into `dst`: row r's elements 0..32 * steps from
-/// `dst[r * 2 * steps]` on, sixteen per entry.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes16]) {
-    assert!(dst.len() >= R * 2 * steps && rows.iter().all(|r| r.len() >= 64 * steps));
-    for (r, row) in rows.iter().enumerate() {
-        for e in 0..2 * steps {
-            let h = _mm256_loadu_si256(row.as_ptr().add(32 * e).cast());
-            _mm512_store_ps(dst[r * 2 * steps + e].0.as_mut_ptr(), _mm512_cvtph_ps(h));
+/// Cache lines still to prefetch: the next block's weight rows, one line per tile step.
+struct Prefetch<'w> {
+    rows: [&'w [u8]; MAX_ROWS],
+    n: usize,
+    row: usize,
+    at: usize,
+}
+
+impl<'w> Prefetch<'w> {
+    /// The lines of rows `next` (at most [`MAX_ROWS`]).
+    fn new(next: Range<usize>, row: &impl Fn(usize) -> &'w [u8]) -> Prefetch<'w> {
+        let mut rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
+        for (dst, r) in rows.iter_mut().zip(next.clone()) {
+            *dst = row(r);
+        }
+        Prefetch {
+            rows,
+            n: next.len().min(MAX_ROWS),
+            row: 0,
+            at: 0,
+        }
+    }
+
+    /// Asks for the next line, if any is left.
+    #[inline(always)]
+    fn step(&mut self) {
+        if self.row < self.n {
+            let row = self.rows[self.row];
+            // SAFETY: `at` < row.len(), inside the row (a prefetch never faults in any case).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(self.at).cast()) };
+            self.at += 64;
+            if self.at >= row.len() {
+                self.row += 1;
+                self.at = 0;
+            }
         }
     }
 }
 
-/// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against one widened quad `a`,
-/// over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token).
+/// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against `P` widened pairs
+/// (`a`), over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token):
+/// `out[r][p][j]` is token 2p + j of the pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const R: usize>(w: &[Lanes16], a: &[Lanes16], steps: usize) -> [[f32; 4]; R] {
-    assert!(w.len() >= R * 2 * steps && a.len() >= 8 * steps);
+unsafe fn tile<const R: usize, const P: usize>(
+    w: &[Lanes8],
+    a: [&[Lanes16]; P],
+    steps: usize,
+    pf: &mut Prefetch,
+) -> [[[f32; 2]; P]; R] {
+    assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
-    let ap = a.as_ptr().cast::<f32>();
-    let mut acc = [[[_mm512_setzero_ps(); 4]; 2]; R];
-    for s in 0..steps {
-        for c in 0..4 {
-            // SAFETY (all loads): s < steps, so every offset is inside `a` and `w` (checked above).
-            let y0 = _mm512_load_ps(ap.add(16 * (8 * s + c)));
-            let y1 = _mm512_load_ps(ap.add(16 * (8 * s + 4 + c)));
+    let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
+    let mut chains = [[[_mm512_setzero_ps(); P]; R]; 4];
+    for (c, chain) in chains.iter_mut().enumerate() {
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        for s in 0..steps {
+            let i = c * steps + s;
+            // SAFETY (all loads): i < 4 * steps, inside `a` and `w` (checked above).
+            let y: [__m512; P] = std::array::from_fn(|p| _mm512_load_ps(ap[p].add(16 * i)));
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let w8 = _mm256_load_pd(wp.add(r * 32 * steps + 32 * s + 8 * c).cast());
+                let w8 = _mm256_load_pd(wp.add(8 * (r * 4 * steps + i)).cast());
                 let wz = _mm512_castpd_ps(_mm512_broadcast_f64x4(w8));
-                acc_r[0][c] = _mm512_fmadd_ps(wz, y0, acc_r[0][c]);
-                acc_r[1][c] = _mm512_fmadd_ps(wz, y1, acc_r[1][c]);
+                for p in 0..P {
+                    acc_r[p] = _mm512_fmadd_ps(wz, y[p], acc_r[p]);
+                }
             }
+            pf.step();
         }
+        *chain = acc;
     }
-    let mut out = [[0f32; 4]; R];
+    let mut out = [[[0f32; 2]; P]; R];
     for r in 0..R {
-        for p in 0..2 {
-            let a4 = &acc[r][p];
-            let s = _mm512_add_ps(_mm512_add_ps(a4[0], a4[1]), _mm512_add_ps(a4[2], a4[3]));
+        for p in 0..P {
+            let ch = |c: usize| chains[c][r][p];
+            let s = _mm512_add_ps(_mm512_add_ps(ch(0), ch(1)), _mm512_add_ps(ch(2), ch(3)));
             let lo = _mm512_castps512_ps256(s);
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
-            out[r][2 * p] = hsum8(lo);
-            out[r][2 * p + 1] = hsum8(hi);
+            out[r][p] = [hsum8(lo), hsum8(hi)];
         }
     }
     out
@@ -187,65 +253,125 @@ pub(crate) fn run_rows<'w>(
     rows: Range<usize>,
     put: impl Fn(usize, usize, f32),
 ) {
-    let quads_per_block = TOKEN_BLOCK_BYTES / (wide.steps * size_of::<Lanes16>() * 8).max(1);
-    run_blocks(wide, acts, row, rows, quads_per_block.max(1), put)
+    let pairs_per_block = TOKEN_BLOCK_BYTES / (wide.steps * size_of::<Lanes16>() * 4).max(1);
+    run_blocks(wide, acts, row, rows, pairs_per_block.max(1), put)
 }
 
-/// [`run_rows`] with `quads_per_block` quads per token block: in each block, the rows three (then
-/// two, then one) at a time against every quad.
+/// [`run_rows`] with `pairs_per_block` pairs per token block: in each block, the rows six at a
+/// time (then the rest) against every pair.
 fn run_blocks<'w>(
     wide: &WideActs,
     acts: &QuantizedActs,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
-    quads_per_block: usize,
+    pairs_per_block: usize,
     put: impl Fn(usize, usize, f32),
 ) {
-    let mut wbuf = vec![ZERO; MAX_ROWS * 2 * wide.steps];
-    let mut q0 = 0;
-    while q0 < wide.n_quads {
-        let quads = q0..(q0 + quads_per_block).min(wide.n_quads);
-        let mut r = rows.start;
-        while r + 3 <= rows.end {
-            block::<3>(wide, acts, &row, r, quads.clone(), &mut wbuf, &put);
-            r += 3;
-        }
-        if r + 2 <= rows.end {
-            block::<2>(wide, acts, &row, r, quads.clone(), &mut wbuf, &put);
-            r += 2;
-        }
-        if r < rows.end {
-            block::<1>(wide, acts, &row, r, quads.clone(), &mut wbuf, &put);
-        }
-        q0 = quads.end;
+    thread_local! {
+        /// The widened weight rows of a block, kept per thread across operators.
+        static WBUF: std::cell::RefCell<Vec<Lanes8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    WBUF.with_borrow_mut(|wbuf| {
+        let need = MAX_ROWS * 4 * wide.steps;
+        if wbuf.len() < need {
+            wbuf.resize(need, Lanes8([0.0; 8]));
+        }
+        let wbuf = &mut wbuf[..need];
+        let mut q0 = 0;
+        while q0 < wide.n_pairs {
+            let pairs = q0..(q0 + pairs_per_block).min(wide.n_pairs);
+            let mut r = rows.start;
+            while r < rows.end {
+                let n = (rows.end - r).min(MAX_ROWS);
+                // The next block's rows: this token block's next row block, or the next token
+                // block's first.
+                let next = if r + n < rows.end {
+                    r + n..(r + n + MAX_ROWS).min(rows.end)
+                } else if pairs.end < wide.n_pairs {
+                    rows.start..(rows.start + MAX_ROWS).min(rows.end)
+                } else {
+                    0..0
+                };
+                let mut pf = Prefetch::new(next, &row);
+                let b = Block {
+                    wide,
+                    acts,
+                    pairs: pairs.clone(),
+                };
+                match n {
+                    6 => b.run::<6>(&row, r, wbuf, &mut pf, &put),
+                    5 => b.run::<5>(&row, r, wbuf, &mut pf, &put),
+                    4 => b.run::<4>(&row, r, wbuf, &mut pf, &put),
+                    3 => b.run::<3>(&row, r, wbuf, &mut pf, &put),
+                    2 => b.run::<2>(&row, r, wbuf, &mut pf, &put),
+                    _ => b.run::<1>(&row, r, wbuf, &mut pf, &put),
+                }
+                r += n;
+            }
+            q0 = pairs.end;
+        }
+    })
 }
 
-/// Rows `r..r + R` against quads `quads`.
-fn block<'w, const R: usize>(
-    wide: &WideActs,
-    acts: &QuantizedActs,
-    row: &impl Fn(usize) -> &'w [u8],
-    r: usize,
-    quads: Range<usize>,
-    wbuf: &mut [Lanes16],
-    put: &impl Fn(usize, usize, f32),
-) {
-    let steps = wide.steps;
-    let full = 32 * steps;
-    let w: [&[u8]; R] = std::array::from_fn(|i| row(r + i));
-    // SAFETY: `WideActs::new` is `Some` only on CPUs with AVX-512.
-    unsafe { widen_rows(w, steps, wbuf) };
-    for q in quads {
-        // SAFETY: as above.
-        let mut out = unsafe { tile::<R>(wbuf, wide.quad(q), steps) };
-        for (i, o) in out.iter_mut().enumerate() {
-            for (j, v) in o.iter_mut().enumerate() {
-                let a = acts.row(4 * q + j);
-                for e in full..acts.k {
-                    *v = elem(w[i], e).mul_add(elem(a, e), *v);
+/// One token block's activations.
+struct Block<'a> {
+    wide: &'a WideActs,
+    acts: &'a QuantizedActs,
+    pairs: Range<usize>,
+}
+
+impl Block<'_> {
+    /// Rows `r..r + R` against the block's pairs, four at a time (then the rest).
+    fn run<'w, const R: usize>(
+        &self,
+        row: &impl Fn(usize) -> &'w [u8],
+        r: usize,
+        wbuf: &mut [Lanes8],
+        pf: &mut Prefetch,
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        let w: [&[u8]; R] = std::array::from_fn(|i| row(r + i));
+        // SAFETY: `WideActs::new` is `Some` only on CPUs with AVX-512.
+        unsafe { widen_rows(w, self.wide.steps, wbuf) };
+        let mut q = self.pairs.start;
+        while q < self.pairs.end {
+            let n = (self.pairs.end - q).min(MAX_PAIRS);
+            match n {
+                4 => self.tile::<R, 4>(&w, wbuf, r, q, pf, put),
+                3 => self.tile::<R, 3>(&w, wbuf, r, q, pf, put),
+                2 => self.tile::<R, 2>(&w, wbuf, r, q, pf, put),
+                _ => self.tile::<R, 1>(&w, wbuf, r, q, pf, put),
+            }
+            q += n;
+        }
+    }
+
+    /// Rows `r..r + R` (`w`, widened in `wbuf`) against pairs `q..q + P`, with the `k % 32` tail.
+    fn tile<const R: usize, const P: usize>(
+        &self,
+        w: &[&[u8]; R],
+        wbuf: &[Lanes8],
+        r: usize,
+        q: usize,
+        pf: &mut Prefetch,
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        let steps = self.wide.steps;
+        let full = 32 * steps;
+        let a = std::array::from_fn(|p| self.wide.pair(q + p));
+        // SAFETY: as in `run`.
+        let out = unsafe { tile::<R, P>(wbuf, a, steps, pf) };
+        for (i, o) in out.iter().enumerate() {
+            for (p, two) in o.iter().enumerate() {
+                for (j, &v) in two.iter().enumerate() {
+                    let t = 2 * (q + p) + j;
+                    let a = self.acts.row(t);
+                    let mut v = v;
+                    for e in full..self.acts.k {
+                        v = elem(w[i], e).mul_add(elem(a, e), v);
+                    }
+                    put(t, r + i, v);
                 }
-                put(4 * q + j, r + i, *v);
             }
         }
     }
@@ -257,7 +383,8 @@ mod tests {
     use crate::kernels::cpu::Isa;
     use crate::quant::{GgmlType, quantize_row};
 
-    /// Every (token, row) over several token blocks, with row blocks of three, two and one and a
+    /// Every (token, row) over several token blocks, with row blocks of one to six, tiles of one
+    /// to four token pairs, an odd token left to the caller and a
     /// `k % 32` tail, equals the single-row F16 dot bit for bit.
     #[test]
     fn tiles_equal_single_row_dots() {
@@ -276,16 +403,25 @@ mod tests {
             let x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
             let acts = QuantizedActs::new(GgmlType::F16, &x, k).unwrap();
             let wide = WideActs::widen(&acts);
-            assert_eq!(wide.n_tok(), n_tok / 4 * 4);
-            // Rows 1..n: blocks of three, then two (n - 1 = 11); and 1..n - 1: three, then one.
-            for (rows, quads_per_block) in [(1..n, 1), (1..n - 1, 2), (0..n, 100)] {
+            assert_eq!(wide.n_tok(), n_tok / 2 * 2);
+            // Row ranges ending in blocks of five, four, six, three, two and one rows; pairs per
+            // token block from one to all, so tiles of one to four pairs.
+            let ranges = [
+                (1..n, 1),
+                (1..n - 1, 2),
+                (0..n, 100),
+                (2..n - 1, 3),
+                (0..8, 5),
+                (0..7, 100),
+            ];
+            for (rows, pairs_per_block) in ranges {
                 let got = std::sync::Mutex::new(vec![f32::NAN; n_tok * n]);
                 run_blocks(
                     &wide,
                     &acts,
                     |r| &w[r * rb..(r + 1) * rb],
                     rows.clone(),
-                    quads_per_block,
+                    pairs_per_block,
                     |t, r, v| {
                         got.lock().unwrap()[t * n + r] = v;
                     },
