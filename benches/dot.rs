@@ -191,7 +191,13 @@ fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
 
 fn benches(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
         bench_rows4(c, ty, 2048);
     }
     let threads = set_threads();

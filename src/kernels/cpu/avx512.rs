@@ -89,14 +89,18 @@ pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 
-/// Four rows at a time for decode where a kernel exists: Q4_0 and Q8_0 (the single-row dots are
-/// bound by their one FMA chain; four rows keep four chains in flight and share each activation
-/// block's load, scale and correction).
+/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0 and the K-quants of a Q4_K_M
+/// file (the single-row dots are bound by their one FMA chain and their horizontal sums; four rows
+/// keep four chains in flight, share each activation block's loads and scale, and reduce the four
+/// rows' lanes together).
 pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     use crate::quant::GgmlType;
     match wty {
         GgmlType::Q4_0 => Some(rows_q4_0),
         GgmlType::Q8_0 => Some(rows_q8_0::<4>),
+        GgmlType::Q4_K => Some(rows_k4::<BlockQ4K>),
+        GgmlType::Q5_K => Some(rows_k4::<BlockQ5K>),
+        GgmlType::Q6_K => Some(rows_q6_k),
         _ => None,
     }
 }
@@ -533,6 +537,52 @@ unsafe fn k_tile<B: Block, U, const R: usize, const T: usize>(
     out
 }
 
+/// Four rows' `[d, dmin, ..]` pairs as `([d_0..d_3], [dmin_0..dmin_3])`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn d_dmin4(d: [__m128; 4]) -> (__m128, __m128) {
+    let lo = _mm_unpacklo_ps(d[0], d[1]); // [d0 d1 dmin0 dmin1]
+    let hi = _mm_unpacklo_ps(d[2], d[3]); // [d2 d3 dmin2 dmin3]
+    (_mm_movelh_ps(lo, hi), _mm_movehl_ps(hi, lo))
+}
+
+/// Four Q4_K / Q5_K rows against one Q8_K row, bit-identical per row with [`k4_dot`]: per
+/// super-block the same exact `isum` and `imin` (the four rows' lanes summed together), then
+/// [`k4_step`]'s float step lane by lane, one chain per row in the lanes of one register. No
+/// software prefetch: on the EPYC, 1B Q4_K_M tg32 at one thread, 512 / 1024 / 2048 / 4096 bytes
+/// ahead gave 12.8 / 10.7 / 12.2 / 13.2 t/s against 18.2 without (and 18.4 for single rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn rows_k4<B: K4Parts>(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    let xs: [&[B]; 4] = w.map(super::blocks::<B>);
+    let ys: &[BlockQ8K] = super::blocks(a);
+    let nb = super::common_blocks(&xs, &[ys]);
+    let mut sumf = _mm_setzero_ps();
+    for (b, y) in ys[..nb].iter().enumerate() {
+        // SAFETY: b < nb <= every row's length.
+        let x: [&B; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
+        // One row at a time (four unpacked blocks would not fit the registers).
+        let (mut lanes, mut mins, mut d) = (
+            [_mm256_setzero_si256(); 4],
+            [_mm256_setzero_si256(); 4],
+            [_mm_setzero_ps(); 4],
+        );
+        for r in 0..4 {
+            let u = k4_unpack_block(x[r]);
+            lanes[r] = k4_isum(&u, y);
+            mins[r] = k4_imin(&u, y);
+            d[r] = u.d;
+        }
+        let (isum, imin) = (avx2::sum4_i32(lanes), avx2::sum4_i32(mins));
+        let (d_x, dmin_x) = d_dmin4(d);
+        let d_y = _mm_set1_ps(y.d.get());
+        let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), _mm_cvtepi32_ps(isum), sumf);
+        sumf = _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), _mm_cvtepi32_ps(imin), acc);
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sumf);
+    out
+}
+
 /// A Q4_K / Q5_K super-block unpacked.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -684,6 +734,34 @@ pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     sumf
 }
 
+/// Four Q6_K rows against one Q8_K row, bit-identical per row with [`vec_dot_q6_k_q8_k`]: the
+/// same exact `isum` per super-block, [`q6_step`]'s float step lane by lane.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_q6_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    let xs: [&[BlockQ6K]; 4] = w.map(super::blocks::<BlockQ6K>);
+    let ys: &[BlockQ8K] = super::blocks(a);
+    let nb = super::common_blocks(&xs, &[ys]);
+    let mut sumf = _mm_setzero_ps();
+    for (b, y) in ys[..nb].iter().enumerate() {
+        // SAFETY: b < nb <= every row's length.
+        let x: [&BlockQ6K; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
+        // One row at a time (four unpacked blocks would not fit the registers).
+        let (mut lanes, mut d) = ([_mm256_setzero_si256(); 4], [0f32; 4]);
+        for r in 0..4 {
+            let u = q6_unpack(x[r]);
+            lanes[r] = q6_isum(&u, y);
+            d[r] = u.d;
+        }
+        let isum = avx2::sum4_i32(lanes);
+        let d_x = _mm_loadu_ps(d.as_ptr());
+        let d = _mm_mul_ps(_mm_set1_ps(y.d.get()), d_x);
+        sumf = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), sumf);
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sumf);
+    out
+}
+
 /// [`k_tile`] for Q6_K.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn q6_k_tile<const R: usize, const T: usize>(
@@ -782,23 +860,40 @@ mod tests {
             eprintln!("rows_equal_scalar_dots: skipped, this CPU has no AVX-512 VNNI");
             return;
         }
-        for wty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        let kinds = [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for wty in kinds {
             let f = rows_fn(wty).unwrap();
-            for n in [32usize, 64, 576, 2048, 32 * 37] {
+            let block = wty.block_size();
+            for n in [32usize, 64, 576, 2048, 32 * 37, 256 * 3, 256 * 9]
+                .into_iter()
+                .filter(|n| n % block == 0)
+            {
                 let pattern = |off: f32| -> Vec<f32> {
                     (0..n)
                         .map(|i| 0.1 + 2.0 * (i as f32 * 0.7 + off).cos())
                         .collect()
                 };
+                let mut rng = crate::rng::SplitMix64::new(n as u64);
                 let rows: Vec<Vec<u8>> = (0..4)
                     .map(|r| {
+                        if block == 256 {
+                            // No K-quant quantiser: random blocks with sane scales.
+                            return super::super::random_rows(wty, n, 1, &mut rng);
+                        }
                         let mut w = vec![0u8; wty.row_bytes(n).unwrap()];
                         quantize_row(wty, &pattern(r as f32 * 1.3), &mut w).unwrap();
                         w
                     })
                     .collect();
-                let mut a = vec![0u8; GgmlType::Q8_0.row_bytes(n).unwrap()];
-                quantize_row(GgmlType::Q8_0, &pattern(2.1), &mut a).unwrap();
+                let aty = wty.vec_dot_type();
+                let mut a = vec![0u8; aty.row_bytes(n).unwrap()];
+                quantize_row(aty, &pattern(2.1), &mut a).unwrap();
                 // SAFETY: AVX-512 VNNI checked above; dot_fn checks support.
                 let got = unsafe { f(std::array::from_fn(|r| rows[r].as_slice()), &a) };
                 for (r, w) in rows.iter().enumerate() {

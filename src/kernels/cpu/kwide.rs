@@ -568,25 +568,6 @@ mod tests {
     use crate::kernels::cpu::{Isa, dot_fn};
     use crate::rng::SplitMix64;
 
-    /// Random K-quant rows with small finite super-block scales (so no sum overflows to inf).
-    fn random_rows(ty: GgmlType, k: usize, n: usize, rng: &mut SplitMix64) -> Vec<u8> {
-        let scales: &[usize] = match ty {
-            GgmlType::Q4_0 => &[0],
-            GgmlType::Q6_K => &[208],
-            _ => &[0, 2],
-        };
-        let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * n)
-            .map(|_| rng.next_u64() as u8)
-            .collect();
-        for block in w.chunks_mut(ty.type_size()) {
-            for &o in scales {
-                let v = half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
-                block[o..o + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        w
-    }
-
     /// Every panel output equals the canonical scalar dot's bits, for token blocks smaller than,
     /// equal to and larger than the token count, whole and partial token groups, and the rows
     /// past the last whole panel left to the caller.
@@ -607,7 +588,7 @@ mod tests {
             // Q4_0: 25 blocks, the last panel's transpose half empty.
             let k = if ty == GgmlType::Q4_0 { 800 } else { 768 };
             let rb = ty.row_bytes(k).unwrap();
-            let w = random_rows(ty, k, n, &mut rng);
+            let w = super::super::random_rows(ty, k, n, &mut rng);
             for n_tok in [1, 9, 21] {
                 let x: Vec<f32> = (0..k * n_tok)
                     .map(|i| ((i as f32) * 0.731).sin() * 3.0 + 0.2)

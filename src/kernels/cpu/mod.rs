@@ -195,6 +195,31 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
+#[cfg(test)]
+/// Random Q4_0 or K-quant rows (for tests of kernels oato has no quantiser for) with small finite super-block scales (so no sum overflows to inf).
+pub(crate) fn random_rows(
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    rng: &mut crate::rng::SplitMix64,
+) -> Vec<u8> {
+    let scales: &[usize] = match ty {
+        GgmlType::Q4_0 => &[0],
+        GgmlType::Q6_K => &[208],
+        _ => &[0, 2],
+    };
+    let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * n)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in w.chunks_mut(ty.type_size()) {
+        for &o in scales {
+            let v = half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
+            block[o..o + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    w
+}
+
 fn scalar_dot(wty: GgmlType) -> DotFn {
     // Each arm is a plain function item coerced to the fn pointer.
     match wty {

@@ -4,7 +4,7 @@
 //! per-block FMA chain, same horizontal sum; Q4_0's one chain of block sums), so tiled and
 //! untiled results are bit-identical. Prefill on AVX2 CPUs uses 4 x 4 tiles (then 2 x 4 and 1 x 4
 //! for the rows left; AVX-512 CPUs use `kwide`, `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
-//! kernels of `avx512::rows_fn` for Q4_0 and Q8_0 (rows taken from the four quarters of a task's
+//! kernels of `avx512::rows_fn` for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (rows taken from the four quarters of a task's
 //! range, so the weights stay four long sequential streams).
 
 #![allow(unsafe_op_in_unsafe_fn)]
