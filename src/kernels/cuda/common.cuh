@@ -270,3 +270,14 @@ __device__ __forceinline__ u32 bits4_to_byte_bit4(u32 b) {
 __device__ __forceinline__ int bytes_sub(u32 a, u32 b) {
     return (int)__vsub4(a, b);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A kernel over quantised weights w and activations split by quantize_q8_1_split (quants aq,
+// their (d, s) ads), writing f32 y: the parameter list of mmvq_direct_* and mmq_*, calling
+// IMPL(w, aq, ads, y, k, n, n_tok) (IMPL in parentheses when it holds a comma).
+#define Q8_SPLIT_KERNEL(name, THREADS, IMPL)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
+        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
+             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
+        IMPL(w, aq, ads, y, k, n, n_tok);                                                       \
+    }

@@ -540,12 +540,7 @@ __device__ __forceinline__ void mmvq_direct_impl(const void* w, const i8* aq, co
 // ads: [n_tok, k / 32] float2 from quantize_q8_1_split (aq 16-byte aligned, ads 8-byte
 // aligned); y: [n_tok, n] f32; 1 <= n_tok <= 8 (else nothing is written); k a multiple of the
 // block size.
-#define MMVQ_DIRECT_KERNEL(name, T)                                                             \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
-        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
-             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
-        mmvq_direct_impl<T>(w, aq, ads, y, k, n, n_tok);                                        \
-    }
+#define MMVQ_DIRECT_KERNEL(name, T) Q8_SPLIT_KERNEL(name, 128, mmvq_direct_impl<T>)
 
 MMVQ_DIRECT_KERNEL(mmvq_direct_q4_0, mmvq_q4_0_t)
 MMVQ_DIRECT_KERNEL(mmvq_direct_q4_1, mmvq_q4_1_t)
