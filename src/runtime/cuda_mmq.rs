@@ -84,8 +84,11 @@ pub fn mmq_kernel_of(ty: GgmlType, n: usize, n_tok: usize, sm_count: usize) -> O
     let (big, small) = match ty {
         GgmlType::Q4_0 => ("mmq_q4_0", "mmq_q4_0_r32"),
         GgmlType::Q4_1 => ("mmq_q4_1", "mmq_q4_1_r32"),
+        GgmlType::Q5_0 => ("mmq_q5_0", "mmq_q5_0_r32"),
+        GgmlType::Q5_1 => ("mmq_q5_1", "mmq_q5_1_r32"),
         GgmlType::Q8_0 => ("mmq_q8_0", "mmq_q8_0_r32"),
         GgmlType::Q4_K => ("mmq_q4_K", "mmq_q4_K_r32"),
+        GgmlType::Q5_K => ("mmq_q5_K", "mmq_q5_K_r32"),
         GgmlType::Q6_K => ("mmq_q6_K", "mmq_q6_K_r32"),
         _ => return None,
     };
@@ -188,7 +191,7 @@ mod tests {
         assert_eq!(c.get(q, 4096, 4096, 65).unwrap(), None);
         assert_eq!(c.get(GgmlType::Q8_0, 4096, 4096, 64).unwrap(), None);
         assert_eq!(c.get(q, 14336, 4096, 64).unwrap(), None);
-        assert!(has_mmq(GgmlType::Q4_K) && !has_mmq(GgmlType::Q5_K));
+        assert!(has_mmq(GgmlType::Q5_K) && !has_mmq(GgmlType::Q3_K));
     }
 
     #[test]
@@ -199,6 +202,6 @@ mod tests {
         // 512 tokens: 512 tiles of 64 rows.
         let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 512, 132).unwrap();
         assert_eq!((k.name, k.rows), ("mmq_q4_0", 64));
-        assert_eq!(mmq_kernel_of(GgmlType::Q5_K, 4096, 512, 132), None);
+        assert_eq!(mmq_kernel_of(GgmlType::Q2_K, 4096, 512, 132), None);
     }
 }

@@ -314,7 +314,7 @@ def check_mmvq_direct(g, t):
 # 64 x 64 tile; a partial last step of k (32-element formats) with partial row and token tiles;
 # several tiles each way with 2-byte aligned weights; one row and one token.
 
-MMQ_TYPES = ("q4_0", "q4_1", "q8_0", "q4_K", "q6_K")
+MMQ_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")
 
 
 def check_mmq(g, t):

@@ -265,6 +265,13 @@ __device__ __forceinline__ u32 bits4_to_byte_bit4(u32 b) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
+// The four low / high quants of Q5 elements e..e + 4 and e + 16..e + 20 from qs word v and the
+// block's qh: nibble | fifth bit (bit e + i of qh) << 4, in bytes.
+__device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi) {
+    lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
+}
+
 // Byte-wise a - b, modulo 256 per byte (no borrow between bytes): turns unsigned quants into
 // signed int8 lanes for __dp4a, e.g. 0..15 - 8.
 __device__ __forceinline__ int bytes_sub(u32 a, u32 b) {

@@ -131,29 +131,81 @@ struct mmq_q8_0_t {
     }
 };
 
-// Q4_K: x = d * sc * q - dmin * m per 32-element group. Quarter c is the 64-element chunk
-// qs[32c..32c + 32]: low nibbles group 2c, high nibbles group 2c + 1.
-// Fields: d @0, dmin @2, scales @4, qs @16.
+// Q5_0 / Q5_1 block's 32 quants from qs (16 bytes, 2-byte aligned) and qh (the fifth bits, as a
+// u32) as 8 ints of bytes, minus `off` per byte, laid out as mmq_nibbles.
+__device__ __forceinline__ void mmq_q5(const u8* qs, u32 qh, int* o, u32 off) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        u32 lo, hi;
+        q5_words(ld_u32_a2(qs + 4 * j), qh, 4 * j, lo, hi);
+        o[j] = bytes_sub(lo, off);
+        o[4 + j] = bytes_sub(hi, off);
+    }
+}
+
+// Q5_0: x = d * (q - 16), q 0..32. Fields: d @0, qh @2, qs @6.
+struct mmq_q5_0_t {
+    enum : int { qk = QK, bytes = 22, sub = 1, has_min = 0 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_q5(b + 6, ld_u32_a2(b + 2), o, 0x10101010u);
+        *sc = __half2float(*(const __half*)b);
+    }
+};
+
+// Q5_1: x = d * q + m, q 0..32; the min enters as -m. Fields: d @0, m @2, qh @4, qs @8.
+struct mmq_q5_1_t {
+    enum : int { qk = QK, bytes = 24, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_q5(b + 8, ld_u32_a2(b + 4), o, 0u);
+        *sc = __half2float(*(const __half*)b);
+        *mn = -__half2float(*(const __half*)(b + 2));
+    }
+};
+
+// Q4_K / Q5_K: x = d * sc * q - dmin * m per 32-element group. Quarter c is the 64-element chunk
+// qs[32c..32c + 32]: low nibbles group 2c, high nibbles group 2c + 1; with HAS_QH (Q5_K) bit 2c
+// (2c + 1) of qh[l] adds 16 to element l of the low (high) group.
+// Fields: d @0, dmin @2, scales @4, then Q4_K: qs @16; Q5_K: qh @16, qs @48.
+template <bool HAS_QH>
+__device__ __forceinline__ void mmq_k4_quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                               float* mn) {
+    int* o = qs + r * MMQ_WSTRIDE + 16 * c;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const u32 v = ld_u32_a2(b + (HAS_QH ? 48 : 16) + 32 * c + 4 * j);
+        u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+        if (HAS_QH) {
+            const u32 h = ld_u32_a2(b + 16 + 4 * j);
+            lo |= ((h >> (2 * c)) & 0x01010101u) << 4;
+            hi |= ((h >> (2 * c + 1)) & 0x01010101u) << 4;
+        }
+        o[j] = (int)lo;
+        o[8 + j] = (int)hi;
+    }
+    const float d = __half2float(*(const __half*)b);
+    const float dmin = __half2float(*(const __half*)(b + 2));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int s, m;
+        k4_scale_min(b + 4, 2 * c + h, s, m);
+        sc[r * 9 + 2 * c + h] = d * (float)s;
+        mn[r * 9 + 2 * c + h] = dmin * (float)m;
+    }
+}
+
 struct mmq_q4_K_t {
     enum : int { qk = QK_K, bytes = 144, sub = 1, has_min = 1 };
     static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
                                                    float* mn) {
-        int* o = qs + r * MMQ_WSTRIDE + 16 * c;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 v = ld_u32_a2(b + 16 + 32 * c + 4 * j);
-            o[j] = (int)(v & 0x0F0F0F0Fu);
-            o[8 + j] = (int)((v >> 4) & 0x0F0F0F0Fu);
-        }
-        const float d = __half2float(*(const __half*)b);
-        const float dmin = __half2float(*(const __half*)(b + 2));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int s, m;
-            k4_scale_min(b + 4, 2 * c + h, s, m);
-            sc[r * 9 + 2 * c + h] = d * (float)s;
-            mn[r * 9 + 2 * c + h] = dmin * (float)m;
-        }
+        mmq_k4_quarter<false>(b, r, c, qs, sc, mn);
+    }
+};
+
+struct mmq_q5_K_t {
+    enum : int { qk = QK_K, bytes = 176, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                                   float* mn) {
+        mmq_k4_quarter<true>(b, r, c, qs, sc, mn);
     }
 };
 
@@ -327,11 +379,17 @@ __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const floa
 
 MMQ_KERNEL(mmq_q4_0, mmq_q4_0_t, 64)
 MMQ_KERNEL(mmq_q4_1, mmq_q4_1_t, 64)
+MMQ_KERNEL(mmq_q5_0, mmq_q5_0_t, 64)
+MMQ_KERNEL(mmq_q5_1, mmq_q5_1_t, 64)
 MMQ_KERNEL(mmq_q8_0, mmq_q8_0_t, 64)
 MMQ_KERNEL(mmq_q4_K, mmq_q4_K_t, 64)
+MMQ_KERNEL(mmq_q5_K, mmq_q5_K_t, 64)
 MMQ_KERNEL(mmq_q6_K, mmq_q6_K_t, 64)
 MMQ_KERNEL(mmq_q4_0_r32, mmq_q4_0_t, 32)
 MMQ_KERNEL(mmq_q4_1_r32, mmq_q4_1_t, 32)
+MMQ_KERNEL(mmq_q5_0_r32, mmq_q5_0_t, 32)
+MMQ_KERNEL(mmq_q5_1_r32, mmq_q5_1_t, 32)
 MMQ_KERNEL(mmq_q8_0_r32, mmq_q8_0_t, 32)
 MMQ_KERNEL(mmq_q4_K_r32, mmq_q4_K_t, 32)
+MMQ_KERNEL(mmq_q5_K_r32, mmq_q5_K_t, 32)
 MMQ_KERNEL(mmq_q6_K_r32, mmq_q6_K_t, 32)

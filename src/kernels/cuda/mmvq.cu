@@ -111,13 +111,6 @@ struct mmvq_q4_1_t {
     }
 };
 
-// The four low / high quants of Q5 elements e..e + 4 and e + 16..e + 20 from qs word v and the
-// block's qh: nibble | fifth bit (bit e + i of qh) << 4, in bytes.
-__device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi) {
-    lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
-    hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
-}
-
 // Q5_0, units as Q4_0. Fields: d @0, qh @2, qs @6.
 struct mmvq_q5_0_t {
     enum : int { qk = QK, bytes = 22, upb = 2, al_max = 2, chunk = 2048 };
