@@ -11,7 +11,7 @@
 #   experiments/gpu-hybrid.sh lengths oato's TTFT against prompt length (LENGTHS, LENGTH_SHARE)
 #   experiments/gpu-hybrid.sh kernels all on the GPU, oato (default kernels, direct matrix-vector,
 #                                     split attention off, fusion off, CUDA graphs off, per-token
-#                                     prefill attention) vs llama.cpp:
+#                                     prefill attention, int8 prefill GEMM on / off) vs llama.cpp:
 #                                     experiments/gpu-vs-llamacpp.sh into $RES/gpu-vs-llamacpp.{csv,md}
 #   experiments/gpu-hybrid.sh graphs  hybrid decode with CUDA graphs on and off (OATO_CUDA_GRAPHS):
 #                                     the oato policy at GRAPH_BUDGETS ("50% 75%"), $RES/graphs-{on,off}

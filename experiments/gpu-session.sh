@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a borrowed GPU machine should run, in one command (it has no Rust toolchain and no
-# network): the GPU selftest and its --perf table (with prefill attention tiled and per token, and
-# kernel launches one by one against a CUDA graph), the all-GPU and hybrid greedy continuations
+# network): the GPU selftest and its --perf table (with prefill attention tiled and per token,
+# kernel launches one by one against a CUDA graph, and quantised prefill GEMMs by the int8 kernels
+# against dequantisation + cuBLAS at 64 and 512 tokens), the all-GPU and hybrid greedy continuations
 # against the golden ids (all-GPU also with CUDA graphs off), `oato bench --device gpu` (decode also
 # with CUDA graphs off), a profile, and the placement sweep.
 # Results go to $RES (default results/gpu-<date>); on the device machine they also come back as

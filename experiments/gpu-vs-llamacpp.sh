@@ -2,12 +2,14 @@
 # Issue 12's all-GPU comparison on a borrowed GPU machine: llama-bench's pp64, pp512, tg32 and
 # tg128 on one synth file (default: LLaMA3-8B shape, Q4_0), every layer on the GPU, for
 # llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
-# attention as llama-bench sets it, CUDA graphs on) and for oato six ways: its default kernels,
+# attention as llama-bench sets it, CUDA graphs on) and for oato eight ways: its default kernels,
 # the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), split-K decode attention forced off
 # (OATO_CUDA_ATTN_SPLIT=0), RMSNorm / SwiGLU without their fused Q8_1 quantisation
 # (OATO_CUDA_FUSE=0), decode without CUDA graphs (OATO_CUDA_GRAPHS=0: every kernel launched on
 # its own), and prefill attention by the old one-block-per-(head, token) kernel instead of the
-# tiled one (OATO_CUDA_FLASH_PREFILL=0). One run, one machine, one after the other.
+# tiled one (OATO_CUDA_FLASH_PREFILL=0), and prefill GEMMs of quantised weights always by the int8
+# kernels (OATO_CUDA_MMQ=1) or always by dequantisation + cuBLAS (OATO_CUDA_MMQ=0; the default
+# times both per shape and keeps the faster). One run, one machine, one after the other.
 #
 # Writes $OUT.csv and $OUT.md (default results/gpu-vs-llamacpp) through bench_merge.py: one table
 # per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp.
@@ -42,7 +44,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in default mmvq-direct attn-split-off fuse-off graphs-off flash-prefill-off; do
+for variant in default mmvq-direct attn-split-off fuse-off graphs-off flash-prefill-off mmq-on mmq-off; do
   case $variant in
     default) env=() ;;
     mmvq-direct) env=(OATO_CUDA_MMVQ=direct) ;;
@@ -50,6 +52,8 @@ for variant in default mmvq-direct attn-split-off fuse-off graphs-off flash-pref
     fuse-off) env=(OATO_CUDA_FUSE=0) ;;
     graphs-off) env=(OATO_CUDA_GRAPHS=0) ;;
     flash-prefill-off) env=(OATO_CUDA_FLASH_PREFILL=0) ;;
+    mmq-on) env=(OATO_CUDA_MMQ=1) ;;
+    mmq-off) env=(OATO_CUDA_MMQ=0) ;;
   esac
   echo "== oato bench --device gpu ($variant)" >&2
   env "${env[@]}" "$oato" bench "$model" --device gpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" \
@@ -63,7 +67,7 @@ gpu=${gpu:-no nvidia-smi}
 python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU without their Q8_1 blocks), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention)" \
+  --note "all layers on the GPU ($gpu); oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU without their Q8_1 blocks), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

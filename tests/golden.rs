@@ -16,69 +16,7 @@ use oato::runtime::forward::{DeviceMap, Logits, Session};
 use oato::runtime::sampler::argmax;
 use oato::tokenizer::Tokenizer;
 
-use common::{golden, ids, model_path};
-
-/// How a greedy continuation compares with llama.cpp's under the parity rule.
-#[derive(Debug)]
-#[allow(dead_code)] // the fields are printed through Debug
-enum Parity {
-    Equal,
-    /// Diverged at step `d` at an allowed near-tie.
-    NearTie {
-        d: usize,
-        margin: f64,
-    },
-}
-
-/// The golden file's rule: equal up to the first difference d; at d our token must be among
-/// llama.cpp's top choices there (`top[d]`: `per_step_top5`, or the original `per_step_top2`
-/// when the file has no top five) with a logit within 0.5 of the top one.
-fn check_parity(ours: &[u32], theirs: &[u32], top: &serde_json::Value) -> Result<Parity, String> {
-    for (d, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
-        if a == b {
-            continue;
-        }
-        let choices = top[d].as_array().cloned().unwrap_or_default();
-        let first = choices
-            .first()
-            .and_then(|c| c[1].as_f64())
-            .unwrap_or(f64::NAN);
-        let ours_logit = choices
-            .iter()
-            .find(|c| c[0].as_u64() == Some(a as u64))
-            .and_then(|c| c[1].as_f64());
-        if let Some(l) = ours_logit {
-            let margin = first - l;
-            if margin < 0.5 {
-                return Ok(Parity::NearTie { d, margin });
-            }
-            return Err(format!(
-                "step {d}: ours {a}, llama.cpp {b}: our token's logit is {margin:.3} below its top"
-            ));
-        }
-        return Err(format!(
-            "step {d}: ours {a}, llama.cpp {b}: our token is not among its top {}",
-            choices.len()
-        ));
-    }
-    if ours.len() != theirs.len() {
-        return Err(format!(
-            "lengths differ: ours {}, llama.cpp {}",
-            ours.len(),
-            theirs.len()
-        ));
-    }
-    Ok(Parity::Equal)
-}
-
-/// The per-step top choices the rule reads: the top five when the file has them.
-fn top_choices(p: &serde_json::Value) -> &serde_json::Value {
-    if p["per_step_top5"].is_array() {
-        &p["per_step_top5"]
-    } else {
-        &p["per_step_top2"]
-    }
-}
+use common::{Parity, check_parity, golden, ids, model_path, top_choices};
 
 #[test]
 fn parity_rule_rejects_what_it_should() {

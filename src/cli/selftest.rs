@@ -16,11 +16,12 @@ use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::DeviceKind;
-use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor};
+use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor, Weight};
 use oato::runtime::cuda_backend::{
     flash_prefill, missing_kernels, mmvq_direct, set_flash_prefill, set_mmvq_direct,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
+use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
 
 use super::DeviceArg;
 
@@ -242,23 +243,34 @@ fn dequantized(ty: GgmlType, k: usize, bytes: &[u8]) -> Result<Vec<f32>> {
 fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     // matmul: every weight type, matrix-vector (1..8 tokens) and GEMM (more) paths, an odd
-    // row count; on a GPU also the direct matrix-vector kernels ("matmul-d").
+    // row count; on a GPU also the direct matrix-vector kernels ("matmul-d") and the int8
+    // prefill GEMM where the type has one ("matmul-q": partial 64-token tiles; 67 rows take
+    // 32-row tiles, 4224 rows enough 64-row tiles to fill an H100 or the stand-in device);
+    // "matmul" then forces dequantisation + cuBLAS.
     let (k, n) = (512, 67);
     let gpu = be.kind() == DeviceKind::Gpu;
     let chosen = mmvq_direct();
-    let runs: &[(&str, bool, &[usize])] = if gpu {
+    let chosen_mmq = mmq_mode();
+    let runs: &[(&str, bool, usize, &[usize])] = if gpu {
         &[
-            ("matmul", false, &[1, 3, 8, 9, 40]),
-            ("matmul-d", true, &[1, 3, 8]),
+            ("matmul", false, n, &[1, 3, 8, 9, 40]),
+            ("matmul-d", true, n, &[1, 3, 8]),
+            ("matmul-q", false, n, &[9, 40, 70]),
+            ("matmul-q", false, 4224, &[70]),
         ]
     } else {
-        &[("matmul", chosen, &[1, 3, 8, 9, 40])]
+        &[("matmul", chosen, n, &[1, 3, 8, 9, 40])]
     };
-    for (ty, &(op, direct, toks)) in WEIGHT_TYPES
+    for (ty, &(op, direct, n, toks)) in WEIGHT_TYPES
         .into_iter()
         .flat_map(|ty| runs.iter().map(move |r| (ty, r)))
     {
+        let mmq = op == "matmul-q";
+        if mmq && !has_mmq(ty) {
+            continue;
+        }
         set_mmvq_direct(direct);
+        set_mmq_mode(if mmq { MmqMode::On } else { MmqMode::Off });
         let bytes = weight_bytes(ty, k, n, 3)?;
         let wf = dequantized(ty, k, &bytes)?;
         let w = be.upload_weight("selftest.weight", ty, k, n, &bytes)?;
@@ -287,6 +299,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         }
     }
     set_mmvq_direct(chosen);
+    set_mmq_mode(chosen_mmq);
     // Shared input: two matrices in one call.
     {
         let (ta, tb) = (GgmlType::Q4_1, GgmlType::Q8_0);
@@ -683,6 +696,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
         "TFLOP/s"
     );
     let chosen = mmvq_direct();
+    let mut mmq_lines = Vec::new();
     for ty in WEIGHT_TYPES {
         for &(k, n) in shapes {
             let bytes = weight_bytes(ty, k, n, 1)?;
@@ -710,6 +724,20 @@ fn perf(be: &dyn Backend) -> Result<()> {
                 tb,
                 2.0 * (k * n * batch) as f64 / tb / 1e6
             );
+            if gpu && has_mmq(ty) {
+                mmq_lines.extend(prefill_gemm_lines(be, &w, k, n, reps)?);
+            }
+        }
+    }
+    if !mmq_lines.is_empty() {
+        // Quantised prefill GEMMs: the int8 kernels against dequantisation + cuBLAS.
+        println!();
+        println!(
+            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
+            "type", "k x n", "tokens", "mmq us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "faster"
+        );
+        for l in &mmq_lines {
+            println!("{l}");
         }
     }
     // Non-weight operators at a decode-sized and a prefill-sized batch.
@@ -786,6 +814,40 @@ fn perf(be: &dyn Backend) -> Result<()> {
         launch_overhead(be, reps)?;
     }
     link_perf(be)
+}
+
+/// The prefill GEMM of quantised weight `w` ([n, k]) at 64 and 512 tokens by the int8 kernel
+/// (mmq.cu) and by dequantisation + cuBLAS, each with its activations' quantisation: what
+/// `OATO_CUDA_MMQ=auto` chooses between. One table line per batch.
+fn prefill_gemm_lines(
+    be: &dyn Backend,
+    w: &Weight,
+    k: usize,
+    n: usize,
+    reps: usize,
+) -> Result<Vec<String>> {
+    let chosen = mmq_mode();
+    let mut lines = Vec::new();
+    for n_tok in [64, 512] {
+        let x = put(be, &pattern(n_tok * k, 0.0))?;
+        let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
+        let mut time = |mode: MmqMode| -> Result<f64> {
+            set_mmq_mode(mode);
+            median_us(be, reps, || be.matmul(&[w], &x, n_tok, &mut [&mut y]))
+        };
+        let (tq, tb) = (time(MmqMode::On)?, time(MmqMode::Off)?);
+        let tflops = |t: f64| 2.0 * (k * n * n_tok) as f64 / t / 1e6;
+        lines.push(format!(
+            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {tb:>10.1} {:>9.2} {:>7}",
+            w.ty.name(),
+            format!("{k}x{n}"),
+            tflops(tq),
+            tflops(tb),
+            if tq < tb { "mmq" } else { "cuBLAS" }
+        ));
+    }
+    set_mmq_mode(chosen);
+    Ok(lines)
 }
 
 /// Wall time of 128 decode-sized kernels (64 x RMSNorm of one 4096 row + add), launched one by

@@ -28,6 +28,9 @@ use crate::runtime::backend::{
     storage, weight_storage,
 };
 use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
+use crate::runtime::cuda_mmq::{
+    MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mmq_kernel_of, mmq_mode, mmq_mode_from_env,
+};
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
 pub const MMVQ_MAX_TOKENS: usize = 8;
@@ -241,6 +244,8 @@ struct Scratch {
     attn: Option<(CudaSlice<u8>, Reservation)>,
     /// Prefill activations rounded to 8 bits (for quantised weights), as f16.
     xq16: Option<(CudaSlice<u8>, Reservation)>,
+    /// Prefill activations as Q8_1 quants and scales (quantize_q8_1_split), for the int8 GEMM.
+    mmq_act: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
     /// `q8` holds `quantize_q8_1`'s blocks of the `.1` f32 values at address `.0` (written by a
@@ -283,6 +288,8 @@ pub struct CudaBackend {
     sm_count: usize,
     /// `OATO_CUDA_ATTN_SPLIT`, read once.
     attn_split_force: Option<bool>,
+    /// `OATO_CUDA_MMQ=auto`'s choices between the int8 GEMM and cuBLAS, per shape.
+    mmq_choices: MmqChoices,
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<Scratch>,
     host: Mutex<HostRegistrations>,
@@ -478,6 +485,19 @@ fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
 
 const B256: (u32, u32, u32) = (256, 1, 1);
 
+/// How one weight is multiplied by a prefill batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prefill {
+    /// A float weight: cuBLAS (BF16 converted to f16 first).
+    Float,
+    /// A quantised weight dequantised to f16, then cuBLAS.
+    Dequant,
+    /// A quantised weight by its int8 GEMM kernel (mmq.cu).
+    Mmq(MmqKernel),
+    /// `OATO_CUDA_MMQ=auto` has not seen the shape: time both, keep the faster.
+    Measure(MmqKernel),
+}
+
 /// The matrix-vector kernel and the dequantisation kernel of a weight type.
 fn kernels_of(ty: GgmlType) -> Option<(&'static str, Option<&'static str>)> {
     use GgmlType as T;
@@ -532,6 +552,27 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmv_f32w",
             "mmv_f16w",
             "mmv_bf16w",
+        ],
+    ),
+    (
+        "mmq.cu",
+        &[
+            "mmq_q4_0",
+            "mmq_q4_1",
+            "mmq_q5_0",
+            "mmq_q5_1",
+            "mmq_q8_0",
+            "mmq_q4_K",
+            "mmq_q5_K",
+            "mmq_q6_K",
+            "mmq_q4_0_r32",
+            "mmq_q4_1_r32",
+            "mmq_q5_0_r32",
+            "mmq_q5_1_r32",
+            "mmq_q8_0_r32",
+            "mmq_q4_K_r32",
+            "mmq_q5_K_r32",
+            "mmq_q6_K_r32",
         ],
     ),
     (
@@ -634,6 +675,7 @@ impl CudaBackend {
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ") {
             set_mmvq_direct(v == "direct");
         }
+        mmq_mode_from_env()?;
         let name = ctx.name().map_err(drv("device name"))?;
         let t0 = Instant::now();
         let mut funcs = HashMap::new();
@@ -679,6 +721,7 @@ impl CudaBackend {
             arch,
             sm_count,
             attn_split_force: attn_split_force(),
+            mmq_choices: MmqChoices::default(),
             funcs,
             scratch: Mutex::new(Scratch {
                 pinned,
@@ -1029,6 +1072,105 @@ impl CudaBackend {
         Ok((aq, ads))
     }
 
+    /// How weight `w` is multiplied by a prefill batch of `n_tok` tokens (see [`Prefill`]).
+    fn prefill_path(&self, w: &Weight, k: usize, n_tok: usize) -> Result<Prefill> {
+        if !w.ty.is_quantized() {
+            return Ok(Prefill::Float);
+        }
+        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count)
+            .filter(|_| k.is_multiple_of(w.ty.block_size()))
+        else {
+            return Ok(Prefill::Dequant);
+        };
+        Ok(match mmq_mode() {
+            MmqMode::Off => Prefill::Dequant,
+            MmqMode::On => Prefill::Mmq(kernel),
+            MmqMode::Auto => match self.mmq_choices.get(w.ty, w.n, k, n_tok)? {
+                Some(c) if c.mmq => Prefill::Mmq(kernel),
+                Some(_) => Prefill::Dequant,
+                None => Prefill::Measure(kernel),
+            },
+        })
+    }
+
+    /// `y = W x` for quantised weight `w` at `wp` by the int8 GEMM `kernel` (mmq.cu), the
+    /// activations as quantize_q8_1_split's quants `aq` and scales `ads`.
+    #[allow(clippy::too_many_arguments)]
+    fn mmq(
+        &self,
+        kernel: MmqKernel,
+        wp: u64,
+        aq: u64,
+        ads: u64,
+        yp: u64,
+        k: usize,
+        n: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let tiles = n_tok.div_ceil(MMQ_TOK);
+        if tiles > MAX_GRID_Y || n.div_ceil(kernel.rows) > u32::MAX as usize {
+            return Err(Error::Msg(format!(
+                "matmul: {n_tok} tokens x {n} rows is too large a grid for {}",
+                kernel.name
+            )));
+        }
+        launch!(self, kernel.name, (n.div_ceil(kernel.rows) as u32, tiles as u32, 1), (32, 8, 1);
+            wq: u64 = wp, a: u64 = aq, d: u64 = ads, yq: u64 = yp, k_: i32 = k as i32,
+            n_: i32 = n as i32, t_: i32 = n_tok as i32);
+        Ok(())
+    }
+
+    /// `y = W x` for weight `w` at `wp` (quantised or BF16) by dequantisation to f16 in the
+    /// scratch `w16` and cuBLAS on the f16 activations `x16`. Rows go in slices of about
+    /// GEMM_SLICE_BYTES of f16, so the scratch stays bounded whatever the matrix (an output head
+    /// can be a GiB in f16).
+    #[allow(clippy::too_many_arguments)]
+    fn dequant_gemm(
+        &self,
+        w16: &mut Option<(CudaSlice<u8>, Reservation)>,
+        w: &Weight,
+        wp: u64,
+        x16: u64,
+        yp: u64,
+        k: usize,
+        n_tok: usize,
+    ) -> Result<()> {
+        let (_, deq) = kernels_of(w.ty)
+            .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
+        let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{} GEMM", w.ty)))?;
+        let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
+        let w16 = self.grow(w16, rows * k * 2)?;
+        let row_bytes = w.bytes / w.n;
+        let mut r0 = 0;
+        while r0 < w.n {
+            let r = rows.min(w.n - r0);
+            self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?;
+            self.gemm(
+                w16,
+                x16,
+                cublas::sys::cudaDataType::CUDA_R_16F,
+                yp,
+                k,
+                w.n,
+                r0..r0 + r,
+                n_tok,
+            )?;
+            r0 += r;
+        }
+        Ok(())
+    }
+
+    /// The GPU time of the work `f` queues, by CUDA events (waits for it).
+    fn time_us(&self, f: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let mut clock = EventClock {
+            b: self,
+            start: None,
+        };
+        clock.start()?;
+        f()?;
+        clock.stop()
+    }
+
     fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
             w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
@@ -1234,8 +1376,13 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
-        // Prefill: f16 activations once (rounded to 8 bits first for quantised weights, as the
-        // matrix-vector kernels see them), each weight as f16, one GEMM each.
+        // Prefill. Each quantised weight takes the int8 GEMM (mmq.cu, on the activations'
+        // Q8_1 quants) or dequantisation to f16 and cuBLAS (on the activations rounded to 8 bits
+        // and stored as f16, as the matrix-vector kernels see them); float weights take cuBLAS.
+        let paths = ws
+            .iter()
+            .map(|w| self.prefill_path(w, k, n_tok))
+            .collect::<Result<Vec<_>>>()?;
         let x16 = if ws
             .iter()
             .any(|w| matches!(w.ty, GgmlType::F16 | GgmlType::BF16))
@@ -1247,34 +1394,58 @@ impl Backend for CudaBackend {
         } else {
             0
         };
-        let xq16 = if ws.iter().any(|w| w.ty.is_quantized()) {
+        let xq16 = if paths
+            .iter()
+            .any(|p| matches!(p, Prefill::Dequant | Prefill::Measure(_)))
+        {
             self.round_q8("round_q8_f16", &mut s.xq16, 64, xp, n_tok, k)?
         } else {
             0
         };
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let (aq, ads) = if paths
+            .iter()
+            .any(|p| matches!(p, Prefill::Mmq(_) | Prefill::Measure(_)))
+        {
+            self.quantize_split(&mut s.mmq_act, xp, n_tok, k)?
+        } else {
+            (0, 0)
+        };
+        for ((w, y), path) in ws.iter().zip(ys.iter_mut()).zip(paths) {
             let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
             let wp = self.wptr(w)?;
             use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
-            let x16 = if w.ty.is_quantized() { xq16 } else { x16 };
-            match w.ty {
-                GgmlType::F32 => self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, 0..w.n, n_tok)?,
-                GgmlType::F16 => self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, 0..w.n, n_tok)?,
-                ty => {
-                    let (_, deq) = kernels_of(ty)
-                        .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
-                    let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{ty} GEMM")))?;
-                    // Rows in slices of about GEMM_SLICE_BYTES of f16, so the scratch stays
-                    // bounded whatever the matrix (an output head can be a GiB in f16).
-                    let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
-                    let w16 = self.grow(&mut s.w16, rows * k * 2)?;
-                    let row_bytes = w.bytes / w.n;
-                    let mut r0 = 0;
-                    while r0 < w.n {
-                        let r = rows.min(w.n - r0);
-                        self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?;
-                        self.gemm(w16, x16, CUDA_R_16F, yp, k, w.n, r0..r0 + r, n_tok)?;
-                        r0 += r;
+            match (path, w.ty) {
+                (Prefill::Float, GgmlType::F32) => {
+                    self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, 0..w.n, n_tok)?
+                }
+                (Prefill::Float, GgmlType::F16) => {
+                    self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, 0..w.n, n_tok)?
+                }
+                (Prefill::Float, _) => self.dequant_gemm(&mut s.w16, w, wp, x16, yp, k, n_tok)?,
+                (Prefill::Dequant, _) => {
+                    self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)?
+                }
+                (Prefill::Mmq(kernel), _) => self.mmq(kernel, wp, aq, ads, yp, k, w.n, n_tok)?,
+                (Prefill::Measure(kernel), _) => {
+                    // Each once untimed (first launches load code and pick cuBLAS algorithms),
+                    // then once timed; the output is then recomputed by the faster, so every
+                    // batch of the shape gets its values from the same path.
+                    let mut run = |mmq: bool| -> Result<()> {
+                        if mmq {
+                            self.mmq(kernel, wp, aq, ads, yp, k, w.n, n_tok)
+                        } else {
+                            self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)
+                        }
+                    };
+                    run(true)?;
+                    run(false)?;
+                    let mmq_us = self.time_us(|| run(true))?;
+                    let cublas_us = self.time_us(|| run(false))?;
+                    let c = self
+                        .mmq_choices
+                        .record(w.ty, w.n, k, n_tok, mmq_us, cublas_us)?;
+                    if c.mmq {
+                        run(true)?;
                     }
                 }
             }

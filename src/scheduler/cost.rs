@@ -895,7 +895,9 @@ pub fn workspace_for(
     prompt_tokens: usize,
 ) -> u64 {
     // f32 per token: the hidden state and attention buffers, the FFN's gate and up, the logits;
-    // then the two f16 copies of the widest GEMM input (plain, and rounded to 8 bits).
+    // then the two f16 copies of the widest GEMM input (plain, and rounded to 8 bits). A model
+    // whose GEMM inputs feed only quantised weights has no plain copy, and the int8 GEMM's Q8_1
+    // quants and scales of that input (1.25 bytes an element) fit in its room.
     let activations = 4 * n_embd + 2 * n_ff + n_vocab + n_ff.max(n_embd);
     largest_kn
         .saturating_mul(2)

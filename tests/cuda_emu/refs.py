@@ -77,17 +77,18 @@ def q8_1_fields(blocks):
 # Matrix-vector products
 
 
-def mmvq(t, wblocks, rows, k, act):
+def mmvq(t, wblocks, rows, k, act, min_from_s=True):
     """y[t, r] = sum_i W[r, i] * A[t, i] in float64, with W gguf-dequantised and A the values of
     the Q8_1 activation blocks `act`; and the magnitude sum |W| |A| the error is measured
     against. Q4_1 / Q5_1 take their min term from the blocks' f16 s, as ggml's vec_dot does (the
-    kernel promises that), so the reference replaces sum(d * q) by s there."""
+    mmvq kernels promise that), so the reference replaces sum(d * q) by s there unless
+    `min_from_s` is false (the mmq kernels sum the quants exactly)."""
     w = dequantize(t, wblocks, rows).astype(np.float64)      # [rows, k]
     d, s, q = q8_1_fields(act)
     a = (q * d[:, None]).reshape(-1, k)                        # [n_tok, k]
     ref = a @ w.T                                              # [n_tok, rows]
     mag = np.abs(a) @ np.abs(w).T
-    if t in ("q4_1", "q5_1"):
+    if min_from_s and t in ("q4_1", "q5_1"):
         nb = k // 32
         m = wblocks.reshape(rows, nb, -1)[:, :, 2:4].copy().view(np.float16)
         m = m.astype(np.float64).reshape(rows, nb)              # [rows, nb]

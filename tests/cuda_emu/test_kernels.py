@@ -309,6 +309,47 @@ def check_mmvq_direct(g, t):
     g.exact("n_tok=9: nothing written", y.get(np.float32), np.zeros(9, np.float32))
 
 
+# mmq.cu: the prefill GEMM on int8 (64- and 32-row tiles), against the same float64 reference
+# (exact activation sums for the min term), metric and tolerance as check_mmvq. Shapes: one whole
+# 64 x 64 tile; a partial last step of k (32-element formats) with partial row and token tiles;
+# several tiles each way with 2-byte aligned weights; one row and one token.
+
+MMQ_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")
+
+
+def check_mmq(g, t):
+    qk = refs.QTYPES[t][1]
+    small = qk == 32
+    for nblk, rows, n_tok, w_offs in ((8 if small else 1, 64, 64, (0,)),
+                                      (13 if small else 2, 70, 9, (0, 2)),
+                                      (20 if small else 3, 130, 70, (2,)),
+                                      (1, 1, 1, (0,))):
+        k = qk * nblk
+        rng = rng_for(f"mmq {t} {k} {rows} {n_tok}")
+        blocks = refs.random_blocks(rng, t, rows * nblk)
+        x = (rng.standard_normal(n_tok * k) * rng.uniform(0.1, 10, n_tok * k // 32).repeat(32))
+        x = x.astype(np.float32)
+        ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x), min_from_s=False)
+        aq, ads = quantize_q8_1_split(x)
+        for (kernel, tile), w_off in ((kt, o) for kt in ((f"mmq_{t}", 64), (f"mmq_{t}_r32", 32))
+                                      for o in w_offs):
+            y = Buf.out(np.float32, n_tok * rows)
+            E.launch(kernel, (cdiv(rows, tile), cdiv(n_tok, 64)), (32, 8),
+                     Buf.of(blocks, w_off), aq, ads, y, i32(k), i32(rows), i32(n_tok))
+            g.close(f"{kernel} k={k} rows={rows} n_tok={n_tok} w+{w_off}",
+                    y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag,
+                    dims=("t", "row"), metric="err/mag")
+    # Launch contract broken: a block of 128 threads, or k not a multiple of the block size:
+    # nothing written.
+    k_bad = qk + 32 if not small else 48
+    for kernel in (f"mmq_{t}", f"mmq_{t}_r32"):
+        for block, k, why in (((32, 4), qk, "block (32, 4)"), ((32, 8), k_bad, f"k={k_bad}")):
+            y = Buf(4 * 2, fill=0)
+            E.launch(kernel, (1, 1), block, Buf.of(blocks), aq, ads, y, i32(k), i32(1), i32(2))
+            g.exact(f"{kernel} {why}: nothing written", y.get(np.float32),
+                    np.zeros(2, np.float32))
+
+
 # mmvq.cu, float weights: same metric and tolerance (f32 products and sums).
 def check_mmv(g, wname):
     rows, n_tok = 6, 3
@@ -738,6 +779,8 @@ def main():
         r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)
     for w in ("f32", "f16", "bf16"):
         r.run(f"mmv_{w}w", check_mmv, w)
+    for t in MMQ_TYPES:
+        r.run(f"mmq_{t}", check_mmq, t)
     r.run("rms_norm_f32", check_rms_norm)
     for k in ("rms_norm_q8_1", "swiglu_q8_1"):
         r.run(k, check_fused_q8_1, k)

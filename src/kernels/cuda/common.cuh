@@ -265,8 +265,26 @@ __device__ __forceinline__ u32 bits4_to_byte_bit4(u32 b) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
+// The four low / high quants of Q5 elements e..e + 4 and e + 16..e + 20 from qs word v and the
+// block's qh: nibble | fifth bit (bit e + i of qh) << 4, in bytes.
+__device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi) {
+    lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
+}
+
 // Byte-wise a - b, modulo 256 per byte (no borrow between bytes): turns unsigned quants into
 // signed int8 lanes for __dp4a, e.g. 0..15 - 8.
 __device__ __forceinline__ int bytes_sub(u32 a, u32 b) {
     return (int)__vsub4(a, b);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A kernel over quantised weights w and activations split by quantize_q8_1_split (quants aq,
+// their (d, s) ads), writing f32 y: the parameter list of mmvq_direct_* and mmq_*, calling
+// IMPL(w, aq, ads, y, k, n, n_tok) (IMPL in parentheses when it holds a comma).
+#define Q8_SPLIT_KERNEL(name, THREADS, IMPL)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
+        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
+             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
+        IMPL(w, aq, ads, y, k, n, n_tok);                                                       \
+    }

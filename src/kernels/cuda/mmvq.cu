@@ -111,13 +111,6 @@ struct mmvq_q4_1_t {
     }
 };
 
-// The four low / high quants of Q5 elements e..e + 4 and e + 16..e + 20 from qs word v and the
-// block's qh: nibble | fifth bit (bit e + i of qh) << 4, in bytes.
-__device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi) {
-    lo = (v & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> e);
-    hi = ((v >> 4) & 0x0F0F0F0Fu) | bits4_to_byte_bit4(qh >> (e + 16));
-}
-
 // Q5_0, units as Q4_0. Fields: d @0, qh @2, qs @6.
 struct mmvq_q5_0_t {
     enum : int { qk = QK, bytes = 22, upb = 2, al_max = 2, chunk = 2048 };
@@ -540,12 +533,7 @@ __device__ __forceinline__ void mmvq_direct_impl(const void* w, const i8* aq, co
 // ads: [n_tok, k / 32] float2 from quantize_q8_1_split (aq 16-byte aligned, ads 8-byte
 // aligned); y: [n_tok, n] f32; 1 <= n_tok <= 8 (else nothing is written); k a multiple of the
 // block size.
-#define MMVQ_DIRECT_KERNEL(name, T)                                                             \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
-        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
-             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
-        mmvq_direct_impl<T>(w, aq, ads, y, k, n, n_tok);                                        \
-    }
+#define MMVQ_DIRECT_KERNEL(name, T) Q8_SPLIT_KERNEL(name, 128, mmvq_direct_impl<T>)
 
 MMVQ_DIRECT_KERNEL(mmvq_direct_q4_0, mmvq_q4_0_t)
 MMVQ_DIRECT_KERNEL(mmvq_direct_q4_1, mmvq_q4_1_t)

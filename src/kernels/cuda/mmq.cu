@@ -1,0 +1,395 @@
+// mmq.cu: quantised weight matrix times a prefill batch of activations, on 8-bit integers.
+//
+//   y[t * n + r] = sum_i W[r, i] * act[t, i]      (f32 out; r < n rows, t < n_tok tokens)
+//
+// The activations come as quantize_q8_1_split writes them (the Q8_1 blocks the matrix-vector
+// kernels read, split in two arrays): int8 quants aq [n_tok, k] and per 32-element block its
+// (d, s) as float2 ads [n_tok, k / 32]. The weights are GGUF blocks as uploaded.
+//
+// Work layout (the facts of ggml's mul_mat_q, our own code): a thread block of 8 warps computes a
+// tile of ROWS = 64 (or 32: the _r32 kernels, for small grids) weight rows by MMQ_TOK = 64 tokens,
+// walking k in steps of MMQ_K = 256 elements. Per step
+//   1. the block unpacks the tile's weight blocks into shared memory as one signed 8-bit value
+//      per element (4 to an int, a row's 64 ints padded to 65 so that the 32 lanes reading 32
+//      rows hit 32 banks), with per-block f32 factors: the scale of each 32 (Q6_K: 16) elements
+//      and, where the format has a min, the min of each 32;
+//   2. it copies the tile's activation quants (16-byte loads) and scales into shared memory, and
+//      for formats with a min the exact integer sum of each 32 quants (__dp4a with 0x01010101);
+//   3. each thread computes ROWS / 32 rows (lane, lane + 32) x 8 tokens (8 per warp): per 32-element
+//      group an exact i32 __dp4a sum, then one f32 step: acc += d_w * d_a * sum (minus
+//      m_w * d_a * sum(a) with a min), as mmvq.cu and src/quant/dot.rs do per block.
+// Steps past k's last 32-element block (k not a multiple of 256, 32-element formats) are cut
+// short; rows past n and tokens past n_tok are staged as zeros and not written.
+//
+// Values: the integer sums are exact, so the result differs from the f64 product of the
+// dequantised weights and the Q8_1 activations only by f32 rounding of the per-block steps and
+// of the sums over k / 32 blocks (tests/cuda_emu checks ~1e-5 of sum |W| |A|). Against the
+// dequantise + cuBLAS path (f16(d_a * q) activations, f16 weights, f32 sums) the order of the
+// sums differs and the activations are not rounded to f16: the golden parity rule applies.
+//
+// Alignment: weight blocks need 2-byte alignment only (their words are read as two 16-bit
+// halves); aq must be 16-byte aligned with k a multiple of 32 (true for quantize_q8_1_split's
+// output in a cudaMalloc buffer), ads 8-byte aligned.
+
+#include "common.cuh"
+
+#define MMQ_TOK 64               // tokens per thread block
+#define MMQ_K 256                // elements of k per step
+#define MMQ_G (MMQ_K / QK)       // 32-element groups per step
+#define MMQ_WSTRIDE (MMQ_K / 4 + 1) // ints per staged weight row (+1: no bank conflicts)
+#define MMQ_WARPS 8              // blockDim (32, 8)
+#define MMQ_THREADS (32 * MMQ_WARPS)
+#define MMQ_TPW (MMQ_TOK / MMQ_WARPS) // tokens per warp
+
+// ---------------------------------------------------------------------------------------------
+// Per-format unpacking of a step's weight tile into shared memory.
+//
+// For the ROWS rows r < rows of the tile (w points at the tile's first row, row_bytes apart) and
+// the elements k0..k0 + 256 (ng valid 32-element groups), element e's value goes to byte e % 4 of
+// qs[r * MMQ_WSTRIDE + e / 4], the scale of each scale group j (32 elements, or 16 where
+// sub = 2) to sc[r * (8 * sub + 1) + j] and, where has_min, the min of each 32-element group g to
+// mn[r * 9 + g] (subtracted: x = sc * q - mn). Rows past `rows` and groups past ng get zeros.
+// Formats with 32-element blocks unpack one block per call (T::block: its ints at o, scale at
+// *sc, min at *mn); K-quants one quarter of a super-block (T::quarter: quarter c of row r).
+
+// Zeros for row r's groups g0..g0 + ng: their ints, scales and mins.
+template <class T>
+__device__ __forceinline__ void mmq_zero(int* qs, float* sc, float* mn, int r, int g0, int ng) {
+    for (int i = 8 * g0; i < 8 * (g0 + ng); ++i) qs[r * MMQ_WSTRIDE + i] = 0;
+    for (int j = g0 * T::sub; j < (g0 + ng) * T::sub; ++j) sc[r * (8 * T::sub + 1) + j] = 0.0f;
+    if (T::has_min) {
+        for (int g = g0; g < g0 + ng; ++g) mn[r * 9 + g] = 0.0f;
+    }
+}
+
+// 32-element formats: thread shares are (row, block) pairs.
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_stage32(const u8* w, i64 row_bytes, int rows, int k0, int ng,
+                                            int tid, int* qs, float* sc, float* mn) {
+    for (int u = tid; u < ROWS * MMQ_G; u += MMQ_THREADS) {
+        const int r = u / MMQ_G, g = u % MMQ_G;
+        if (r >= rows || g >= ng) {
+            mmq_zero<T>(qs, sc, mn, r, g, 1);
+        } else {
+            T::block(w + r * row_bytes + (i64)(k0 / QK + g) * T::bytes,
+                     qs + r * MMQ_WSTRIDE + 8 * g, sc + r * 9 + g, T::has_min ? mn + r * 9 + g : mn);
+        }
+    }
+}
+
+// K-quants (one super-block per row and step): thread shares are (row, quarter) pairs.
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_stage_k(const u8* w, i64 row_bytes, int rows, int k0, int ng,
+                                            int tid, int* qs, float* sc, float* mn) {
+    for (int u = tid; u < ROWS * 4; u += MMQ_THREADS) {
+        const int r = u / 4, c = u % 4;
+        if (r >= rows) {
+            mmq_zero<T>(qs, sc, mn, r, 2 * c, 2);
+        } else {
+            T::quarter(w + r * row_bytes + (i64)(k0 / QK_K) * T::bytes, r, c, qs, sc, mn);
+        }
+    }
+}
+
+// The 32 nibbles of a Q4_0 / Q4_1 block's qs (2-byte aligned) as 8 ints of bytes, minus `off`
+// per byte: elements 0..16 (low nibbles) in o[0..4], 16..32 (high nibbles) in o[4..8].
+__device__ __forceinline__ void mmq_nibbles(const u8* qs, int* o, u32 off) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 v = ld_u32_a2(qs + 4 * j);
+        o[j] = bytes_sub(v & 0x0F0F0F0Fu, off);
+        o[4 + j] = bytes_sub((v >> 4) & 0x0F0F0F0Fu, off);
+    }
+}
+
+// Q4_0: x = d * (q - 8). Fields: d @0, qs @2.
+struct mmq_q4_0_t {
+    enum : int { qk = QK, bytes = 18, sub = 1, has_min = 0 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_nibbles(b + 2, o, 0x08080808u);
+        *sc = __half2float(*(const __half*)b);
+    }
+};
+
+// Q4_1: x = d * q + m, q 0..16; the min enters as -m. Fields: d @0, m @2, qs @4.
+struct mmq_q4_1_t {
+    enum : int { qk = QK, bytes = 20, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_nibbles(b + 4, o, 0u);
+        *sc = __half2float(*(const __half*)b);
+        *mn = -__half2float(*(const __half*)(b + 2));
+    }
+};
+
+// Q8_0: x = d * q. Fields: d @0, qs @2.
+struct mmq_q8_0_t {
+    enum : int { qk = QK, bytes = 34, sub = 1, has_min = 0 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = (int)ld_u32_a2(b + 2 + 4 * j);
+        *sc = __half2float(*(const __half*)b);
+    }
+};
+
+// Q5_0 / Q5_1 block's 32 quants from qs (16 bytes, 2-byte aligned) and qh (the fifth bits, as a
+// u32) as 8 ints of bytes, minus `off` per byte, laid out as mmq_nibbles.
+__device__ __forceinline__ void mmq_q5(const u8* qs, u32 qh, int* o, u32 off) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        u32 lo, hi;
+        q5_words(ld_u32_a2(qs + 4 * j), qh, 4 * j, lo, hi);
+        o[j] = bytes_sub(lo, off);
+        o[4 + j] = bytes_sub(hi, off);
+    }
+}
+
+// Q5_0: x = d * (q - 16), q 0..32. Fields: d @0, qh @2, qs @6.
+struct mmq_q5_0_t {
+    enum : int { qk = QK, bytes = 22, sub = 1, has_min = 0 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_q5(b + 6, ld_u32_a2(b + 2), o, 0x10101010u);
+        *sc = __half2float(*(const __half*)b);
+    }
+};
+
+// Q5_1: x = d * q + m, q 0..32; the min enters as -m. Fields: d @0, m @2, qh @4, qs @8.
+struct mmq_q5_1_t {
+    enum : int { qk = QK, bytes = 24, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void block(const u8* b, int* o, float* sc, float* mn) {
+        mmq_q5(b + 8, ld_u32_a2(b + 4), o, 0u);
+        *sc = __half2float(*(const __half*)b);
+        *mn = -__half2float(*(const __half*)(b + 2));
+    }
+};
+
+// Q4_K / Q5_K: x = d * sc * q - dmin * m per 32-element group. Quarter c is the 64-element chunk
+// qs[32c..32c + 32]: low nibbles group 2c, high nibbles group 2c + 1; with HAS_QH (Q5_K) bit 2c
+// (2c + 1) of qh[l] adds 16 to element l of the low (high) group.
+// Fields: d @0, dmin @2, scales @4, then Q4_K: qs @16; Q5_K: qh @16, qs @48.
+template <bool HAS_QH>
+__device__ __forceinline__ void mmq_k4_quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                               float* mn) {
+    int* o = qs + r * MMQ_WSTRIDE + 16 * c;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const u32 v = ld_u32_a2(b + (HAS_QH ? 48 : 16) + 32 * c + 4 * j);
+        u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+        if (HAS_QH) {
+            const u32 h = ld_u32_a2(b + 16 + 4 * j);
+            lo |= ((h >> (2 * c)) & 0x01010101u) << 4;
+            hi |= ((h >> (2 * c + 1)) & 0x01010101u) << 4;
+        }
+        o[j] = (int)lo;
+        o[8 + j] = (int)hi;
+    }
+    const float d = __half2float(*(const __half*)b);
+    const float dmin = __half2float(*(const __half*)(b + 2));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int s, m;
+        k4_scale_min(b + 4, 2 * c + h, s, m);
+        sc[r * 9 + 2 * c + h] = d * (float)s;
+        mn[r * 9 + 2 * c + h] = dmin * (float)m;
+    }
+}
+
+struct mmq_q4_K_t {
+    enum : int { qk = QK_K, bytes = 144, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                                   float* mn) {
+        mmq_k4_quarter<false>(b, r, c, qs, sc, mn);
+    }
+};
+
+struct mmq_q5_K_t {
+    enum : int { qk = QK_K, bytes = 176, sub = 1, has_min = 1 };
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                                   float* mn) {
+        mmq_k4_quarter<true>(b, r, c, qs, sc, mn);
+    }
+};
+
+// Q6_K: x = d * sc * (q - 32), one scale per 16 elements. Quarter c (half h = c / 2,
+// l0 = 16 * (c % 2)) holds elements 128h + 32k + l0..+16 for k = 0..3: group 4h + k, scale
+// 8h + 2k + c % 2. Fields: ql @0, qh @128, scales @192, d @208.
+struct mmq_q6_K_t {
+    enum : int { qk = QK_K, bytes = 210, sub = 2, has_min = 0 };
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+                                                   float* mn) {
+        const int h = c >> 1, l0 = 16 * (c & 1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int l = l0 + 4 * j;
+            const u32 la = ld_u32_a2(b + 64 * h + l);      // ql[l]: k = 0 and 2
+            const u32 lb = ld_u32_a2(b + 64 * h + 32 + l); // ql[l + 32]: k = 1 and 3
+            const u32 hb = ld_u32_a2(b + 128 + 32 * h + l);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 nib = k == 0 ? la : k == 1 ? lb : k == 2 ? la >> 4 : lb >> 4;
+                const u32 q = (nib & 0x0F0F0F0Fu) | (((hb >> (2 * k)) & 0x03030303u) << 4);
+                qs[r * MMQ_WSTRIDE + 8 * (4 * h + k) + l / 4] = bytes_sub(q, 0x20202020u);
+            }
+        }
+        const float d = __half2float(*(const __half*)(b + 208));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 2 * (4 * h + k) + (c & 1);
+            sc[r * 17 + j] = d * (float)((const i8*)b)[192 + 8 * h + 2 * k + (c & 1)];
+        }
+    }
+};
+
+// Which staging loop a format takes.
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_stage(const u8* w, i64 row_bytes, int rows, int k0, int ng,
+                                          int tid, int* qs, float* sc, float* mn) {
+    if constexpr (T::qk == QK) {
+        mmq_stage32<T, ROWS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
+    } else {
+        mmq_stage_k<T, ROWS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const float2* ads, float* y,
+                                         int k, int n, int n_tok) {
+    constexpr int RPT = ROWS / 32; // rows per thread
+    __shared__ int s_wq[ROWS * MMQ_WSTRIDE];                      // weight values, 4 per int
+    __shared__ float s_wsc[ROWS * (8 * T::sub + 1)];              // their scales
+    __shared__ float s_wmn[T::has_min ? ROWS * 9 : 1];            // their mins (subtracted)
+    __shared__ __align__(16) int s_aq[MMQ_TOK * (MMQ_K / 4)];     // activation quants
+    __shared__ float s_ad[MMQ_TOK * MMQ_G];                       // their d per 32
+    __shared__ int s_as[T::has_min ? MMQ_TOK * MMQ_G : 1];        // their sums per 32
+
+    if (blockDim.x != 32 || blockDim.y != MMQ_WARPS || k % T::qk != 0) return; // whole block
+    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+    const int row0 = blockIdx.x * ROWS, t0 = blockIdx.y * MMQ_TOK;
+    const int rows = min(ROWS, n - row0);
+    const int nb = k / QK; // 32-element groups in a row
+    const i64 row_bytes = (i64)(k / T::qk) * T::bytes;
+    const u8* wt = (const u8*)w + (i64)row0 * row_bytes;
+    // This warp's tokens: t0 + MMQ_TPW * warp + j; warps whose first token is past n_tok only
+    // help stage.
+    const int tw = MMQ_TPW * warp;
+    const bool computes = t0 + tw < n_tok;
+
+    float acc[RPT][MMQ_TPW];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+        for (int j = 0; j < MMQ_TPW; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < k; k0 += MMQ_K) {
+        const int ng = min(MMQ_G, nb - k0 / QK); // valid 32-element groups in this step
+        // 1. Weights.
+        mmq_stage<T, ROWS>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
+        // 2. Activations: 16-byte chunk c of token t; chunks 2g, 2g + 1 (group g) sit in
+        // neighbouring lanes, which add their quant sums with one shuffle. Every lane runs the
+        // same number of iterations (the shuffle needs the whole warp).
+        for (int u = tid; u < MMQ_TOK * (MMQ_K / 16); u += MMQ_THREADS) {
+            const int t = u / (MMQ_K / 16), c = u % (MMQ_K / 16);
+            int4 v = make_int4(0, 0, 0, 0);
+            if (t0 + t < n_tok && c / 2 < ng) {
+                v = *(const int4*)(aq + (i64)(t0 + t) * k + k0 + 16 * c);
+            }
+            *(int4*)(s_aq + t * (MMQ_K / 4) + 4 * c) = v;
+            if (T::has_min) {
+                int sum = __dp4a(0x01010101, v.x, 0);
+                sum = __dp4a(0x01010101, v.y, sum);
+                sum = __dp4a(0x01010101, v.z, sum);
+                sum = __dp4a(0x01010101, v.w, sum);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                if ((c & 1) == 0) s_as[t * MMQ_G + c / 2] = sum;
+            }
+        }
+        for (int u = tid; u < MMQ_TOK * MMQ_G; u += MMQ_THREADS) {
+            const int t = u / MMQ_G, g = u % MMQ_G;
+            s_ad[u] = t0 + t < n_tok && g < ng ? ads[(i64)(t0 + t) * nb + k0 / QK + g].x : 0.0f;
+        }
+        __syncthreads();
+        // 3. Dot products from shared memory.
+        if (computes) {
+            for (int g = 0; g < ng; ++g) {
+                int wv[RPT][8];
+                float wsc[RPT][T::sub], wmn[RPT];
+#pragma unroll
+                for (int i = 0; i < RPT; ++i) {
+                    const int r = lane + 32 * i;
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) wv[i][q] = s_wq[r * MMQ_WSTRIDE + 8 * g + q];
+#pragma unroll
+                    for (int h = 0; h < T::sub; ++h) {
+                        wsc[i][h] = s_wsc[r * (8 * T::sub + 1) + T::sub * g + h];
+                    }
+                    wmn[i] = T::has_min ? s_wmn[r * 9 + g] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < MMQ_TPW; ++j) {
+                    const int t = tw + j;
+                    const int4 a0 = *(const int4*)(s_aq + t * (MMQ_K / 4) + 8 * g);
+                    const int4 a1 = *(const int4*)(s_aq + t * (MMQ_K / 4) + 8 * g + 4);
+                    const float da = s_ad[t * MMQ_G + g];
+                    const float dsa = T::has_min ? da * (float)s_as[t * MMQ_G + g] : 0.0f;
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i) {
+                        int lo = __dp4a(wv[i][0], a0.x, 0);
+                        lo = __dp4a(wv[i][1], a0.y, lo);
+                        lo = __dp4a(wv[i][2], a0.z, lo);
+                        lo = __dp4a(wv[i][3], a0.w, lo);
+                        int hi = __dp4a(wv[i][4], a1.x, 0);
+                        hi = __dp4a(wv[i][5], a1.y, hi);
+                        hi = __dp4a(wv[i][6], a1.z, hi);
+                        hi = __dp4a(wv[i][7], a1.w, hi);
+                        float v;
+                        if (T::sub == 2) {
+                            v = da * (wsc[i][0] * (float)lo + wsc[i][T::sub - 1] * (float)hi);
+                        } else {
+                            v = wsc[i][0] * da * (float)(lo + hi);
+                        }
+                        if (T::has_min) v -= wmn[i] * dsa;
+                        acc[i][j] += v;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (!computes) return;
+#pragma unroll
+    for (int j = 0; j < MMQ_TPW; ++j) {
+        const int t = t0 + tw + j;
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int r = lane + 32 * i;
+            if (t < n_tok && r < rows) y[(i64)t * n + row0 + r] = acc[i][j];
+        }
+    }
+}
+
+// launch (every mmq_<type> kernel): grid (ceil(n / 64), ceil(n_tok / 64), 1); every
+// mmq_<type>_r32 kernel (32-row tiles, for grids that would not fill the device otherwise): grid
+// (ceil(n / 32), ceil(n_tok / 64), 1). Block (32, 8, 1) exactly (else nothing is written), no
+// dynamic shared memory (static: under 44 KB). w: n rows of k / block_size blocks (2-byte
+// aligned); aq: [n_tok, k] i8 (16-byte aligned) and ads: [n_tok, k / 32] float2 from
+// quantize_q8_1_split; y: [n_tok, n] f32. k must be a multiple of the block size (32, or 256 for
+// K-quants; else nothing is written).
+#define MMQ_KERNEL(name, T, ROWS) Q8_SPLIT_KERNEL(name, 256, (mmq_impl<T, ROWS>))
+
+MMQ_KERNEL(mmq_q4_0, mmq_q4_0_t, 64)
+MMQ_KERNEL(mmq_q4_1, mmq_q4_1_t, 64)
+MMQ_KERNEL(mmq_q5_0, mmq_q5_0_t, 64)
+MMQ_KERNEL(mmq_q5_1, mmq_q5_1_t, 64)
+MMQ_KERNEL(mmq_q8_0, mmq_q8_0_t, 64)
+MMQ_KERNEL(mmq_q4_K, mmq_q4_K_t, 64)
+MMQ_KERNEL(mmq_q5_K, mmq_q5_K_t, 64)
+MMQ_KERNEL(mmq_q6_K, mmq_q6_K_t, 64)
+MMQ_KERNEL(mmq_q4_0_r32, mmq_q4_0_t, 32)
+MMQ_KERNEL(mmq_q4_1_r32, mmq_q4_1_t, 32)
+MMQ_KERNEL(mmq_q5_0_r32, mmq_q5_0_t, 32)
+MMQ_KERNEL(mmq_q5_1_r32, mmq_q5_1_t, 32)
+MMQ_KERNEL(mmq_q8_0_r32, mmq_q8_0_t, 32)
+MMQ_KERNEL(mmq_q4_K_r32, mmq_q4_K_t, 32)
+MMQ_KERNEL(mmq_q5_K_r32, mmq_q5_K_t, 32)
+MMQ_KERNEL(mmq_q6_K_r32, mmq_q6_K_t, 32)

@@ -1,0 +1,207 @@
+//! How the CUDA backend multiplies a quantised weight by a prefill batch: the int8 GEMM of
+//! `src/kernels/cuda/mmq.cu` (weights unpacked to 8-bit tiles, activations as Q8_1 quants,
+//! `__dp4a`) or dequantisation to f16 and cuBLAS. `OATO_CUDA_MMQ=0` always takes cuBLAS, `1` the
+//! int8 GEMM wherever the weight type has one, `auto` (the default) times both once with CUDA
+//! events the first time a (type, n, k, token bucket) is seen and keeps the faster.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::error::{Error, Result};
+use crate::quant::GgmlType;
+
+/// Tokens one mmq thread block computes (mmq.cu's MMQ_TOK).
+pub const MMQ_TOK: usize = 64;
+
+/// One int8 GEMM kernel and the weight rows of its thread blocks' tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmqKernel {
+    pub name: &'static str,
+    pub rows: usize,
+}
+
+/// Which prefill GEMM quantised weights take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmqMode {
+    /// Dequantise to f16, then cuBLAS.
+    Off,
+    /// The int8 GEMM for every type that has one.
+    On,
+    /// Per shape, the faster of the two, timed once.
+    Auto,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(2);
+
+impl MmqMode {
+    /// `OATO_CUDA_MMQ`'s value: `0`, `1` or `auto`.
+    pub fn parse(v: &str) -> Result<MmqMode> {
+        match v.trim() {
+            "0" => Ok(MmqMode::Off),
+            "1" => Ok(MmqMode::On),
+            "auto" | "" => Ok(MmqMode::Auto),
+            other => Err(Error::Msg(format!(
+                "OATO_CUDA_MMQ={other:?}: expected 0 (dequantise + cuBLAS), 1 (int8 GEMM) or auto"
+            ))),
+        }
+    }
+}
+
+/// The prefill GEMM choice of every CUDA backend in the process (`selftest` forces each).
+pub fn set_mmq_mode(m: MmqMode) {
+    MODE.store(
+        match m {
+            MmqMode::Off => 0,
+            MmqMode::On => 1,
+            MmqMode::Auto => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+pub fn mmq_mode() -> MmqMode {
+    match MODE.load(Ordering::Relaxed) {
+        0 => MmqMode::Off,
+        1 => MmqMode::On,
+        _ => MmqMode::Auto,
+    }
+}
+
+/// Reads `OATO_CUDA_MMQ` (when set) into the process-wide mode; a value it does not know is an
+/// error naming the variable.
+pub fn mmq_mode_from_env() -> Result<()> {
+    if let Ok(v) = std::env::var("OATO_CUDA_MMQ") {
+        set_mmq_mode(MmqMode::parse(&v)?);
+    }
+    Ok(())
+}
+
+/// The int8 GEMM kernel of a weight type for `n` rows and `n_tok` tokens on a device with
+/// `sm_count` multiprocessors, if the type has one: tiles of 64 rows, or of 32 rows (the `_r32`
+/// kernels) when 64-row tiles would give fewer thread blocks than multiprocessors.
+pub fn mmq_kernel_of(ty: GgmlType, n: usize, n_tok: usize, sm_count: usize) -> Option<MmqKernel> {
+    let (big, small) = match ty {
+        GgmlType::Q4_0 => ("mmq_q4_0", "mmq_q4_0_r32"),
+        GgmlType::Q4_1 => ("mmq_q4_1", "mmq_q4_1_r32"),
+        GgmlType::Q5_0 => ("mmq_q5_0", "mmq_q5_0_r32"),
+        GgmlType::Q5_1 => ("mmq_q5_1", "mmq_q5_1_r32"),
+        GgmlType::Q8_0 => ("mmq_q8_0", "mmq_q8_0_r32"),
+        GgmlType::Q4_K => ("mmq_q4_K", "mmq_q4_K_r32"),
+        GgmlType::Q5_K => ("mmq_q5_K", "mmq_q5_K_r32"),
+        GgmlType::Q6_K => ("mmq_q6_K", "mmq_q6_K_r32"),
+        _ => return None,
+    };
+    Some(if n.div_ceil(64) * n_tok.div_ceil(MMQ_TOK) < sm_count {
+        MmqKernel {
+            name: small,
+            rows: 32,
+        }
+    } else {
+        MmqKernel {
+            name: big,
+            rows: 64,
+        }
+    })
+}
+
+/// Whether a weight type has int8 GEMM kernels.
+pub fn has_mmq(ty: GgmlType) -> bool {
+    mmq_kernel_of(ty, 1, 1, 0).is_some()
+}
+
+/// The token bucket a batch's choice is kept under: the next power of two.
+pub fn token_bucket(n_tok: usize) -> usize {
+    n_tok.next_power_of_two()
+}
+
+/// What `auto` measured for one shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MmqChoice {
+    pub mmq: bool,
+    pub mmq_us: f64,
+    pub cublas_us: f64,
+}
+
+/// A shape `auto` chooses for: (type, n, k, token bucket).
+type ShapeKey = (GgmlType, usize, usize, usize);
+
+/// `auto`'s choices by shape.
+#[derive(Default)]
+pub struct MmqChoices(Mutex<HashMap<ShapeKey, MmqChoice>>);
+
+impl MmqChoices {
+    fn key(ty: GgmlType, n: usize, k: usize, n_tok: usize) -> ShapeKey {
+        (ty, n, k, token_bucket(n_tok))
+    }
+
+    pub fn get(&self, ty: GgmlType, n: usize, k: usize, n_tok: usize) -> Result<Option<MmqChoice>> {
+        Ok(self.lock()?.get(&Self::key(ty, n, k, n_tok)).copied())
+    }
+
+    /// Records the two times for a shape and returns the choice (the int8 GEMM when faster).
+    pub fn record(
+        &self,
+        ty: GgmlType,
+        n: usize,
+        k: usize,
+        n_tok: usize,
+        mmq_us: f64,
+        cublas_us: f64,
+    ) -> Result<MmqChoice> {
+        let c = MmqChoice {
+            mmq: mmq_us < cublas_us,
+            mmq_us,
+            cublas_us,
+        };
+        self.lock()?.insert(Self::key(ty, n, k, n_tok), c);
+        Ok(c)
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<ShapeKey, MmqChoice>>> {
+        self.0
+            .lock()
+            .map_err(|_| Error::Msg("CUDA mmq choices lock poisoned".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_parses_the_three_values_and_rejects_others() {
+        assert_eq!(MmqMode::parse("0").unwrap(), MmqMode::Off);
+        assert_eq!(MmqMode::parse("1").unwrap(), MmqMode::On);
+        assert_eq!(MmqMode::parse("auto").unwrap(), MmqMode::Auto);
+        let e = MmqMode::parse("yes").unwrap_err().to_string();
+        assert!(e.contains("OATO_CUDA_MMQ") && e.contains("yes"), "{e}");
+    }
+
+    #[test]
+    fn choices_are_kept_per_type_shape_and_bucket() {
+        let c = MmqChoices::default();
+        let q = GgmlType::Q4_0;
+        assert_eq!(c.get(q, 4096, 4096, 64).unwrap(), None);
+        assert!(c.record(q, 4096, 4096, 64, 10.0, 20.0).unwrap().mmq);
+        assert!(!c.record(q, 4096, 4096, 512, 30.0, 20.0).unwrap().mmq);
+        // 33..64 tokens share the 64 bucket; 65 is in the next; another type or shape is new.
+        assert!(c.get(q, 4096, 4096, 33).unwrap().unwrap().mmq);
+        assert!(!c.get(q, 4096, 4096, 300).unwrap().unwrap().mmq);
+        assert_eq!(c.get(q, 4096, 4096, 65).unwrap(), None);
+        assert_eq!(c.get(GgmlType::Q8_0, 4096, 4096, 64).unwrap(), None);
+        assert_eq!(c.get(q, 14336, 4096, 64).unwrap(), None);
+        assert!(has_mmq(GgmlType::Q5_K) && !has_mmq(GgmlType::Q3_K));
+    }
+
+    #[test]
+    fn small_grids_take_32_row_tiles() {
+        // 4096 rows x 64 tokens: 64 tiles of 64 rows, under an H100's 132 multiprocessors.
+        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 64, 132).unwrap();
+        assert_eq!((k.name, k.rows), ("mmq_q4_0_r32", 32));
+        // 512 tokens: 512 tiles of 64 rows.
+        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 512, 132).unwrap();
+        assert_eq!((k.name, k.rows), ("mmq_q4_0", 64));
+        assert_eq!(mmq_kernel_of(GgmlType::Q2_K, 4096, 512, 132), None);
+    }
+}
