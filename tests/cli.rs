@@ -87,27 +87,38 @@ fn run_streams_the_golden_text_and_reports_timings() {
     }
 }
 
-#[test]
-fn run_json_gives_ids_text_and_timings() {
+/// `run --json` on golden prompt 1, with `extra` flags: the parsed output after checking the ids.
+fn run_golden_json(extra: &[&str]) -> serde_json::Value {
     let g = golden();
     let p = &g["prompts"][1];
-    let out = oato(
-        &[
-            "run",
-            "--json",
-            "-p",
-            p["prompt"].as_str().unwrap(),
-            "-n",
-            "6",
-            "--temp",
-            "0",
-        ],
-        &repo(),
-    );
+    let mut args = vec![
+        "run",
+        "--json",
+        "-p",
+        p["prompt"].as_str().unwrap(),
+        "-n",
+        "6",
+        "--temp",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let out = oato(&args, &repo());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ids(&v["prompt_ids"]), ids(&p["prompt_ids"]));
     assert_eq!(ids(&v["output_ids"]), ids(&p["output_ids"])[..6].to_vec());
+    v
+}
+
+/// `--no-mmap` reads the model into memory and computes the same tokens.
+#[test]
+fn run_without_mmap_gives_the_golden_ids() {
+    run_golden_json(&["--no-mmap"]);
+}
+
+#[test]
+fn run_json_gives_ids_text_and_timings() {
+    let v = run_golden_json(&[]);
     for key in ["load_ms", "ttft_ms", "tpot_ms", "e2e_ms"] {
         assert!(v[key].as_f64().unwrap() > 0.0, "{key} = {}", v[key]);
     }

@@ -4,6 +4,6 @@ pub mod reader;
 pub mod value;
 pub mod writer;
 
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::{GgufFile, TensorInfo, set_no_mmap};
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, TensorEntry};
