@@ -209,8 +209,9 @@ unsafe fn tile<const R: usize, const P: usize>(
     assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
-    let mut chains = [[[_mm512_setzero_ps(); P]; R]; 4];
-    for (c, chain) in chains.iter_mut().enumerate() {
+    // One chain of all the tile's (row, pair) accumulators; the chains' results are combined as
+    // they come, `(c0 + c1) + (c2 + c3)`, so no zeroed array of all four is needed.
+    let chain = |c: usize, pf: &mut Prefetch| {
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         for s in 0..steps {
             let i = c * steps + s;
@@ -225,19 +226,23 @@ unsafe fn tile<const R: usize, const P: usize>(
             }
             pf.step();
         }
-        *chain = acc;
-    }
-    let mut out = [[[0f32; 2]; P]; R];
-    for r in 0..R {
-        for p in 0..P {
-            let ch = |c: usize| chains[c][r][p];
-            let s = _mm512_add_ps(_mm512_add_ps(ch(0), ch(1)), _mm512_add_ps(ch(2), ch(3)));
+        acc
+    };
+    let add = |a: [[__m512; P]; R], b: [[__m512; P]; R]| -> [[__m512; P]; R] {
+        std::array::from_fn(|r| std::array::from_fn(|p| _mm512_add_ps(a[r][p], b[r][p])))
+    };
+    let (c0, c1) = (chain(0, pf), chain(1, pf));
+    let s01 = add(c0, c1);
+    let (c2, c3) = (chain(2, pf), chain(3, pf));
+    let sum = add(s01, add(c2, c3));
+    std::array::from_fn(|r| {
+        std::array::from_fn(|p| {
+            let s = sum[r][p];
             let lo = _mm512_castps512_ps256(s);
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
-            out[r][p] = [hsum8(lo), hsum8(hi)];
-        }
-    }
-    out
+            [hsum8(lo), hsum8(hi)]
+        })
+    })
 }
 
 fn elem(b: &[u8], i: usize) -> f32 {
@@ -365,10 +370,12 @@ impl Block<'_> {
             for (p, two) in o.iter().enumerate() {
                 for (j, &v) in two.iter().enumerate() {
                     let t = 2 * (q + p) + j;
-                    let a = self.acts.row(t);
                     let mut v = v;
-                    for e in full..self.acts.k {
-                        v = elem(w[i], e).mul_add(elem(a, e), v);
+                    if full < self.acts.k {
+                        let a = self.acts.row(t);
+                        for e in full..self.acts.k {
+                            v = elem(w[i], e).mul_add(elem(a, e), v);
+                        }
                     }
                     put(t, r + i, v);
                 }
