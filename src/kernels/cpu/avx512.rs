@@ -89,9 +89,9 @@ pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 
-/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0 and the K-quants of a Q4_K_M
-/// file (the single-row dots are bound by their one FMA chain and their horizontal sums; four rows
-/// keep four chains in flight, share each activation block's loads and scale, and reduce the four
+/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (the
+/// single-row dots are bound by their one FMA chain and their horizontal sums; four rows keep
+/// four chains in flight, share each activation block's loads and scale, and reduce the four
 /// rows' lanes together).
 pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     use crate::quant::GgmlType;
@@ -160,11 +160,16 @@ pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> 
             acc[t] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc[t]);
         }
     }
-    acc.map(|v| {
-        let mut out = [0f32; 4];
-        _mm_storeu_ps(out.as_mut_ptr(), v);
-        out
-    })
+    acc.map(|v| lanes4(v))
+}
+
+/// The four lanes of `v`, one per row of the four-row kernels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes4(v: __m128) -> [f32; 4] {
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), v);
+    out
 }
 
 /// Four Q4_0 rows against the tokens `a` (a small batch): [`rows_q4_0_tokens`] four, two, then
@@ -560,7 +565,8 @@ pub(crate) unsafe fn rows_k4<B: K4Parts>(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     for (b, y) in ys[..nb].iter().enumerate() {
         // SAFETY: b < nb <= every row's length.
         let x: [&B; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
-        // One row at a time (four unpacked blocks would not fit the registers).
+        // One row at a time (four unpacked blocks would not fit the registers; an array of
+        // per-row tuples built by `from_fn` compiled to code a third slower).
         let (mut lanes, mut mins, mut d) = (
             [_mm256_setzero_si256(); 4],
             [_mm256_setzero_si256(); 4],
@@ -578,9 +584,7 @@ pub(crate) unsafe fn rows_k4<B: K4Parts>(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), _mm_cvtepi32_ps(isum), sumf);
         sumf = _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), _mm_cvtepi32_ps(imin), acc);
     }
-    let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), sumf);
-    out
+    lanes4(sumf)
 }
 
 /// A Q4_K / Q5_K super-block unpacked.
@@ -757,9 +761,7 @@ pub unsafe fn rows_q6_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let d = _mm_mul_ps(_mm_set1_ps(y.d.get()), d_x);
         sumf = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), sumf);
     }
-    let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), sumf);
-    out
+    lanes4(sumf)
 }
 
 /// [`k_tile`] for Q6_K.

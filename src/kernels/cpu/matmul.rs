@@ -574,23 +574,10 @@ mod tests {
         let mut rng = crate::rng::SplitMix64::new(7);
         for isa in crate::kernels::cpu::Isa::all_supported() {
             crate::kernels::cpu::set_isa(isa).unwrap();
-            // (type, offsets of its f16 super-block scales)
-            for (ty, scales) in [
-                (GgmlType::Q4_K, &[0usize, 2][..]),
-                (GgmlType::Q5_K, &[0, 2]),
-                (GgmlType::Q6_K, &[208]),
-            ] {
+            for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
                 // 37 rows: two of kwide's sixteen-row panels (AVX-512), then the tiles.
                 for n in [9, 10, 11, 37] {
-                    let rb = ty.row_bytes(k).unwrap();
-                    let mut wq: Vec<u8> = (0..rb * n).map(|_| rng.next_u64() as u8).collect();
-                    for block in wq.chunks_mut(ty.type_size()) {
-                        for &o in scales {
-                            let v =
-                                half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
-                            block[o..o + 2].copy_from_slice(&v.to_le_bytes());
-                        }
-                    }
+                    let wq = super::super::random_rows(ty, k, n, &mut rng);
                     let x = pattern(k * n_tok, 0.3);
                     batched_vs_single(ty, k, n, &wq, &x, isa.name());
                 }

@@ -196,7 +196,8 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
 }
 
 #[cfg(test)]
-/// Random Q4_0 or K-quant rows (for tests of kernels oato has no quantiser for) with small finite super-block scales (so no sum overflows to inf).
+/// `n` random Q4_0 or K-quant rows of `k` elements (for tests of kernels oato has no quantiser
+/// for), with small finite super-block scales so that no sum overflows to inf.
 pub(crate) fn random_rows(
     ty: GgmlType,
     k: usize,
