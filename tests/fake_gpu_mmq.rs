@@ -88,6 +88,8 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
     let want: Vec<u32> = ids(&p["output_ids"]).into_iter().take(3).collect();
     // 30 layers x 7 Q4_1 weights, each multiplied once per prefill batch.
     let per_prefill = 30 * 7;
+    // Weight products of the whole run, as OATO_CUDA_MMQ=1 counts them (the first mode).
+    let mut products = 0;
     for mode in ["1", "0", "auto"] {
         let (got, mmq, deq) = run(mode, prompt, want.len());
         println!("OATO_CUDA_MMQ={mode}: {got:?}; {mmq} mmq_q4_1, {deq} dequant_q4_1_f16 launches");
@@ -95,12 +97,17 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
             panic!("OATO_CUDA_MMQ={mode}: {e}\n  ours: {got:?}\n  llama.cpp: {want:?}");
         }
         match mode {
-            "1" => assert!(mmq >= per_prefill && deq == 0, "{mmq} mmq, {deq} dequant"),
-            "0" => assert!(mmq == 0 && deq >= per_prefill, "{mmq} mmq, {deq} dequant"),
-            // Each of the 4 weight shapes (q and o, k and v, gate and up, down) run both ways
-            // twice (untimed, timed) when first seen, then the faster for every layer.
+            "1" => {
+                assert!(mmq >= per_prefill && deq == 0, "{mmq} mmq, {deq} dequant");
+                products = mmq;
+            }
+            "0" => assert!(mmq == 0 && deq == products, "{mmq} mmq, {deq} dequant"),
+            // Each of the 4 weight shapes (q and o, k and v, gate and up, down) runs both ways
+            // twice (untimed, timed) instead of once when first seen (3 more launches), once
+            // more where the int8 kernel wins, then the faster for every layer: a shape timed
+            // twice would exceed the bound.
             _ => assert!(
-                mmq >= 8 && deq >= 8 && mmq + deq >= per_prefill + 16,
+                mmq >= 8 && deq >= 8 && (products + 12..=products + 16).contains(&(mmq + deq)),
                 "{mmq} mmq, {deq} dequant"
             ),
         }

@@ -1077,9 +1077,8 @@ impl CudaBackend {
         if !w.ty.is_quantized() {
             return Ok(Prefill::Float);
         }
-        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count)
-            .filter(|_| k.is_multiple_of(w.ty.block_size()))
-        else {
+        // (k is whole blocks: `check_weight_bytes` made sure when the weight was loaded.)
+        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count) else {
             return Ok(Prefill::Dequant);
         };
         Ok(match mmq_mode() {
@@ -1162,10 +1161,7 @@ impl CudaBackend {
 
     /// The GPU time of the work `f` queues, by CUDA events (waits for it).
     fn time_us(&self, f: impl FnOnce() -> Result<()>) -> Result<f64> {
-        let mut clock = EventClock {
-            b: self,
-            start: None,
-        };
+        let mut clock = self.stopwatch()?;
         clock.start()?;
         f()?;
         clock.stop()
@@ -1411,6 +1407,12 @@ impl Backend for CudaBackend {
             (0, 0)
         };
         for ((w, y), path) in ws.iter().zip(ys.iter_mut()).zip(paths) {
+            // A shape timed earlier in this call (v after k, up after gate) takes that choice,
+            // so it is timed once and every weight of the shape takes the same path.
+            let path = match path {
+                Prefill::Measure(_) => self.prefill_path(w, k, n_tok)?,
+                p => p,
+            };
             let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
             let wp = self.wptr(w)?;
             use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};

@@ -17,7 +17,10 @@
 //      for formats with a min the exact integer sum of each 32 quants (__dp4a with 0x01010101);
 //   3. each thread computes ROWS / 32 rows (lane, lane + 32) x 8 tokens (8 per warp): per 32-element
 //      group an exact i32 __dp4a sum, then one f32 step: acc += d_w * d_a * sum (minus
-//      m_w * d_a * sum(a) with a min), as mmvq.cu and src/quant/dot.rs do per block.
+//      m_w * d_a * sum(a) with a min), as mmvq.cu and src/quant/dot.rs do per block, except
+//      that for Q4_1 / Q5_1 the min term takes the exact sum of the quants times d_a where
+//      mmvq.cu and dot.rs take the activation block's stored f16 s (ggml's way): prefill and
+//      decode of those types round that term differently (both within the golden parity rule).
 // Steps past k's last 32-element block (k not a multiple of 256, 32-element formats) are cut
 // short; rows past n and tokens past n_tok are staged as zeros and not written.
 //
