@@ -180,8 +180,8 @@ def main():
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
         f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}",
-        f"- machine: {cpu}, {os.cpu_count()} cores shared with other developers' builds and "
-        f"tests (noisy); oato on {args.threads} threads, the CPU only",
+        f"- machine: {cpu}, {os.cpu_count()} cores (how busy: the load column and the "
+        f"processes below); oato on {args.threads} threads, the CPU only",
         f"- model: {os.path.basename(args.model)} (synthetic weights: its text is not real)"
         if "synth" in args.model else f"- model: {os.path.basename(args.model)}",
         f"- load: {args.clients} concurrent clients, {args.requests} requests each, "

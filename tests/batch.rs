@@ -17,7 +17,7 @@ use oato::runtime::sampler::argmax;
 use oato::runtime::test_device::TestDevice;
 use oato::tokenizer::Tokenizer;
 
-use common::{greedy, model_path};
+use common::{greedy, model_path, random_half, scatter};
 
 /// One sequence of the schedule: its prompt, the step it joins at, the tokens it generates.
 struct Plan {
@@ -157,21 +157,10 @@ fn check_everywhere(model: &Model, plans: &[Plan], want: &[Vec<u32>], seed: u64)
             (vec![cpu, dev], DeviceMap::uniform(model, 1))
         };
         if round >= 2 {
-            for d in map.weights.values_mut() {
-                *d = (rng.next() & 1) as usize;
-            }
-            for h in map.layer_home.iter_mut() {
-                *h = (rng.next() & 1) as usize;
-            }
+            scatter(&mut map, &mut rng);
         }
         if round == 3 {
-            map.prefill_stream = map
-                .weights
-                .iter()
-                .filter(|&(_, &d)| d == 0)
-                .map(|(n, _)| n.clone())
-                .filter(|_| rng.next() & 1 == 1)
-                .collect();
+            map.prefill_stream = random_half(&map, 0, &mut rng);
             assert!(!map.prefill_stream.is_empty());
             (map.stream_dev, map.stream_min_tokens) = (1, 3);
         }

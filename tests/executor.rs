@@ -15,7 +15,7 @@ use oato::runtime::forward::{DeviceMap, Logits, Session, target_weights};
 use oato::runtime::test_device::TestDevice;
 use oato::tokenizer::Tokenizer;
 
-use common::{greedy, model_path};
+use common::{greedy, model_path, random_half, scatter};
 
 /// Backend 0 the CPU, backend 1 a test device (returned too, for its counters).
 /// The test prompt's ids and the all-CPU greedy continuation of `n_gen` tokens.
@@ -47,16 +47,6 @@ fn cpu_and_test_device() -> (Vec<Arc<dyn Backend>>, Arc<TestDevice>) {
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let dev = Arc::new(TestDevice::new(1 << 30));
     (vec![cpu, dev.clone()], dev)
-}
-
-/// Every weight and layer home of `map` on backend 0 or 1 at random.
-fn scatter(map: &mut DeviceMap, rng: &mut Rng) {
-    for d in map.weights.values_mut() {
-        *d = (rng.next() & 1) as usize;
-    }
-    for h in map.layer_home.iter_mut() {
-        *h = (rng.next() & 1) as usize;
-    }
 }
 
 #[test]
@@ -98,13 +88,7 @@ fn random_placements_match(model: &Model, prompt: &[u32], want: &[u32], seed: u6
         }
         // Round 3 streams a random half of the device's weights (FlexGen-style).
         if round == 3 {
-            map.streamed = map
-                .weights
-                .iter()
-                .filter(|&(_, &d)| d == 1)
-                .map(|(n, _)| n.clone())
-                .filter(|_| rng.next() & 1 == 1)
-                .collect();
+            map.streamed = random_half(&map, 1, &mut rng);
             assert!(!map.streamed.is_empty());
         }
         let mut session = Session::with_devices(model, 64, backends, &map).unwrap();

@@ -562,13 +562,12 @@ fn concurrent_requests_decode_in_one_batch_as_they_do_alone() {
             .into_iter()
             .map(|i| sc.spawn(move || completion_text(addr, i)))
             .collect();
-        // Let the two join A's batch, then A's client goes.
-        for _ in 0..600 {
-            if s.metric("oato_batch_size") >= 2.0 {
-                break;
-            }
+        // Let the two join A's batch (a bounded wait), then A's client goes.
+        let joined = (0..600).any(|_| {
             std::thread::sleep(Duration::from_millis(10));
-        }
+            s.metric("oato_batch_size") >= 2.0
+        });
+        assert!(joined, "the two requests never decoded beside A");
         drop(a);
         hs.into_iter()
             .map(|h| h.join().unwrap())

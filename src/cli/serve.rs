@@ -32,9 +32,9 @@ pub struct ServeArgs {
     /// Requests that may wait while --parallel run; more are refused with 503 and Retry-After.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// Prefill a prompt in pieces of at most this many tokens, one piece between two decode
-    /// steps of the other requests, so a long prompt holds them up one piece at a time
-    /// (llama-server's -ub; 0: each prompt at once).
+    /// Prefill prompts in pieces of at most this many tokens: between two decode steps each
+    /// prompt still prefilling runs one piece, so long prompts hold the others up by at most
+    /// one piece each (llama-server's -ub; 0: each prompt at once).
     #[arg(long = "ubatch", default_value_t = 512, value_name = "N")]
     pub ubatch: usize,
     /// Seconds a refused client is told to wait (Retry-After).

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::runtime::backend::Backend;
-use crate::runtime::generate::Generation;
+use crate::server::worker::Outcome;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [
@@ -151,7 +151,8 @@ impl Metrics {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn finished(&self, g: &Generation, cancelled: bool) {
+    /// A request's end: its token counts, and its first-token and per-token latencies (ms).
+    pub fn finished(&self, o: &Outcome, ttft_ms: f64, tpot_ms: f64, cancelled: bool) {
         self.stopped();
         if cancelled {
             self.cancelled();
@@ -159,17 +160,17 @@ impl Metrics {
             self.completed.fetch_add(1, Ordering::Relaxed);
         }
         self.prompt_tokens
-            .fetch_add(g.prompt_ids.len() as u64, Ordering::Relaxed);
+            .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
         self.cached_tokens
-            .fetch_add(g.cached_tokens as u64, Ordering::Relaxed);
+            .fetch_add(o.cached_tokens as u64, Ordering::Relaxed);
         self.completion_tokens
-            .fetch_add(g.output_ids.len() as u64, Ordering::Relaxed);
+            .fetch_add(o.completion_tokens as u64, Ordering::Relaxed);
         if let Ok(mut l) = self.latencies.lock() {
-            if !g.output_ids.is_empty() {
-                l.ttft.observe(g.ttft_ms / 1e3);
+            if o.completion_tokens > 0 {
+                l.ttft.observe(ttft_ms / 1e3);
             }
-            if g.output_ids.len() > 1 {
-                l.tpot.observe(g.tpot_ms / 1e3);
+            if o.completion_tokens > 1 {
+                l.tpot.observe(tpot_ms / 1e3);
             }
         }
     }

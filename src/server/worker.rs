@@ -15,7 +15,7 @@ use crate::engine::DeviceChoice;
 use crate::engine::{Opened, PlaceOptions};
 use crate::error::{Error, Result};
 use crate::runtime::forward::{SeqPart, Session};
-use crate::runtime::generate::{Finish, Generation, Utf8Stream};
+use crate::runtime::generate::{Finish, Utf8Stream};
 use crate::runtime::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::chat::ChatMessage;
 
@@ -109,7 +109,6 @@ struct Seq {
     /// The prompt and the tokens generated so far (the sampler's repeat penalty reads it).
     history: Vec<u32>,
     output: Vec<u32>,
-    text: Vec<u8>,
     /// At most this many tokens.
     want: usize,
     /// Prompt tokens whose keys and values were already in the slot.
@@ -211,10 +210,8 @@ pub fn run(
             };
             e.admit(job);
         }
+        // (The loop above ends with every slot free only once the queue is closed.)
         if e.slots.iter().all(|s| s.seq.is_none()) {
-            if open {
-                continue;
-            }
             return Ok(());
         }
         e.step();
@@ -222,8 +219,9 @@ pub fn run(
 }
 
 impl Engine<'_, '_> {
-    /// Checks a job, and starts it on a free slot: its prompt prefilled (what the slot already
-    /// holds of it reused) and its first token sampled.
+    /// Checks a job, and starts it on the free slot that holds the longest start of its prompt
+    /// (that part reused); `step` then prefills the rest and samples its tokens. `run` calls it
+    /// only while a slot is free.
     fn admit(&mut self, job: Job) {
         let metrics = &self.metrics;
         metrics.dequeued();
@@ -306,7 +304,6 @@ impl Engine<'_, '_> {
             stopped_by_string: false,
             history: ids.clone(),
             output: Vec::new(),
-            text: Vec::new(),
             want,
             reused,
             prompt: ids,
@@ -357,6 +354,7 @@ impl Engine<'_, '_> {
             })
             .collect();
         if decoding.is_empty() {
+            self.metrics.idle();
             return;
         }
         self.metrics.decode_step(decoding.len());
@@ -433,7 +431,6 @@ impl Engine<'_, '_> {
             Some(Finish::Eog)
         } else {
             let bytes = tokenizer.token_bytes(tok, false);
-            seq.text.extend_from_slice(&bytes);
             let (text, stop) = seq.stops.push(&seq.utf8.push(&bytes));
             let cancel = &seq.job.cancel;
             if !text.is_empty() && seq.job.events.send(Event::Text(text)).is_err() {
@@ -470,30 +467,20 @@ fn finish_seq(mut seq: Seq, finish: Finish, metrics: &Metrics) {
     }
     let e2e_ms = seq.start.elapsed().as_secs_f64() * 1e3;
     let n = seq.output.len();
-    let g = Generation {
-        prompt_ids: seq.prompt,
-        output_ids: seq.output,
-        text: String::from_utf8_lossy(&seq.text).into_owned(),
-        stopped_on_eog: finish == Finish::Eog,
-        finish,
-        cached_tokens: seq.reused,
-        ttft_ms: seq.ttft_ms,
-        tpot_ms: if n > 1 {
-            (e2e_ms - seq.ttft_ms) / (n - 1) as f64
-        } else {
-            0.0
-        },
-        e2e_ms,
+    let tpot_ms = if n > 1 {
+        (e2e_ms - seq.ttft_ms) / (n - 1) as f64
+    } else {
+        0.0
     };
     let outcome = Outcome {
         finish,
         stopped_by_string: seq.stopped_by_string,
-        prompt_tokens: g.prompt_ids.len(),
+        prompt_tokens: seq.prompt.len(),
         completion_tokens: n,
         cached_tokens: seq.reused,
     };
     let cancelled = finish == Finish::Stopped && !seq.stopped_by_string;
-    metrics.finished(&g, cancelled);
+    metrics.finished(&outcome, seq.ttft_ms, tpot_ms, cancelled);
     let _ = events.send(Event::Done(outcome));
 }
 

@@ -174,3 +174,29 @@ pub fn top_choices(p: &serde_json::Value) -> &serde_json::Value {
         &p["per_step_top2"]
     }
 }
+
+/// Every weight and layer home of `map` on backend 0 or 1 at random.
+#[allow(dead_code)]
+pub fn scatter(map: &mut oato::runtime::forward::DeviceMap, rng: &mut oato::quant::testdata::Rng) {
+    for d in map.weights.values_mut() {
+        *d = (rng.next() & 1) as usize;
+    }
+    for h in map.layer_home.iter_mut() {
+        *h = (rng.next() & 1) as usize;
+    }
+}
+
+/// A random half of the weights `map` puts on backend `dev` (each with probability 1/2).
+#[allow(dead_code)]
+pub fn random_half(
+    map: &oato::runtime::forward::DeviceMap,
+    dev: usize,
+    rng: &mut oato::quant::testdata::Rng,
+) -> std::collections::HashSet<String> {
+    map.weights
+        .iter()
+        .filter(|&(_, &d)| d == dev)
+        .map(|(n, _)| n.clone())
+        .filter(|_| rng.next() & 1 == 1)
+        .collect()
+}
