@@ -1,23 +1,25 @@
 //! F16 prefill on AVX-512 CPUs. The f16 activations are widened to f32 once per operator, laid out
-//! in the order the tile reads them, and each block of weight rows is widened once per block of
-//! tokens into a buffer that stays in L2, so the tile's inner loop is loads and FMAs only; while a
-//! block's tiles run, the next block's weight rows are prefetched a cache line per step.
+//! in the order the tile reads them, and each panel of weight rows is widened once per block of
+//! tokens into a buffer that stays in L2, so the tile's inner loop is loads and FMAs only; every
+//! row of a panel runs against one group of eight tokens before the next group (the group's
+//! activations and output lines stay in L1), and while a panel's tiles run, the next panel's
+//! weight rows are prefetched a cache line per step.
 //!
 //! Every output is computed as `avx2::vec_dot_f16` computes it (`scalar::dot_wide`'s order): lane
 //! (c, l) of four 8-lane FMA chains takes the elements `i % 32 == 8c + l` as `fma(w, a, acc)`,
 //! then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then the `k % 32` tail elements by FMA in
 //! order. The chains are independent, so the tile runs them one after the other: a 512-bit
 //! register holds two tokens' 8 lanes of one chain, and one chain of six rows x eight tokens is
-//! 24 accumulators, each weight load feeding four FMAs and each activation load six. Tiled and
-//! single-row results are bit-identical.
+//! 24 accumulators, each weight load feeding four FMAs and each activation load six. The lane
+//! sums of a tile are taken across registers with `hsum8`'s pairings ([`reduce_pair`]) and stored
+//! six rows at a time. Tiled and single-row results are bit-identical.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::kernels::cpu::avx2::hsum8;
-use crate::kernels::cpu::matmul::QuantizedActs;
+use crate::kernels::cpu::matmul::{QuantizedActs, SharedOut};
 use crate::kernels::cpu::pool;
 use crate::quant::blocks::f16_bits_to_f32;
 
@@ -156,24 +158,18 @@ unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [
     }
 }
 
-/// Cache lines still to prefetch: the next block's weight rows, one line per tile step.
+/// Cache lines still to prefetch: the next panel's weight rows, one line per tile step.
 struct Prefetch<'w> {
-    rows: [&'w [u8]; MAX_ROWS],
-    n: usize,
+    rows: Vec<&'w [u8]>,
     row: usize,
     at: usize,
 }
 
 impl<'w> Prefetch<'w> {
-    /// The lines of rows `next` (at most [`MAX_ROWS`]).
+    /// The lines of rows `next`.
     fn new(next: Range<usize>, row: &impl Fn(usize) -> &'w [u8]) -> Prefetch<'w> {
-        let mut rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
-        for (dst, r) in rows.iter_mut().zip(next.clone()) {
-            *dst = row(r);
-        }
         Prefetch {
-            rows,
-            n: next.len().min(MAX_ROWS),
+            rows: next.map(row).collect(),
             row: 0,
             at: 0,
         }
@@ -182,8 +178,7 @@ impl<'w> Prefetch<'w> {
     /// Asks for the next line, if any is left.
     #[inline(always)]
     fn step(&mut self) {
-        if self.row < self.n {
-            let row = self.rows[self.row];
+        if let Some(row) = self.rows.get(self.row) {
             // SAFETY: `at` < row.len(), inside the row (a prefetch never faults in any case).
             unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(self.at).cast()) };
             self.at += 64;
@@ -196,8 +191,8 @@ impl<'w> Prefetch<'w> {
 }
 
 /// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against `P` widened pairs
-/// (`a`), over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token):
-/// `out[r][p][j]` is token 2p + j of the pairs.
+/// (`a`), over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token) by
+/// [`reduce_pair`]: lane `8j + i` of `out[p]` is row i against token 2p + j of the pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<const R: usize, const P: usize>(
@@ -205,44 +200,84 @@ unsafe fn tile<const R: usize, const P: usize>(
     a: [&[Lanes16]; P],
     steps: usize,
     pf: &mut Prefetch,
-) -> [[[f32; 2]; P]; R] {
+) -> [__m512; P] {
     assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
     // One chain of all the tile's (row, pair) accumulators; the chains' results are combined as
     // they come, `(c0 + c1) + (c2 + c3)`, so no zeroed array of all four is needed.
     let chain = |c: usize, pf: &mut Prefetch| {
-        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        let mut acc = [[_mm512_setzero_ps(); R]; P];
         for s in 0..steps {
             let i = c * steps + s;
             // SAFETY (all loads): i < 4 * steps, inside `a` and `w` (checked above).
             let y: [__m512; P] = std::array::from_fn(|p| _mm512_load_ps(ap[p].add(16 * i)));
-            for (r, acc_r) in acc.iter_mut().enumerate() {
+            // Row r's weights feed every pair's accumulator of row r.
+            #[allow(clippy::needless_range_loop)]
+            for r in 0..R {
                 let w8 = _mm256_load_pd(wp.add(8 * (r * 4 * steps + i)).cast());
                 let wz = _mm512_castpd_ps(_mm512_broadcast_f64x4(w8));
                 for p in 0..P {
-                    acc_r[p] = _mm512_fmadd_ps(wz, y[p], acc_r[p]);
+                    acc[p][r] = _mm512_fmadd_ps(wz, y[p], acc[p][r]);
                 }
             }
             pf.step();
         }
         acc
     };
-    let add = |a: [[__m512; P]; R], b: [[__m512; P]; R]| -> [[__m512; P]; R] {
-        std::array::from_fn(|r| std::array::from_fn(|p| _mm512_add_ps(a[r][p], b[r][p])))
+    let add = |a: [[__m512; R]; P], b: [[__m512; R]; P]| -> [[__m512; R]; P] {
+        std::array::from_fn(|p| std::array::from_fn(|r| _mm512_add_ps(a[p][r], b[p][r])))
     };
     let (c0, c1) = (chain(0, pf), chain(1, pf));
     let s01 = add(c0, c1);
     let (c2, c3) = (chain(2, pf), chain(3, pf));
     let sum = add(s01, add(c2, c3));
-    std::array::from_fn(|r| {
-        std::array::from_fn(|p| {
-            let s = sum[r][p];
-            let lo = _mm512_castps512_ps256(s);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
-            [hsum8(lo), hsum8(hi)]
-        })
-    })
+    std::array::from_fn(|p| reduce_pair(&sum[p]))
+}
+
+/// Each of up to eight rows' lanes (`s[i]`: row i's eight lanes of token 0 in lanes 0..8, of token
+/// 1 in lanes 8..16) summed as `hsum8` sums them, all at once: lane `8j + i` of the result is row
+/// i, token j (rows from `s.len()` on are zero). `hsum8` adds the high four lanes to the low
+/// four, then lanes 2 and 3 to 0 and 1, then lane 1 to 0; the same pairs are added here across
+/// registers, and a sum does not depend on its operands' order, so the results are the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn reduce_pair(s: &[__m512]) -> __m512 {
+    debug_assert!(s.len() <= 8);
+    let z = _mm512_setzero_ps();
+    let g = |i: usize| s.get(i).copied().unwrap_or(z);
+    // Quarters of a register: (row a, token 0), (a, 1), (b, 0), (b, 1), each high half + low.
+    let halves = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    // Within each quarter: elements 0 + 2 and 1 + 3 of one register, then of the other.
+    let pairs = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    // Within each quarter: elements 0 + 1 and 2 + 3.
+    let last = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+        )
+    };
+    let (h01, h23) = (halves(g(0), g(1)), halves(g(2), g(3)));
+    let lo = pairs(h01, h23);
+    let hi = if s.len() > 4 {
+        pairs(halves(g(4), g(5)), halves(g(6), g(7)))
+    } else {
+        z
+    };
+    // Quarter 0: rows 0, 2, 4, 6 of token 0; 1: the same of token 1; 2 and 3: rows 1, 3, 5, 7.
+    let v = last(lo, hi);
+    let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    _mm512_permutexvar_ps(order, v)
 }
 
 fn elem(b: &[u8], i: usize) -> f32 {
@@ -250,34 +285,58 @@ fn elem(b: &[u8], i: usize) -> f32 {
 }
 
 /// Rows `rows` of an F16 weight (`row(r)`: its bytes) against the tokens `wide` covers, written
-/// through `put(token, row, value)`: token blocks of about [`TOKEN_BLOCK_BYTES`].
+/// through `out`: token blocks of about [`TOKEN_BLOCK_BYTES`], panels of about
+/// [`PANEL_BYTES`] of widened weights.
 pub(crate) fn run_rows<'w>(
     wide: &WideActs,
     acts: &QuantizedActs,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
-    put: impl Fn(usize, usize, f32),
+    out: Out,
 ) {
     let pairs_per_block = TOKEN_BLOCK_BYTES / (wide.steps * size_of::<Lanes16>() * 4).max(1);
-    run_blocks(wide, acts, row, rows, pairs_per_block.max(1), put)
+    let panel_rows = PANEL_BYTES / (wide.steps * 128).max(1);
+    let panel_rows = (panel_rows / MAX_ROWS * MAX_ROWS).clamp(MAX_ROWS, MAX_PANEL_ROWS);
+    run_blocks(
+        wide,
+        acts,
+        row,
+        rows,
+        pairs_per_block.max(1),
+        panel_rows,
+        out,
+    )
 }
 
-/// [`run_rows`] with `pairs_per_block` pairs per token block: in each block, the rows six at a
-/// time (then the rest) against every pair.
+/// Bytes of widened weight rows per panel: a panel's rows run against each group of pairs
+/// before the next group, so the group's activations are read once per panel (from L1/L2) and
+/// the group's output lines are filled while they are in L1. Best of 5 / 3 / 2 alternated runs,
+/// 2 EPYC threads, t/s by panel (six rows; 192, 384, 768 KiB): 135M F16 pp512 632 / 690 / 699 /
+/// 689; 1B shape F16 pp64 91.7 / - / 89.7 / 90.3, pp512 97.0 / - / 99.6 / 93.8.
+const PANEL_BYTES: usize = 384 << 10;
+
+/// Most rows in a panel.
+const MAX_PANEL_ROWS: usize = 96;
+
+/// [`run_rows`] with `pairs_per_block` pairs per token block and panels of `panel_rows` rows (a
+/// multiple of [`MAX_ROWS`]): in each token block, for each panel, for each group of up to four
+/// pairs, the panel's rows six at a time (then the rest).
 fn run_blocks<'w>(
     wide: &WideActs,
     acts: &QuantizedActs,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
     pairs_per_block: usize,
-    put: impl Fn(usize, usize, f32),
+    panel_rows: usize,
+    out: Out,
 ) {
     thread_local! {
-        /// The widened weight rows of a block, kept per thread across operators.
+        /// The widened weight rows of a panel, kept per thread across operators.
         static WBUF: std::cell::RefCell<Vec<Lanes8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    debug_assert!(panel_rows >= MAX_ROWS && panel_rows.is_multiple_of(MAX_ROWS));
     WBUF.with_borrow_mut(|wbuf| {
-        let need = MAX_ROWS * 4 * wide.steps;
+        let need = panel_rows * 4 * wide.steps;
         if wbuf.len() < need {
             wbuf.resize(need, Lanes8([0.0; 8]));
         }
@@ -287,100 +346,161 @@ fn run_blocks<'w>(
             let pairs = q0..(q0 + pairs_per_block).min(wide.n_pairs);
             let mut r = rows.start;
             while r < rows.end {
-                let n = (rows.end - r).min(MAX_ROWS);
-                // The next block's rows: this token block's next row block, or the next token
+                let panel = r..(r + panel_rows).min(rows.end);
+                // The next panel's rows: this token block's next panel, or the next token
                 // block's first.
-                let next = if r + n < rows.end {
-                    r + n..(r + n + MAX_ROWS).min(rows.end)
+                let next = if panel.end < rows.end {
+                    panel.end..(panel.end + panel_rows).min(rows.end)
                 } else if pairs.end < wide.n_pairs {
-                    rows.start..(rows.start + MAX_ROWS).min(rows.end)
+                    rows.start..(rows.start + panel_rows).min(rows.end)
                 } else {
                     0..0
                 };
                 let mut pf = Prefetch::new(next, &row);
-                let b = Block {
+                let b = Panel {
                     wide,
                     acts,
-                    pairs: pairs.clone(),
+                    rows: panel.clone(),
+                    raw: panel.clone().map(&row).collect(),
                 };
-                match n {
-                    6 => b.run::<6>(&row, r, wbuf, &mut pf, &put),
-                    5 => b.run::<5>(&row, r, wbuf, &mut pf, &put),
-                    4 => b.run::<4>(&row, r, wbuf, &mut pf, &put),
-                    3 => b.run::<3>(&row, r, wbuf, &mut pf, &put),
-                    2 => b.run::<2>(&row, r, wbuf, &mut pf, &put),
-                    _ => b.run::<1>(&row, r, wbuf, &mut pf, &put),
-                }
-                r += n;
+                b.widen(wbuf);
+                b.run(&pairs, wbuf, &mut pf, &out);
+                r = panel.end;
             }
             q0 = pairs.end;
         }
     })
 }
 
-/// One token block's activations.
-struct Block<'a> {
+/// One panel of weight rows against one token block's activations.
+struct Panel<'a, 'w> {
     wide: &'a WideActs,
     acts: &'a QuantizedActs,
-    pairs: Range<usize>,
+    rows: Range<usize>,
+    /// The panel's rows' bytes.
+    raw: Vec<&'w [u8]>,
 }
 
-impl Block<'_> {
-    /// Rows `r..r + R` against the block's pairs, four at a time (then the rest).
-    fn run<'w, const R: usize>(
-        &self,
-        row: &impl Fn(usize) -> &'w [u8],
-        r: usize,
-        wbuf: &mut [Lanes8],
-        pf: &mut Prefetch,
-        put: &impl Fn(usize, usize, f32),
-    ) {
-        let w: [&[u8]; R] = std::array::from_fn(|i| row(r + i));
-        // SAFETY: `WideActs::new` is `Some` only on CPUs with AVX-512.
-        unsafe { widen_rows(w, self.wide.steps, wbuf) };
-        let mut q = self.pairs.start;
-        while q < self.pairs.end {
-            let n = (self.pairs.end - q).min(MAX_PAIRS);
+impl Panel<'_, '_> {
+    /// Widens the panel's rows into `wbuf`, six at a time (then the rest).
+    fn widen(&self, wbuf: &mut [Lanes8]) {
+        let per_row = 4 * self.wide.steps;
+        for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
+            let dst = &mut wbuf[b * MAX_ROWS * per_row..];
+            // SAFETY (all): `WideActs::new` is `Some` only on CPUs with AVX-512.
+            unsafe {
+                match *w {
+                    [a, b, c, d, e, f] => widen_rows([a, b, c, d, e, f], self.wide.steps, dst),
+                    [a, b, c, d, e] => widen_rows([a, b, c, d, e], self.wide.steps, dst),
+                    [a, b, c, d] => widen_rows([a, b, c, d], self.wide.steps, dst),
+                    [a, b, c] => widen_rows([a, b, c], self.wide.steps, dst),
+                    [a, b] => widen_rows([a, b], self.wide.steps, dst),
+                    _ => widen_rows([w[0]], self.wide.steps, dst),
+                }
+            }
+        }
+    }
+
+    /// The panel's rows (widened in `wbuf`) against pairs `pairs`, four pairs at a time (then
+    /// the rest).
+    fn run(&self, pairs: &Range<usize>, wbuf: &[Lanes8], pf: &mut Prefetch, out: &Out) {
+        let mut q = pairs.start;
+        while q < pairs.end {
+            let n = (pairs.end - q).min(MAX_PAIRS);
             match n {
-                4 => self.tile::<R, 4>(&w, wbuf, r, q, pf, put),
-                3 => self.tile::<R, 3>(&w, wbuf, r, q, pf, put),
-                2 => self.tile::<R, 2>(&w, wbuf, r, q, pf, put),
-                _ => self.tile::<R, 1>(&w, wbuf, r, q, pf, put),
+                4 => self.group::<4>(wbuf, q, pf, out),
+                3 => self.group::<3>(wbuf, q, pf, out),
+                2 => self.group::<2>(wbuf, q, pf, out),
+                _ => self.group::<1>(wbuf, q, pf, out),
             }
             q += n;
+        }
+    }
+
+    /// Every row block of the panel against pairs `q..q + P`.
+    fn group<const P: usize>(&self, wbuf: &[Lanes8], q: usize, pf: &mut Prefetch, out: &Out) {
+        let per_block = MAX_ROWS * 4 * self.wide.steps;
+        for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
+            let wb = &wbuf[b * per_block..];
+            let r = self.rows.start + b * MAX_ROWS;
+            match w.len() {
+                6 => self.tile::<6, P>(w, wb, r, q, pf, out),
+                5 => self.tile::<5, P>(w, wb, r, q, pf, out),
+                4 => self.tile::<4, P>(w, wb, r, q, pf, out),
+                3 => self.tile::<3, P>(w, wb, r, q, pf, out),
+                2 => self.tile::<2, P>(w, wb, r, q, pf, out),
+                _ => self.tile::<1, P>(w, wb, r, q, pf, out),
+            }
         }
     }
 
     /// Rows `r..r + R` (`w`, widened in `wbuf`) against pairs `q..q + P`, with the `k % 32` tail.
     fn tile<const R: usize, const P: usize>(
         &self,
-        w: &[&[u8]; R],
+        w: &[&[u8]],
         wbuf: &[Lanes8],
         r: usize,
         q: usize,
         pf: &mut Prefetch,
-        put: &impl Fn(usize, usize, f32),
+        out: &Out,
     ) {
         let steps = self.wide.steps;
         let full = 32 * steps;
         let a = std::array::from_fn(|p| self.wide.pair(q + p));
-        // SAFETY: as in `run`.
-        let out = unsafe { tile::<R, P>(wbuf, a, steps, pf) };
-        for (i, o) in out.iter().enumerate() {
-            for (p, two) in o.iter().enumerate() {
-                for (j, &v) in two.iter().enumerate() {
-                    let t = 2 * (q + p) + j;
-                    let mut v = v;
-                    if full < self.acts.k {
-                        let a = self.acts.row(t);
+        // SAFETY: as in `widen`.
+        let sums = unsafe { tile::<R, P>(wbuf, a, steps, pf) };
+        for (p, v) in sums.iter().enumerate() {
+            let t = 2 * (q + p);
+            if full < self.acts.k {
+                // The `k % 32` tail, element by element after the lanes' sum.
+                let mut lanes = [0f32; 16];
+                // SAFETY: `lanes` holds sixteen f32.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+                for j in 0..2 {
+                    let a = self.acts.row(t + j);
+                    for (i, w) in w.iter().enumerate() {
+                        let mut x = lanes[8 * j + i];
                         for e in full..self.acts.k {
-                            v = elem(w[i], e).mul_add(elem(a, e), v);
+                            x = elem(w, e).mul_add(elem(a, e), x);
                         }
+                        // SAFETY: t + j < n_tok and r + i < the weight's rows (`Out`'s contract).
+                        unsafe { out.write(t + j, r + i, x) };
                     }
-                    put(t, r + i, v);
                 }
+            } else {
+                // SAFETY: as above, for rows r..r + R of tokens t and t + 1.
+                unsafe { out.write_pair::<R>(t, r, *v) };
             }
         }
+    }
+}
+
+/// Where the outputs go: `[token][row]` f32 with `stride` rows per token.
+pub(crate) struct Out<'a> {
+    pub(crate) out: &'a SharedOut,
+    pub(crate) stride: usize,
+}
+
+impl Out<'_> {
+    /// # Safety
+    /// (t, r) must be inside the buffer and written by no other task.
+    #[inline(always)]
+    unsafe fn write(&self, t: usize, r: usize, v: f32) {
+        self.out.write(t * self.stride + r, v)
+    }
+
+    /// Rows `r..r + R` of tokens t (lanes 0..R of `v`) and t + 1 (lanes 8..8 + R).
+    ///
+    /// # Safety
+    /// Those outputs must be inside the buffer and written by no other task; the CPU has AVX-512.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn write_pair<const R: usize>(&self, t: usize, r: usize, v: __m512) {
+        let mask = ((1u32 << R) - 1) as __mmask8;
+        let p = self.out.0.add(t * self.stride + r);
+        _mm256_mask_storeu_ps(p, mask, _mm512_castps512_ps256(v));
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        _mm256_mask_storeu_ps(p.add(self.stride), mask, hi);
     }
 }
 
@@ -414,26 +534,31 @@ mod tests {
             // Row ranges ending in blocks of five, four, six, three, two and one rows; pairs per
             // token block from one to all, so tiles of one to four pairs.
             let ranges = [
-                (1..n, 1),
-                (1..n - 1, 2),
-                (0..n, 100),
-                (2..n - 1, 3),
-                (0..8, 5),
-                (0..7, 100),
+                (1..n, 1, 6),
+                (1..n - 1, 2, 6),
+                (0..n, 100, 6),
+                (2..n - 1, 3, 6),
+                (0..8, 5, 6),
+                (0..7, 100, 6),
+                (1..n, 3, 12),
+                (0..n, 100, 18),
+                (2..n - 1, 1, 12),
             ];
-            for (rows, pairs_per_block) in ranges {
-                let got = std::sync::Mutex::new(vec![f32::NAN; n_tok * n]);
+            for (rows, pairs_per_block, panel_rows) in ranges {
+                let mut got = vec![f32::NAN; n_tok * n];
+                let shared = SharedOut(got.as_mut_ptr());
                 run_blocks(
                     &wide,
                     &acts,
                     |r| &w[r * rb..(r + 1) * rb],
                     rows.clone(),
                     pairs_per_block,
-                    |t, r, v| {
-                        got.lock().unwrap()[t * n + r] = v;
+                    panel_rows,
+                    Out {
+                        out: &shared,
+                        stride: n,
                     },
                 );
-                let got = got.into_inner().unwrap();
                 for t in 0..wide.n_tok() {
                     for r in rows.clone() {
                         // SAFETY: the CPU has AVX2 (it has AVX-512).

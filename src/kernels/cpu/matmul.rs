@@ -326,7 +326,11 @@ impl<'a> RowJob<'a> {
             let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
             let done = match prepared {
                 Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
-                    super::f16wide::run_rows(w, acts, row, rows.clone(), put);
+                    let out = super::f16wide::Out {
+                        out: &self.out,
+                        stride: self.w.n,
+                    };
+                    super::f16wide::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
                 }
                 Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {
