@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::kernels::cpu::matmul::{QuantizedActs, SharedOut};
-use crate::kernels::cpu::pool;
+use crate::kernels::cpu::{LinePrefetch, pool};
 use crate::quant::blocks::f16_bits_to_f32;
 
 /// Sixteen f32 lanes, aligned as a 512-bit register.
@@ -158,38 +158,6 @@ unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [
     }
 }
 
-/// Cache lines still to prefetch: the next panel's weight rows, one line per tile step.
-struct Prefetch<'w> {
-    rows: Vec<&'w [u8]>,
-    row: usize,
-    at: usize,
-}
-
-impl<'w> Prefetch<'w> {
-    /// The lines of rows `next`.
-    fn new(next: Range<usize>, row: &impl Fn(usize) -> &'w [u8]) -> Prefetch<'w> {
-        Prefetch {
-            rows: next.map(row).collect(),
-            row: 0,
-            at: 0,
-        }
-    }
-
-    /// Asks for the next line, if any is left.
-    #[inline(always)]
-    fn step(&mut self) {
-        if let Some(row) = self.rows.get(self.row) {
-            // SAFETY: `at` < row.len(), inside the row (a prefetch never faults in any case).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(self.at).cast()) };
-            self.at += 64;
-            if self.at >= row.len() {
-                self.row += 1;
-                self.at = 0;
-            }
-        }
-    }
-}
-
 /// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against `P` widened pairs
 /// (`a`), over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token) by
 /// [`reduce_pair`]: lane `8j + i` of `out[p]` is row i against token 2p + j of the pairs.
@@ -199,14 +167,14 @@ unsafe fn tile<const R: usize, const P: usize>(
     w: &[Lanes8],
     a: [&[Lanes16]; P],
     steps: usize,
-    pf: &mut Prefetch,
+    pf: &mut LinePrefetch,
 ) -> [__m512; P] {
     assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
     // One chain of all the tile's (row, pair) accumulators; the chains' results are combined as
     // they come, `(c0 + c1) + (c2 + c3)`, so no zeroed array of all four is needed.
-    let chain = |c: usize, pf: &mut Prefetch| {
+    let chain = |c: usize, pf: &mut LinePrefetch| {
         let mut acc = [[_mm512_setzero_ps(); R]; P];
         for s in 0..steps {
             let i = c * steps + s;
@@ -356,7 +324,7 @@ fn run_blocks<'w>(
                 } else {
                     0..0
                 };
-                let mut pf = Prefetch::new(next, &row);
+                let mut pf = LinePrefetch::new(next.map(&row).collect());
                 let b = Panel {
                     wide,
                     acts,
@@ -403,7 +371,7 @@ impl Panel<'_, '_> {
 
     /// The panel's rows (widened in `wbuf`) against pairs `pairs`, four pairs at a time (then
     /// the rest).
-    fn run(&self, pairs: &Range<usize>, wbuf: &[Lanes8], pf: &mut Prefetch, out: &Out) {
+    fn run(&self, pairs: &Range<usize>, wbuf: &[Lanes8], pf: &mut LinePrefetch, out: &Out) {
         let mut q = pairs.start;
         while q < pairs.end {
             let n = (pairs.end - q).min(MAX_PAIRS);
@@ -418,7 +386,7 @@ impl Panel<'_, '_> {
     }
 
     /// Every row block of the panel against pairs `q..q + P`.
-    fn group<const P: usize>(&self, wbuf: &[Lanes8], q: usize, pf: &mut Prefetch, out: &Out) {
+    fn group<const P: usize>(&self, wbuf: &[Lanes8], q: usize, pf: &mut LinePrefetch, out: &Out) {
         let per_block = MAX_ROWS * 4 * self.wide.steps;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let wb = &wbuf[b * per_block..];
@@ -441,7 +409,7 @@ impl Panel<'_, '_> {
         wbuf: &[Lanes8],
         r: usize,
         q: usize,
-        pf: &mut Prefetch,
+        pf: &mut LinePrefetch,
         out: &Out,
     ) {
         let steps = self.wide.steps;

@@ -188,6 +188,56 @@ fn blocks<B: Block>(b: &[u8]) -> &[B] {
     unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / size_of::<B>()) }
 }
 
+/// Cache lines of weight rows to prefetch a few at a time while other work runs: the prefill
+/// kernels ask for the next block of rows while the current one's tiles run, so unpacking or
+/// widening those rows does not wait on DRAM (many short row streams at once train the hardware
+/// prefetchers badly).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct LinePrefetch<'w> {
+    rows: Vec<&'w [u8]>,
+    row: usize,
+    at: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'w> LinePrefetch<'w> {
+    /// Every line of `rows`, in order.
+    pub(crate) fn new(rows: Vec<&'w [u8]>) -> LinePrefetch<'w> {
+        LinePrefetch {
+            rows,
+            row: 0,
+            at: 0,
+        }
+    }
+
+    /// Lines in all the rows.
+    pub(crate) fn lines(&self) -> usize {
+        self.rows.iter().map(|r| r.len().div_ceil(64)).sum()
+    }
+
+    /// Asks for the next line, if any is left.
+    #[inline(always)]
+    pub(crate) fn step(&mut self) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        if let Some(row) = self.rows.get(self.row) {
+            // SAFETY: `at` < row.len(), inside the row (a prefetch never faults in any case).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(self.at).cast()) };
+            self.at += 64;
+            if self.at >= row.len() {
+                self.row += 1;
+                self.at = 0;
+            }
+        }
+    }
+
+    /// Asks for the next `n` lines (fewer if fewer are left).
+    pub(crate) fn steps(&mut self, n: usize) {
+        for _ in 0..n {
+            self.step();
+        }
+    }
+}
+
 /// The fewest blocks among the rows `xs` and `ys` (what a tile of them can run over).
 #[inline(always)]
 pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {

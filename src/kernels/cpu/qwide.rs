@@ -18,9 +18,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::kernels::cpu::avx2::{f16_table, high_bits32, hsum8, load32, nibbles32};
-use crate::kernels::cpu::blocks;
 use crate::kernels::cpu::matmul::QuantizedActs;
 use crate::kernels::cpu::pool;
+use crate::kernels::cpu::{LinePrefetch, blocks};
 use crate::quant::GgmlType;
 use crate::quant::blocks::*;
 
@@ -385,7 +385,19 @@ fn run_blocks<'w>(
                 std::array::from_fn(|i| if i < n { row(r + i) } else { &[] });
             // SAFETY: `PairActs` exist only on CPUs with AVX-512.
             unsafe { unpack(ty, &w[..n], nb, &mut u) };
+            // The next row block (this token block's, or the next token block's first), a share
+            // of its lines after each quad.
+            let next = if r + n < rows.end {
+                r + n..(r + n + MAX_ROWS).min(rows.end)
+            } else if quads.end < acts.n_quads {
+                rows.start..(rows.start + MAX_ROWS).min(rows.end)
+            } else {
+                0..0
+            };
+            let mut pf = LinePrefetch::new(next.map(&row).collect());
+            let share = pf.lines().div_ceil(quads.len());
             for q in quads.clone() {
+                pf.steps(share);
                 // SAFETY: as above.
                 let v: &[[f32; 4]] = unsafe {
                     match (n, mins) {
