@@ -110,10 +110,16 @@ fn run_golden_json(extra: &[&str]) -> serde_json::Value {
     v
 }
 
-/// `--no-mmap` reads the model into memory and computes the same tokens.
+/// `--no-mmap` reads the model into memory, `--mmap` maps it, and both compute the same tokens;
+/// the two together are a usage error.
 #[test]
-fn run_without_mmap_gives_the_golden_ids() {
+fn run_with_and_without_mmap_gives_the_golden_ids() {
     run_golden_json(&["--no-mmap"]);
+    run_golden_json(&["--mmap"]);
+    let out = oato(&["run", "--mmap", "--no-mmap", "-p", "x"], &repo());
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("--mmap") && err.contains("--no-mmap"), "{err}");
 }
 
 #[test]

@@ -67,9 +67,8 @@ pub struct BenchArgs {
     /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
     #[arg(long, value_enum, default_value = "auto")]
     pub device: super::DeviceArg,
-    /// Read each model into memory (backed by huge pages) instead of mapping the file.
-    #[arg(long = "no-mmap")]
-    pub no_mmap: bool,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
     /// Measure this machine's memory read bandwidth at each -t thread count (a buffer of the given
     /// size, default 2 GiB, far larger than the caches) instead of running models.
     #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "2G")]
@@ -627,7 +626,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut done = 0;
     // Open every model first, so a bad file fails before any timing (they are memory-mapped,
     // or read in with --no-mmap).
-    oato::gguf::set_no_mmap(a.no_mmap);
+    a.load.apply();
     let models = plan
         .models
         .iter()

@@ -75,7 +75,7 @@ fn catch_ctrl_c() {
 pub fn run(a: ChatArgs) -> Result<()> {
     let path = super::model_path(a.model.clone())?;
     let threads = super::init_threads(a.threads)?;
-    oato::gguf::set_no_mmap(a.place.no_mmap);
+    a.place.load.apply();
     let sampling = a.sampling.config()?;
     let ctx = a.ctx.max(2);
     let opened = Opened::open(&path, a.place.device)?;

@@ -39,6 +39,33 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// How a command that runs a model holds the file: `--no-mmap`, `--mmap`, or neither (copy a
+/// file of at least 64 MiB that takes at most half of the available memory, else map it).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoadArgs {
+    /// Read the model into memory backed by huge pages instead of mapping the file, as
+    /// llama.cpp's --no-mmap: more memory and a slower start, faster CPU decode of big models
+    /// (the default for a file of at least 64 MiB that takes at most half of the available
+    /// memory)
+    #[arg(long = "no-mmap", conflicts_with = "mmap")]
+    pub no_mmap: bool,
+    /// Map the model file, never copy it (see --no-mmap)
+    #[arg(long)]
+    pub mmap: bool,
+}
+
+impl LoadArgs {
+    /// Tells the GGUF reader.
+    pub fn apply(&self) {
+        use oato::gguf::{Load, set_load};
+        set_load(match (self.no_mmap, self.mmap) {
+            (true, _) => Load::Copy,
+            (_, true) => Load::Map,
+            _ => Load::Auto,
+        });
+    }
+}
+
 /// Sets up the CPU thread pool: `threads` threads, or every core when 0. Also checks
 /// `OATO_CPU_ISA`, so a bad value is an error before any work.
 pub fn init_threads(threads: usize) -> Result<usize> {

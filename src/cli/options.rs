@@ -39,10 +39,8 @@ pub struct PlaceArgs {
     /// Re-profile even when a cached profile exists (with --vram-budget).
     #[arg(long = "force-profile", requires = "vram_budget")]
     pub force_profile: bool,
-    /// Read the model into memory (backed by huge pages) instead of mapping the file, as
-    /// llama.cpp's --no-mmap: more memory and a slower start, faster CPU decode of big models.
-    #[arg(long = "no-mmap")]
-    pub no_mmap: bool,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
 }
 
 impl PlaceArgs {

@@ -26,15 +26,14 @@ pub struct PerplexityArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Read the model into memory (backed by huge pages) instead of mapping the file.
-    #[arg(long = "no-mmap")]
-    pub no_mmap: bool,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let path = super::model_path(a.model.clone())?;
     super::init_threads(a.threads)?;
-    oato::gguf::set_no_mmap(a.no_mmap);
+    a.load.apply();
     let text = std::fs::read_to_string(&a.file).map_err(|e| Error::io(&a.file, e))?;
     let model = Model::open(&path)?;
     let tokenizer = Tokenizer::from_gguf(&model.file)?;

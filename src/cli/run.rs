@@ -76,7 +76,7 @@ fn model_dtype(model: &Model) -> String {
 pub fn run(a: RunArgs) -> Result<()> {
     let path = super::model_path(a.model.clone())?;
     let threads = super::init_threads(a.threads)?;
-    oato::gguf::set_no_mmap(a.place.no_mmap);
+    a.place.load.apply();
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?,

@@ -50,7 +50,7 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = super::model_path(a.model.clone())?;
     let threads = super::init_threads(a.threads)?;
-    oato::gguf::set_no_mmap(a.place.no_mmap);
+    a.place.load.apply();
     if a.ctx < 2 {
         return Err(Error::Usage(format!(
             "--ctx {}: give at least 2 tokens",

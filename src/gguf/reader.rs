@@ -175,22 +175,61 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Whether [`GgufFile::open`] copies the file into memory instead of mapping it ([`set_no_mmap`]).
-static NO_MMAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// How [`GgufFile::open`] holds a file's bytes ([`set_load`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// Map the file (the default of every command that does not choose; `--mmap`).
+    Map,
+    /// Read the file into anonymous memory backed by huge pages (`--no-mmap`).
+    Copy,
+    /// Copy a file of at least [`AUTO_MIN_BYTES`] when it takes at most half of the memory
+    /// available (`MemAvailable`), else map it: the default of `run`, `chat`, `serve`, `bench`
+    /// and `perplexity`.
+    Auto,
+}
 
-/// Makes every later [`GgufFile::open`] read the file into anonymous memory backed by huge pages
-/// instead of mapping it (`--no-mmap`): more memory (the page cache keeps its copy) and a slower
-/// start, for faster CPU decode of large models. LLaMA3-8B shape Q4_0, tg16, 2 EPYC threads,
-/// alternated: mapped 6.25 / 6.06 t/s, copied 6.58 / 6.77; 1B shape 37.1 / 35.5 vs 39.0 / 36.1.
-pub fn set_no_mmap(on: bool) {
-    NO_MMAP.store(on, std::sync::atomic::Ordering::Relaxed);
+/// Files smaller than this are mapped under [`Load::Auto`]: their decode crosses few pages.
+pub const AUTO_MIN_BYTES: u64 = 64 << 20;
+
+static LOAD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets how every later [`GgufFile::open`] holds the file. A copy in huge pages costs memory (the
+/// page cache keeps its own copy, which the kernel may drop) and a slower start, and makes CPU
+/// decode of large models faster: a weight read crosses a page, and a TLB entry, every 2 MiB
+/// instead of every 4 KiB. LLaMA3-8B shape Q4_0, tg32, 2 EPYC threads, three alternated rounds:
+/// mapped 6.02 / 5.61 / 5.02 t/s, copied 6.71 / 6.54 / 6.30, llama.cpp (which repacks Q4_0 into
+/// its own memory) 6.38 / 7.10 / 6.02.
+pub fn set_load(load: Load) {
+    LOAD.store(load as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn load() -> Load {
+    match LOAD.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Load::Copy,
+        2 => Load::Auto,
+        _ => Load::Map,
+    }
+}
+
+/// Whether [`Load::Auto`] copies a file of `len` bytes with `available` bytes of memory
+/// available (`None`: unknown, so no).
+pub fn auto_copies(len: u64, available: Option<u64>) -> bool {
+    len >= AUTO_MIN_BYTES && available.is_some_and(|a| len <= a / 2)
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (`None` where there is no such file).
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 /// `bytes` copied into anonymous memory that the kernel is asked to back with transparent huge
 /// pages (2 MiB on x86-64): a weight read then crosses a page, and a TLB entry, every 2 MiB
 /// instead of every 4 KiB, where the hardware prefetchers stop.
-fn copy_to_huge_pages(bytes: &[u8], path: &Path) -> Result<Mmap> {
-    let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| Error::io(path, e))?;
+fn copy_to_huge_pages(file: &std::fs::File, len: usize, path: &Path) -> Result<Mmap> {
+    let mut map = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(path, e))?;
     #[cfg(target_os = "linux")]
     if let Err(e) = map.advise(memmap2::Advice::HugePage) {
         eprintln!(
@@ -198,21 +237,75 @@ fn copy_to_huge_pages(bytes: &[u8], path: &Path) -> Result<Mmap> {
             path.display()
         );
     }
-    map.copy_from_slice(bytes);
+    read_parallel(file, &mut map).map_err(|e| Error::io(path, e))?;
     map.make_read_only().map_err(|e| Error::io(path, e))
 }
 
+/// Fills `dst` with the file's first `dst.len()` bytes, pieces of 64 MiB read by several threads
+/// at once (reading, rather than copying from a map, spares a page fault per 4 KiB of source).
+fn read_parallel(file: &std::fs::File, dst: &mut [u8]) -> std::io::Result<()> {
+    const PIECE: usize = 64 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let pieces: Vec<std::sync::Mutex<&mut [u8]>> =
+        dst.chunks_mut(PIECE).map(std::sync::Mutex::new).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.min(pieces.len()))
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(piece) = pieces.get(i) else {
+                            return Ok(());
+                        };
+                        let mut piece = piece.lock().unwrap_or_else(|e| e.into_inner());
+                        read_at(file, &mut piece, (i * PIECE) as u64)?;
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}
+
+/// `dst.len()` bytes of the file from `offset`.
+#[cfg(unix)]
+fn read_at(file: &std::fs::File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, dst, offset)
+}
+
+/// `dst.len()` bytes of the file from `offset` (one reader at a time where there is no pread).
+#[cfg(not(unix))]
+fn read_at(file: &std::fs::File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = file;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(dst)
+}
+
 impl GgufFile {
-    /// Opens and validates `path`; tensor data stays in the memory map (or, after
-    /// [`set_no_mmap`], in a copy).
+    /// Opens and validates `path`; tensor data stays in the memory map (or, as [`set_load`]
+    /// asks, in a copy).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the map is read-only; oato never writes the file while it is open, and a file changed
         // by another process underneath is outside what any mmap-based reader can guard against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        if NO_MMAP.load(std::sync::atomic::Ordering::Relaxed) {
-            return Self::parse(path.to_path_buf(), copy_to_huge_pages(&mmap, path)?);
+        let copy = match load() {
+            Load::Map => false,
+            Load::Copy => true,
+            Load::Auto => auto_copies(mmap.len() as u64, mem_available()),
+        };
+        if copy {
+            return Self::parse(
+                path.to_path_buf(),
+                copy_to_huge_pages(&file, mmap.len(), path)?,
+            );
         }
         Self::parse(path.to_path_buf(), mmap)
     }
@@ -476,5 +569,23 @@ impl GgufFile {
     /// Bytes of the header and tensor table (everything before the data section).
     pub fn header_bytes(&self) -> &[u8] {
         &self.mmap[..(self.data_offset as usize).min(self.mmap.len())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Auto copies a file of at least 64 MiB that takes at most half of the memory available,
+    /// and nothing when the memory available is unknown.
+    #[test]
+    fn auto_copies_big_files_that_fit_twice() {
+        let gib = 1u64 << 30;
+        assert!(auto_copies(4 * gib, Some(8 * gib)));
+        assert!(!auto_copies(4 * gib + 1, Some(8 * gib)));
+        assert!(!auto_copies(AUTO_MIN_BYTES - 1, Some(8 * gib)));
+        assert!(auto_copies(AUTO_MIN_BYTES, Some(8 * gib)));
+        assert!(!auto_copies(gib, None));
+        assert!(mem_available().is_some_and(|a| a > 0) || !cfg!(target_os = "linux"));
     }
 }
