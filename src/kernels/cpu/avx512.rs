@@ -86,6 +86,49 @@ pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
     sumf
 }
 
+/// `shuffle_f32x4::<A>(a, b) + shuffle_f32x4::<B>(a, b)`: one level of a cross-register sum over
+/// 128-bit quarters.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn add_quarters<const A: i32, const B: i32>(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<A>(a, b),
+        _mm512_shuffle_f32x4::<B>(a, b),
+    )
+}
+
+/// `shuffle_ps::<A>(a, b) + shuffle_ps::<B>(a, b)`: one level of a cross-register sum within
+/// each 128-bit quarter.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn add_elems<const A: i32, const B: i32>(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(_mm512_shuffle_ps::<A>(a, b), _mm512_shuffle_ps::<B>(a, b))
+}
+
+/// Up to eight registers (`s`, zero from `s.len()` on) summed pairwise in three levels, as the
+/// tiles' lane sums take them: `first` on (0, 1), (2, 3), (4, 5), (6, 7), `second` on the first
+/// two results and on the last two, `third` on those, then the lanes put in `order`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn sum_tree8(
+    s: &[__m512],
+    first: impl Fn(__m512, __m512) -> __m512,
+    second: impl Fn(__m512, __m512) -> __m512,
+    third: impl Fn(__m512, __m512) -> __m512,
+    order: __m512i,
+) -> __m512 {
+    debug_assert!(s.len() <= 8);
+    let z = _mm512_setzero_ps();
+    let g = |i: usize| s.get(i).copied().unwrap_or(z);
+    let lo = second(first(g(0), g(1)), first(g(2), g(3)));
+    let hi = if s.len() > 4 {
+        second(first(g(4), g(5)), first(g(6), g(7)))
+    } else {
+        z
+    };
+    _mm512_permutexvar_ps(order, third(lo, hi))
+}
+
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::kernels::cpu::matmul::{QuantizedActs, SharedOut};
+use crate::kernels::cpu::matmul::{Out, QuantizedActs};
 use crate::kernels::cpu::{LinePrefetch, pool};
 use crate::quant::blocks::f16_bits_to_f32;
 
@@ -211,41 +211,18 @@ unsafe fn tile<const R: usize, const P: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn reduce_pair(s: &[__m512]) -> __m512 {
-    debug_assert!(s.len() <= 8);
-    let z = _mm512_setzero_ps();
-    let g = |i: usize| s.get(i).copied().unwrap_or(z);
-    // Quarters of a register: (row a, token 0), (a, 1), (b, 0), (b, 1), each high half + low.
-    let halves = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-        )
-    };
-    // Within each quarter: elements 0 + 2 and 1 + 3 of one register, then of the other.
-    let pairs = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
-            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
-        )
-    };
-    // Within each quarter: elements 0 + 1 and 2 + 3.
-    let last = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
-        )
-    };
-    let (h01, h23) = (halves(g(0), g(1)), halves(g(2), g(3)));
-    let lo = pairs(h01, h23);
-    let hi = if s.len() > 4 {
-        pairs(halves(g(4), g(5)), halves(g(6), g(7)))
-    } else {
-        z
-    };
-    // Quarter 0: rows 0, 2, 4, 6 of token 0; 1: the same of token 1; 2 and 3: rows 1, 3, 5, 7.
-    let v = last(lo, hi);
-    let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    _mm512_permutexvar_ps(order, v)
+    use crate::kernels::cpu::avx512::{add_elems, add_quarters, sum_tree8};
+    // Quarters of a register: (row a, token 0), (a, 1), (b, 0), (b, 1), each high half + low;
+    // then within each quarter elements 0 + 2 and 1 + 3 of one register, then of the other; then
+    // 0 + 1 and 2 + 3. Quarter 0 ends as rows 0, 2, 4, 6 of token 0; 1: the same of token 1; 2
+    // and 3: rows 1, 3, 5, 7.
+    sum_tree8(
+        s,
+        |a, b| add_quarters::<0b10_00_10_00, 0b11_01_11_01>(a, b),
+        |a, b| add_elems::<0b01_00_01_00, 0b11_10_11_10>(a, b),
+        |a, b| add_elems::<0b10_00_10_00, 0b11_01_11_01>(a, b),
+        _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15),
+    )
 }
 
 fn elem(b: &[u8], i: usize) -> f32 {
@@ -443,35 +420,6 @@ impl Panel<'_, '_> {
     }
 }
 
-/// Where the outputs go: `[token][row]` f32 with `stride` rows per token.
-pub(crate) struct Out<'a> {
-    pub(crate) out: &'a SharedOut,
-    pub(crate) stride: usize,
-}
-
-impl Out<'_> {
-    /// # Safety
-    /// (t, r) must be inside the buffer and written by no other task.
-    #[inline(always)]
-    unsafe fn write(&self, t: usize, r: usize, v: f32) {
-        self.out.write(t * self.stride + r, v)
-    }
-
-    /// Rows `r..r + R` of tokens t (lanes 0..R of `v`) and t + 1 (lanes 8..8 + R).
-    ///
-    /// # Safety
-    /// Those outputs must be inside the buffer and written by no other task; the CPU has AVX-512.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn write_pair<const R: usize>(&self, t: usize, r: usize, v: __m512) {
-        let mask = ((1u32 << R) - 1) as __mmask8;
-        let p = self.out.0.add(t * self.stride + r);
-        _mm256_mask_storeu_ps(p, mask, _mm512_castps512_ps256(v));
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        _mm256_mask_storeu_ps(p.add(self.stride), mask, hi);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +462,7 @@ mod tests {
             ];
             for (rows, pairs_per_block, panel_rows) in ranges {
                 let mut got = vec![f32::NAN; n_tok * n];
-                let shared = SharedOut(got.as_mut_ptr());
+                let shared = crate::kernels::cpu::matmul::SharedOut(got.as_mut_ptr());
                 run_blocks(
                     &wide,
                     &acts,

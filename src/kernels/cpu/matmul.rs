@@ -137,6 +137,46 @@ impl SharedOut {
     }
 }
 
+/// Where the outputs go: `[token][row]` f32 with `stride` rows per token.
+pub(crate) struct Out<'a> {
+    pub(crate) out: &'a SharedOut,
+    pub(crate) stride: usize,
+}
+
+impl Out<'_> {
+    /// # Safety
+    /// (t, r) must be inside the buffer and written by no other task.
+    #[inline(always)]
+    pub(crate) unsafe fn write(&self, t: usize, r: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { self.out.write(t * self.stride + r, v) }
+    }
+
+    /// Rows `r..r + R` of tokens t (lanes 0..R of `v`) and t + 1 (lanes 8..8 + R).
+    ///
+    /// # Safety
+    /// Those outputs must be inside the buffer and written by no other task; the CPU has AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn write_pair<const R: usize>(
+        &self,
+        t: usize,
+        r: usize,
+        v: std::arch::x86_64::__m512,
+    ) {
+        use std::arch::x86_64::*;
+        let mask = ((1u32 << R) - 1) as __mmask8;
+        // SAFETY: the caller's contract: rows r..r + R of tokens t and t + 1 are in the buffer.
+        unsafe {
+            let p = self.out.0.add(t * self.stride + r);
+            _mm256_mask_storeu_ps(p, mask, _mm512_castps512_ps256(v));
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            _mm256_mask_storeu_ps(p.add(self.stride), mask, hi);
+        }
+    }
+}
+
 /// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
 /// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens.
 fn rows_per_task(bytes: usize, n_rows: usize, n_tok: usize, threads: usize) -> usize {
@@ -323,10 +363,10 @@ impl<'a> RowJob<'a> {
         let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
         if let Some(prepared) = prepared {
-            let (row, put) = (|r| self.row(r), |t, r, v| self.put(t, r, v));
+            let row = |r| self.row(r);
             let done = match prepared {
                 Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
-                    let out = super::f16wide::Out {
+                    let out = Out {
                         out: &self.out,
                         stride: self.w.n,
                     };
@@ -334,7 +374,11 @@ impl<'a> RowJob<'a> {
                     Some(w.n_tok())
                 }
                 Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {
-                    super::qwide::run_rows(p, self.w.ty, row, rows.clone(), put);
+                    let out = Out {
+                        out: &self.out,
+                        stride: self.w.n,
+                    };
+                    super::qwide::run_rows(p, self.w.ty, row, rows.clone(), out);
                     Some(p.n_tok())
                 }
                 _ => None,

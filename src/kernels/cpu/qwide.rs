@@ -17,8 +17,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::kernels::cpu::avx2::{f16_table, high_bits32, hsum8, load32, nibbles32};
-use crate::kernels::cpu::matmul::QuantizedActs;
+use crate::kernels::cpu::avx2::{f16_table, high_bits32, load32, nibbles32};
+use crate::kernels::cpu::matmul::{Out, QuantizedActs};
 use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{LinePrefetch, blocks};
 use crate::quant::GgmlType;
@@ -248,7 +248,7 @@ unsafe fn unpack_row<B: Block, const MINS: bool>(
     }
 }
 
-/// `R` unpacked rows against quad `q`: `out[r][t]`.
+/// `R` unpacked rows against quad `q`: lane `8j + r` of `out[p]` is row r, token 2p + j.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<const R: usize, const MINS: bool>(
@@ -256,7 +256,7 @@ unsafe fn tile<const R: usize, const MINS: bool>(
     acts: &PairActs,
     q: usize,
     shift: i32,
-) -> [[f32; 4]; R] {
+) -> [__m512; 2] {
     let nb = acts.nb;
     let (yq, nsum) = (
         &acts.yq[q * nb * 2..][..nb * 2],
@@ -314,43 +314,56 @@ unsafe fn tile<const R: usize, const MINS: bool>(
             }
         }
     }
-    let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    let mut sm = [[0f32; 16]; 2];
-    if MINS {
-        for (g, s) in summs.iter().enumerate() {
-            _mm512_storeu_ps(sm[g].as_mut_ptr(), *s);
+    // Per pair: the rows' sums as `hsum8` takes them, then (Q4_1, Q5_1) `+ m_x s_y`.
+    std::array::from_fn(|p| {
+        let v = reduce_rows(&std::array::from_fn::<_, R, _>(|r| acc[r][p]));
+        if !MINS {
+            return v;
         }
-    }
-    let mut out = [[0f32; 4]; R];
-    for r in 0..R {
-        for p in 0..2 {
-            let v = _mm512_permutexvar_ps(split, acc[r][p]);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            out[r][2 * p] = hsum8(_mm512_castps512_ps256(v));
-            out[r][2 * p + 1] = hsum8(hi);
-            if MINS {
-                for t in 2 * p..2 * p + 2 {
-                    out[r][t] += sm[r / 4][4 * (r % 4) + t];
-                }
-            }
-        }
-    }
-    out
+        // Lane 8j + r: summs[r / 4] lane 4 (r % 4) + 2p + j (the second register from 16 on).
+        let idx = _mm512_add_epi32(
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29),
+            _mm512_set1_epi32(2 * p as i32),
+        );
+        let sm = _mm512_permutex2var_ps(summs[0], idx, summs[1]);
+        _mm512_add_ps(v, sm)
+    })
+}
+
+/// Up to eight rows' lanes (`s[r]`: lane 2l is token 0's lane l, 2l + 1 token 1's) summed as
+/// `hsum8` sums eight lanes, all at once: lane `8j + r` of the result is row r, token j (rows
+/// from `s.len()` on are zero). `hsum8` adds lanes l + 4 to l, then 2 and 3 to 0 and 1, then 1
+/// to 0; the same pairs are added here across registers, and a sum does not depend on its
+/// operands' order, so the results are the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn reduce_rows(s: &[__m512]) -> __m512 {
+    use crate::kernels::cpu::avx512::{add_elems, add_quarters, sum_tree8};
+    // Lanes l + 4 onto l (256-bit halves of rows a and b); then lanes 2, 3 onto 0, 1 (quarters
+    // of rows a, b from one register, c, d from the other); then lane 1 onto 0 within each
+    // quarter, which ends as [row k token 0, token 1, row k + 4 token 0, token 1].
+    sum_tree8(
+        s,
+        |a, b| add_quarters::<0b01_00_01_00, 0b11_10_11_10>(a, b),
+        |a, b| add_quarters::<0b10_00_10_00, 0b11_01_11_01>(a, b),
+        |a, b| add_elems::<0b01_00_01_00, 0b11_10_11_10>(a, b),
+        _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15),
+    )
 }
 
 /// Rows `rows` of a weight of type `ty` (`row(r)`: its bytes) against the tokens `acts` covers,
-/// written through `put(token, row, value)`: token blocks of about [`TOKEN_BLOCK_BYTES`], in each
+/// written to `out`: token blocks of about [`TOKEN_BLOCK_BYTES`], in each
 /// the rows eight (then four, two, one) at a time against every quad.
 pub(crate) fn run_rows<'w>(
     acts: &PairActs,
     ty: GgmlType,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
-    put: impl Fn(usize, usize, f32),
+    out: Out,
 ) {
     let per_quad = acts.nb * (2 * 2 * size_of::<Bytes64>() + 32);
     let quads_per_block = (TOKEN_BLOCK_BYTES / per_quad.max(1)).max(1);
-    run_blocks(acts, ty, row, rows, quads_per_block, put)
+    run_blocks(acts, ty, row, rows, quads_per_block, out)
 }
 
 /// [`run_rows`] with `quads_per_block` quads per token block.
@@ -360,7 +373,7 @@ fn run_blocks<'w>(
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
     quads_per_block: usize,
-    put: impl Fn(usize, usize, f32),
+    out: Out,
 ) {
     let Some((shift, mins)) = format(ty) else {
         panic!("qwide::run_rows on {ty} weights");
@@ -398,22 +411,18 @@ fn run_blocks<'w>(
             let share = pf.lines().div_ceil(quads.len());
             for q in quads.clone() {
                 pf.steps(share);
-                // SAFETY: as above.
-                let v: &[[f32; 4]] = unsafe {
+                // SAFETY: as above; the outputs of rows r..r + n and the quad's tokens are the
+                // caller's (`Out`).
+                unsafe {
                     match (n, mins) {
-                        (8, false) => &tile::<8, false>(&mut u, acts, q, shift),
-                        (8, true) => &tile::<8, true>(&mut u, acts, q, shift),
-                        (4, false) => &tile::<4, false>(&mut u, acts, q, shift),
-                        (4, true) => &tile::<4, true>(&mut u, acts, q, shift),
-                        (2, false) => &tile::<2, false>(&mut u, acts, q, shift),
-                        (2, true) => &tile::<2, true>(&mut u, acts, q, shift),
-                        (_, false) => &tile::<1, false>(&mut u, acts, q, shift),
-                        (_, true) => &tile::<1, true>(&mut u, acts, q, shift),
-                    }
-                };
-                for (i, vr) in v.iter().enumerate() {
-                    for (j, &x) in vr.iter().enumerate() {
-                        put(4 * q + j, r + i, x);
+                        (8, false) => write::<8, false>(&out, &mut u, acts, q, r, shift),
+                        (8, true) => write::<8, true>(&out, &mut u, acts, q, r, shift),
+                        (4, false) => write::<4, false>(&out, &mut u, acts, q, r, shift),
+                        (4, true) => write::<4, true>(&out, &mut u, acts, q, r, shift),
+                        (2, false) => write::<2, false>(&out, &mut u, acts, q, r, shift),
+                        (2, true) => write::<2, true>(&out, &mut u, acts, q, r, shift),
+                        (_, false) => write::<1, false>(&out, &mut u, acts, q, r, shift),
+                        (_, true) => write::<1, true>(&out, &mut u, acts, q, r, shift),
                     }
                 }
             }
@@ -421,6 +430,21 @@ fn run_blocks<'w>(
         }
         q0 = quads.end;
     }
+}
+
+/// [`tile`] of rows `r..r + R` against quad `q`, written to `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn write<const R: usize, const MINS: bool>(
+    out: &Out,
+    u: &mut Unpacked,
+    acts: &PairActs,
+    q: usize,
+    r: usize,
+    shift: i32,
+) {
+    let v = tile::<R, MINS>(u, acts, q, shift);
+    out.write_pair::<R>(4 * q, r, v[0]);
+    out.write_pair::<R>(4 * q + 2, r, v[1]);
 }
 
 #[cfg(test)]
@@ -456,18 +480,19 @@ mod tests {
             assert_eq!(pairs.n_tok(), 12);
             // Rows 1..23: 8 + 8 + 4 + 2; 0..23: 8 + 8 + 4 + 2 + 1.
             for (rows, quads_per_block) in [(1..n, 1), (0..n, 2), (5..n, 100)] {
-                let got = std::sync::Mutex::new(vec![f32::NAN; n_tok * n]);
+                let mut got = vec![f32::NAN; n_tok * n];
+                let shared = crate::kernels::cpu::matmul::SharedOut(got.as_mut_ptr());
                 run_blocks(
                     &pairs,
                     ty,
                     |r| &w[r * rb..(r + 1) * rb],
                     rows.clone(),
                     quads_per_block,
-                    |t, r, v| {
-                        got.lock().unwrap()[t * n + r] = v;
+                    Out {
+                        out: &shared,
+                        stride: n,
                     },
                 );
-                let got = got.into_inner().unwrap();
                 for t in 0..pairs.n_tok() {
                     for r in rows.clone() {
                         // SAFETY: the CPU has AVX-512 (checked above).
