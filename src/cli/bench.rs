@@ -624,8 +624,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let total = plan.models.len() * plan.threads.len() * tests.len();
     let mut rng = TokenRng(SplitMix64::new(a.seed));
     let mut done = 0;
-    // Open every model first, so a bad file fails before any timing (they are memory-mapped,
-    // or read in with --no-mmap).
+    // Open every model first, so a bad file fails before any timing (read in or mapped, as
+    // --mmap / --no-mmap or the file's size say).
     a.load.apply();
     let models = plan
         .models

@@ -4,6 +4,6 @@ pub mod reader;
 pub mod value;
 pub mod writer;
 
-pub use reader::{AUTO_MIN_BYTES, GgufFile, Load, TensorInfo, auto_copies, set_load};
+pub use reader::{GgufFile, Load, TensorInfo, set_load};
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, TensorEntry};

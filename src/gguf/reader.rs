@@ -189,7 +189,7 @@ pub enum Load {
 }
 
 /// Files smaller than this are mapped under [`Load::Auto`]: their decode crosses few pages.
-pub const AUTO_MIN_BYTES: u64 = 64 << 20;
+const AUTO_MIN_BYTES: u64 = 64 << 20;
 
 static LOAD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -211,10 +211,10 @@ fn load() -> Load {
     }
 }
 
-/// Whether [`Load::Auto`] copies a file of `len` bytes with `available` bytes of memory
-/// available (`None`: unknown, so no).
-pub fn auto_copies(len: u64, available: Option<u64>) -> bool {
-    len >= AUTO_MIN_BYTES && available.is_some_and(|a| len <= a / 2)
+/// Whether [`Load::Auto`] copies a file of `len` bytes, `available()` bytes of memory being
+/// available (`None`: unknown, so no); asked only for a file big enough to copy.
+fn auto_copies(len: u64, available: impl FnOnce() -> Option<u64>) -> bool {
+    len >= AUTO_MIN_BYTES && available().is_some_and(|a| len <= a / 2)
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes (`None` where there is no such file).
@@ -225,42 +225,49 @@ fn mem_available() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// `bytes` copied into anonymous memory that the kernel is asked to back with transparent huge
-/// pages (2 MiB on x86-64): a weight read then crosses a page, and a TLB entry, every 2 MiB
-/// instead of every 4 KiB, where the hardware prefetchers stop.
-fn copy_to_huge_pages(file: &std::fs::File, len: usize, path: &Path) -> Result<Mmap> {
-    let mut map = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(path, e))?;
+/// The file's first `len` bytes read into anonymous memory that the kernel is asked to back with
+/// transparent huge pages (2 MiB on x86-64): a weight read then crosses a page, and a TLB entry,
+/// every 2 MiB instead of every 4 KiB, where the hardware prefetchers stop. `map` is the file's
+/// map (what is copied where there is no `pread`).
+fn copy_to_huge_pages(file: &std::fs::File, map: &Mmap, path: &Path) -> Result<Mmap> {
+    let mut copy = memmap2::MmapMut::map_anon(map.len()).map_err(|e| Error::io(path, e))?;
     #[cfg(target_os = "linux")]
-    if let Err(e) = map.advise(memmap2::Advice::HugePage) {
+    if let Err(e) = copy.advise(memmap2::Advice::HugePage) {
         eprintln!(
             "oato: huge pages not available for {} ({e}); small pages",
             path.display()
         );
     }
-    read_parallel(file, &mut map).map_err(|e| Error::io(path, e))?;
-    map.make_read_only().map_err(|e| Error::io(path, e))
+    #[cfg(unix)]
+    read_parallel(file, &mut copy).map_err(|e| Error::io(path, e))?;
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        copy.copy_from_slice(map);
+    }
+    copy.make_read_only().map_err(|e| Error::io(path, e))
 }
 
-/// Fills `dst` with the file's first `dst.len()` bytes, pieces of 64 MiB read by several threads
-/// at once (reading, rather than copying from a map, spares a page fault per 4 KiB of source).
+/// Fills `dst` with the file's first `dst.len()` bytes, pieces of 64 MiB dealt round-robin to
+/// several threads (reading, rather than copying from the map, spares a page fault per 4 KiB of
+/// source).
+#[cfg(unix)]
 fn read_parallel(file: &std::fs::File, dst: &mut [u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
     const PIECE: usize = 64 << 20;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let pieces: Vec<std::sync::Mutex<&mut [u8]>> =
-        dst.chunks_mut(PIECE).map(std::sync::Mutex::new).collect();
+    let mut dealt: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, piece) in dst.chunks_mut(PIECE).enumerate() {
+        dealt[i % threads].push((i * PIECE, piece));
+    }
     std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads.min(pieces.len()))
-            .map(|_| {
-                s.spawn(|| -> std::io::Result<()> {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(piece) = pieces.get(i) else {
-                            return Ok(());
-                        };
-                        let mut piece = piece.lock().unwrap_or_else(|e| e.into_inner());
-                        read_at(file, &mut piece, (i * PIECE) as u64)?;
-                    }
+        let workers: Vec<_> = dealt
+            .into_iter()
+            .map(|pieces| {
+                s.spawn(move || {
+                    pieces
+                        .into_iter()
+                        .try_for_each(|(at, piece)| file.read_exact_at(piece, at as u64))
                 })
             })
             .collect();
@@ -268,23 +275,6 @@ fn read_parallel(file: &std::fs::File, dst: &mut [u8]) -> std::io::Result<()> {
             .into_iter()
             .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })
-}
-
-/// `dst.len()` bytes of the file from `offset`.
-#[cfg(unix)]
-fn read_at(file: &std::fs::File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, dst, offset)
-}
-
-/// `dst.len()` bytes of the file from `offset` (one reader at a time where there is no pread).
-#[cfg(not(unix))]
-fn read_at(file: &std::fs::File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut f = file;
-    f.seek(SeekFrom::Start(offset))?;
-    f.read_exact(dst)
 }
 
 impl GgufFile {
@@ -296,16 +286,14 @@ impl GgufFile {
         // SAFETY: the map is read-only; oato never writes the file while it is open, and a file changed
         // by another process underneath is outside what any mmap-based reader can guard against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let len = mmap.len() as u64;
         let copy = match load() {
             Load::Map => false,
             Load::Copy => true,
-            Load::Auto => auto_copies(mmap.len() as u64, mem_available()),
+            Load::Auto => auto_copies(len, mem_available),
         };
         if copy {
-            return Self::parse(
-                path.to_path_buf(),
-                copy_to_huge_pages(&file, mmap.len(), path)?,
-            );
+            return Self::parse(path.to_path_buf(), copy_to_huge_pages(&file, &mmap, path)?);
         }
         Self::parse(path.to_path_buf(), mmap)
     }
@@ -581,11 +569,13 @@ mod tests {
     #[test]
     fn auto_copies_big_files_that_fit_twice() {
         let gib = 1u64 << 30;
-        assert!(auto_copies(4 * gib, Some(8 * gib)));
-        assert!(!auto_copies(4 * gib + 1, Some(8 * gib)));
-        assert!(!auto_copies(AUTO_MIN_BYTES - 1, Some(8 * gib)));
-        assert!(auto_copies(AUTO_MIN_BYTES, Some(8 * gib)));
-        assert!(!auto_copies(gib, None));
+        assert!(auto_copies(4 * gib, || Some(8 * gib)));
+        assert!(!auto_copies(4 * gib + 1, || Some(8 * gib)));
+        assert!(!auto_copies(AUTO_MIN_BYTES - 1, || Some(8 * gib)));
+        assert!(auto_copies(AUTO_MIN_BYTES, || Some(8 * gib)));
+        // A small file never asks for the memory available.
+        assert!(!auto_copies(AUTO_MIN_BYTES - 1, || panic!("asked")));
+        assert!(!auto_copies(gib, || None));
         assert!(mem_available().is_some_and(|a| a > 0) || !cfg!(target_os = "linux"));
     }
 }

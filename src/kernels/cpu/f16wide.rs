@@ -292,16 +292,9 @@ fn run_blocks<'w>(
             let mut r = rows.start;
             while r < rows.end {
                 let panel = r..(r + panel_rows).min(rows.end);
-                // The next panel's rows: this token block's next panel, or the next token
-                // block's first.
-                let next = if panel.end < rows.end {
-                    panel.end..(panel.end + panel_rows).min(rows.end)
-                } else if pairs.end < wide.n_pairs {
-                    rows.start..(rows.start + panel_rows).min(rows.end)
-                } else {
-                    0..0
-                };
-                let mut pf = LinePrefetch::new(next.map(&row).collect());
+                let more_tokens = pairs.end < wide.n_pairs;
+                let mut pf =
+                    LinePrefetch::next_block(&rows, panel.end, panel_rows, more_tokens, &row);
                 let b = Panel {
                     wide,
                     acts,

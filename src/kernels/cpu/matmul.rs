@@ -364,20 +364,16 @@ impl<'a> RowJob<'a> {
         #[cfg(target_arch = "x86_64")]
         if let Some(prepared) = prepared {
             let row = |r| self.row(r);
+            let out = Out {
+                out: &self.out,
+                stride: self.w.n,
+            };
             let done = match prepared {
                 Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
-                    let out = Out {
-                        out: &self.out,
-                        stride: self.w.n,
-                    };
                     super::f16wide::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
                 }
                 Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {
-                    let out = Out {
-                        out: &self.out,
-                        stride: self.w.n,
-                    };
                     super::qwide::run_rows(p, self.w.ty, row, rows.clone(), out);
                     Some(p.n_tok())
                 }

@@ -210,6 +210,26 @@ impl<'w> LinePrefetch<'w> {
         }
     }
 
+    /// The block of at most `size` rows of `rows` that follows rows `..done`, to prefetch while
+    /// that block runs: the next block, or after the last one the first again when another block
+    /// of tokens will run them (`more_tokens`), else none.
+    pub(crate) fn next_block(
+        rows: &std::ops::Range<usize>,
+        done: usize,
+        size: usize,
+        more_tokens: bool,
+        row: impl Fn(usize) -> &'w [u8],
+    ) -> LinePrefetch<'w> {
+        let next = if done < rows.end {
+            done..(done + size).min(rows.end)
+        } else if more_tokens {
+            rows.start..(rows.start + size).min(rows.end)
+        } else {
+            0..0
+        };
+        LinePrefetch::new(next.map(row).collect())
+    }
+
     /// Lines in all the rows.
     pub(crate) fn lines(&self) -> usize {
         self.rows.iter().map(|r| r.len().div_ceil(64)).sum()

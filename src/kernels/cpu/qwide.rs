@@ -398,16 +398,9 @@ fn run_blocks<'w>(
                 std::array::from_fn(|i| if i < n { row(r + i) } else { &[] });
             // SAFETY: `PairActs` exist only on CPUs with AVX-512.
             unsafe { unpack(ty, &w[..n], nb, &mut u) };
-            // The next row block (this token block's, or the next token block's first), a share
-            // of its lines after each quad.
-            let next = if r + n < rows.end {
-                r + n..(r + n + MAX_ROWS).min(rows.end)
-            } else if quads.end < acts.n_quads {
-                rows.start..(rows.start + MAX_ROWS).min(rows.end)
-            } else {
-                0..0
-            };
-            let mut pf = LinePrefetch::new(next.map(&row).collect());
+            // The next row block's lines, a share after each quad.
+            let more_tokens = quads.end < acts.n_quads;
+            let mut pf = LinePrefetch::next_block(&rows, r + n, MAX_ROWS, more_tokens, &row);
             let share = pf.lines().div_ceil(quads.len());
             for q in quads.clone() {
                 pf.steps(share);
