@@ -129,12 +129,7 @@ fn bench_matmul(c: &mut Criterion, ty: GgmlType, shapes: &[(&str, usize, usize)]
     let mut g = c.benchmark_group(format!("matmul/{}/{ty}", isa().name()));
     for &(op, k, n) in shapes {
         let data = weights(ty, k, n);
-        let w = MatRef {
-            ty,
-            k,
-            n,
-            data: &data,
-        };
+        let w = MatRef::rows(ty, k, n, &data);
         for &t in TOKENS {
             let x = pattern(t * k, 0.5);
             let mut y = vec![0f32; t * n];
@@ -189,7 +184,45 @@ fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
     g.finish();
 }
 
+/// Q4_0 in the file's layout and interleaved by sixteen rows (`repack`), one token and four,
+/// a matrix that stays in L2: the kernels' own speed.
+fn bench_interleaved(c: &mut Criterion, k: usize, n: usize) {
+    use oato::kernels::cpu::matmul::Layout;
+    use oato::kernels::cpu::repack;
+    let ty = GgmlType::Q4_0;
+    if !repack::repacks(ty, k, n) {
+        return;
+    }
+    let mut g = c.benchmark_group(format!("interleaved/{}/{ty}", isa().name()));
+    let data = weights(ty, k, n);
+    let arena = repack::Arena::default();
+    let packed = repack::pack(&data, k, n, 1, &arena).unwrap();
+    for (name, w) in [
+        ("rows", MatRef::rows(ty, k, n, &data)),
+        (
+            "interleaved",
+            MatRef {
+                layout: Layout::Interleaved,
+                data: packed.bytes(),
+                ..MatRef::rows(ty, k, n, &data)
+            },
+        ),
+    ] {
+        for t in [1, 4] {
+            let x = pattern(t * k, 0.5);
+            let mut y = vec![0f32; t * n];
+            g.throughput(Throughput::Bytes(data.len() as u64 * t as u64));
+            let id = BenchmarkId::new(format!("k{k} n{n} {name}"), format!("t{t}"));
+            g.bench_function(id, |b| {
+                b.iter(|| matmul(black_box(&w), black_box(&x), &mut y).unwrap())
+            });
+        }
+    }
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
+    bench_interleaved(c, 2048, 128);
     #[cfg(target_arch = "x86_64")]
     for ty in [
         GgmlType::Q4_0,

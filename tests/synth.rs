@@ -159,6 +159,49 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
     same_greedy_on_cpu_and_test_device(&dir, "t.gguf");
 }
 
+/// A Q4_0 model gives the same perplexity, to the last digit, with its weights interleaved for
+/// the AVX-512 kernels (the default there), in the file's layout (`OATO_CPU_REPACK=0`), mapped
+/// and read in; and the same greedy ids on the CPU and a placed test device (which keeps the
+/// file's layout).
+#[test]
+fn q4_0_interleaved_or_not_gives_the_same_numbers() {
+    let dir = tmp_dir("synth", "q4_0");
+    ok(&oato(
+        &[
+            "synth", "--shape", "tiny", "--type", "Q4_0", "--layers", "3", "-o", "q.gguf",
+        ],
+        &dir,
+    ));
+    let words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex ";
+    std::fs::write(dir.join("text.txt"), words.repeat(40)).unwrap();
+    let ppl = |extra: &[&str], env: &[(&str, &str)]| -> serde_json::Value {
+        let mut args = vec![
+            "perplexity",
+            "q.gguf",
+            "-f",
+            "text.txt",
+            "-c",
+            "64",
+            "-t",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&ok(&oato_env(&args, &dir, env))).unwrap()
+    };
+    let base = ppl(&[], &[]);
+    assert!(base["ppl"].as_f64().is_some_and(|p| p > 1.0), "{base}");
+    for (extra, env) in [
+        (&[][..], &[("OATO_CPU_REPACK", "0")][..]),
+        (&["--mmap"][..], &[][..]),
+        (&["--no-mmap"][..], &[][..]),
+        (&["--mmap"][..], &[("OATO_CPU_ISA", "avx2")][..]),
+    ] {
+        assert_eq!(ppl(extra, env)["ppl"], base["ppl"], "{extra:?} {env:?}");
+    }
+    same_greedy_on_cpu_and_test_device(&dir, "q.gguf");
+}
+
 /// `oato run`'s greedy ids of `file` (in `dir`): on the CPU, then planned under 30% and 70% budgets
 /// of the CPU-backed test device; all equal. Returns the CPU's.
 fn same_greedy_on_cpu_and_test_device(dir: &std::path::Path, file: &str) -> Vec<u32> {

@@ -39,17 +39,19 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// How a command that runs a model holds the file: `--no-mmap`, `--mmap`, or neither (copy a
-/// file of at least 64 MiB that takes at most half of the available memory, else map it).
+/// How a command that runs a model holds the file: `--no-mmap`, `--mmap`, or neither (map it;
+/// for a file of at least 64 MiB that takes at most half of the available memory, the CPU copies
+/// the weights it runs into huge pages of its own).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LoadArgs {
-    /// Read the model into memory backed by huge pages instead of mapping the file, as
-    /// llama.cpp's --no-mmap: more memory and a slower start, faster CPU decode of big models
-    /// (the default for a file of at least 64 MiB that takes at most half of the available
-    /// memory)
+    /// Read the whole model into memory backed by huge pages instead of mapping the file, as
+    /// llama.cpp's --no-mmap: more memory and a slower start. By default the file is mapped and,
+    /// when it takes at most half of the available memory, the CPU copies only the weights it
+    /// runs into huge pages (Q4_0 interleaved for the AVX-512 kernels in any case)
     #[arg(long = "no-mmap", conflicts_with = "mmap")]
     pub no_mmap: bool,
-    /// Map the model file, never copy it (see --no-mmap)
+    /// Map the model file and read the CPU's weights from the map (Q4_0 weights the AVX-512
+    /// kernels interleave are still copies)
     #[arg(long)]
     pub mmap: bool,
 }

@@ -59,6 +59,7 @@ pub struct GgufFile {
     pub alignment: u64,
     /// Absolute file offset of the tensor data section.
     pub data_offset: u64,
+    host_copies: bool,
 }
 
 struct Cursor<'a> {
@@ -182,9 +183,10 @@ pub enum Load {
     Map,
     /// Read the file into anonymous memory backed by huge pages (`--no-mmap`).
     Copy,
-    /// Copy a file of at least [`AUTO_MIN_BYTES`] when it takes at most half of the memory
-    /// available (`MemAvailable`), else map it: the default of `run`, `chat`, `serve`, `bench`
-    /// and `perplexity`.
+    /// Map the file; when it is at least [`AUTO_MIN_BYTES`] and takes at most half of the
+    /// memory available (`MemAvailable`), the CPU copies the weights it runs into huge pages of
+    /// its own ([`GgufFile::host_copies`]), so a weight the GPU holds is not copied: the default
+    /// of `run`, `chat`, `serve`, `bench` and `perplexity`.
     Auto,
 }
 
@@ -287,15 +289,22 @@ impl GgufFile {
         // by another process underneath is outside what any mmap-based reader can guard against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let len = mmap.len() as u64;
-        let copy = match load() {
-            Load::Map => false,
-            Load::Copy => true,
-            Load::Auto => auto_copies(len, mem_available),
-        };
-        if copy {
-            return Self::parse(path.to_path_buf(), copy_to_huge_pages(&file, &mmap, path)?);
+        match load() {
+            Load::Map => Self::parse(path.to_path_buf(), mmap),
+            Load::Copy => Self::parse(path.to_path_buf(), copy_to_huge_pages(&file, &mmap, path)?),
+            Load::Auto => {
+                let mut f = Self::parse(path.to_path_buf(), mmap)?;
+                f.host_copies = auto_copies(len, mem_available);
+                Ok(f)
+            }
         }
-        Self::parse(path.to_path_buf(), mmap)
+    }
+
+    /// Whether a backend that keeps weights in host memory should copy the ones it uses into
+    /// memory of its own backed by huge pages ([`Load::Auto`], for a file that fits), rather
+    /// than read them from the map.
+    pub fn host_copies(&self) -> bool {
+        self.host_copies
     }
 
     /// Parses `bytes` as if they were the file `name` (copied into an anonymous map): for the
@@ -470,6 +479,7 @@ impl GgufFile {
             tensor_index,
             alignment,
             data_offset,
+            host_copies: false,
         })
     }
 

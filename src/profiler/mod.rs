@@ -223,7 +223,7 @@ fn time_op(
     op: &TargetOp,
     opts: &ProfileOptions,
 ) -> Result<BTreeMap<String, f64>> {
-    let w = be.load_weight(file, &op.weight)?;
+    let w = be.load_matmul_weight(file, &op.weight)?;
     let mut out = BTreeMap::new();
     for &b in &opts.batches {
         let (k, n) = (op.weight.k, op.weight.n);
@@ -289,7 +289,7 @@ fn time_in_order(
 ) -> Result<Vec<BTreeMap<String, f64>>> {
     let ws = ops
         .iter()
-        .map(|op| be.load_weight(file, &op.weight))
+        .map(|op| be.load_matmul_weight(file, &op.weight))
         .collect::<Result<Vec<_>>>()?;
     let mut out = vec![BTreeMap::new(); ops.len()];
     let mut sw = be.stopwatch()?;

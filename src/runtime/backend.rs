@@ -225,6 +225,11 @@ pub trait Backend: Send + Sync {
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         self.upload_weight(&w.name, w.ty, w.k, w.n, w.bytes(file)?)
     }
+    /// [`Backend::load_weight`] for a weight that `matmul` will read (every one but the token
+    /// embeddings): a backend may keep it in a layout of its own. The default loads it as is.
+    fn load_matmul_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        self.load_weight(file, w)
+    }
     /// Starts copying weight `w` of `file` for a use soon after (FlexGen-style streaming): the
     /// copy may overlap work already queued, and work queued later that reads the weight waits
     /// for it. The default loads it at once.

@@ -1,5 +1,6 @@
-//! The CPU backend: the SIMD kernels of `kernels::cpu` behind the Backend trait. Weights stay in
-//! the GGUF memory map; tensors are host vectors.
+//! The CPU backend: the SIMD kernels of `kernels::cpu` behind the Backend trait. Weights are a
+//! view of the GGUF file's map, or copies in the backend's arena (interleaved Q4_0, or as the
+//! file asks); tensors are host vectors.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +10,8 @@ use half::f16;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::cpu::attention::attention;
-use crate::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized_many};
-use crate::kernels::cpu::{isa, ops, pool};
+use crate::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul, matmul_quantized_many};
+use crate::kernels::cpu::{isa, ops, pool, repack};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::{GgmlType, dequantize_row};
 use crate::runtime::backend::{
@@ -44,6 +45,13 @@ enum CpuWeight {
         bytes: Vec<u8>,
         _res: Reservation,
     },
+    /// A copy in the backend's arena, in the file's layout or (Q4_0 for the AVX-512 kernels)
+    /// interleaved by sixteen rows.
+    Copied {
+        piece: repack::Piece,
+        layout: Layout,
+        _res: Reservation,
+    },
 }
 
 impl CpuWeight {
@@ -51,6 +59,14 @@ impl CpuWeight {
         match self {
             CpuWeight::Mapped { file, start, len } => &file.bytes()[*start..*start + *len],
             CpuWeight::Owned { bytes, .. } => bytes,
+            CpuWeight::Copied { piece, .. } => piece.bytes(),
+        }
+    }
+
+    fn layout(&self) -> Layout {
+        match self {
+            CpuWeight::Copied { layout, .. } => *layout,
+            _ => Layout::Rows,
         }
     }
 }
@@ -58,6 +74,8 @@ impl CpuWeight {
 pub struct CpuBackend {
     id: u64,
     ledger: Arc<Ledger>,
+    /// Memory of the weights kept interleaved.
+    arena: repack::Arena,
 }
 
 impl Default for CpuBackend {
@@ -71,6 +89,7 @@ impl CpuBackend {
         CpuBackend {
             id: next_backend_id(),
             ledger: Arc::default(),
+            arena: repack::Arena::default(),
         }
     }
 
@@ -105,7 +124,23 @@ impl CpuBackend {
             k: w.k,
             n: w.n,
             data: s.bytes(),
+            layout: s.layout(),
         })
+    }
+}
+
+impl CpuBackend {
+    /// The backend's weight `w` held as `data`.
+    fn weight(&self, w: &WeightRef, data: CpuWeight) -> Weight {
+        Weight {
+            name: w.name.clone(),
+            ty: w.ty,
+            k: w.k,
+            n: w.n,
+            bytes: w.n_bytes,
+            device: self.id,
+            data: Box::new(data),
+        }
     }
 }
 
@@ -188,19 +223,39 @@ impl Backend for CpuBackend {
     fn load_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         w.bytes(file)?; // in range
         let start = file.data_offset as usize + w.offset;
-        Ok(Weight {
-            name: w.name.clone(),
-            ty: w.ty,
-            k: w.k,
-            n: w.n,
-            bytes: w.n_bytes,
-            device: self.id,
-            data: Box::new(CpuWeight::Mapped {
+        Ok(self.weight(
+            w,
+            CpuWeight::Mapped {
                 file: file.clone(),
                 start,
                 len: w.n_bytes,
-            }),
-        })
+            },
+        ))
+    }
+
+    /// Q4_0 weights that `repack` handles are kept interleaved by sixteen rows, in a copy; the
+    /// others are copied as they are where the file asks for it (`GgufFile::host_copies`), else
+    /// stay a view of the map. Copies sit in the backend's arena, in huge pages where the kernel
+    /// gives them: a weight read then crosses a page (and a TLB entry) every 2 MiB, not 4 KiB.
+    fn load_matmul_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
+        let threads = pool::global().n_threads();
+        let (piece, layout) = if repack::repacks(w.ty, w.k, w.n) {
+            let p = repack::pack(w.bytes(file)?, w.k, w.n, threads, &self.arena)?;
+            (p, Layout::Interleaved)
+        } else if file.host_copies() {
+            (self.arena.copy(w.bytes(file)?, threads)?, Layout::Rows)
+        } else {
+            return self.load_weight(file, w);
+        };
+        let _res = self.ledger.reserve(Category::Weights, w.n_bytes);
+        Ok(self.weight(
+            w,
+            CpuWeight::Copied {
+                piece,
+                layout,
+                _res,
+            },
+        ))
     }
 
     fn upload_weight(
@@ -411,8 +466,10 @@ impl Backend for CpuBackend {
     }
 
     fn embed_rows(&self, table: &Weight, ids: &[u32], out: &mut Tensor) -> Result<()> {
-        let data = weight_storage::<CpuWeight>(table, self.id)?.bytes();
+        let s = weight_storage::<CpuWeight>(table, self.id)?;
+        let data = s.bytes();
         let (k, rb) = (table.k, table.bytes / table.n);
+        let mut plain = Vec::new();
         let out = self.f32s_mut(out, ids.len() * k, "embedding output")?;
         for (row, &id) in out.chunks_mut(k).zip(ids) {
             if id as usize >= table.n {
@@ -422,7 +479,14 @@ impl Backend for CpuBackend {
                 )));
             }
             let at = id as usize * rb;
-            dequantize_row(table.ty, &data[at..at + rb], row)?;
+            let bytes = if s.layout() == Layout::Interleaved {
+                plain.resize(rb, 0);
+                repack::plain_row(data, k, id as usize, &mut plain);
+                &plain[..]
+            } else {
+                &data[at..at + rb]
+            };
+            dequantize_row(table.ty, bytes, row)?;
         }
         Ok(())
     }

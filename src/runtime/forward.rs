@@ -551,7 +551,7 @@ impl<'m> Session<'m> {
                 w: if streamed {
                     None
                 } else {
-                    Some(backends[d].load_weight(&file, w)?)
+                    Some(backends[d].load_matmul_weight(&file, w)?)
                 },
                 r: w.clone(),
                 streamed,

@@ -95,7 +95,7 @@ pub(crate) fn run_rows<'w>(
 /// What the panels need of the activations beyond their blocks, computed once per operator:
 /// Q4_0's `-8 Σ y` of every Q8_0 block, token by token (`nb` per token); nothing for Q8_K.
 pub(crate) struct PanelActs {
-    nsum: Vec<i32>,
+    pub(crate) nsum: Vec<i32>,
 }
 
 impl PanelActs {

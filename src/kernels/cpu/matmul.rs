@@ -45,13 +45,36 @@ impl Prepared {
     }
 }
 
-/// A weight matrix view: `n` rows of `k` elements of type `ty`, rows contiguous.
+/// How a weight matrix's bytes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The file's: each row's blocks contiguous, rows one after the other.
+    Rows,
+    /// Q4_0 rows interleaved by sixteen (`repack`).
+    Interleaved,
+}
+
+/// A weight matrix view: `n` rows of `k` elements of type `ty`, laid out as `layout` says.
 #[derive(Clone, Copy)]
 pub struct MatRef<'a> {
     pub ty: GgmlType,
     pub k: usize,
     pub n: usize,
     pub data: &'a [u8],
+    pub layout: Layout,
+}
+
+impl<'a> MatRef<'a> {
+    /// Rows in the file's layout.
+    pub fn rows(ty: GgmlType, k: usize, n: usize, data: &'a [u8]) -> MatRef<'a> {
+        MatRef {
+            ty,
+            k,
+            n,
+            data,
+            layout: Layout::Rows,
+        }
+    }
 }
 
 /// Activations already converted to a weight type's `vec_dot_type`: `n_tok` rows of `row_bytes`.
@@ -237,13 +260,16 @@ impl<'a> RowJob<'a> {
             || acts.ty != w.ty.vec_dot_type()
             || y.len() != n_tok * w.n
             || w.data.len() != wrb * w.n
+            || (w.layout == Layout::Interleaved
+                && (w.ty != GgmlType::Q4_0 || !w.n.is_multiple_of(super::repack::ROWS)))
         {
             return Err(Error::Msg(format!(
-                "matmul: shapes do not agree (weight {} [{}x{}] {} bytes, acts {} k={} x{}, out {})",
+                "matmul: shapes do not agree (weight {} [{}x{}] {} bytes {:?}, acts {} k={} x{}, out {})",
                 w.ty,
                 w.n,
                 w.k,
                 w.data.len(),
+                w.layout,
                 acts.ty,
                 acts.k,
                 n_tok,
@@ -278,7 +304,35 @@ impl<'a> RowJob<'a> {
     /// Whether `n_tok` tokens go through `kwide`'s panels.
     #[cfg(target_arch = "x86_64")]
     fn uses_panels(&self, n_tok: usize) -> bool {
-        self.kwide && n_tok >= kwide_min_tokens(self.w.ty)
+        self.kwide && n_tok >= kwide_min_tokens(self.w.ty) && !self.interleaved()
+    }
+
+    fn interleaved(&self) -> bool {
+        self.w.layout == Layout::Interleaved
+    }
+
+    /// Rows `rows` of an interleaved matrix: by `repack`'s kernels under AVX-512 (`panels`
+    /// holding the activations' `-8 Σy`), else row by row through the file's layout.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn run_interleaved(
+        &self,
+        acts: &QuantizedActs,
+        panels: Option<&Panels>,
+        rows: std::ops::Range<usize>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(p) = panels.filter(|_| isa() == super::Isa::Avx512) {
+            super::repack::run_rows(acts, &p.nsum, self.w.data, rows, &self.out, self.w.n);
+            return;
+        }
+        let mut plain = vec![0u8; self.wrb];
+        for r in rows {
+            super::repack::plain_row(self.w.data, self.w.k, r, &mut plain);
+            for t in 0..acts.n_tok {
+                // SAFETY: dot_fn returns only variants this CPU supports.
+                self.put(t, r, unsafe { (self.dot)(&plain, acts.row(t), self.w.k) });
+            }
+        }
     }
 
     /// Writes output (token t, row r).
@@ -359,6 +413,9 @@ impl<'a> RowJob<'a> {
         panels: Option<&Panels>,
         rows: std::ops::Range<usize>,
     ) {
+        if self.interleaved() {
+            return self.run_interleaved(acts, panels, rows);
+        }
         #[allow(unused_mut)]
         let mut r = rows.start;
         #[cfg(target_arch = "x86_64")]
@@ -558,12 +615,16 @@ pub fn matmul_quantized_many(
     #[cfg(target_arch = "x86_64")]
     let panels = jobs
         .iter()
-        .any(|j| j.uses_panels(acts.n_tok))
+        .any(|j| j.uses_panels(acts.n_tok) || j.interleaved())
         .then(|| super::kwide::PanelActs::new(acts));
     #[cfg(not(target_arch = "x86_64"))]
     let panels: Option<Panels> = None;
     let pool = pool::global();
-    let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
+    let mut chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
+    if jobs.iter().any(|j| j.interleaved()) {
+        // Whole groups of interleaved rows (a group split between tasks is computed by both).
+        chunk = chunk.next_multiple_of(super::repack::ROWS);
+    }
     pool.for_chunks(total, chunk, |g| {
         for (i, j) in jobs.iter().enumerate() {
             let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
@@ -661,7 +722,7 @@ mod tests {
         x: &[f32],
         what: &str,
     ) -> Vec<f32> {
-        let w = MatRef { ty, k, n, data: wq };
+        let w = MatRef::rows(ty, k, n, wq);
         let n_tok = x.len() / k;
         let mut batched = vec![0f32; n * n_tok];
         matmul(&w, x, &mut batched).unwrap();
@@ -733,6 +794,69 @@ mod tests {
 }
 
 #[cfg(test)]
+mod interleaved_tests {
+    use super::*;
+    use crate::kernels::cpu::repack;
+
+    /// Q4_0 interleaved by sixteen rows gives the file layout's bits: 1 to 9 tokens (the
+    /// kernel's four, two and one at a time, and the prefill sizes), fused after a matrix whose
+    /// 37 rows put every group across a task boundary (groups computed by two tasks, each
+    /// writing its own rows), under every variant (off AVX-512, the rows are read back into the
+    /// file's layout).
+    #[test]
+    fn interleaved_q4_0_equals_rows() {
+        let (k, ty) = (320, GgmlType::Q4_0);
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let first = super::super::random_rows(ty, k, 37, &mut rng);
+        let w = super::super::random_rows(ty, k, 64, &mut rng);
+        let packed = repack::pack(&w, k, 64, 2, &repack::Arena::default()).unwrap();
+        let a = MatRef::rows(ty, k, 37, &first);
+        let rows = MatRef::rows(ty, k, 64, &w);
+        let inter = MatRef {
+            layout: Layout::Interleaved,
+            data: packed.bytes(),
+            ..rows
+        };
+        for isa in crate::kernels::cpu::Isa::all_supported() {
+            crate::kernels::cpu::set_isa(isa).unwrap();
+            for n_tok in 1..=9 {
+                let x: Vec<f32> = (0..k * n_tok)
+                    .map(|i| (i as f32 * 0.61 + n_tok as f32).sin())
+                    .collect();
+                let acts = QuantizedActs::new(ty, &x, k).unwrap();
+                let mut want = vec![0f32; 64 * n_tok];
+                matmul_quantized(&rows, &acts, &mut want).unwrap();
+                let mut got = vec![0f32; 64 * n_tok];
+                matmul_quantized(&inter, &acts, &mut got).unwrap();
+                let mut first_out = vec![0f32; 37 * n_tok];
+                let mut fused = vec![0f32; 64 * n_tok];
+                matmul_quantized_many(&mut [(a, &mut first_out), (inter, &mut fused)], &acts)
+                    .unwrap();
+                for (i, ((w, g), f)) in want.iter().zip(&got).zip(&fused).enumerate() {
+                    let what = format!("{} {n_tok} tokens, output {i}", isa.name());
+                    assert_eq!(w.to_bits(), g.to_bits(), "{what}");
+                    assert_eq!(w.to_bits(), f.to_bits(), "{what}, fused");
+                }
+            }
+        }
+        crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::detect()).unwrap();
+    }
+
+    /// An interleaved matrix of another type or with a partial group is refused.
+    #[test]
+    fn interleaved_needs_whole_q4_0_groups() {
+        let k = 64;
+        let data = vec![0u8; GgmlType::Q4_0.row_bytes(k).unwrap() * 8];
+        let w = MatRef {
+            layout: Layout::Interleaved,
+            ..MatRef::rows(GgmlType::Q4_0, k, 8, &data)
+        };
+        let err = matmul(&w, &[0.5; 64], &mut [0f32; 8]).unwrap_err();
+        assert!(err.to_string().contains("Interleaved"), "{err}");
+    }
+}
+
+#[cfg(test)]
 mod fused_tests {
     use super::*;
     use crate::quant::quantize_row;
@@ -753,7 +877,7 @@ mod fused_tests {
             q
         };
         let (a, b, c) = (make(37, 0.0), make(6, 1.0), make(90, 2.0));
-        let mats = [(&a, 37), (&b, 6), (&c, 90)].map(|(d, n)| MatRef { ty, k, n, data: d });
+        let mats = [(&a, 37), (&b, 6), (&c, 90)].map(|(d, n)| MatRef::rows(ty, k, n, d));
         let x: Vec<f32> = (0..k * n_tok).map(|i| (i as f32 * 0.29).cos()).collect();
         let acts = QuantizedActs::new(ty, &x, k).unwrap();
         let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.n * n_tok]).collect();

@@ -23,6 +23,7 @@ pub mod ops;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
 pub mod qwide;
+pub mod repack;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
