@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
-use oato::kernels::cpu::matmul::{MatRef, matmul};
+use oato::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul, matmul_quantized};
 use oato::kernels::cpu::{isa, pool, vec_dot};
 use oato::quant::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, F16Le, GgmlType, as_blocks_mut,
@@ -184,8 +184,9 @@ fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
     g.finish();
 }
 
-/// Q4_0 in the file's layout and interleaved by sixteen rows (`repack`), one token and four,
-/// a matrix that stays in L2: the kernels' own speed.
+/// Q4_0 in the file's layout and interleaved by sixteen rows (`repack`), one token and four
+/// (activations quantised beforehand), a matrix that stays in L2: the kernels' own speed, in
+/// bytes of weights per second.
 fn bench_interleaved(c: &mut Criterion, k: usize, n: usize) {
     use oato::kernels::cpu::matmul::Layout;
     use oato::kernels::cpu::repack;
@@ -209,12 +210,12 @@ fn bench_interleaved(c: &mut Criterion, k: usize, n: usize) {
         ),
     ] {
         for t in [1, 4] {
-            let x = pattern(t * k, 0.5);
+            let acts = QuantizedActs::new(ty, &pattern(t * k, 0.5), k).unwrap();
             let mut y = vec![0f32; t * n];
-            g.throughput(Throughput::Bytes(data.len() as u64 * t as u64));
+            g.throughput(Throughput::Bytes(data.len() as u64));
             let id = BenchmarkId::new(format!("k{k} n{n} {name}"), format!("t{t}"));
             g.bench_function(id, |b| {
-                b.iter(|| matmul(black_box(&w), black_box(&x), &mut y).unwrap())
+                b.iter(|| matmul_quantized(black_box(&w), black_box(&acts), &mut y).unwrap())
             });
         }
     }
