@@ -15,6 +15,8 @@
 #                                     experiments/gpu-vs-llamacpp.sh into $RES/gpu-vs-llamacpp.{csv,md}
 #   experiments/gpu-hybrid.sh graphs  hybrid decode with CUDA graphs on and off (OATO_CUDA_GRAPHS):
 #                                     the oato policy at GRAPH_BUDGETS ("50% 75%"), $RES/graphs-{on,off}
+#   experiments/gpu-hybrid.sh cpu     decode all on the CPU at 4/8/16 threads: Q4_0 interleaved and
+#                                     not, against llama.cpp -ngl 0, $RES/cpu-decode.md (~6 min)
 # Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
 # no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
 # RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
@@ -84,8 +86,39 @@ lengths)
         tail -4 "$RES/lengths-p$p.md" 2>/dev/null || tail -5 "$RES/lengths-p$p.log"
     done
     ;;
+cpu)
+    # Issue 13 on this machine's CPU: decode all on the CPU at CPU_THREADS ("4 8 16"), oato with
+    # Q4_0 interleaved (the default) and in the file's layout (OATO_CPU_REPACK=0) against
+    # llama.cpp (the CUDA build with -ngl 0: decode of one token never leaves the CPU), the
+    # variants alternated ROUNDS (2) times; `oato bench` prints each decode's fraction of the read
+    # bandwidth it measures (--membw) at that thread count.
+    bin=${LLAMA_BIN:-/tmp/llamacpp-cuda/llama.cpp/build/bin}
+    out=$RES/cpu-decode.md
+    { header; echo; echo "| threads | round | engine | tg${CPU_GEN:-16} t/s | fraction of read bandwidth |"; echo "|---:|---:|---|---:|---|"; } > "$out"
+    for t in ${CPU_THREADS:-4 8 16}; do
+        "$OATO" bench --membw 1G -t "$t" >> "$RES/cpu-membw.txt" 2>&1 || true
+        for r in $(seq "${ROUNDS:-2}"); do
+            for v in interleaved rows llama.cpp; do
+                case $v in
+                llama.cpp)
+                    ts=$("$bin/llama-bench" -m "$MODEL" -ngl 0 -t "$t" -p 0 -n "${CPU_GEN:-16}" -r 2 -o csv 2>/dev/null \
+                        | tail -1 | python3 -c 'import csv,sys; print(list(csv.reader(sys.stdin))[0][-2])' || echo "-")
+                    frac="" ;;
+                *)
+                    log=$RES/cpu-$v-t$t-r$r.txt
+                    OATO_CPU_REPACK=$([ $v = rows ] && echo 0 || echo 1) "$OATO" bench "$MODEL" --device cpu \
+                        -t "$t" -p 0 -n "${CPU_GEN:-16}" -r 2 --csv > "$log" 2> "$log.err" || true
+                    ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')
+                    frac=$(grep -o "= [0-9.]* of the [0-9.]* GB/s" "$log.err" | head -1) ;;
+                esac
+                echo "| $t | $r | $v | $ts | $frac |" | tee -a "$out"
+            done
+        done
+    done
+    cat "$RES/cpu-membw.txt"
+    ;;
 *)
-    echo "usage: $0 build|oato|peer|lengths|kernels|graphs" >&2
+    echo "usage: $0 build|oato|peer|lengths|kernels|graphs|cpu" >&2
     exit 2
     ;;
 esac
