@@ -184,20 +184,19 @@ fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
     g.finish();
 }
 
-/// Q4_0 in the file's layout and interleaved by sixteen rows (`repack`), one token and four
+/// Q4_0 or Q4_K in the file's layout and interleaved by sixteen rows (`repack`), one token and four
 /// (activations quantised beforehand), a matrix that stays in L2: the kernels' own speed, in
 /// bytes of weights per second.
-fn bench_interleaved(c: &mut Criterion, k: usize, n: usize) {
+fn bench_interleaved(c: &mut Criterion, ty: GgmlType, k: usize, n: usize) {
     use oato::kernels::cpu::matmul::Layout;
     use oato::kernels::cpu::repack;
-    let ty = GgmlType::Q4_0;
     if !repack::repacks(ty, k, n) {
         return;
     }
     let mut g = c.benchmark_group(format!("interleaved/{}/{ty}", isa().name()));
     let data = weights(ty, k, n);
     let arena = repack::Arena::default();
-    let packed = repack::pack(&data, k, n, 1, &arena).unwrap();
+    let packed = repack::pack(ty, &data, k, n, 1, &arena).unwrap();
     for (name, w) in [
         ("rows", MatRef::rows(ty, k, n, &data)),
         (
@@ -223,7 +222,8 @@ fn bench_interleaved(c: &mut Criterion, k: usize, n: usize) {
 }
 
 fn benches(c: &mut Criterion) {
-    bench_interleaved(c, 2048, 128);
+    bench_interleaved(c, GgmlType::Q4_0, 2048, 128);
+    bench_interleaved(c, GgmlType::Q4_K, 2048, 128);
     #[cfg(target_arch = "x86_64")]
     for ty in [
         GgmlType::Q4_0,

@@ -165,10 +165,20 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
 /// file's layout).
 #[test]
 fn q4_0_interleaved_or_not_gives_the_same_numbers() {
-    let dir = tmp_dir("synth", "q4_0");
+    interleaved_or_not("Q4_0");
+}
+
+/// As for Q4_0, a Q4_K_M model (its Q4_K weights interleaved, Q6_K in the file's layout).
+#[test]
+fn q4_k_m_interleaved_or_not_gives_the_same_numbers() {
+    interleaved_or_not("Q4_K_M");
+}
+
+fn interleaved_or_not(ty: &str) {
+    let dir = tmp_dir("synth", &format!("interleaved-{ty}"));
     ok(&oato(
         &[
-            "synth", "--shape", "tiny", "--type", "Q4_0", "--layers", "3", "-o", "q.gguf",
+            "synth", "--shape", "tiny", "--type", ty, "--layers", "3", "-o", "q.gguf",
         ],
         &dir,
     ));

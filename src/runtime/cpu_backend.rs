@@ -1,5 +1,5 @@
 //! The CPU backend: the SIMD kernels of `kernels::cpu` behind the Backend trait. Weights are a
-//! view of the GGUF file's map, or copies in the backend's arena (interleaved Q4_0, or as the
+//! view of the GGUF file's map, or copies in the backend's arena (interleaved Q4_0 and Q4_K, or as the
 //! file asks); tensors are host vectors.
 
 use std::sync::Arc;
@@ -45,7 +45,7 @@ enum CpuWeight {
         bytes: Vec<u8>,
         _res: Reservation,
     },
-    /// A copy in the backend's arena, in the file's layout or (Q4_0 for the AVX-512 kernels)
+    /// A copy in the backend's arena, in the file's layout or (Q4_0, Q4_K for the AVX-512 kernels)
     /// interleaved by sixteen rows.
     Copied {
         piece: repack::Piece,
@@ -233,14 +233,15 @@ impl Backend for CpuBackend {
         ))
     }
 
-    /// Q4_0 weights that `repack` handles are kept interleaved by sixteen rows, in a copy; the
-    /// others are copied as they are where the file asks for it (`GgufFile::host_copies`), else
-    /// stay a view of the map. Copies sit in the backend's arena, in huge pages where the kernel
-    /// gives them: a weight read then crosses a page (and a TLB entry) every 2 MiB, not 4 KiB.
+    /// Q4_0 and Q4_K weights that `repack` handles are kept interleaved by sixteen rows, in a
+    /// copy; the others are copied as they are where the file asks for it
+    /// (`GgufFile::host_copies`), else stay a view of the map. Copies sit in the backend's
+    /// arena, in huge pages where the kernel gives them: a weight read then crosses a page (and
+    /// a TLB entry) every 2 MiB, not 4 KiB.
     fn load_matmul_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         let threads = pool::global().n_threads();
         let (piece, layout) = if repack::repacks(w.ty, w.k, w.n) {
-            let p = repack::pack(w.bytes(file)?, w.k, w.n, threads, &self.arena)?;
+            let p = repack::pack(w.ty, w.bytes(file)?, w.k, w.n, threads, &self.arena)?;
             (p, Layout::Interleaved)
         } else if file.host_copies() {
             (self.arena.copy(w.bytes(file)?, threads)?, Layout::Rows)
@@ -481,7 +482,7 @@ impl Backend for CpuBackend {
             let at = id as usize * rb;
             let bytes = if s.layout() == Layout::Interleaved {
                 plain.resize(rb, 0);
-                repack::plain_row(data, k, id as usize, &mut plain);
+                repack::plain_row(table.ty, data, k, id as usize, &mut plain);
                 &plain[..]
             } else {
                 &data[at..at + rb]

@@ -254,26 +254,15 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
         };
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => {
-                // d, dmin, then twelve bytes of packed scales: `kquants::k4_scales` lane-wise.
-                let head = words(0);
-                let f16s = |v: __m512i| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
-                _mm512_store_ps(p.d.as_mut_ptr(), f16s(head));
-                _mm512_store_ps(p.dmin.as_mut_ptr(), f16s(_mm512_srli_epi32::<16>(head)));
-                let (w0, w1, w2) = (words(4), words(8), words(12));
-                let k = |v: u32| _mm512_set1_epi32(v as i32);
-                let (low6, low4, low2) = (k(0x3F3F_3F3F), k(0x0F0F_0F0F), k(0x0303_0303));
-                let top2 =
-                    |w| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(w), low2));
-                let sc_lo = _mm512_and_si512(w0, low6);
-                let sc_hi = _mm512_or_si512(_mm512_and_si512(w2, low4), top2(w0));
-                let m_lo = _mm512_and_si512(w1, low6);
-                let m_hi =
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w2), low4), top2(w1));
+                let h = k4_head([words(0), words(4), words(8), words(12)]);
+                _mm512_store_ps(p.d.as_mut_ptr(), h.d);
+                _mm512_store_ps(p.dmin.as_mut_ptr(), h.dmin);
                 for j in 0..8 {
-                    let (sw, mw) = if j < 4 { (sc_lo, m_lo) } else { (sc_hi, m_hi) };
-                    store(&mut p.sc[j], byte(sw, j % 4));
-                    let m = byte(mw, j % 4);
-                    store(&mut p.pc[j], _mm512_or_si512(m, _mm512_slli_epi32::<16>(m)));
+                    store(&mut p.sc[j], h.sc[j]);
+                    store(
+                        &mut p.pc[j],
+                        _mm512_or_si512(h.m[j], _mm512_slli_epi32::<16>(h.m[j])),
+                    );
                 }
             }
             GgmlType::Q6_K => {
@@ -299,6 +288,37 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
             }
             other => unreachable!("kwide unpack of {other}"),
         }
+    }
+}
+
+/// A Q4_K / Q5_K super-block's head for sixteen rows: `d`, `dmin`, and per 32-element group j
+/// the 6-bit scale and min as 32-bit lanes.
+pub(crate) struct K4Head {
+    pub(crate) d: __m512,
+    pub(crate) dmin: __m512,
+    pub(crate) sc: [__m512i; 8],
+    pub(crate) m: [__m512i; 8],
+}
+
+/// [`K4Head`] from the block's first four 32-bit words, lane r holding row r's (d and dmin, then
+/// twelve bytes of packed scales and mins, unpacked as `kquants::k4_scales` does, lane-wise).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn k4_head(words: [__m512i; 4]) -> K4Head {
+    let [head, w0, w1, w2] = words;
+    let f16s = |v: __m512i| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+    let k = |v: u32| _mm512_set1_epi32(v as i32);
+    let (low6, low4, low2) = (k(0x3F3F_3F3F), k(0x0F0F_0F0F), k(0x0303_0303));
+    let top2 = |w| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(w), low2));
+    let sc_lo = _mm512_and_si512(w0, low6);
+    let sc_hi = _mm512_or_si512(_mm512_and_si512(w2, low4), top2(w0));
+    let m_lo = _mm512_and_si512(w1, low6);
+    let m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w2), low4), top2(w1));
+    K4Head {
+        d: f16s(head),
+        dmin: f16s(_mm512_srli_epi32::<16>(head)),
+        sc: std::array::from_fn(|j| byte(if j < 4 { sc_lo } else { sc_hi }, j % 4)),
+        m: std::array::from_fn(|j| byte(if j < 4 { m_lo } else { m_hi }, j % 4)),
     }
 }
 

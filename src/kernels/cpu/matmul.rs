@@ -50,7 +50,7 @@ impl Prepared {
 pub enum Layout {
     /// The file's: each row's blocks contiguous, rows one after the other.
     Rows,
-    /// Q4_0 rows interleaved by sixteen (`repack`).
+    /// Q4_0 or Q4_K rows interleaved by sixteen (`repack`).
     Interleaved,
 }
 
@@ -261,7 +261,8 @@ impl<'a> RowJob<'a> {
             || y.len() != n_tok * w.n
             || w.data.len() != wrb * w.n
             || (w.layout == Layout::Interleaved
-                && (w.ty != GgmlType::Q4_0 || !w.n.is_multiple_of(super::repack::ROWS)))
+                && (!matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+                    || !w.n.is_multiple_of(super::repack::ROWS)))
         {
             return Err(Error::Msg(format!(
                 "matmul: shapes do not agree (weight {} [{}x{}] {} bytes {:?}, acts {} k={} x{}, out {})",
@@ -312,7 +313,7 @@ impl<'a> RowJob<'a> {
     }
 
     /// Rows `rows` of an interleaved matrix: by `repack`'s kernels under AVX-512 (`panels`
-    /// holding the activations' `-8 Σy`), else row by row through the file's layout.
+    /// holding Q4_0's `-8 Σy`), else row by row through the file's layout.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn run_interleaved(
         &self,
@@ -322,12 +323,13 @@ impl<'a> RowJob<'a> {
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = panels.filter(|_| isa() == super::Isa::Avx512) {
-            super::repack::run_rows(acts, &p.nsum, self.w.data, rows, &self.out, self.w.n);
+            let (ty, data) = (self.w.ty, self.w.data);
+            super::repack::run_rows(ty, acts, &p.nsum, data, rows, &self.out, self.w.n);
             return;
         }
         let mut plain = vec![0u8; self.wrb];
         for r in rows {
-            super::repack::plain_row(self.w.data, self.w.k, r, &mut plain);
+            super::repack::plain_row(self.w.ty, self.w.data, self.w.k, r, &mut plain);
             for t in 0..acts.n_tok {
                 // SAFETY: dot_fn returns only variants this CPU supports.
                 self.put(t, r, unsafe { (self.dot)(&plain, acts.row(t), self.w.k) });
@@ -798,18 +800,27 @@ mod interleaved_tests {
     use super::*;
     use crate::kernels::cpu::repack;
 
-    /// Q4_0 interleaved by sixteen rows gives the file layout's bits: 1 to 9 tokens (the
+    /// Q4_0 (and Q4_K) interleaved by sixteen rows gives the file layout's bits: 1 to 9 tokens (the
     /// kernel's four, two and one at a time, and the prefill sizes), fused after a matrix whose
     /// 37 rows put every group across a task boundary (groups computed by two tasks, each
     /// writing its own rows), under every variant (off AVX-512, the rows are read back into the
     /// file's layout).
     #[test]
     fn interleaved_q4_0_equals_rows() {
-        let (k, ty) = (320, GgmlType::Q4_0);
+        interleaved_equals_rows(GgmlType::Q4_0, 320);
+    }
+
+    /// As for Q4_0, Q4_K (random blocks with small finite super-block scales).
+    #[test]
+    fn interleaved_q4_k_equals_rows() {
+        interleaved_equals_rows(GgmlType::Q4_K, 512);
+    }
+
+    fn interleaved_equals_rows(ty: GgmlType, k: usize) {
         let mut rng = crate::rng::SplitMix64::new(11);
         let first = super::super::random_rows(ty, k, 37, &mut rng);
         let w = super::super::random_rows(ty, k, 64, &mut rng);
-        let packed = repack::pack(&w, k, 64, 2, &repack::Arena::default()).unwrap();
+        let packed = repack::pack(ty, &w, k, 64, 2, &repack::Arena::default()).unwrap();
         let a = MatRef::rows(ty, k, 37, &first);
         let rows = MatRef::rows(ty, k, 64, &w);
         let inter = MatRef {
@@ -826,6 +837,10 @@ mod interleaved_tests {
                 let acts = QuantizedActs::new(ty, &x, k).unwrap();
                 let mut want = vec![0f32; 64 * n_tok];
                 matmul_quantized(&rows, &acts, &mut want).unwrap();
+                assert!(
+                    want.iter().all(|v| v.is_finite() && *v != 0.0),
+                    "{ty}: {want:?}"
+                );
                 let mut got = vec![0f32; 64 * n_tok];
                 matmul_quantized(&inter, &acts, &mut got).unwrap();
                 let mut first_out = vec![0f32; 37 * n_tok];

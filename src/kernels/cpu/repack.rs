@@ -1,27 +1,30 @@
-//! Q4_0 weights kept by the CPU in a layout of its own, rows interleaved by sixteen (AVX-512
-//! CPUs): one 512-bit register holds four quant bytes of each of sixteen rows, lane r being row r.
-//! A dot product then needs no sum across lanes. Per block and token, eight `vpdpbusd` of the
-//! unpacked nibbles with the token's four bytes broadcast, started from the block's `-8 Σy`, give
-//! the sixteen rows' exact `isum`; the float step is the single-row kernel's, lane by lane,
+//! Q4_0 and Q4_K weights kept by the CPU in a layout of its own, rows interleaved by sixteen
+//! (AVX-512 CPUs): one 512-bit register holds four quant bytes of each of sixteen rows, lane r
+//! being row r. A dot product then needs no sum across lanes. Q4_0: per block and token, eight
+//! `vpdpbusd` of the unpacked nibbles with the token's four bytes broadcast, started from the
+//! block's `-8 Σy`, give the sixteen rows' exact `isum`; the float step is the single-row
+//! kernel's, lane by lane,
 //!
 //! ```text
 //! sumf = fma(d_x * d_y, isum as f32, sumf)        (block order)
 //! ```
 //!
-//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. The four-row kernel it replaces
-//! (`avx512::rows_q4_0`) spends most of its time summing lanes across registers, which Zen 4's
-//! shuffle port bounds at about 20 GB/s of weights per core; llama.cpp repacks Q4_0 for the same
-//! reason.
+//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. Q4_K likewise with `kquants`'
+//! integer sums and canonical step (`tokens_q4_k`). The four-row kernels these replace
+//! (`avx512::rows_q4_0`, `rows_k4`) spend most of their time summing lanes across registers,
+//! which Zen 4's shuffle port bounds at about 20–30 GB/s of weights per core; llama.cpp repacks
+//! Q4_0 and Q4_K for the same reason.
 //!
-//! Layout, per group of sixteen rows with `nb` blocks each: `nb * 256` bytes of quants, then
-//! `nb * 32` bytes of scales. Block b's quants are four 64-byte chunks: chunk c holds in lane r
-//! bytes `4c..4c + 4` of row r's block b (low nibbles: elements `4c..4c + 4`, high nibbles:
-//! `16 + 4c..20 + 4c`). Its scales are the sixteen rows' `d` (f16). A group takes the bytes of
-//! its sixteen rows, so the repacked matrix has the file's size.
+//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0: `nb * 256` bytes of quants,
+//! then `nb * 32` bytes of scales; block b's quants are four 64-byte chunks, chunk c holding in
+//! lane r bytes `4c..4c + 4` of row r's block b (low nibbles: elements `4c..4c + 4`, high
+//! nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d` (f16). Q4_K: block b takes
+//! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
+//! `64 w`, lane r. A group takes the bytes of its sixteen rows, so the repacked matrix has the
+//! file's size.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
-use crate::quant::blocks::QK;
 
 /// Rows per group: one 32-bit lane each.
 pub const ROWS: usize = 16;
@@ -36,18 +39,20 @@ const QUANTS: usize = 256;
 const SCALES: usize = 32;
 
 /// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0
-/// with whole groups of rows, on a CPU running the AVX-512 kernels, unless `OATO_CPU_REPACK=0`.
+/// or Q4_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
+/// `OATO_CPU_REPACK=0`.
 pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
-    ty == GgmlType::Q4_0
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
         && n > 0
         && n.is_multiple_of(ROWS)
         && k > 0
-        && k.is_multiple_of(QK)
+        && k.is_multiple_of(ty.block_size())
         && super::isa() == super::Isa::Avx512
         && enabled()
 }
 
-/// `OATO_CPU_REPACK=0` keeps Q4_0 weights in the file's layout (for comparison: the same bits).
+/// `OATO_CPU_REPACK=0` keeps Q4_0 and Q4_K weights in the file's layout (for comparison: the
+/// same bits).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("OATO_CPU_REPACK").map_or(true, |v| v.trim() != "0"))
@@ -164,54 +169,87 @@ impl Arena {
     }
 }
 
-/// `plain` (`n` Q4_0 rows of `k`, the file's layout) in the interleaved layout, in a piece of
-/// `arena`, groups spread over `threads` threads.
-pub fn pack(plain: &[u8], k: usize, n: usize, threads: usize, arena: &Arena) -> Result<Piece> {
-    let rb = check(plain.len(), k, n)?;
+/// `plain` (`n` rows of `k` of type `ty`, the file's layout) in the interleaved layout, in a
+/// piece of `arena`, groups spread over `threads` threads.
+pub fn pack(
+    ty: GgmlType,
+    plain: &[u8],
+    k: usize,
+    n: usize,
+    threads: usize,
+    arena: &Arena,
+) -> Result<Piece> {
+    let rb = check(ty, plain.len(), k, n)?;
+    let nb = k / ty.block_size();
     let group = ROWS * rb;
     arena.filled(plain.len(), group, threads, |at, dst| {
         for (i, d) in dst.chunks_mut(group).enumerate() {
-            pack_group(&plain[at + i * group..][..group], rb, d);
+            let src = &plain[at + i * group..][..group];
+            for b in 0..nb {
+                for r in 0..ROWS {
+                    pieces(ty, nb, b, r, |from, to, len| {
+                        d[to..to + len].copy_from_slice(&src[r * rb + from..][..len])
+                    });
+                }
+            }
         }
     })
 }
 
-/// Row bytes of an `n` x `k` Q4_0 matrix of `len` bytes, checked.
-fn check(len: usize, k: usize, n: usize) -> Result<usize> {
-    if n == 0 || !k.is_multiple_of(QK) || !n.is_multiple_of(ROWS) || len != n * (k / QK) * BLOCK {
+/// Row bytes of an `n` x `k` matrix of type `ty` of `len` bytes, checked.
+fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
+    let bs = ty.block_size();
+    if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+        || n == 0
+        || !k.is_multiple_of(bs)
+        || !n.is_multiple_of(ROWS)
+        || len != n * (k / bs) * ty.type_size()
+    {
         return Err(Error::Msg(format!(
-            "repack: {len} bytes are not {n} Q4_0 rows of {k} in groups of {ROWS}"
+            "repack: {len} bytes are not {n} {ty} rows of {k} in groups of {ROWS}"
         )));
     }
-    Ok((k / QK) * BLOCK)
+    Ok((k / bs) * ty.type_size())
 }
 
-/// Sixteen plain rows of `rb` bytes into one group.
-fn pack_group(plain: &[u8], rb: usize, dst: &mut [u8]) {
-    let nb = rb / BLOCK;
-    let (q, d) = dst.split_at_mut(nb * QUANTS);
-    for b in 0..nb {
-        for r in 0..ROWS {
-            let blk = &plain[r * rb + b * BLOCK..][..BLOCK];
-            d[b * SCALES + 2 * r..][..2].copy_from_slice(&blk[..2]);
+/// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
+/// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
+/// after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
+/// scales, the quants) at `2304 b + 64 w`, lane r.
+#[inline]
+fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
+    match ty {
+        GgmlType::Q4_0 => {
+            f(b * BLOCK, nb * QUANTS + b * SCALES + 2 * r, 2);
             for c in 0..4 {
-                q[b * QUANTS + 64 * c + 4 * r..][..4].copy_from_slice(&blk[2 + 4 * c..][..4]);
+                f(b * BLOCK + 2 + 4 * c, b * QUANTS + 64 * c + 4 * r, 4);
+            }
+        }
+        _ => {
+            for w in 0..K4_WORDS {
+                f(
+                    b * 4 * K4_WORDS + 4 * w,
+                    b * ROWS * 4 * K4_WORDS + 64 * w + 4 * r,
+                    4,
+                );
             }
         }
     }
 }
 
-/// Row `r`'s bytes in the file's layout, from the interleaved matrix `packed` (rows of `k`).
-pub fn plain_row(packed: &[u8], k: usize, r: usize, dst: &mut [u8]) {
-    let nb = k / QK;
-    let g = &packed[(r / ROWS) * ROWS * nb * BLOCK..][..ROWS * nb * BLOCK];
-    let (q, d) = g.split_at(nb * QUANTS);
-    let i = r % ROWS;
-    for (b, blk) in dst[..nb * BLOCK].chunks_mut(BLOCK).enumerate() {
-        blk[..2].copy_from_slice(&d[b * SCALES + 2 * i..][..2]);
-        for c in 0..4 {
-            blk[2 + 4 * c..][..4].copy_from_slice(&q[b * QUANTS + 64 * c + 4 * i..][..4]);
-        }
+/// 32-bit words in a Q4_K block (144 bytes).
+const K4_WORDS: usize = 36;
+
+/// Row `r`'s bytes in the file's layout, from the interleaved matrix `packed` of type `ty`
+/// (rows of `k`).
+pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]) {
+    let nb = k / ty.block_size();
+    let rb = nb * ty.type_size();
+    let g = &packed[(r / ROWS) * ROWS * rb..][..ROWS * rb];
+    for b in 0..nb {
+        pieces(ty, nb, b, r % ROWS, |from, to, len| {
+            dst[from..from + len].copy_from_slice(&g[to..to + len])
+        });
     }
 }
 
@@ -228,13 +266,16 @@ mod kernels {
     use super::{QUANTS, ROWS, SCALES};
     use crate::kernels::cpu::blocks;
     use crate::kernels::cpu::matmul::{QuantizedActs, SharedOut};
-    use crate::quant::blocks::{BlockQ8_0, QK};
+    use crate::quant::GgmlType;
+    use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
-    /// Rows `rows` of the interleaved Q4_0 matrix `packed` (rows of `acts.k`) against every
-    /// token of `acts` (Q8_0), into `out` (`[token][row]`, `stride` rows per token). `nsum`:
-    /// every activation block's `-8 Σy`, token by token. A group only partly inside `rows` is
-    /// computed whole and only its rows inside are written. AVX-512 CPUs only.
+    /// Rows `rows` of the interleaved matrix `packed` (type `ty`, rows of `acts.k`) against
+    /// every token of `acts` (its `vec_dot_type`), into `out` (`[token][row]`, `stride` rows per
+    /// token). `nsum` (Q4_0): every activation block's `-8 Σy`, token by token. A group only
+    /// partly inside `rows` is computed whole and only its rows inside are written. AVX-512 CPUs
+    /// only.
     pub(crate) fn run_rows(
+        ty: GgmlType,
         acts: &QuantizedActs,
         nsum: &[i32],
         packed: &[u8],
@@ -242,47 +283,175 @@ mod kernels {
         out: &SharedOut,
         stride: usize,
     ) {
-        let nb = acts.k / QK;
-        let group = ROWS * nb * super::BLOCK;
         assert!(crate::kernels::cpu::Isa::Avx512.supported());
         assert_eq!(
-            nsum.len(),
-            acts.n_tok * nb,
-            "repack: -8Σy of other activations"
+            acts.ty,
+            ty.vec_dot_type(),
+            "repack: {ty} against {}",
+            acts.ty
         );
+        let nb = acts.k / ty.block_size();
+        let group = ROWS * nb * ty.type_size();
         assert!(rows.end.div_ceil(ROWS) * group <= packed.len());
-        let ys: Vec<&[BlockQ8_0]> = (0..acts.n_tok)
-            .map(|t| blocks::<BlockQ8_0>(acts.row(t)))
-            .collect();
-        assert!(ys.iter().all(|y| y.len() == nb));
+        let n_tok = acts.n_tok;
+        // SAFETY (the kernels below): AVX-512 is present (asserted); the group holds nb blocks,
+        // every token nb blocks (and nb sums for Q4_0; asserted); rows r0 + lo..r0 + hi of every
+        // token are inside the output (the caller's contract: `rows` inside the matrix, the
+        // output [n_tok][stride]) and are written by this task only.
+        match ty {
+            GgmlType::Q4_0 => {
+                assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
+                let ys: Vec<&[BlockQ8_0]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
+                assert!(ys.iter().all(|y| y.len() == nb));
+                each_group(rows, group, packed, |g, r0, mask| {
+                    by_fours(n_tok, |t, nt| unsafe {
+                        match nt {
+                            4 => tokens::<4>(g, nb, &ys, nsum, t, out, stride, r0, mask),
+                            2 => tokens::<2>(g, nb, &ys, nsum, t, out, stride, r0, mask),
+                            _ => tokens::<1>(g, nb, &ys, nsum, t, out, stride, r0, mask),
+                        }
+                    })
+                });
+            }
+            GgmlType::Q4_K => {
+                let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
+                assert!(ys.iter().all(|y| y.len() == nb));
+                each_group(rows, group, packed, |g, r0, mask| {
+                    by_fours(n_tok, |t, nt| unsafe {
+                        match nt {
+                            4 => tokens_q4_k::<4>(g, nb, &ys, t, out, stride, r0, mask),
+                            2 => tokens_q4_k::<2>(g, nb, &ys, t, out, stride, r0, mask),
+                            _ => tokens_q4_k::<1>(g, nb, &ys, t, out, stride, r0, mask),
+                        }
+                    })
+                });
+            }
+            other => panic!("repack: no interleaved kernel for {other}"),
+        }
+    }
+
+    /// `f(group bytes, first row, mask of its rows inside rows)` for each group that `rows`
+    /// touches.
+    fn each_group(
+        rows: Range<usize>,
+        group: usize,
+        packed: &[u8],
+        mut f: impl FnMut(&[u8], usize, __mmask16),
+    ) {
         let mut g = rows.start / ROWS;
         while g * ROWS < rows.end {
             let r0 = g * ROWS;
             let lo = rows.start.max(r0) - r0;
             let hi = rows.end.min(r0 + ROWS) - r0;
             let mask = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as __mmask16;
-            let bytes = &packed[g * group..][..group];
-            let mut t = 0;
-            // SAFETY: AVX-512 is present (asserted); the group holds nb blocks, every token nb
-            // blocks and nb sums (asserted); rows r0 + lo..r0 + hi of tokens t.. are inside the
-            // output (the caller's contract: `rows` inside the matrix, the output [n_tok][stride])
-            // and are written by this task only.
-            unsafe {
-                // Four tokens at a time: eight (all the weights' registers reused twice as
-                // often) was slower, 1B shape pp64 2 threads 243 / 287 t/s.
-                while t + 4 <= ys.len() {
-                    tokens::<4>(bytes, nb, &ys, nsum, t, out, stride, r0, mask);
-                    t += 4;
-                }
-                while t + 2 <= ys.len() {
-                    tokens::<2>(bytes, nb, &ys, nsum, t, out, stride, r0, mask);
-                    t += 2;
-                }
-                if t < ys.len() {
-                    tokens::<1>(bytes, nb, &ys, nsum, t, out, stride, r0, mask);
+            f(&packed[g * group..][..group], r0, mask);
+            g += 1;
+        }
+    }
+
+    /// `f(first token, count)` over `n` tokens four at a time, then two, then one (eight at a
+    /// time was slower for Q4_0: 1B shape pp64, 2 threads, 243 against 287 t/s).
+    fn by_fours(n: usize, mut f: impl FnMut(usize, usize)) {
+        let mut t = 0;
+        while t + 4 <= n {
+            f(t, 4);
+            t += 4;
+        }
+        while t + 2 <= n {
+            f(t, 2);
+            t += 2;
+        }
+        if t < n {
+            f(t, 1);
+        }
+    }
+
+    /// Tokens `t..t + NT` against one Q4_K group: per super-block and 32-element group j, eight
+    /// `vpdpbusd` of the nibbles give each row's exact `Σ q y`, times the rows' 6-bit scales
+    /// (`vpmulld`), and the mins' `Σ_j m_j Σy` comes from the activation's 16-element sums by
+    /// `vpdpwssd`; the float step is `kquants`' canonical one lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf); sumf = fma(-(d_y * dmin_x), imin, sumf)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_q4_k<const NT: usize>(
+        group: &[u8],
+        nb: usize,
+        ys: &[&[BlockQ8K]],
+        t: usize,
+        out: &SharedOut,
+        stride: usize,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        let low = _mm512_set1_epi8(0x0F);
+        let ahead = prefetch_ahead();
+        let mut sumf = [_mm512_setzero_ps(); NT];
+        for b in 0..nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * super::K4_WORDS);
+            if ahead > 0 {
+                for c in 0..super::K4_WORDS {
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
                 }
             }
-            g += 1;
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+            let h = crate::kernels::cpu::kwide::k4_head([word(0), word(1), word(2), word(3)]);
+            let mut isum = [_mm512_setzero_si512(); NT];
+            let mut imin = [_mm512_setzero_si512(); NT];
+            for pair in 0..4 {
+                // Quant bytes 32 pair..32 pair + 32: low nibbles group 2 pair, high 2 pair + 1.
+                let v: [__m512i; 8] = std::array::from_fn(|c| word(4 + 8 * pair + c));
+                for half in 0..2 {
+                    let j = 2 * pair + half;
+                    let w: [__m512i; 8] = std::array::from_fn(|c| {
+                        if half == 0 {
+                            _mm512_and_si512(v[c], low)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v[c]), low)
+                        }
+                    });
+                    let sc = h.sc[j];
+                    for (tk, is) in isum.iter_mut().enumerate() {
+                        let yq = ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr();
+                        let y = |e: usize| {
+                            _mm512_set1_epi32(std::ptr::read_unaligned(
+                                yq.add(32 * j + 4 * e).cast(),
+                            ))
+                        };
+                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for e in 0..4 {
+                            s0 = _mm512_dpbusd_epi32(s0, w[2 * e], y(2 * e));
+                            s1 = _mm512_dpbusd_epi32(s1, w[2 * e + 1], y(2 * e + 1));
+                        }
+                        *is =
+                            _mm512_add_epi32(*is, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                    }
+                }
+            }
+            for j in 0..8 {
+                let pc = _mm512_or_si512(h.m[j], _mm512_slli_epi32::<16>(h.m[j]));
+                for (tk, im) in imin.iter_mut().enumerate() {
+                    let bs = ys.get_unchecked(t + tk).get_unchecked(b).bsums.as_ptr();
+                    let pair = std::ptr::read_unaligned(bs.cast::<i32>().add(j));
+                    *im = _mm512_dpwssd_epi32(*im, pc, _mm512_set1_epi32(pair));
+                }
+            }
+            for tk in 0..NT {
+                let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
+                let acc = _mm512_fmadd_ps(
+                    _mm512_mul_ps(d_y, h.d),
+                    _mm512_cvtepi32_ps(isum[tk]),
+                    sumf[tk],
+                );
+                sumf[tk] = _mm512_fnmadd_ps(
+                    _mm512_mul_ps(d_y, h.dmin),
+                    _mm512_cvtepi32_ps(imin[tk]),
+                    acc,
+                );
+            }
+        }
+        for (j, acc) in sumf.into_iter().enumerate() {
+            _mm512_mask_storeu_ps(out.0.add((t + j) * stride + r0), mask, acc);
         }
     }
 
@@ -369,6 +538,7 @@ mod kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::blocks::QK;
 
     #[test]
     fn rows_come_back_from_the_interleaved_layout() {
@@ -376,15 +546,29 @@ mod tests {
         let rb = (k / QK) * BLOCK;
         let plain: Vec<u8> = (0..n * rb).map(|i| (i * 7 + i / 13) as u8).collect();
         let arena = Arena::default();
-        let packed = pack(&plain, k, n, 3, &arena).unwrap();
-        let again = pack(&plain, k, n, 1, &arena).unwrap();
+        let packed = pack(GgmlType::Q4_0, &plain, k, n, 3, &arena).unwrap();
+        let again = pack(GgmlType::Q4_0, &plain, k, n, 1, &arena).unwrap();
         assert_eq!(packed.bytes(), again.bytes());
         assert_eq!(again.bytes().as_ptr() as usize % 64, 0);
         assert_eq!(packed.bytes().len(), plain.len());
         assert_ne!(packed.bytes(), &plain[..]);
         let mut row = vec![0u8; rb];
         for r in 0..n {
-            plain_row(packed.bytes(), k, r, &mut row);
+            plain_row(GgmlType::Q4_0, packed.bytes(), k, r, &mut row);
+            assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
+        }
+    }
+
+    #[test]
+    fn q4_k_rows_come_back_from_the_interleaved_layout() {
+        let (k, n) = (512, 32);
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let plain = crate::kernels::cpu::random_rows(GgmlType::Q4_K, k, n, &mut rng);
+        let packed = pack(GgmlType::Q4_K, &plain, k, n, 2, &Arena::default()).unwrap();
+        let rb = plain.len() / n;
+        let mut row = vec![0u8; rb];
+        for r in 0..n {
+            plain_row(GgmlType::Q4_K, packed.bytes(), k, r, &mut row);
             assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
         }
     }
@@ -392,9 +576,12 @@ mod tests {
     #[test]
     fn bad_shapes_are_refused() {
         let a = Arena::default();
-        assert!(pack(&[0u8; 18 * 15], 32, 15, 1, &a).is_err());
-        assert!(pack(&[0u8; 18 * 16], 32, 16, 1, &a).is_ok());
-        assert!(pack(&[0u8; 18 * 16 - 1], 32, 16, 1, &a).is_err());
-        assert!(pack(&[], 32, 0, 1, &a).is_err());
+        let q4 = GgmlType::Q4_0;
+        assert!(pack(q4, &[0u8; 18 * 15], 32, 15, 1, &a).is_err());
+        assert!(pack(q4, &[0u8; 18 * 16], 32, 16, 1, &a).is_ok());
+        assert!(pack(q4, &[0u8; 18 * 16 - 1], 32, 16, 1, &a).is_err());
+        assert!(pack(q4, &[], 32, 0, 1, &a).is_err());
+        assert!(pack(GgmlType::Q8_0, &[0u8; 34 * 16], 32, 16, 1, &a).is_err());
+        assert!(pack(GgmlType::Q4_K, &[0u8; 144 * 16], 256, 16, 1, &a).is_ok());
     }
 }
