@@ -76,6 +76,8 @@ pub struct CpuBackend {
     ledger: Arc<Ledger>,
     /// Memory of the weights kept interleaved.
     arena: repack::Arena,
+    /// Whether memory ran short for an interleaved copy (said once).
+    short: std::sync::atomic::AtomicBool,
 }
 
 impl Default for CpuBackend {
@@ -90,6 +92,7 @@ impl CpuBackend {
             id: next_backend_id(),
             ledger: Arc::default(),
             arena: repack::Arena::default(),
+            short: Default::default(),
         }
     }
 
@@ -129,7 +132,31 @@ impl CpuBackend {
     }
 }
 
+/// Memory left available after an interleaved copy (below it, weights stay views of the map).
+const COPY_HEADROOM: usize = 1 << 30;
+
+/// Whether a copy of `bytes` leaves [`COPY_HEADROOM`] of `free` bytes (0: unknown, so yes).
+fn leaves_headroom(free: usize, bytes: usize) -> bool {
+    free == 0 || free >= bytes.saturating_add(COPY_HEADROOM)
+}
+
 impl CpuBackend {
+    /// Whether a copy of `bytes` leaves [`COPY_HEADROOM`] of the host's memory available: a model
+    /// larger than the memory still runs from its map (in the file's layout), as before there
+    /// were copies; says so once.
+    fn copy_fits(&self, bytes: usize) -> bool {
+        let free = host_memory().free;
+        let fits = leaves_headroom(free, bytes);
+        if !fits && !self.short.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "oato: {} MiB of memory available: further Q4_0 / Q4_K weights are read from the \
+                 map in the file's layout, not interleaved (slower CPU matmuls)",
+                free >> 20
+            );
+        }
+        fits
+    }
+
     /// The backend's weight `w` held as `data`.
     fn weight(&self, w: &WeightRef, data: CpuWeight) -> Weight {
         Weight {
@@ -240,7 +267,8 @@ impl Backend for CpuBackend {
     /// a TLB entry) every 2 MiB, not 4 KiB.
     fn load_matmul_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         let threads = pool::global().n_threads();
-        let (piece, layout) = if repack::repacks(w.ty, w.k, w.n) {
+        let interleave = repack::repacks(w.ty, w.k, w.n) && self.copy_fits(w.n_bytes);
+        let (piece, layout) = if interleave {
             let p = repack::pack(w.ty, w.bytes(file)?, w.k, w.n, threads, &self.arena)?;
             (p, Layout::Interleaved)
         } else if file.host_copies() {
@@ -498,5 +526,22 @@ impl Backend for CpuBackend {
 
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>> {
         Ok(Box::new(WallClock(None)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An interleaved copy is made only while it leaves 1 GiB available (or when the memory
+    /// available is unknown).
+    #[test]
+    fn copies_leave_headroom() {
+        let gib = 1usize << 30;
+        assert!(leaves_headroom(3 * gib, 2 * gib));
+        assert!(!leaves_headroom(3 * gib, 2 * gib + 1));
+        assert!(!leaves_headroom(gib, 1));
+        assert!(leaves_headroom(0, usize::MAX));
+        assert!(!leaves_headroom(gib, usize::MAX));
     }
 }
