@@ -219,12 +219,10 @@ fn auto_copies(len: u64, available: impl FnOnce() -> Option<u64>) -> bool {
     len >= AUTO_MIN_BYTES && available().is_some_and(|a| len <= a / 2)
 }
 
-/// `MemAvailable` of `/proc/meminfo`, in bytes (`None` where there is no such file).
+/// `MemAvailable` in bytes (`None` where it cannot be read).
 fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
+    let free = crate::runtime::backend::MemInfo::host().free;
+    (free > 0).then_some(free as u64)
 }
 
 /// The file's first `len` bytes read into anonymous memory that the kernel is asked to back with

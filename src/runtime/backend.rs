@@ -50,6 +50,25 @@ pub struct MemInfo {
     pub total: usize,
 }
 
+impl MemInfo {
+    /// The host's available (`MemAvailable`) and total memory from /proc/meminfo (0 when it
+    /// cannot be read).
+    pub fn host() -> MemInfo {
+        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| -> usize {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(0, |kib| kib * 1024)
+        };
+        MemInfo {
+            free: field("MemAvailable:"),
+            total: field("MemTotal:"),
+        }
+    }
+}
+
 /// Bytes a backend holds now, per category.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {

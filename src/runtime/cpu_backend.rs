@@ -74,7 +74,7 @@ impl CpuWeight {
 pub struct CpuBackend {
     id: u64,
     ledger: Arc<Ledger>,
-    /// Memory of the weights kept interleaved.
+    /// Memory of the weights it copies (interleaved, or as the file has them).
     arena: repack::Arena,
     /// Whether memory ran short for an interleaved copy (said once).
     short: std::sync::atomic::AtomicBool,
@@ -145,7 +145,7 @@ impl CpuBackend {
     /// larger than the memory still runs from its map (in the file's layout), as before there
     /// were copies; says so once.
     fn copy_fits(&self, bytes: usize) -> bool {
-        let free = host_memory().free;
+        let free = MemInfo::host().free;
         let fits = leaves_headroom(free, bytes);
         if !fits && !self.short.swap(true, std::sync::atomic::Ordering::Relaxed) {
             eprintln!(
@@ -168,22 +168,6 @@ impl CpuBackend {
             device: self.id,
             data: Box::new(data),
         }
-    }
-}
-
-/// Available and total host memory from /proc/meminfo (0 when it cannot be read).
-fn host_memory() -> MemInfo {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| -> usize {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    MemInfo {
-        free: field("MemAvailable:"),
-        total: field("MemTotal:"),
     }
 }
 
@@ -224,7 +208,7 @@ impl Backend for CpuBackend {
     }
 
     fn memory(&self) -> Result<MemInfo> {
-        Ok(host_memory())
+        Ok(MemInfo::host())
     }
 
     fn usage(&self) -> Usage {
@@ -507,13 +491,12 @@ impl Backend for CpuBackend {
                     table.n
                 )));
             }
-            let at = id as usize * rb;
             let bytes = if s.layout() == Layout::Interleaved {
                 plain.resize(rb, 0);
                 repack::plain_row(table.ty, data, k, id as usize, &mut plain);
                 &plain[..]
             } else {
-                &data[at..at + rb]
+                &data[id as usize * rb..][..rb]
             };
             dequantize_row(table.ty, bytes, row)?;
         }

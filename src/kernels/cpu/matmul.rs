@@ -198,11 +198,38 @@ impl Out<'_> {
             _mm256_mask_storeu_ps(p.add(self.stride), mask, hi);
         }
     }
+
+    /// Rows `r..r + 16` of token t, the lanes in `mask` of `v`.
+    ///
+    /// # Safety
+    /// Those outputs must be inside the buffer and written by no other task; the CPU has AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn write16(
+        &self,
+        t: usize,
+        r: usize,
+        mask: std::arch::x86_64::__mmask16,
+        v: std::arch::x86_64::__m512,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            std::arch::x86_64::_mm512_mask_storeu_ps(self.out.0.add(t * self.stride + r), mask, v)
+        }
+    }
 }
 
 /// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
-/// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens.
-fn rows_per_task(bytes: usize, n_rows: usize, n_tok: usize, threads: usize) -> usize {
+/// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens,
+/// in whole groups of sixteen rows where `sixteens` (else of four).
+fn rows_per_task(
+    bytes: usize,
+    n_rows: usize,
+    n_tok: usize,
+    threads: usize,
+    sixteens: bool,
+) -> usize {
     let work = bytes * n_tok;
     let by_size = (work / 16384).max(1);
     let n_chunks = if by_size < threads {
@@ -210,9 +237,7 @@ fn rows_per_task(bytes: usize, n_rows: usize, n_tok: usize, threads: usize) -> u
     } else {
         by_size.min(threads * 4) / threads * threads
     };
-    // Multiples of four rows keep the prefill tiles whole (sixteen, `kwide`'s panels, when there
-    // are several tokens).
-    let whole = if n_tok >= 4 { 16 } else { 4 };
+    let whole = if sixteens { 16 } else { 4 };
     n_rows.div_ceil(n_chunks.max(1)).next_multiple_of(whole)
 }
 
@@ -261,8 +286,7 @@ impl<'a> RowJob<'a> {
             || y.len() != n_tok * w.n
             || w.data.len() != wrb * w.n
             || (w.layout == Layout::Interleaved
-                && (!matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_K)
-                    || !w.n.is_multiple_of(super::repack::ROWS)))
+                && (!super::repack::interleaves(w.ty) || !w.n.is_multiple_of(super::repack::ROWS)))
         {
             return Err(Error::Msg(format!(
                 "matmul: shapes do not agree (weight {} [{}x{}] {} bytes {:?}, acts {} k={} x{}, out {})",
@@ -305,7 +329,7 @@ impl<'a> RowJob<'a> {
     /// Whether `n_tok` tokens go through `kwide`'s panels.
     #[cfg(target_arch = "x86_64")]
     fn uses_panels(&self, n_tok: usize) -> bool {
-        self.kwide && n_tok >= kwide_min_tokens(self.w.ty) && !self.interleaved()
+        self.kwide && n_tok >= kwide_min_tokens(self.w.ty)
     }
 
     fn interleaved(&self) -> bool {
@@ -323,8 +347,7 @@ impl<'a> RowJob<'a> {
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = panels.filter(|_| isa() == super::Isa::Avx512) {
-            let (ty, data) = (self.w.ty, self.w.data);
-            super::repack::run_rows(ty, acts, &p.nsum, data, rows, &self.out, self.w.n);
+            super::repack::run_rows(self.w.ty, acts, &p.nsum, self.w.data, rows, &self.out());
             return;
         }
         let mut plain = vec![0u8; self.wrb];
@@ -337,11 +360,19 @@ impl<'a> RowJob<'a> {
         }
     }
 
+    /// Where the outputs go.
+    fn out(&self) -> Out<'_> {
+        Out {
+            out: &self.out,
+            stride: self.w.n,
+        }
+    }
+
     /// Writes output (token t, row r).
     fn put(&self, t: usize, r: usize, v: f32) {
-        // SAFETY: callers pass t < n_tok and r < n, so t * n + r is inside y (checked in `new`),
+        // SAFETY: callers pass t < n_tok and r < n, so (t, r) is inside y (checked in `new`),
         // and each (t, r) is written by exactly one task because row ranges are disjoint.
-        unsafe { self.out.write(t * self.w.n + r, v) }
+        unsafe { self.out().write(t, r, v) }
     }
 
     /// Row r against token t with the single-row kernel.
@@ -423,10 +454,7 @@ impl<'a> RowJob<'a> {
         #[cfg(target_arch = "x86_64")]
         if let Some(prepared) = prepared {
             let row = |r| self.row(r);
-            let out = Out {
-                out: &self.out,
-                stride: self.w.n,
-            };
+            let out = self.out();
             let done = match prepared {
                 Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
                     super::f16wide::run_rows(w, acts, row, rows.clone(), out);
@@ -622,11 +650,11 @@ pub fn matmul_quantized_many(
     #[cfg(not(target_arch = "x86_64"))]
     let panels: Option<Panels> = None;
     let pool = pool::global();
-    let mut chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads());
-    if jobs.iter().any(|j| j.interleaved()) {
-        // Whole groups of interleaved rows (a group split between tasks is computed by both).
-        chunk = chunk.next_multiple_of(super::repack::ROWS);
-    }
+    // Multiples of four rows keep the prefill tiles whole; sixteen, `kwide`'s panels when there
+    // are several tokens and the groups of interleaved rows (a group split between tasks would
+    // be computed by both).
+    let sixteens = acts.n_tok >= 4 || jobs.iter().any(|j| j.interleaved());
+    let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads(), sixteens);
     pool.for_chunks(total, chunk, |g| {
         for (i, j) in jobs.iter().enumerate() {
             let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));

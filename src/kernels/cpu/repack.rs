@@ -42,13 +42,18 @@ const SCALES: usize = 32;
 /// or Q4_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
 /// `OATO_CPU_REPACK=0`.
 pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+    interleaves(ty)
         && n > 0
         && n.is_multiple_of(ROWS)
         && k > 0
         && k.is_multiple_of(ty.block_size())
         && super::isa() == super::Isa::Avx512
         && enabled()
+}
+
+/// Whether the interleaved layout and its kernels exist for weights of type `ty`.
+pub fn interleaves(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
 }
 
 /// `OATO_CPU_REPACK=0` keeps Q4_0 and Q4_K weights in the file's layout (for comparison: the
@@ -58,7 +63,7 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("OATO_CPU_REPACK").map_or(true, |v| v.trim() != "0"))
 }
 
-/// Bytes reserved at a time for interleaved weights: many weights share one reservation, so
+/// Bytes reserved at a time for weight copies: many weights share one reservation, so
 /// they sit in huge pages without each being rounded up to 2 MiB (untouched reservation costs
 /// no memory).
 const REGION_BYTES: usize = 1 << 30;
@@ -66,8 +71,8 @@ const REGION_BYTES: usize = 1 << 30;
 /// Huge-page alignment of a region's start.
 const HUGE: usize = 2 << 20;
 
-/// Anonymous memory that interleaved weights are carved from, one region at a time; a region
-/// is given back when the last weight in it is dropped.
+/// Anonymous memory that the CPU's weight copies (interleaved or as the file has them) are carved
+/// from, one region at a time; a region is given back when the last weight in it is dropped.
 #[derive(Default)]
 pub struct Arena {
     /// The region being filled and the bytes of it handed out.
@@ -79,6 +84,26 @@ struct Region {
     /// Offset of the first 2 MiB boundary in the map.
     start: usize,
     len: usize,
+}
+
+/// Bytes of an [`Arena`]: a weight matrix, interleaved or as the file has it.
+pub struct Piece {
+    region: std::sync::Arc<Region>,
+    at: usize,
+    len: usize,
+}
+
+impl Piece {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the piece lies inside the region's map (Arena::piece), which lives as long as
+        // `region`; it was written only by `Arena::filled`, before this value existed.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.map.as_ptr().add(self.region.start + self.at),
+                self.len,
+            )
+        }
+    }
 }
 
 impl Arena {
@@ -95,7 +120,7 @@ impl Arena {
         let size = len.max(REGION_BYTES).next_multiple_of(HUGE);
         let alloc = |e: std::io::Error| {
             Error::Msg(format!(
-                "repacking a Q4_0 weight: {} bytes: {e}",
+                "reserving {} bytes for the CPU's weights: {e}",
                 size + HUGE
             ))
         };
@@ -112,29 +137,7 @@ impl Arena {
         *cur = (std::sync::Arc::downgrade(&region), len);
         Ok((region, 0))
     }
-}
 
-/// Bytes of an [`Arena`]: a weight matrix, interleaved or as the file has it.
-pub struct Piece {
-    region: std::sync::Arc<Region>,
-    at: usize,
-    len: usize,
-}
-
-impl Piece {
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: the piece lies inside the region's map (Arena::piece), which lives as long as
-        // `region`; it was written only by `pack`, before this value existed.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.region.map.as_ptr().add(self.region.start + self.at),
-                self.len,
-            )
-        }
-    }
-}
-
-impl Arena {
     /// A piece of `len` bytes filled by `fill(offset, bytes)` over pieces of a multiple of
     /// `unit` bytes, spread over `threads` threads.
     fn filled(
@@ -199,7 +202,7 @@ pub fn pack(
 /// Row bytes of an `n` x `k` matrix of type `ty` of `len` bytes, checked.
 fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
     let bs = ty.block_size();
-    if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+    if !interleaves(ty)
         || n == 0
         || !k.is_multiple_of(bs)
         || !n.is_multiple_of(ROWS)
@@ -265,13 +268,12 @@ mod kernels {
 
     use super::{QUANTS, ROWS, SCALES};
     use crate::kernels::cpu::blocks;
-    use crate::kernels::cpu::matmul::{QuantizedActs, SharedOut};
+    use crate::kernels::cpu::matmul::{Out, QuantizedActs};
     use crate::quant::GgmlType;
     use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
     /// Rows `rows` of the interleaved matrix `packed` (type `ty`, rows of `acts.k`) against
-    /// every token of `acts` (its `vec_dot_type`), into `out` (`[token][row]`, `stride` rows per
-    /// token). `nsum` (Q4_0): every activation block's `-8 Σy`, token by token. A group only
+    /// every token of `acts` (its `vec_dot_type`), into `out`. `nsum` (Q4_0): every activation block's `-8 Σy`, token by token. A group only
     /// partly inside `rows` is computed whole and only its rows inside are written. AVX-512 CPUs
     /// only.
     pub(crate) fn run_rows(
@@ -280,8 +282,7 @@ mod kernels {
         nsum: &[i32],
         packed: &[u8],
         rows: Range<usize>,
-        out: &SharedOut,
-        stride: usize,
+        out: &Out,
     ) {
         assert!(crate::kernels::cpu::Isa::Avx512.supported());
         assert_eq!(
@@ -296,8 +297,8 @@ mod kernels {
         let n_tok = acts.n_tok;
         // SAFETY (the kernels below): AVX-512 is present (asserted); the group holds nb blocks,
         // every token nb blocks (and nb sums for Q4_0; asserted); rows r0 + lo..r0 + hi of every
-        // token are inside the output (the caller's contract: `rows` inside the matrix, the
-        // output [n_tok][stride]) and are written by this task only.
+        // token are inside the output (the caller's contract: `rows` inside the matrix, `out`
+        // holding every token's rows) and are written by this task only.
         match ty {
             GgmlType::Q4_0 => {
                 assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
@@ -306,9 +307,9 @@ mod kernels {
                 each_group(rows, group, packed, |g, r0, mask| {
                     by_fours(n_tok, |t, nt| unsafe {
                         match nt {
-                            4 => tokens::<4>(g, nb, &ys, nsum, t, out, stride, r0, mask),
-                            2 => tokens::<2>(g, nb, &ys, nsum, t, out, stride, r0, mask),
-                            _ => tokens::<1>(g, nb, &ys, nsum, t, out, stride, r0, mask),
+                            4 => tokens::<4>(g, nb, &ys, nsum, t, out, r0, mask),
+                            2 => tokens::<2>(g, nb, &ys, nsum, t, out, r0, mask),
+                            _ => tokens::<1>(g, nb, &ys, nsum, t, out, r0, mask),
                         }
                     })
                 });
@@ -319,9 +320,9 @@ mod kernels {
                 each_group(rows, group, packed, |g, r0, mask| {
                     by_fours(n_tok, |t, nt| unsafe {
                         match nt {
-                            4 => tokens_q4_k::<4>(g, nb, &ys, t, out, stride, r0, mask),
-                            2 => tokens_q4_k::<2>(g, nb, &ys, t, out, stride, r0, mask),
-                            _ => tokens_q4_k::<1>(g, nb, &ys, t, out, stride, r0, mask),
+                            4 => tokens_q4_k::<4>(g, nb, &ys, t, out, r0, mask),
+                            2 => tokens_q4_k::<2>(g, nb, &ys, t, out, r0, mask),
+                            _ => tokens_q4_k::<1>(g, nb, &ys, t, out, r0, mask),
                         }
                     })
                 });
@@ -379,8 +380,7 @@ mod kernels {
         nb: usize,
         ys: &[&[BlockQ8K]],
         t: usize,
-        out: &SharedOut,
-        stride: usize,
+        out: &Out,
         r0: usize,
         mask: __mmask16,
     ) {
@@ -451,7 +451,7 @@ mod kernels {
             }
         }
         for (j, acc) in sumf.into_iter().enumerate() {
-            _mm512_mask_storeu_ps(out.0.add((t + j) * stride + r0), mask, acc);
+            out.write16(t + j, r0, mask, acc);
         }
     }
 
@@ -480,8 +480,7 @@ mod kernels {
         ys: &[&[BlockQ8_0]],
         nsum: &[i32],
         t: usize,
-        out: &SharedOut,
-        stride: usize,
+        out: &Out,
         r0: usize,
         mask: __mmask16,
     ) {
@@ -530,7 +529,7 @@ mod kernels {
             }
         }
         for (j, acc) in sumf.into_iter().enumerate() {
-            _mm512_mask_storeu_ps(out.0.add((t + j) * stride + r0), mask, acc);
+            out.write16(t + j, r0, mask, acc);
         }
     }
 }
