@@ -184,7 +184,7 @@ fn bench_rows4(c: &mut Criterion, ty: GgmlType, k: usize) {
     g.finish();
 }
 
-/// Q4_0 or Q4_K in the file's layout and interleaved by sixteen rows (`repack`), one token and four
+/// Q4_0, Q4_K or Q6_K in the file's layout and interleaved by sixteen rows (`repack`), one token and four
 /// (activations quantised beforehand), a matrix that stays in L2: the kernels' own speed, in
 /// bytes of weights per second.
 fn bench_interleaved(c: &mut Criterion, ty: GgmlType, k: usize, n: usize) {
@@ -224,6 +224,7 @@ fn bench_interleaved(c: &mut Criterion, ty: GgmlType, k: usize, n: usize) {
 fn benches(c: &mut Criterion) {
     bench_interleaved(c, GgmlType::Q4_0, 2048, 128);
     bench_interleaved(c, GgmlType::Q4_K, 2048, 128);
+    bench_interleaved(c, GgmlType::Q6_K, 2048, 128);
     #[cfg(target_arch = "x86_64")]
     for ty in [
         GgmlType::Q4_0,

@@ -168,7 +168,8 @@ fn q4_0_interleaved_or_not_gives_the_same_numbers() {
     interleaved_or_not("Q4_0");
 }
 
-/// As for Q4_0, a Q4_K_M model (its Q4_K weights interleaved, Q6_K in the file's layout).
+/// As for Q4_0, a Q4_K_M model (its Q4_K and Q6_K weights interleaved, 64-token windows through
+/// the panels unpacked from the interleaved groups).
 #[test]
 fn q4_k_m_interleaved_or_not_gives_the_same_numbers() {
     interleaved_or_not("Q4_K_M");

@@ -137,9 +137,10 @@ fn run_blocks<'w>(
             acts.n_tok * nb,
             "kwide: PanelActs of other activations"
         );
-        let unpack = |w: &[&[u8]; ROWS], p: &mut [Q4Panel]| {
+        let unpack = |r: usize, p: &mut [Q4Panel]| {
+            let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
             // SAFETY: AVX-512 is present (asserted above).
-            unsafe { unpack_q4_0(w, p) }
+            unsafe { unpack_q4_0(&w, p) }
         };
         let block = |p: &[Q4Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
             // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
@@ -150,18 +151,56 @@ fn run_blocks<'w>(
             nb,
             Q4_EMPTY,
             rows,
-            row,
             block_tokens,
             put,
             unpack,
             block,
         );
     }
-    let nb = acts.k / QK_K;
-    let unpack = |w: &[&[u8]; ROWS], p: &mut [Panel]| {
+    let unpack = |r: usize, p: &mut [Panel]| {
+        let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
         // SAFETY: AVX-512 is present (asserted above).
-        unsafe { unpack(ty, w, p) }
+        unsafe { unpack(ty, &w, p) }
     };
+    run_k_panels(acts, ty, rows, block_tokens, put, unpack)
+}
+
+/// [`run_rows`] for Q4_K or Q6_K weights in `repack`'s interleaved layout (`packed`, the whole
+/// matrix): rows `rows`, in whole groups of sixteen.
+pub(crate) fn run_interleaved(
+    acts: &QuantizedActs,
+    ty: GgmlType,
+    packed: &[u8],
+    rows: Range<usize>,
+    put: impl Fn(usize, usize, f32),
+) {
+    assert!(
+        matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && acts.ty == ty.vec_dot_type(),
+        "kwide::run_interleaved on {ty} weights with {} activations",
+        acts.ty
+    );
+    assert!(crate::kernels::cpu::Isa::Avx512.supported());
+    assert!(rows.start.is_multiple_of(ROWS) && rows.end.is_multiple_of(ROWS));
+    let group = ROWS * ty.row_bytes(acts.k).expect("whole blocks");
+    assert!(rows.end / ROWS * group <= packed.len());
+    let unpack = |r: usize, p: &mut [Panel]| {
+        // SAFETY: AVX-512 is present (asserted above); the group lies inside `packed`.
+        unsafe { unpack_interleaved(ty, &packed[r / ROWS * group..][..group], p) }
+    };
+    let block_tokens = (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS);
+    run_k_panels(acts, ty, rows, block_tokens, put, unpack);
+}
+
+/// The K-quants' panels over rows `rows`, each sixteen unpacked by `unpack(first row, panels)`.
+fn run_k_panels(
+    acts: &QuantizedActs,
+    ty: GgmlType,
+    rows: Range<usize>,
+    block_tokens: usize,
+    put: impl Fn(usize, usize, f32),
+    unpack: impl Fn(usize, &mut [Panel]),
+) -> usize {
+    let nb = acts.k / QK_K;
     let block = |p: &[Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
         // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
         unsafe {
@@ -176,7 +215,6 @@ fn run_blocks<'w>(
         nb,
         EMPTY,
         rows,
-        row,
         block_tokens,
         put,
         unpack,
@@ -187,23 +225,21 @@ fn run_blocks<'w>(
 /// The loop shared by the formats: per sixteen rows, `unpack` every block into a panel, then
 /// per block of tokens `block` the dot products into `acc` and `put` them out.
 #[allow(clippy::too_many_arguments)]
-fn drive<'w, P: Copy>(
+fn drive<P: Copy>(
     n_tok: usize,
     nb: usize,
     empty: P,
     rows: Range<usize>,
-    row: impl Fn(usize) -> &'w [u8],
     block_tokens: usize,
     put: impl Fn(usize, usize, f32),
-    unpack: impl Fn(&[&[u8]; ROWS], &mut [P]),
+    unpack: impl Fn(usize, &mut [P]),
     block: impl Fn(&[P], Range<usize>, &mut [[f32; ROWS]]),
 ) -> usize {
     let mut panels = vec![empty; nb];
     let mut acc = vec![[0f32; ROWS]; block_tokens.min(n_tok)];
     let mut r = rows.start;
     while r + ROWS <= rows.end {
-        let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
-        unpack(&w, &mut panels);
+        unpack(r, &mut panels);
         let mut t0 = 0;
         while t0 < n_tok {
             let toks = t0..(t0 + block_tokens).min(n_tok);
@@ -254,40 +290,102 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
         };
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => {
-                let h = k4_head([words(0), words(4), words(8), words(12)]);
-                _mm512_store_ps(p.d.as_mut_ptr(), h.d);
-                _mm512_store_ps(p.dmin.as_mut_ptr(), h.dmin);
-                for j in 0..8 {
-                    store(&mut p.sc[j], h.sc[j]);
-                    store(
-                        &mut p.pc[j],
-                        _mm512_or_si512(h.m[j], _mm512_slli_epi32::<16>(h.m[j])),
-                    );
-                }
+                fill_k4(p, [words(0), words(4), words(8), words(12)]);
             }
             GgmlType::Q6_K => {
                 // Sixteen i8 scales at 192; d at 208, the top half of the word at 206.
                 let d = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(words(206)));
-                _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
-                let sw: [__m512i; 4] = std::array::from_fn(|i| words(192 + 4 * i));
-                let sc: [__m512i; 16] = std::array::from_fn(|j| {
-                    let up = _mm512_set1_epi32(24 - 8 * (j as i32 % 4));
-                    _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw[j / 4], up))
-                });
-                for (l, &v) in p.sc.iter_mut().zip(&sc) {
-                    store(l, v);
-                }
-                let m32 = |v| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(v));
-                for (k, l) in p.pc.iter_mut().enumerate() {
-                    let lo = _mm512_and_si512(m32(sc[2 * k]), _mm512_set1_epi32(0xFFFF));
-                    store(
-                        l,
-                        _mm512_or_si512(lo, _mm512_slli_epi32::<16>(m32(sc[2 * k + 1]))),
-                    );
-                }
+                fill_q6(p, std::array::from_fn(|i| words(192 + 4 * i)), d);
             }
             other => unreachable!("kwide unpack of {other}"),
         }
+    }
+}
+
+/// Sixteen rows' super-blocks from a group of `repack`'s interleaved layout (Q4_K or Q6_K)
+/// into `panels`: the layout already holds each 32-bit word of the sixteen rows in one register.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
+    use crate::kernels::cpu::repack::{
+        K4_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q6_quants, q6_words,
+    };
+    let nb = panels.len();
+    let stride = match ty {
+        GgmlType::Q4_K => ROWS * 4 * K4_WORDS,
+        GgmlType::Q6_K => Q6_GROUP_BLOCK,
+        other => unreachable!("kwide: no interleaved {other}"),
+    };
+    assert!(group.len() >= nb * stride + if ty == GgmlType::Q6_K { nb * SCALES } else { 0 });
+    for (b, p) in panels.iter_mut().enumerate() {
+        let at = group.as_ptr().add(b * stride);
+        let word = |w: usize| _mm512_loadu_si512(at.add(64 * w).cast());
+        if ty == GgmlType::Q4_K {
+            // Quant word 4 + 8 pair + c: elements 64 pair + 4c.. (low nibbles) and
+            // 64 pair + 32 + 4c.. (high).
+            let low = _mm512_set1_epi8(0x0F);
+            for pair in 0..4 {
+                for c in 0..8 {
+                    let v = word(4 + 8 * pair + c);
+                    store(&mut p.q[16 * pair + c], _mm512_and_si512(v, low));
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                    store(&mut p.q[16 * pair + 8 + c], hi);
+                }
+            }
+            fill_k4(p, [word(0), word(1), word(2), word(3)]);
+            continue;
+        }
+        for h in 0..2 {
+            for s in 0..2 {
+                let ws = q6_words(at, h, s);
+                for k in 0..4 {
+                    for (i, z) in q6_quants(&ws, k).into_iter().enumerate() {
+                        store(&mut p.q[32 * h + 8 * k + 4 * s + i], z);
+                    }
+                }
+            }
+        }
+        let d = _mm256_loadu_si256(group.as_ptr().add(nb * Q6_GROUP_BLOCK + b * SCALES).cast());
+        fill_q6(p, std::array::from_fn(|i| word(Q6_WORDS - 4 + i)), d);
+    }
+}
+
+/// A Q4_K / Q5_K panel's scales, corrections (mins), `d` and `dmin` from the sixteen rows'
+/// first four words of the block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fill_k4(p: &mut Panel, head: [__m512i; 4]) {
+    let h = k4_head(head);
+    _mm512_store_ps(p.d.as_mut_ptr(), h.d);
+    _mm512_store_ps(p.dmin.as_mut_ptr(), h.dmin);
+    for j in 0..8 {
+        store(&mut p.sc[j], h.sc[j]);
+        store(
+            &mut p.pc[j],
+            _mm512_or_si512(h.m[j], _mm512_slli_epi32::<16>(h.m[j])),
+        );
+    }
+}
+
+/// A Q6_K panel's scales, corrections (`-32 sc`) and `d` from the sixteen rows' four words of
+/// scales `sw` and their `d` (f16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fill_q6(p: &mut Panel, sw: [__m512i; 4], d: __m256i) {
+    _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
+    let sc: [__m512i; 16] = std::array::from_fn(|j| {
+        let up = _mm512_set1_epi32(24 - 8 * (j as i32 % 4));
+        _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw[j / 4], up))
+    });
+    for (l, &v) in p.sc.iter_mut().zip(&sc) {
+        store(l, v);
+    }
+    let m32 = |v| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(v));
+    for (k, l) in p.pc.iter_mut().enumerate() {
+        let lo = _mm512_and_si512(m32(sc[2 * k]), _mm512_set1_epi32(0xFFFF));
+        store(
+            l,
+            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(m32(sc[2 * k + 1]))),
+        );
     }
 }
 

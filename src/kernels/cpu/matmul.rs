@@ -332,6 +332,22 @@ impl<'a> RowJob<'a> {
         self.kwide && n_tok >= kwide_min_tokens(self.w.ty)
     }
 
+    /// Whether `n_tok` tokens against this interleaved matrix go through `kwide`'s panels
+    /// (unpacked straight from the interleaved groups) rather than `repack`'s kernels.
+    #[cfg(target_arch = "x86_64")]
+    fn interleaved_panels(&self, n_tok: usize) -> bool {
+        // Out of cache, 2 EPYC threads (`examples/matmul_dram`), GB/s of weights, repack's
+        // kernels / the panels: Q6_K 2048 x 8192 at 16, 24, 32, 64, 512 tokens 7.3 / 7.0,
+        // 5.0 / 5.0, 3.1 / 4.2, 1.7 / 2.7, 0.23 / 0.36; Q4_K 8192 x 2048 at 32, 64, 128, 512
+        // 3.8 / 3.7, 2.1 / 2.1, 0.95 / 1.08, 0.23 / 0.29.
+        let min = match self.w.ty {
+            GgmlType::Q6_K => 24,
+            GgmlType::Q4_K => 64,
+            _ => return false,
+        };
+        self.kwide && n_tok >= min
+    }
+
     fn interleaved(&self) -> bool {
         self.w.layout == Layout::Interleaved
     }
@@ -347,6 +363,17 @@ impl<'a> RowJob<'a> {
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = panels.filter(|_| isa() == super::Isa::Avx512) {
+            if self.interleaved_panels(acts.n_tok) {
+                // Whole groups; a group's rows outside `rows` are another task's.
+                let whole = rows.start / super::repack::ROWS * super::repack::ROWS
+                    ..rows.end.next_multiple_of(super::repack::ROWS);
+                super::kwide::run_interleaved(acts, self.w.ty, self.w.data, whole, |t, r, v| {
+                    if rows.contains(&r) {
+                        self.put(t, r, v)
+                    }
+                });
+                return;
+            }
             super::repack::run_rows(self.w.ty, acts, &p.nsum, self.w.data, rows, &self.out());
             return;
         }
@@ -828,8 +855,9 @@ mod interleaved_tests {
     use super::*;
     use crate::kernels::cpu::repack;
 
-    /// Q4_0 (and Q4_K) interleaved by sixteen rows gives the file layout's bits: 1 to 9 tokens (the
-    /// kernel's four, two and one at a time, and the prefill sizes), fused after a matrix whose
+    /// Q4_0 (and the K-quants) interleaved by sixteen rows gives the file layout's bits: 1 to 9
+    /// tokens (the kernel's four, two and one at a time, and the prefill sizes) and 24 and 64
+    /// (the K-quants' panels unpacked from the interleaved groups), fused after a matrix whose
     /// 37 rows put every group across a task boundary (groups computed by two tasks, each
     /// writing its own rows), under every variant (off AVX-512, the rows are read back into the
     /// file's layout).
@@ -842,6 +870,13 @@ mod interleaved_tests {
     #[test]
     fn interleaved_q4_k_equals_rows() {
         interleaved_equals_rows(GgmlType::Q4_K, 512);
+    }
+
+    /// As for Q4_0, Q6_K (random blocks with small finite super-block scales): the layout's
+    /// `d` after the group's blocks, the 6-bit quants put together from two words.
+    #[test]
+    fn interleaved_q6_k_equals_rows() {
+        interleaved_equals_rows(GgmlType::Q6_K, 768);
     }
 
     fn interleaved_equals_rows(ty: GgmlType, k: usize) {
@@ -858,7 +893,7 @@ mod interleaved_tests {
         };
         for isa in crate::kernels::cpu::Isa::all_supported() {
             crate::kernels::cpu::set_isa(isa).unwrap();
-            for n_tok in 1..=9 {
+            for n_tok in (1..=9).chain([24, 64]) {
                 let x: Vec<f32> = (0..k * n_tok)
                     .map(|i| (i as f32 * 0.61 + n_tok as f32).sin())
                     .collect();

@@ -1,4 +1,4 @@
-//! Q4_0 and Q4_K weights kept by the CPU in a layout of its own, rows interleaved by sixteen
+//! Q4_0, Q4_K and Q6_K weights kept by the CPU in a layout of its own, rows interleaved by sixteen
 //! (AVX-512 CPUs): one 512-bit register holds four quant bytes of each of sixteen rows, lane r
 //! being row r. A dot product then needs no sum across lanes. Q4_0: per block and token, eight
 //! `vpdpbusd` of the unpacked nibbles with the token's four bytes broadcast, started from the
@@ -9,19 +9,21 @@
 //! sumf = fma(d_x * d_y, isum as f32, sumf)        (block order)
 //! ```
 //!
-//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. Q4_K likewise with `kquants`'
-//! integer sums and canonical step (`tokens_q4_k`). The four-row kernels these replace
-//! (`avx512::rows_q4_0`, `rows_k4`) spend most of their time summing lanes across registers,
-//! which Zen 4's shuffle port bounds at about 20–30 GB/s of weights per core; llama.cpp repacks
-//! Q4_0 and Q4_K for the same reason.
+//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. Q4_K and Q6_K likewise with
+//! `kquants`' integer sums and canonical step (`tokens_q4_k`, `tokens_q6_k`). The four-row
+//! kernels these replace (`avx512::rows_q4_0`, `rows_k4`, `rows_q6_k`) spend most of their time
+//! summing lanes across registers, which Zen 4's shuffle port bounds at about 20–30 GB/s of
+//! weights per core; llama.cpp repacks Q4_0 and Q4_K for the same reason.
 //!
 //! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0: `nb * 256` bytes of quants,
 //! then `nb * 32` bytes of scales; block b's quants are four 64-byte chunks, chunk c holding in
 //! lane r bytes `4c..4c + 4` of row r's block b (low nibbles: elements `4c..4c + 4`, high
 //! nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
-//! `64 w`, lane r. A group takes the bytes of its sixteen rows, so the repacked matrix has the
-//! file's size.
+//! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
+//! of scales) at `64 w`, lane r, and the sixteen rows' `d` (f16) follow all the group's blocks,
+//! as Q4_0's scales do. A group takes the bytes of its sixteen rows, so the repacked matrix has
+//! the file's size.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -36,10 +38,10 @@ const BLOCK: usize = 18;
 const QUANTS: usize = 256;
 
 /// Bytes of one block's scales for the group.
-const SCALES: usize = 32;
+pub(crate) const SCALES: usize = 32;
 
-/// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0
-/// or Q4_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
+/// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0,
+/// Q4_K or Q6_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
 /// `OATO_CPU_REPACK=0`.
 pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
     interleaves(ty)
@@ -53,10 +55,10 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
 
 /// Whether the interleaved layout and its kernels exist for weights of type `ty`.
 pub fn interleaves(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
-/// `OATO_CPU_REPACK=0` keeps Q4_0 and Q4_K weights in the file's layout (for comparison: the
+/// `OATO_CPU_REPACK=0` keeps Q4_0, Q4_K and Q6_K weights in the file's layout (for comparison: the
 /// same bits).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -218,7 +220,8 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
 /// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
 /// after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
-/// scales, the quants) at `2304 b + 64 w`, lane r.
+/// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at `3328 b + 64 w`, lane
+/// r, its `d` after all the group's blocks.
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
     match ty {
@@ -227,6 +230,16 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
             for c in 0..4 {
                 f(b * BLOCK + 2 + 4 * c, b * QUANTS + 64 * c + 4 * r, 4);
             }
+        }
+        GgmlType::Q6_K => {
+            for w in 0..Q6_WORDS {
+                f(b * Q6_BLOCK + 4 * w, b * Q6_GROUP_BLOCK + 64 * w + 4 * r, 4);
+            }
+            f(
+                b * Q6_BLOCK + 4 * Q6_WORDS,
+                nb * Q6_GROUP_BLOCK + b * SCALES + 2 * r,
+                2,
+            );
         }
         _ => {
             for w in 0..K4_WORDS {
@@ -241,7 +254,16 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
 }
 
 /// 32-bit words in a Q4_K block (144 bytes).
-const K4_WORDS: usize = 36;
+pub(crate) const K4_WORDS: usize = 36;
+
+/// Bytes of one Q6_K block.
+const Q6_BLOCK: usize = 210;
+
+/// 32-bit words of a Q6_K block before its `d`: 32 of `ql`, 16 of `qh`, four of scales.
+pub(crate) const Q6_WORDS: usize = 52;
+
+/// Bytes of one Q6_K block's words for the group (its `d` apart).
+pub(crate) const Q6_GROUP_BLOCK: usize = ROWS * 4 * Q6_WORDS;
 
 /// Row `r`'s bytes in the file's layout, from the interleaved matrix `packed` of type `ty`
 /// (rows of `k`).
@@ -257,7 +279,7 @@ pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernels::run_rows;
+pub(crate) use kernels::{q6_quants, q6_words, run_rows};
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
@@ -327,6 +349,19 @@ mod kernels {
                     })
                 });
             }
+            GgmlType::Q6_K => {
+                let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
+                assert!(ys.iter().all(|y| y.len() == nb));
+                each_group(rows, group, packed, |g, r0, mask| {
+                    by_fours(n_tok, |t, nt| unsafe {
+                        match nt {
+                            4 => tokens_q6_k::<4>(g, nb, &ys, t, out, r0, mask),
+                            2 => tokens_q6_k::<2>(g, nb, &ys, t, out, r0, mask),
+                            _ => tokens_q6_k::<1>(g, nb, &ys, t, out, r0, mask),
+                        }
+                    })
+                });
+            }
             other => panic!("repack: no interleaved kernel for {other}"),
         }
     }
@@ -389,11 +424,6 @@ mod kernels {
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = group.as_ptr().add(b * ROWS * 4 * super::K4_WORDS);
-            if ahead > 0 {
-                for c in 0..super::K4_WORDS {
-                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
-                }
-            }
             let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
             let h = crate::kernels::cpu::kwide::k4_head([word(0), word(1), word(2), word(3)]);
             let mut isum = [_mm512_setzero_si512(); NT];
@@ -403,6 +433,7 @@ mod kernels {
                 let v: [__m512i; 8] = std::array::from_fn(|c| word(4 + 8 * pair + c));
                 for half in 0..2 {
                     let j = 2 * pair + half;
+                    prefetch_part(p, ahead, super::K4_WORDS, j, 8);
                     let w: [__m512i; 8] = std::array::from_fn(|c| {
                         if half == 0 {
                             _mm512_and_si512(v[c], low)
@@ -452,6 +483,143 @@ mod kernels {
         }
         for (j, acc) in sumf.into_iter().enumerate() {
             out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// Tokens `t..t + NT` against one Q6_K group. Per super-block, each 32-bit word of `ql`
+    /// with the matching `qh` word gives four bytes of 6-bit quants `q + 32` per row (low
+    /// nibbles with `qh` bits `2k..2k + 2` for `k < 2`, high nibbles for `k >= 2`); per group j
+    /// of 16 elements, four `vpdpbusd` from `-32 Σy_j` give each row's exact `Σ q y`, times the
+    /// rows' scales (`vpmulld`). The float step is `kquants`' lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_q6_k<const NT: usize>(
+        group: &[u8],
+        nb: usize,
+        ys: &[&[BlockQ8K]],
+        t: usize,
+        out: &Out,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        use super::{Q6_GROUP_BLOCK, Q6_WORDS};
+        let ahead = prefetch_ahead();
+        let q = group.as_ptr();
+        let d = q.add(nb * Q6_GROUP_BLOCK);
+        let mut sumf = [_mm512_setzero_ps(); NT];
+        for b in 0..nb {
+            let p = q.add(b * Q6_GROUP_BLOCK);
+            if ahead > 0 && b % 2 == 0 {
+                // The next group's scales (the group's own came with its first block).
+                let at = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
+                _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(at).cast());
+            }
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+            let mut isum = [_mm512_setzero_si512(); NT];
+            for h in 0..2 {
+                for s in 0..2 {
+                    let ws = q6_words(p, h, s);
+                    for k in 0..4 {
+                        // Group j: elements 128 h + 32 k + 16 s..+ 16.
+                        let j = 8 * h + 2 * k + s;
+                        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
+                        let z = q6_quants(&ws, k);
+                        // Scale j: byte j % 4 of word 48 + j / 4, sign-extended.
+                        let sw = word(Q6_WORDS - 4 + j / 4);
+                        let sc = match j % 4 {
+                            0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(sw)),
+                            1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(sw)),
+                            2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(sw)),
+                            _ => _mm512_srai_epi32::<24>(sw),
+                        };
+                        for (tk, is) in isum.iter_mut().enumerate() {
+                            let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                            let yq = y.qs.as_ptr().add(16 * j);
+                            let off = -32 * i32::from(y.bsums.get_unchecked(j).get());
+                            let mut acc = _mm512_set1_epi32(off);
+                            for (i, zi) in z.iter().enumerate() {
+                                let yw = std::ptr::read_unaligned(yq.add(4 * i).cast::<i32>());
+                                acc = _mm512_dpbusd_epi32(acc, *zi, _mm512_set1_epi32(yw));
+                            }
+                            *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc));
+                        }
+                    }
+                }
+            }
+            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
+            for tk in 0..NT {
+                let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
+                sumf[tk] = _mm512_fmadd_ps(
+                    _mm512_mul_ps(d_y, dx),
+                    _mm512_cvtepi32_ps(isum[tk]),
+                    sumf[tk],
+                );
+            }
+        }
+        for (j, acc) in sumf.into_iter().enumerate() {
+            out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// The `ql` and `qh` words of a Q6_K block at `p` in the interleaved layout that hold
+    /// elements `128 h + 32 k + 16 s..+ 16` (every k) of each row: `ql` words
+    /// `16 h + 8 (i / 4) + 4 s + i % 4` (i = 0..8) and `qh` words `32 + 8 h + 4 s + i`
+    /// (i = 0..4), for [`q6_quants`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q6_words(p: *const u8, h: usize, s: usize) -> Q6Words {
+        let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+        Q6Words {
+            ql: std::array::from_fn(|i| word(16 * h + 8 * (i / 4) + 4 * s + i % 4)),
+            qh: std::array::from_fn(|i| word(32 + 8 * h + 4 * s + i)),
+        }
+    }
+
+    /// See [`q6_words`].
+    pub(crate) struct Q6Words {
+        ql: [__m512i; 8],
+        qh: [__m512i; 4],
+    }
+
+    /// The 6-bit quants `q + 32` of elements `128 h + 32 k + 16 s + 4 i..+ 4` (i = 0..4) of
+    /// each row (lane r: row r) from their words `w` ([`q6_words`]): the low nibbles of `ql`
+    /// for `k < 2`, the high for `k >= 2`, with bits `2k..2k + 2` of `qh` above.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q6_quants(w: &Q6Words, k: usize) -> [__m512i; 4] {
+        let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        std::array::from_fn(|i| {
+            let lo = w.ql[4 * (k % 2) + i];
+            let lo = if k < 2 {
+                lo
+            } else {
+                _mm512_srli_epi32::<4>(lo)
+            };
+            // qh bits 2k..2k + 2 to bits 4..6 (a bit shifted in from the neighbouring byte
+            // lands outside 0x30).
+            let hi = match k {
+                0 => _mm512_slli_epi32::<4>(w.qh[i]),
+                1 => _mm512_slli_epi32::<2>(w.qh[i]),
+                2 => w.qh[i],
+                _ => _mm512_srli_epi32::<2>(w.qh[i]),
+            };
+            _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30))
+        })
+    }
+
+    /// Part `part` of `parts` of the `lines` cache lines at `p + ahead` asked into L2 (none when
+    /// `ahead` is 0). A block's lines asked a few at a time between its computations, not all
+    /// at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
+    /// `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at once, 16.7 in four
+    /// parts, 22.4 in sixteen (no prefetch: 11.4).
+    #[inline(always)]
+    unsafe fn prefetch_part(p: *const u8, ahead: usize, lines: usize, part: usize, parts: usize) {
+        if ahead > 0 {
+            for c in part * lines / parts..(part + 1) * lines / parts {
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
+            }
         }
     }
 
@@ -559,16 +727,19 @@ mod tests {
     }
 
     #[test]
-    fn q4_k_rows_come_back_from_the_interleaved_layout() {
-        let (k, n) = (512, 32);
-        let mut rng = crate::rng::SplitMix64::new(5);
-        let plain = crate::kernels::cpu::random_rows(GgmlType::Q4_K, k, n, &mut rng);
-        let packed = pack(GgmlType::Q4_K, &plain, k, n, 2, &Arena::default()).unwrap();
-        let rb = plain.len() / n;
-        let mut row = vec![0u8; rb];
-        for r in 0..n {
-            plain_row(GgmlType::Q4_K, packed.bytes(), k, r, &mut row);
-            assert_eq!(row, plain[r * rb..(r + 1) * rb], "row {r}");
+    fn k_quant_rows_come_back_from_the_interleaved_layout() {
+        for (ty, k) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768)] {
+            let n = 32;
+            let mut rng = crate::rng::SplitMix64::new(5);
+            let plain = crate::kernels::cpu::random_rows(ty, k, n, &mut rng);
+            let packed = pack(ty, &plain, k, n, 2, &Arena::default()).unwrap();
+            assert_eq!(packed.bytes().len(), plain.len());
+            let rb = plain.len() / n;
+            let mut row = vec![0u8; rb];
+            for r in 0..n {
+                plain_row(ty, packed.bytes(), k, r, &mut row);
+                assert_eq!(row, plain[r * rb..(r + 1) * rb], "{ty} row {r}");
+            }
         }
     }
 
@@ -582,5 +753,7 @@ mod tests {
         assert!(pack(q4, &[], 32, 0, 1, &a).is_err());
         assert!(pack(GgmlType::Q8_0, &[0u8; 34 * 16], 32, 16, 1, &a).is_err());
         assert!(pack(GgmlType::Q4_K, &[0u8; 144 * 16], 256, 16, 1, &a).is_ok());
+        assert!(pack(GgmlType::Q6_K, &[0u8; 210 * 16], 256, 16, 1, &a).is_ok());
+        assert!(pack(GgmlType::Q6_K, &[0u8; 210 * 16], 128, 32, 1, &a).is_err());
     }
 }

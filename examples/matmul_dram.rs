@@ -1,0 +1,98 @@
+//! One weight matrix far larger than the caches, in the file's layout and interleaved by sixteen
+//! rows (`repack`), against one token (decode) or a few, on the CPU pool:
+//! `cargo run --release --example matmul_dram -- TYPE K N [THREADS] [TOKENS] [ROUNDS]`
+//! (default the Llama-3.2-1B head, Q6_K 2048 x 128256, 2 threads, 1 token, 8 rounds). A matrix
+//! smaller than 256 MiB is copied until the copies fill that, and the products go round the
+//! copies, so each reads its weights from DRAM as decode does (not from the last level cache).
+//! Rounds alternate the layouts, so a machine whose memory rate drifts moves both alike; prints
+//! each round's GB/s of weights and the median.
+
+use std::time::Instant;
+
+use oato::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul_quantized};
+use oato::kernels::cpu::repack;
+use oato::quant::GgmlType;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize, default: &str| args.get(i).cloned().unwrap_or(default.to_string());
+    let ty = GgmlType::from_name(&arg(0, "Q6_K")).expect("TYPE: a GGML type name");
+    let k: usize = arg(1, "2048").parse().expect("K: a number");
+    let n: usize = arg(2, "128256").parse().expect("N: a number");
+    let threads: usize = arg(3, "2").parse().expect("THREADS: a number");
+    let n_tok: usize = arg(4, "1").parse().expect("TOKENS: a number");
+    let rounds: usize = arg(5, "8").parse().expect("ROUNDS: a number");
+    oato::kernels::cpu::pool::set_threads(threads);
+    // Random quants with small finite f16 scales where each block keeps them.
+    let scales: &[usize] = match ty {
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        _ => &[0],
+    };
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut data: Vec<u8> = (0..ty.row_bytes(k).expect("K fits the type") * n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    for block in data.chunks_mut(ty.type_size()) {
+        for &o in scales {
+            block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+        }
+    }
+    assert!(
+        repack::repacks(ty, k, n),
+        "{ty} {n}x{k} is not interleaved on this CPU"
+    );
+    let arena = repack::Arena::default();
+    let copies = (256usize << 20).div_ceil(data.len());
+    let packed: Vec<_> = (0..copies)
+        .map(|_| repack::pack(ty, &data, k, n, threads, &arena).expect("an interleaved copy"))
+        .collect();
+    let plain: Vec<_> = (0..copies)
+        .map(|_| arena.copy(&data, threads).expect("a plain copy"))
+        .collect();
+    let bytes = data.len();
+    drop(data);
+    let x: Vec<f32> = (0..k * n_tok).map(|i| (i as f32 * 0.37).sin()).collect();
+    let acts = QuantizedActs::new(ty, &x, k).expect("the activations");
+    let mut y = vec![0f32; n * n_tok];
+    let rows: Vec<MatRef> = plain
+        .iter()
+        .map(|p| MatRef::rows(ty, k, n, p.bytes()))
+        .collect();
+    let interleaved: Vec<MatRef> = packed
+        .iter()
+        .map(|p| MatRef {
+            layout: Layout::Interleaved,
+            data: p.bytes(),
+            ..MatRef::rows(ty, k, n, p.bytes())
+        })
+        .collect();
+    let layouts = [("rows", rows), ("interleaved", interleaved)];
+    let mut rates = vec![Vec::new(); layouts.len()];
+    for _ in 0..rounds {
+        for (i, (_, ws)) in layouts.iter().enumerate() {
+            matmul_quantized(&ws[0], &acts, &mut y).expect("a product"); // warm the pool
+            let reps = 5 * copies;
+            let t0 = Instant::now();
+            for r in 1..=reps {
+                matmul_quantized(&ws[r % copies], &acts, &mut y).expect("a product");
+            }
+            let s = t0.elapsed().as_secs_f64() / reps as f64;
+            rates[i].push(bytes as f64 / s / 1e9);
+        }
+    }
+    for ((name, _), r) in layouts.iter().zip(&mut rates) {
+        let each: Vec<String> = r.iter().map(|v| format!("{v:.2}")).collect();
+        r.sort_by(f64::total_cmp);
+        println!(
+            "{ty} {n}x{k}, {n_tok} token(s), {threads} threads, {name}: [{}] median {:.2} GB/s",
+            each.join(" "),
+            r[r.len() / 2]
+        );
+    }
+}
