@@ -4,8 +4,10 @@
 //! (default the Llama-3.2-1B head, Q6_K 2048 x 128256, 2 threads, 1 token, 8 rounds). A matrix
 //! smaller than 256 MiB is copied until the copies fill that, and the products go round the
 //! copies, so each reads its weights from DRAM as decode does (not from the last level cache).
-//! Rounds alternate the layouts, so a machine whose memory rate drifts moves both alike; prints
-//! each round's GB/s of weights and the median.
+//! Rounds alternate the layouts (the file's, and `repack`'s where the type has it) and a plain
+//! read of the same copies on the same pool (`read`: the memory's rate at that moment), so a
+//! machine whose memory rate drifts moves all alike; prints each round's GB/s of weights and the
+//! median.
 
 use std::time::Instant;
 
@@ -43,13 +45,10 @@ fn main() {
             block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
         }
     }
-    assert!(
-        repack::repacks(ty, k, n),
-        "{ty} {n}x{k} is not interleaved on this CPU"
-    );
     let arena = repack::Arena::default();
     let copies = (256usize << 20).div_ceil(data.len());
     let packed: Vec<_> = (0..copies)
+        .filter(|_| repack::repacks(ty, k, n))
         .map(|_| repack::pack(ty, &data, k, n, threads, &arena).expect("an interleaved copy"))
         .collect();
     let plain: Vec<_> = (0..copies)
@@ -72,15 +71,39 @@ fn main() {
             ..MatRef::rows(ty, k, n, p.bytes())
         })
         .collect();
-    let layouts = [("rows", rows), ("interleaved", interleaved)];
+    let mut layouts = vec![("read", Vec::new()), ("rows", rows)];
+    if !interleaved.is_empty() {
+        layouts.push(("interleaved", interleaved));
+    }
+    let pool = oato::kernels::cpu::pool::global();
+    let read = |m: &MatRef| {
+        let words: &[u64] = bytemuck_words(m.data);
+        let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads).map(|_| 0.into()).collect();
+        let per = words.len().div_ceil(threads);
+        pool.for_chunks(words.len(), per, |g| {
+            let s = words[g.clone()]
+                .iter()
+                .fold(0u64, |a, &w| a.wrapping_add(w));
+            sums[g.start / per].fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        std::hint::black_box(sums);
+    };
     let mut rates = vec![Vec::new(); layouts.len()];
     for _ in 0..rounds {
-        for (i, (_, ws)) in layouts.iter().enumerate() {
-            matmul_quantized(&ws[0], &acts, &mut y).expect("a product"); // warm the pool
+        for (i, (name, ws)) in layouts.iter().enumerate() {
+            let ws = if *name == "read" { &layouts[1].1 } else { ws };
+            let run = |m: &MatRef, y: &mut [f32]| {
+                if *name == "read" {
+                    read(m)
+                } else {
+                    matmul_quantized(m, &acts, y).expect("a product")
+                }
+            };
+            run(&ws[0], &mut y); // warm the pool
             let reps = 5 * copies;
             let t0 = Instant::now();
             for r in 1..=reps {
-                matmul_quantized(&ws[r % copies], &acts, &mut y).expect("a product");
+                run(&ws[r % copies], &mut y);
             }
             let s = t0.elapsed().as_secs_f64() / reps as f64;
             rates[i].push(bytes as f64 / s / 1e9);
@@ -95,4 +118,12 @@ fn main() {
             r[r.len() / 2]
         );
     }
+}
+
+/// The whole u64 words of `bytes` (arena pieces are 64-byte aligned).
+fn bytemuck_words(bytes: &[u8]) -> &[u64] {
+    // SAFETY: u64 has no invalid bit patterns; `align_to` gives only aligned whole words.
+    let (head, words, _) = unsafe { bytes.align_to::<u64>() };
+    assert!(head.is_empty(), "an arena piece is 64-byte aligned");
+    words
 }
