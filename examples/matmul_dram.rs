@@ -71,9 +71,10 @@ fn main() {
             ..MatRef::rows(ty, k, n, p.bytes())
         })
         .collect();
-    let mut layouts = vec![("read", Vec::new()), ("rows", rows)];
+    // (name, matrices, whether a product or a plain read of them)
+    let mut variants = vec![("read", &rows, false), ("rows", &rows, true)];
     if !interleaved.is_empty() {
-        layouts.push(("interleaved", interleaved));
+        variants.push(("interleaved", &interleaved, true));
     }
     let pool = oato::kernels::cpu::pool::global();
     let read = |m: &MatRef| {
@@ -88,28 +89,27 @@ fn main() {
         });
         std::hint::black_box(sums);
     };
-    let mut rates = vec![Vec::new(); layouts.len()];
+    let mut rates = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
-        for (i, (name, ws)) in layouts.iter().enumerate() {
-            let ws = if *name == "read" { &layouts[1].1 } else { ws };
-            let run = |m: &MatRef, y: &mut [f32]| {
-                if *name == "read" {
-                    read(m)
+        for (i, &(_, ws, product)) in variants.iter().enumerate() {
+            let mut run = |m: &MatRef| {
+                if product {
+                    matmul_quantized(m, &acts, &mut y).expect("a product")
                 } else {
-                    matmul_quantized(m, &acts, y).expect("a product")
+                    read(m)
                 }
             };
-            run(&ws[0], &mut y); // warm the pool
+            run(&ws[0]); // warm the pool
             let reps = 5 * copies;
             let t0 = Instant::now();
             for r in 1..=reps {
-                run(&ws[r % copies], &mut y);
+                run(&ws[r % copies]);
             }
             let s = t0.elapsed().as_secs_f64() / reps as f64;
             rates[i].push(bytes as f64 / s / 1e9);
         }
     }
-    for ((name, _), r) in layouts.iter().zip(&mut rates) {
+    for ((name, _, _), r) in variants.iter().zip(&mut rates) {
         let each: Vec<String> = r.iter().map(|v| format!("{v:.2}")).collect();
         r.sort_by(f64::total_cmp);
         println!(

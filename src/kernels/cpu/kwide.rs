@@ -25,6 +25,7 @@ use std::ops::Range;
 
 use crate::kernels::cpu::blocks;
 use crate::kernels::cpu::matmul::QuantizedActs;
+use crate::kernels::cpu::repack::signed_byte;
 use crate::quant::GgmlType;
 use crate::quant::blocks::*;
 
@@ -88,8 +89,12 @@ pub(crate) fn run_rows<'w>(
     rows: Range<usize>,
     put: impl Fn(usize, usize, f32),
 ) -> usize {
-    let block_tokens = (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS);
-    run_blocks(acts, extra, ty, row, rows, block_tokens, put)
+    run_blocks(acts, extra, ty, row, rows, block_tokens(acts), put)
+}
+
+/// Tokens per block of tokens: [`TOKEN_BLOCK_BYTES`] of `acts`, at least [`GROUP_TOKENS`].
+fn block_tokens(acts: &QuantizedActs) -> usize {
+    (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS)
 }
 
 /// What the panels need of the activations beyond their blocks, computed once per operator:
@@ -187,11 +192,11 @@ pub(crate) fn run_interleaved(
         // SAFETY: AVX-512 is present (asserted above); the group lies inside `packed`.
         unsafe { unpack_interleaved(ty, &packed[r / ROWS * group..][..group], p) }
     };
-    let block_tokens = (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS);
-    run_k_panels(acts, ty, rows, block_tokens, put, unpack);
+    run_k_panels(acts, ty, rows, block_tokens(acts), put, unpack);
 }
 
-/// The K-quants' panels over rows `rows`, each sixteen unpacked by `unpack(first row, panels)`.
+/// The K-quants' panels over rows `rows`, each sixteen unpacked by `unpack(first row, panels)`
+/// (AVX-512 CPUs only: the callers assert it).
 fn run_k_panels(
     acts: &QuantizedActs,
     ty: GgmlType,
@@ -202,7 +207,8 @@ fn run_k_panels(
 ) -> usize {
     let nb = acts.k / QK_K;
     let block = |p: &[Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
-        // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
+        // SAFETY: AVX-512 is present (the callers assert it); the activation rows hold `nb`
+        // blocks (QuantizedActs).
         unsafe {
             match ty {
                 GgmlType::Q6_K => run_block::<16, false>(p, acts, toks, acc),
@@ -372,10 +378,7 @@ unsafe fn fill_k4(p: &mut Panel, head: [__m512i; 4]) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn fill_q6(p: &mut Panel, sw: [__m512i; 4], d: __m256i) {
     _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
-    let sc: [__m512i; 16] = std::array::from_fn(|j| {
-        let up = _mm512_set1_epi32(24 - 8 * (j as i32 % 4));
-        _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw[j / 4], up))
-    });
+    let sc: [__m512i; 16] = std::array::from_fn(|j| signed_byte(sw[j / 4], j % 4));
     for (l, &v) in p.sc.iter_mut().zip(&sc) {
         store(l, v);
     }

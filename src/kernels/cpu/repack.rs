@@ -279,7 +279,7 @@ pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernels::{q6_quants, q6_words, run_rows};
+pub(crate) use kernels::{q6_quants, q6_words, run_rows, signed_byte};
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
@@ -295,9 +295,9 @@ mod kernels {
     use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
     /// Rows `rows` of the interleaved matrix `packed` (type `ty`, rows of `acts.k`) against
-    /// every token of `acts` (its `vec_dot_type`), into `out`. `nsum` (Q4_0): every activation block's `-8 Σy`, token by token. A group only
-    /// partly inside `rows` is computed whole and only its rows inside are written. AVX-512 CPUs
-    /// only.
+    /// every token of `acts` (its `vec_dot_type`), into `out`. `nsum` (Q4_0): every activation
+    /// block's `-8 Σy`, token by token. A group only partly inside `rows` is computed whole and
+    /// only its rows inside are written. AVX-512 CPUs only.
     pub(crate) fn run_rows(
         ty: GgmlType,
         acts: &QuantizedActs,
@@ -336,35 +336,27 @@ mod kernels {
                     })
                 });
             }
-            GgmlType::Q4_K => {
+            GgmlType::Q4_K | GgmlType::Q6_K => {
                 let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
                 assert!(ys.iter().all(|y| y.len() == nb));
+                // One, two and four tokens at a time.
+                let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
+                    [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
+                } else {
+                    [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
+                };
                 each_group(rows, group, packed, |g, r0, mask| {
                     by_fours(n_tok, |t, nt| unsafe {
-                        match nt {
-                            4 => tokens_q4_k::<4>(g, nb, &ys, t, out, r0, mask),
-                            2 => tokens_q4_k::<2>(g, nb, &ys, t, out, r0, mask),
-                            _ => tokens_q4_k::<1>(g, nb, &ys, t, out, r0, mask),
-                        }
-                    })
-                });
-            }
-            GgmlType::Q6_K => {
-                let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
-                assert!(ys.iter().all(|y| y.len() == nb));
-                each_group(rows, group, packed, |g, r0, mask| {
-                    by_fours(n_tok, |t, nt| unsafe {
-                        match nt {
-                            4 => tokens_q6_k::<4>(g, nb, &ys, t, out, r0, mask),
-                            2 => tokens_q6_k::<2>(g, nb, &ys, t, out, r0, mask),
-                            _ => tokens_q6_k::<1>(g, nb, &ys, t, out, r0, mask),
-                        }
+                        kernels[nt.ilog2() as usize](g, nb, &ys, t, out, r0, mask)
                     })
                 });
             }
             other => panic!("repack: no interleaved kernel for {other}"),
         }
     }
+
+    /// A K-quant kernel for a number of tokens ([`tokens_q4_k`], [`tokens_q6_k`]).
+    type KFn = unsafe fn(&[u8], usize, &[&[BlockQ8K]], usize, &Out, usize, __mmask16);
 
     /// `f(group bytes, first row, mask of its rows inside rows)` for each group that `rows`
     /// touches.
@@ -526,14 +518,8 @@ mod kernels {
                         let j = 8 * h + 2 * k + s;
                         prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
                         let z = q6_quants(&ws, k);
-                        // Scale j: byte j % 4 of word 48 + j / 4, sign-extended.
-                        let sw = word(Q6_WORDS - 4 + j / 4);
-                        let sc = match j % 4 {
-                            0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(sw)),
-                            1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(sw)),
-                            2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(sw)),
-                            _ => _mm512_srai_epi32::<24>(sw),
-                        };
+                        // Scale j: byte j % 4 of word 48 + j / 4.
+                        let sc = signed_byte(word(Q6_WORDS - 4 + j / 4), j % 4);
                         for (tk, is) in isum.iter_mut().enumerate() {
                             let y = ys.get_unchecked(t + tk).get_unchecked(b);
                             let yq = y.qs.as_ptr().add(16 * j);
@@ -609,11 +595,23 @@ mod kernels {
         })
     }
 
+    /// Byte `i` of every 32-bit lane of `w`, sign-extended (Q6_K's scales).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn signed_byte(w: __m512i, i: usize) -> __m512i {
+        match i {
+            0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w)),
+            1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(w)),
+            2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(w)),
+            _ => _mm512_srai_epi32::<24>(w),
+        }
+    }
+
     /// Part `part` of `parts` of the `lines` cache lines at `p + ahead` asked into L2 (none when
     /// `ahead` is 0). A block's lines asked a few at a time between its computations, not all
     /// at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
     /// `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at once, 16.7 in four
-    /// parts, 22.4 in sixteen (no prefetch: 11.4).
+    /// parts, 22.4 in sixteen.
     #[inline(always)]
     unsafe fn prefetch_part(p: *const u8, ahead: usize, lines: usize, part: usize, parts: usize) {
         if ahead > 0 {
