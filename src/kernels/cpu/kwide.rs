@@ -399,6 +399,18 @@ pub(crate) struct K4Head {
     pub(crate) dmin: __m512,
     pub(crate) sc: [__m512i; 8],
     pub(crate) m: [__m512i; 8],
+    /// The mins in 16-bit pairs `(m0, m2)`, `(m1, m3)`, `(m4, m6)`, `(m5, m7)` (for `vpdpwssd`
+    /// against the activation's 32-element sums paired alike, [`min_pairs`]).
+    pub(crate) mp: [__m512i; 4],
+}
+
+/// A Q8_K block's 32-element sums `B_j` (from its 16-element `bsums`) as the 16-bit pairs of
+/// [`K4Head::mp`]: `(B0, B2)`, `(B1, B3)`, `(B4, B6)`, `(B5, B7)`, each `|B_j| <= 32 * 128`.
+#[inline(always)]
+pub(crate) fn min_pairs(y: &crate::quant::blocks::BlockQ8K) -> [i32; 4] {
+    let b = |j: usize| i32::from(y.bsums[2 * j].get()) + i32::from(y.bsums[2 * j + 1].get());
+    let pair = |lo: usize, hi: usize| (b(lo) & 0xFFFF) | (b(hi) << 16);
+    [pair(0, 2), pair(1, 3), pair(4, 6), pair(5, 7)]
 }
 
 /// [`K4Head`] from the block's first four 32-bit words, lane r holding row r's (d and dmin, then
@@ -420,6 +432,15 @@ pub(crate) unsafe fn k4_head(words: [__m512i; 4]) -> K4Head {
         dmin: f16s(_mm512_srli_epi32::<16>(head)),
         sc: std::array::from_fn(|j| byte(if j < 4 { sc_lo } else { sc_hi }, j % 4)),
         m: std::array::from_fn(|j| byte(if j < 4 { m_lo } else { m_hi }, j % 4)),
+        mp: std::array::from_fn(|i| {
+            let m = if i < 2 { m_lo } else { m_hi };
+            let m = if i % 2 == 0 {
+                m
+            } else {
+                _mm512_srli_epi32::<8>(m)
+            };
+            _mm512_and_si512(m, k(0x00FF_00FF))
+        }),
     }
 }
 
