@@ -880,12 +880,14 @@ mod interleaved_tests {
     }
 
     fn interleaved_equals_rows(ty: GgmlType, k: usize) {
+        // Ten groups: decode reads four side by side, the rest one at a time.
+        const N: usize = 160;
         let mut rng = crate::rng::SplitMix64::new(11);
         let first = super::super::random_rows(ty, k, 37, &mut rng);
-        let w = super::super::random_rows(ty, k, 64, &mut rng);
-        let packed = repack::pack(ty, &w, k, 64, 2, &repack::Arena::default()).unwrap();
+        let w = super::super::random_rows(ty, k, N, &mut rng);
+        let packed = repack::pack(ty, &w, k, N, 2, &repack::Arena::default()).unwrap();
         let a = MatRef::rows(ty, k, 37, &first);
-        let rows = MatRef::rows(ty, k, 64, &w);
+        let rows = MatRef::rows(ty, k, N, &w);
         let inter = MatRef {
             layout: Layout::Interleaved,
             data: packed.bytes(),
@@ -898,16 +900,16 @@ mod interleaved_tests {
                     .map(|i| (i as f32 * 0.61 + n_tok as f32).sin())
                     .collect();
                 let acts = QuantizedActs::new(ty, &x, k).unwrap();
-                let mut want = vec![0f32; 64 * n_tok];
+                let mut want = vec![0f32; N * n_tok];
                 matmul_quantized(&rows, &acts, &mut want).unwrap();
                 assert!(
                     want.iter().all(|v| v.is_finite() && *v != 0.0),
                     "{ty}: {want:?}"
                 );
-                let mut got = vec![0f32; 64 * n_tok];
+                let mut got = vec![0f32; N * n_tok];
                 matmul_quantized(&inter, &acts, &mut got).unwrap();
                 let mut first_out = vec![0f32; 37 * n_tok];
-                let mut fused = vec![0f32; 64 * n_tok];
+                let mut fused = vec![0f32; N * n_tok];
                 matmul_quantized_many(&mut [(a, &mut first_out), (inter, &mut fused)], &acts)
                     .unwrap();
                 for (i, ((w, g), f)) in want.iter().zip(&got).zip(&fused).enumerate() {
