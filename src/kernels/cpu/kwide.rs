@@ -97,10 +97,12 @@ fn block_tokens(acts: &QuantizedActs) -> usize {
     (TOKEN_BLOCK_BYTES / acts.row_bytes.max(1)).max(GROUP_TOKENS)
 }
 
-/// What the panels need of the activations beyond their blocks, computed once per operator:
-/// Q4_0's `-8 Σ y` of every Q8_0 block, token by token (`nb` per token); nothing for Q8_K.
+/// What the panels and `repack`'s kernels need of the activations beyond their blocks, computed
+/// once per operator, token by token (`nb` per token): Q4_0's `-8 Σ y` of every Q8_0 block, and
+/// every Q8_K block's 32-element sums paired as [`K4Head::mp`] ([`min_pairs`], for Q4_K).
 pub(crate) struct PanelActs {
     pub(crate) nsum: Vec<i32>,
+    pub(crate) min_pairs: Vec<[i32; 4]>,
 }
 
 impl PanelActs {
@@ -113,7 +115,15 @@ impl PanelActs {
         } else {
             Vec::new()
         };
-        PanelActs { nsum }
+        let min_pairs = if acts.ty == GgmlType::Q8_K {
+            (0..acts.n_tok)
+                .flat_map(|t| blocks::<BlockQ8K>(acts.row(t)).iter())
+                .map(min_pairs)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        PanelActs { nsum, min_pairs }
     }
 }
 
@@ -407,7 +417,7 @@ pub(crate) struct K4Head {
 /// A Q8_K block's 32-element sums `B_j` (from its 16-element `bsums`) as the 16-bit pairs of
 /// [`K4Head::mp`]: `(B0, B2)`, `(B1, B3)`, `(B4, B6)`, `(B5, B7)`, each `|B_j| <= 32 * 128`.
 #[inline(always)]
-pub(crate) fn min_pairs(y: &crate::quant::blocks::BlockQ8K) -> [i32; 4] {
+fn min_pairs(y: &BlockQ8K) -> [i32; 4] {
     let b = |j: usize| i32::from(y.bsums[2 * j].get()) + i32::from(y.bsums[2 * j + 1].get());
     let pair = |lo: usize, hi: usize| (b(lo) & 0xFFFF) | (b(hi) << 16);
     [pair(0, 2), pair(1, 3), pair(4, 6), pair(5, 7)]

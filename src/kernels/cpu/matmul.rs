@@ -353,7 +353,7 @@ impl<'a> RowJob<'a> {
     }
 
     /// Rows `rows` of an interleaved matrix: by `repack`'s kernels under AVX-512 (`panels`
-    /// holding Q4_0's `-8 Σy`), else row by row through the file's layout.
+    /// holding what they need of the activations), else row by row through the file's layout.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn run_interleaved(
         &self,
@@ -374,7 +374,7 @@ impl<'a> RowJob<'a> {
                 });
                 return;
             }
-            super::repack::run_rows(self.w.ty, acts, &p.nsum, self.w.data, rows, &self.out());
+            super::repack::run_rows(self.w.ty, acts, p, self.w.data, rows, &self.out());
             return;
         }
         let mut plain = vec![0u8; self.wrb];

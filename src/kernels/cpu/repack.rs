@@ -290,18 +290,19 @@ mod kernels {
 
     use super::{QUANTS, ROWS, SCALES};
     use crate::kernels::cpu::blocks;
+    use crate::kernels::cpu::kwide::PanelActs;
     use crate::kernels::cpu::matmul::{Out, QuantizedActs};
     use crate::quant::GgmlType;
     use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
     /// Rows `rows` of the interleaved matrix `packed` (type `ty`, rows of `acts.k`) against
-    /// every token of `acts` (its `vec_dot_type`), into `out`. `nsum` (Q4_0): every activation
-    /// block's `-8 Σy`, token by token. A group only partly inside `rows` is computed whole and
-    /// only its rows inside are written. AVX-512 CPUs only.
+    /// every token of `acts` (its `vec_dot_type`), into `out`; `extra` is made from `acts`. A
+    /// group only partly inside `rows` is computed whole and only its rows inside are written.
+    /// AVX-512 CPUs only.
     pub(crate) fn run_rows(
         ty: GgmlType,
         acts: &QuantizedActs,
-        nsum: &[i32],
+        extra: &PanelActs,
         packed: &[u8],
         rows: Range<usize>,
         out: &Out,
@@ -323,6 +324,7 @@ mod kernels {
         // holding every token's rows) and are written by this task only.
         match ty {
             GgmlType::Q4_0 => {
+                let nsum = &extra.nsum[..];
                 assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
                 let ys: Vec<&[BlockQ8_0]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
                 assert!(ys.iter().all(|y| y.len() == nb));
@@ -366,6 +368,8 @@ mod kernels {
             GgmlType::Q4_K | GgmlType::Q6_K => {
                 let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
                 assert!(ys.iter().all(|y| y.len() == nb));
+                let pairs = &extra.min_pairs[..];
+                assert_eq!(pairs.len(), n_tok * nb, "repack: sums of other activations");
                 // One, two and four tokens at a time.
                 let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
                     [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
@@ -374,7 +378,7 @@ mod kernels {
                 };
                 each_group(rows, group, packed, |g, r0, mask| {
                     by_fours(n_tok, |t, nt| unsafe {
-                        kernels[nt.ilog2() as usize](g, nb, &ys, t, out, r0, mask)
+                        kernels[nt.ilog2() as usize](g, nb, &ys, pairs, t, out, r0, mask)
                     })
                 });
             }
@@ -383,7 +387,7 @@ mod kernels {
     }
 
     /// A K-quant kernel for a number of tokens ([`tokens_q4_k`], [`tokens_q6_k`]).
-    type KFn = unsafe fn(&[u8], usize, &[&[BlockQ8K]], usize, &Out, usize, __mmask16);
+    type KFn = unsafe fn(&[u8], usize, &[&[BlockQ8K]], &[[i32; 4]], usize, &Out, usize, __mmask16);
 
     /// `f(group bytes, first row, mask of its rows inside rows)` for each group that `rows`
     /// touches.
@@ -437,6 +441,7 @@ mod kernels {
         group: &[u8],
         nb: usize,
         ys: &[&[BlockQ8K]],
+        min_pairs: &[[i32; 4]],
         t: usize,
         out: &Out,
         r0: usize,
@@ -489,9 +494,12 @@ mod kernels {
             for tk in 0..NT {
                 let y = ys.get_unchecked(t + tk).get_unchecked(b);
                 // The mins' Σ_j m_j B_j, two groups per `vpdpwssd`.
-                let pairs = crate::kernels::cpu::kwide::min_pairs(y);
                 let mut imin = _mm512_setzero_si512();
-                for (k, &pair) in pairs.iter().enumerate() {
+                for (k, &pair) in min_pairs
+                    .get_unchecked((t + tk) * nb + b)
+                    .iter()
+                    .enumerate()
+                {
                     imin = _mm512_dpwssd_epi32(imin, h.mp[k], _mm512_set1_epi32(pair));
                 }
                 // isum16 is a multiple of sixteen: the shift is exact. |isum16| <= 4 groups *
@@ -522,6 +530,7 @@ mod kernels {
         group: &[u8],
         nb: usize,
         ys: &[&[BlockQ8K]],
+        _min_pairs: &[[i32; 4]],
         t: usize,
         out: &Out,
         r0: usize,
@@ -671,11 +680,10 @@ mod kernels {
 
     /// One token against the [`SIDE`] whole groups in `groups` (rows `r0..r0 + 16 SIDE`), the
     /// activation block's loads shared and the groups read as that many streams: per group the
-    /// operations (and bits) of [`tokens`]. Out of cache, 2 EPYC threads, Q4_0 4096 x 14336
-    /// (`examples/matmul_dram`, six alternated runs of four rounds each), the median fraction of
-    /// the plain read went from 0.87 (groups one at a time) to 0.91 with the memory at 33-38
-    /// GB/s, and 39 to 43.6 GB/s with it at 62-67; eight side by side read 0.86.
-    #[allow(clippy::too_many_arguments)]
+    /// operations (and bits) of [`tokens`]. Out of cache, Q4_0 4096 x 14336
+    /// (`examples/matmul_dram`, five runs alternated with groups one at a time, the memory at
+    /// 35-39 GB/s): 2 threads, median fraction of the plain read 0.88 -> 0.91; 1 thread 20.1 ->
+    /// 22.0 GB/s. Eight side by side (tried) read 0.84-0.88 of the plain read, four 0.89-0.91.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side(
@@ -701,14 +709,7 @@ mod kernels {
             for (&g, acc) in q.iter().zip(sumf.iter_mut()) {
                 let p = g.add(b * QUANTS);
                 let d = g.add(nb * QUANTS + b * SCALES);
-                if ahead > 0 {
-                    for c in 0..4 {
-                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
-                    }
-                    if b % 2 == 0 {
-                        _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(ahead / 8).cast());
-                    }
-                }
+                prefetch_q4_0(p, d, b, ahead);
                 let s = isum(&nibbles(p, low), ns, word);
                 let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(s), *acc);
@@ -716,6 +717,18 @@ mod kernels {
         }
         for (i, acc) in sumf.into_iter().enumerate() {
             out.write16(0, r0 + i * ROWS, 0xFFFF, acc);
+        }
+    }
+
+    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and every other block those
+    /// `ahead / 8` past its scales at `d`, asked into L2 (none when `ahead` is 0). Past the
+    /// group's end they are the next group's (or outside the matrix, where a prefetch does
+    /// nothing).
+    #[inline(always)]
+    unsafe fn prefetch_q4_0(p: *const u8, d: *const u8, b: usize, ahead: usize) {
+        prefetch_part(p, ahead, QUANTS / 64, 0, 1);
+        if ahead > 0 && b.is_multiple_of(2) {
+            _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(ahead / 8).cast());
         }
     }
 
@@ -770,16 +783,7 @@ mod kernels {
         let ahead = prefetch_ahead();
         for b in 0..nb {
             let p = q.add(b * QUANTS);
-            if ahead > 0 {
-                // Past the group's end the lines are the next group's (or outside the matrix,
-                // where a prefetch does nothing).
-                for c in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
-                }
-                if b % 2 == 0 {
-                    _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(b * SCALES + ahead / 8).cast());
-                }
-            }
+            prefetch_q4_0(p, d.add(b * SCALES), b, ahead);
             let w = nibbles(p, low);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
             for (j, acc) in sumf.iter_mut().enumerate() {
