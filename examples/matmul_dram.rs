@@ -77,10 +77,31 @@ fn main() {
             ..MatRef::rows(ty, k, n, p.bytes())
         })
         .collect();
-    // (name, matrices, whether a product or a plain read of them)
-    let mut variants = vec![("read", &rows, false), ("rows", &rows, true)];
+    // OATO_DRAM_PREFETCH: a comma-separated list of the interleaved kernels' prefetch distances
+    // in bytes, each a variant of its own (default: the kernels' own).
+    let distances: Vec<Option<usize>> = match std::env::var("OATO_DRAM_PREFETCH") {
+        Ok(v) => v
+            .split(',')
+            .map(|d| {
+                Some(
+                    d.trim()
+                        .parse()
+                        .expect("OATO_DRAM_PREFETCH: bytes, comma-separated"),
+                )
+            })
+            .collect(),
+        Err(_) => vec![None],
+    };
+    // (name, matrices, whether a product or a plain read of them, prefetch distance)
+    let mut variants = vec![
+        ("read".to_string(), &rows, false, None),
+        ("rows".to_string(), &rows, true, None),
+    ];
     if !interleaved.is_empty() {
-        variants.push(("interleaved", &interleaved, true));
+        for &d in &distances {
+            let name = d.map_or("interleaved".to_string(), |d| format!("interleaved@{d}"));
+            variants.push((name, &interleaved, true, d));
+        }
     }
     let pool = oato::kernels::cpu::pool::global();
     let read = |m: &MatRef| {
@@ -97,7 +118,11 @@ fn main() {
     };
     let mut rates = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
-        for (i, &(_, ws, product)) in variants.iter().enumerate() {
+        for (i, &(_, ws, product, ahead)) in variants.iter().enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            repack::set_prefetch_ahead(ahead);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = ahead;
             let mut run = |m: &MatRef| {
                 if product {
                     matmul_quantized(m, &acts, &mut y).expect("a product")
@@ -115,7 +140,7 @@ fn main() {
             rates[i].push(bytes as f64 / s / 1e9);
         }
     }
-    for ((name, _, _), r) in variants.iter().zip(&mut rates) {
+    for ((name, _, _, _), r) in variants.iter().zip(&mut rates) {
         let each: Vec<String> = r.iter().map(|v| format!("{v:.2}")).collect();
         r.sort_by(f64::total_cmp);
         println!(

@@ -279,6 +279,8 @@ pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]
 }
 
 #[cfg(target_arch = "x86_64")]
+pub use kernels::set_prefetch_ahead;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::{q6_quants, q6_words, run_rows, signed_byte};
 
 #[cfg(target_arch = "x86_64")]
@@ -449,7 +451,7 @@ mod kernels {
     ) {
         let low = _mm512_set1_epi8(0x0F);
         let high = _mm512_set1_epi8(0xF0u8 as i8);
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(GgmlType::Q4_K);
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = group.as_ptr().add(b * ROWS * 4 * super::K4_WORDS);
@@ -537,7 +539,7 @@ mod kernels {
         mask: __mmask16,
     ) {
         use super::{Q6_GROUP_BLOCK, Q6_WORDS};
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(GgmlType::Q6_K);
         let q = group.as_ptr();
         let d = q.add(nb * Q6_GROUP_BLOCK);
         let mut sumf = [_mm512_setzero_ps(); NT];
@@ -661,18 +663,49 @@ mod kernels {
         }
     }
 
-    /// Bytes of quants ahead that the kernel prefetches into L2 (`OATO_CPU_REPACK_PREFETCH`, 0:
-    /// none). 1B shape tg32, 2 EPYC threads, best / median of four alternated rounds, t/s: 8 KiB
-    /// 35.2 / 33.1, 16 KiB 42.0 / 34.7, 32 KiB 39.5 / 32.2 (the four-row kernel 34.5 / 34.3);
-    /// into L1, 1 KiB and 8 KiB were behind no prefetch (31.1 / 31.1).
-    fn prefetch_ahead() -> usize {
-        static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *AHEAD.get_or_init(|| {
-            std::env::var("OATO_CPU_REPACK_PREFETCH")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(16 << 10)
-        })
+    /// Bytes of quants ahead that the kernel for `ty` prefetches into L2 (0: none;
+    /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). Q6_K 16 KiB, Q4_0 and Q4_K none: the
+    /// hardware's prefetcher follows their blocks, which are read in order, and a prefetch ahead
+    /// of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
+    /// memory at 35-37 GB/s, alternated), fraction of the plain read with none / 16 KiB: Q4_0
+    /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90, Q6_K 0.46-0.47 / 0.90-0.97 (its
+    /// block's lines are read out of order: scales at the end first, `ql` and `qh` in halves);
+    /// 1 thread, Q4_0 25.3 / 21.0 GB/s. The one-group Q4_0 kernel this replaced read better
+    /// with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 / 31.1).
+    fn prefetch_ahead(ty: GgmlType) -> usize {
+        match PREFETCH.load(std::sync::atomic::Ordering::Relaxed) {
+            UNSET => {
+                let all = std::env::var("OATO_CPU_REPACK_PREFETCH")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+                PREFETCH.store(all.unwrap_or(DEFAULT), std::sync::atomic::Ordering::Relaxed);
+                all.unwrap_or(if ty == GgmlType::Q6_K { 16 << 10 } else { 0 })
+            }
+            DEFAULT => {
+                if ty == GgmlType::Q6_K {
+                    16 << 10
+                } else {
+                    0
+                }
+            }
+            all => all,
+        }
+    }
+
+    /// [`prefetch_ahead`] for every type: [`UNSET`] until first read, [`DEFAULT`] for the
+    /// per-type figures, else bytes.
+    static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(UNSET);
+    const UNSET: usize = usize::MAX;
+    const DEFAULT: usize = usize::MAX - 1;
+
+    /// Sets the prefetch distance of every interleaved kernel (`None`: the per-type defaults),
+    /// as `OATO_CPU_REPACK_PREFETCH` does, for experiments that compare distances in one process
+    /// (`examples/matmul_dram`).
+    pub fn set_prefetch_ahead(bytes: Option<usize>) {
+        PREFETCH.store(
+            bytes.unwrap_or(DEFAULT),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Q4_0 groups that decode reads side by side.
@@ -699,7 +732,7 @@ mod kernels {
         let group = groups.len() / SIDE;
         let q: [*const u8; SIDE] = std::array::from_fn(|i| groups.as_ptr().add(i * group));
         let mut sumf = [_mm512_setzero_ps(); SIDE];
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(GgmlType::Q4_0);
         for b in 0..nb {
             let yb = y.get_unchecked(b);
             let yq = yb.qs.as_ptr();
@@ -780,7 +813,7 @@ mod kernels {
         let q = group.as_ptr();
         let d = q.add(nb * QUANTS);
         let mut sumf = [_mm512_setzero_ps(); NT];
-        let ahead = prefetch_ahead();
+        let ahead = prefetch_ahead(GgmlType::Q4_0);
         for b in 0..nb {
             let p = q.add(b * QUANTS);
             prefetch_q4_0(p, d.add(b * SCALES), b, ahead);
