@@ -323,7 +323,7 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
     use crate::kernels::cpu::repack::{
-        K4_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q6_quants, q6_words,
+        K4_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q6_quants, q6_word, q6_words,
     };
     let nb = panels.len();
     let stride = match ty {
@@ -361,7 +361,7 @@ unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
             }
         }
         let d = _mm256_loadu_si256(group.as_ptr().add(nb * Q6_GROUP_BLOCK + b * SCALES).cast());
-        fill_q6(p, std::array::from_fn(|i| word(Q6_WORDS - 4 + i)), d);
+        fill_q6(p, std::array::from_fn(|i| q6_word(at, Q6_WORDS - 4 + i)), d);
     }
 }
 

@@ -21,7 +21,7 @@
 //! nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
 //! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
-//! of scales) at `64 w`, lane r, and the sixteen rows' `d` (f16) follow all the group's blocks,
+//! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen rows' `d` (f16) follow all the group's blocks,
 //! as Q4_0's scales do. A group takes the bytes of its sixteen rows, so the repacked matrix has
 //! the file's size.
 
@@ -220,8 +220,8 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
 /// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
 /// after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
-/// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at `3328 b + 64 w`, lane
-/// r, its `d` after all the group's blocks.
+/// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at
+/// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
     match ty {
@@ -233,7 +233,8 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
         }
         GgmlType::Q6_K => {
             for w in 0..Q6_WORDS {
-                f(b * Q6_BLOCK + 4 * w, b * Q6_GROUP_BLOCK + 64 * w + 4 * r, 4);
+                let to = b * Q6_GROUP_BLOCK + 64 * q6_slot(w) + 4 * r;
+                f(b * Q6_BLOCK + 4 * w, to, 4);
             }
             f(
                 b * Q6_BLOCK + 4 * Q6_WORDS,
@@ -265,6 +266,24 @@ pub(crate) const Q6_WORDS: usize = 52;
 /// Bytes of one Q6_K block's words for the group (its `d` apart).
 pub(crate) const Q6_GROUP_BLOCK: usize = ROWS * 4 * Q6_WORDS;
 
+/// Where a Q6_K block's 32-bit word `w` (in the file's order: `ql`, `qh`, scales) sits among
+/// the group's 52 (`64 q6_slot(w)`): in the order the kernels read them, so that a block is one
+/// forward stream. Per half h of the block's elements: its two scale words, then for s = 0, 1
+/// the eight `ql` words and four `qh` words of elements `128 h + 16 s + 32 k..+ 16` (every k;
+/// [`q6_words`]).
+pub(crate) const fn q6_slot(w: usize) -> usize {
+    const HALF: usize = 26;
+    if w >= 48 {
+        HALF * ((w - 48) / 2) + (w - 48) % 2
+    } else if w >= 32 {
+        let x = w - 32;
+        HALF * (x / 8) + 2 + 12 * ((x % 8) / 4) + 8 + x % 4
+    } else {
+        let x = w % 16;
+        HALF * (w / 16) + 2 + 12 * ((x % 8) / 4) + 4 * (x / 8) + x % 4
+    }
+}
+
 /// Row `r`'s bytes in the file's layout, from the interleaved matrix `packed` of type `ty`
 /// (rows of `k`).
 pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]) {
@@ -281,7 +300,7 @@ pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]
 #[cfg(target_arch = "x86_64")]
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernels::{q6_quants, q6_words, run_rows, signed_byte};
+pub(crate) use kernels::{q6_quants, q6_word, q6_words, run_rows, signed_byte};
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
@@ -550,7 +569,6 @@ mod kernels {
                 let at = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
                 _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(at).cast());
             }
-            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
             let mut isum = [_mm512_setzero_si512(); NT];
             for h in 0..2 {
                 for s in 0..2 {
@@ -561,7 +579,7 @@ mod kernels {
                         prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
                         let z = q6_quants(&ws, k);
                         // Scale j: byte j % 4 of word 48 + j / 4.
-                        let sc = signed_byte(word(Q6_WORDS - 4 + j / 4), j % 4);
+                        let sc = signed_byte(q6_word(p, Q6_WORDS - 4 + j / 4), j % 4);
                         for (tk, is) in isum.iter_mut().enumerate() {
                             let y = ys.get_unchecked(t + tk).get_unchecked(b);
                             let yq = y.qs.as_ptr().add(16 * j);
@@ -598,11 +616,17 @@ mod kernels {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(crate) unsafe fn q6_words(p: *const u8, h: usize, s: usize) -> Q6Words {
-        let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+        let word = |w: usize| q6_word(p, w);
         Q6Words {
             ql: std::array::from_fn(|i| word(16 * h + 8 * (i / 4) + 4 * s + i % 4)),
             qh: std::array::from_fn(|i| word(32 + 8 * h + 4 * s + i)),
         }
+    }
+
+    /// Word `w` (the file's order) of the sixteen rows' Q6_K block at `p` ([`super::q6_slot`]).
+    #[inline(always)]
+    pub(crate) unsafe fn q6_word(p: *const u8, w: usize) -> __m512i {
+        _mm512_loadu_si512(p.add(64 * super::q6_slot(w)).cast())
     }
 
     /// See [`q6_words`].
@@ -668,9 +692,11 @@ mod kernels {
     /// hardware's prefetcher follows their blocks, which are read in order, and a prefetch ahead
     /// of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
     /// memory at 35-37 GB/s, alternated), fraction of the plain read with none / 16 KiB: Q4_0
-    /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90, Q6_K 0.46-0.47 / 0.90-0.97 (its
-    /// block's lines are read out of order: scales at the end first, `ql` and `qh` in halves);
-    /// 1 thread, Q4_0 25.3 / 21.0 GB/s. The one-group Q4_0 kernel this replaced read better
+    /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
+    /// Q6_K, whose block's lines were read out of order (the scales at its end first, `ql` and
+    /// `qh` in halves), read 0.46 of it with none; in the order of [`super::q6_slot`] 0.83-0.85
+    /// with none and 0.87-0.88 with 16 KiB (the old order 0.83-0.85 with 16 KiB), the kernel's
+    /// arithmetic bounding it (in cache, 1 thread, about 30-39 GB/s). The one-group Q4_0 kernel this replaced read better
     /// with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 / 31.1).
     fn prefetch_ahead(ty: GgmlType) -> usize {
         match PREFETCH.load(std::sync::atomic::Ordering::Relaxed) {
