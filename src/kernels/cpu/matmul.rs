@@ -629,6 +629,12 @@ fn prefetch_distance() -> usize {
 ///   runs, 13.2, 14.0 / 11.2, 11.5; Q4_0 29.4 / 26.6, Q8_0 28.2 / 25.0, Q4_K_M 34.0 / 32.2: the
 ///   prefetches only cost there.
 fn default_prefetch() -> usize {
+    if intel() { 1024 } else { 0 }
+}
+
+/// Whether the CPU is Intel's (whose hardware prefetchers want software prefetches' help where
+/// AMD's do not).
+pub(crate) fn intel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         // CPUID leaf 0 (the vendor) exists on every x86-64 CPU.
@@ -637,11 +643,10 @@ fn default_prefetch() -> usize {
         vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
         vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
         vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
-        if &vendor == b"GenuineIntel" {
-            return 1024;
-        }
+        &vendor == b"GenuineIntel"
     }
-    0
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// As [`matmul`], with activations quantised beforehand (shared by operators with one input).

@@ -351,29 +351,21 @@ mod kernels {
                 assert!(ys.iter().all(|y| y.len() == nb));
                 if n_tok == 1 {
                     // Decode: whole groups four side by side, the others one at a time.
-                    let one = |lo: usize, hi: usize| {
-                        if lo < hi {
-                            each_group(lo..hi, group, packed, |g, r0, mask| unsafe {
-                                tokens::<1>(g, nb, &ys, nsum, 0, out, r0, mask)
-                            });
-                        }
+                    let one = |r: Range<usize>| {
+                        each_group(r, group, packed, |g, r0, mask| unsafe {
+                            tokens::<1>(g, nb, &ys, nsum, 0, out, r0, mask)
+                        })
                     };
-                    let mut g = rows.start.div_ceil(ROWS);
-                    one(rows.start, (g * ROWS).min(rows.end));
-                    while (g + SIDE) * ROWS <= rows.end {
-                        unsafe {
-                            side_by_side(
-                                &packed[g * group..][..SIDE * group],
-                                nb,
-                                ys[0],
-                                nsum,
-                                out,
-                                g * ROWS,
-                            )
-                        };
-                        g += SIDE;
-                    }
-                    one((g * ROWS).max(rows.start), rows.end);
+                    spread::<SIDE>(rows, one, |gs| unsafe {
+                        side_by_side(
+                            gs.map(|g| &packed[g * group..][..group]),
+                            nb,
+                            ys[0],
+                            nsum,
+                            out,
+                            gs,
+                        )
+                    });
                     return;
                 }
                 each_group(rows, group, packed, |g, r0, mask| {
@@ -397,6 +389,19 @@ mod kernels {
                 } else {
                     [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
                 };
+                if ty == GgmlType::Q6_K && n_tok == 1 {
+                    // Decode: whole groups two side by side, the others one at a time.
+                    let one = |r: Range<usize>| {
+                        each_group(r, group, packed, |g, r0, mask| unsafe {
+                            tokens_q6_k::<1>(g, nb, &ys, pairs, 0, out, r0, mask)
+                        })
+                    };
+                    spread::<Q6_SIDE>(rows, one, |gs| unsafe {
+                        let groups = gs.map(|g| &packed[g * group..][..group]);
+                        side_by_side_q6_k(groups, nb, ys[0], out, gs)
+                    });
+                    return;
+                }
                 each_group(rows, group, packed, |g, r0, mask| {
                     by_fours(n_tok, |t, nt| unsafe {
                         kernels[nt.ilog2() as usize](g, nb, &ys, pairs, t, out, r0, mask)
@@ -404,6 +409,88 @@ mod kernels {
                 });
             }
             other => panic!("repack: no interleaved kernel for {other}"),
+        }
+    }
+
+    /// `rows` for a decode kernel that reads `S` whole groups side by side: `many(gs)` for the
+    /// groups `gs`, one from each of `S` equal parts of the whole groups inside `rows` (so each
+    /// part is read as one long forward stream), `one` for the rows left (a part group at
+    /// either end, the whole groups past `S` equal parts).
+    fn spread<const S: usize>(
+        rows: Range<usize>,
+        one: impl Fn(Range<usize>),
+        mut many: impl FnMut([usize; S]),
+    ) {
+        let (g0, g1) = (rows.start.div_ceil(ROWS), rows.end / ROWS);
+        if g0 >= g1 {
+            one(rows);
+            return;
+        }
+        if rows.start < g0 * ROWS {
+            one(rows.start..g0 * ROWS);
+        }
+        let q = (g1 - g0) / S;
+        for i in 0..q {
+            many(std::array::from_fn(|j| g0 + j * q + i));
+        }
+        if g0 + S * q < g1 {
+            one((g0 + S * q) * ROWS..g1 * ROWS);
+        }
+        if g1 * ROWS < rows.end {
+            one(g1 * ROWS..rows.end);
+        }
+    }
+
+    /// Q6_K groups that decode reads side by side. Out of cache, Q6_K 4096 x 14336
+    /// (`examples/matmul_dram`, 2 EPYC threads, memory at 36-38 GB/s, alternated), fraction of
+    /// the plain read: one group 0.83-0.90, two 0.93-0.94, four 0.87-0.96 (groups from two or
+    /// four parts of the task's rows, [`spread`]); then, one group against two, three rounds
+    /// each: 4096 x 14336 0.89-0.90 / 0.91-0.96, 4096 x 128256 (the 8B head) 0.89-0.91 /
+    /// 0.90-0.95, 2048 x 128256 0.96-0.98 / 0.94, 8192 x 2048 0.89 / 0.85-0.89.
+    const Q6_SIDE: usize = 2;
+
+    /// One token against the `G` whole Q6_K groups `groups` (groups `at`), read side by side
+    /// as `G` streams: per group the operations (and bits) of [`tokens_q6_k`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn side_by_side_q6_k<const G: usize>(
+        groups: [&[u8]; G],
+        nb: usize,
+        y: &[BlockQ8K],
+        out: &Out,
+        at: [usize; G],
+    ) {
+        use super::Q6_GROUP_BLOCK;
+        let ahead = prefetch_ahead(GgmlType::Q6_K);
+        let q: [*const u8; G] = groups.map(|g| g.as_ptr());
+        let mut sumf = [_mm512_setzero_ps(); G];
+        for b in 0..nb {
+            let yb = y.get_unchecked(b);
+            let mut isum = [_mm512_setzero_si512(); G];
+            for h in 0..2 {
+                for s in 0..2 {
+                    for (&g, is) in q.iter().zip(isum.iter_mut()) {
+                        let p = g.add(b * Q6_GROUP_BLOCK);
+                        let ws = q6_words(p, h, s);
+                        for k in 0..4 {
+                            q6_group(p, &ws, [h, s, k], ahead, std::iter::once((yb, &mut *is)));
+                        }
+                    }
+                }
+            }
+            let d_y = _mm512_set1_ps(yb.d.get());
+            for ((&g, is), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
+                let d = g.add(nb * Q6_GROUP_BLOCK);
+                if ahead > 0 && b % 2 == 0 {
+                    let at = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
+                    _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(at).cast());
+                }
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(is), *acc);
+            }
+        }
+        for (g, acc) in at.into_iter().zip(sumf) {
+            out.write16(0, g * ROWS, 0xFFFF, acc);
         }
     }
 
@@ -557,7 +644,7 @@ mod kernels {
         r0: usize,
         mask: __mmask16,
     ) {
-        use super::{Q6_GROUP_BLOCK, Q6_WORDS};
+        use super::Q6_GROUP_BLOCK;
         let ahead = prefetch_ahead(GgmlType::Q6_K);
         let q = group.as_ptr();
         let d = q.add(nb * Q6_GROUP_BLOCK);
@@ -574,23 +661,8 @@ mod kernels {
                 for s in 0..2 {
                     let ws = q6_words(p, h, s);
                     for k in 0..4 {
-                        // Group j: elements 128 h + 32 k + 16 s..+ 16.
-                        let j = 8 * h + 2 * k + s;
-                        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
-                        let z = q6_quants(&ws, k);
-                        // Scale j: byte j % 4 of word 48 + j / 4.
-                        let sc = signed_byte(q6_word(p, Q6_WORDS - 4 + j / 4), j % 4);
-                        for (tk, is) in isum.iter_mut().enumerate() {
-                            let y = ys.get_unchecked(t + tk).get_unchecked(b);
-                            let yq = y.qs.as_ptr().add(16 * j);
-                            let off = -32 * i32::from(y.bsums.get_unchecked(j).get());
-                            let mut acc = _mm512_set1_epi32(off);
-                            for (i, zi) in z.iter().enumerate() {
-                                let yw = std::ptr::read_unaligned(yq.add(4 * i).cast::<i32>());
-                                acc = _mm512_dpbusd_epi32(acc, *zi, _mm512_set1_epi32(yw));
-                            }
-                            *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc));
-                        }
+                        let toks = (0..NT).map(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
+                        q6_group(p, &ws, [h, s, k], ahead, toks.zip(isum.iter_mut()));
                     }
                 }
             }
@@ -606,6 +678,37 @@ mod kernels {
         }
         for (j, acc) in sumf.into_iter().enumerate() {
             out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// Group j = `8 h + 2 k + s` (elements `128 h + 32 k + 16 s..+ 16`) of the sixteen rows'
+    /// Q6_K block at `p` (its words `ws` from [`q6_words`]`(p, h, s)`), for each pair of a
+    /// token's block and its sums: four `vpdpbusd` from `-32 Σy_j` give each row's exact
+    /// `Σ q y`, times the rows' scale j (`vpmulld`), added to the sums. Asks for this part of
+    /// the lines `ahead` bytes past the block.
+    #[inline(always)]
+    unsafe fn q6_group<'a>(
+        p: *const u8,
+        ws: &Q6Words,
+        [h, s, k]: [usize; 3],
+        ahead: usize,
+        toks: impl Iterator<Item = (&'a BlockQ8K, &'a mut __m512i)>,
+    ) {
+        use super::Q6_WORDS;
+        let j = 8 * h + 2 * k + s;
+        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
+        let z = q6_quants(ws, k);
+        // Scale j: byte j % 4 of word 48 + j / 4.
+        let sc = signed_byte(q6_word(p, Q6_WORDS - 4 + j / 4), j % 4);
+        for (y, is) in toks {
+            let yq = y.qs.as_ptr().add(16 * j);
+            let off = -32 * i32::from(y.bsums.get_unchecked(j).get());
+            let mut acc = _mm512_set1_epi32(off);
+            for (i, zi) in z.iter().enumerate() {
+                let yw = std::ptr::read_unaligned(yq.add(4 * i).cast::<i32>());
+                acc = _mm512_dpbusd_epi32(acc, *zi, _mm512_set1_epi32(yw));
+            }
+            *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc));
         }
     }
 
@@ -688,16 +791,19 @@ mod kernels {
     }
 
     /// Bytes of quants ahead that the kernel for `ty` prefetches into L2 (0: none;
-    /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). Q6_K 16 KiB, Q4_0 and Q4_K none: the
+    /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). On Intel CPUs 16 KiB for every type
+    /// (the figure before the measurements below, which were all on AMD; never measured on
+    /// Intel). Elsewhere Q6_K 16 KiB, Q4_0 and Q4_K none: the
     /// hardware's prefetcher follows their blocks, which are read in order, and a prefetch ahead
     /// of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
     /// memory at 35-37 GB/s, alternated), fraction of the plain read with none / 16 KiB: Q4_0
     /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
     /// Q6_K, whose block's lines were read out of order (the scales at its end first, `ql` and
     /// `qh` in halves), read 0.46 of it with none; in the order of [`super::q6_slot`] 0.83-0.85
-    /// with none and 0.87-0.88 with 16 KiB (the old order 0.83-0.85 with 16 KiB), the kernel's
-    /// arithmetic bounding it (in cache, 1 thread, about 30-39 GB/s). The one-group Q4_0 kernel this replaced read better
-    /// with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 / 31.1).
+    /// with none and 0.87-0.88 with 16 KiB (the old order 0.83-0.85 with 16 KiB); 8, 16 and 32
+    /// KiB read alike, 2 KiB much worse (0.60). Before the Q4_0 kernel read groups side by side
+    /// it read better with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 /
+    /// 31.1 with none).
     fn prefetch_ahead(ty: GgmlType) -> usize {
         match PREFETCH.load(std::sync::atomic::Ordering::Relaxed) {
             UNSET => {
@@ -705,16 +811,20 @@ mod kernels {
                     .ok()
                     .and_then(|v| v.trim().parse().ok());
                 PREFETCH.store(all.unwrap_or(DEFAULT), std::sync::atomic::Ordering::Relaxed);
-                all.unwrap_or(if ty == GgmlType::Q6_K { 16 << 10 } else { 0 })
+                all.unwrap_or_else(|| default_ahead(ty))
             }
-            DEFAULT => {
-                if ty == GgmlType::Q6_K {
-                    16 << 10
-                } else {
-                    0
-                }
-            }
+            DEFAULT => default_ahead(ty),
             all => all,
+        }
+    }
+
+    /// [`prefetch_ahead`] unless set.
+    fn default_ahead(ty: GgmlType) -> usize {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if ty == GgmlType::Q6_K || *INTEL.get_or_init(crate::kernels::cpu::matmul::intel) {
+            16 << 10
+        } else {
+            0
         }
     }
 
@@ -737,26 +847,29 @@ mod kernels {
     /// Q4_0 groups that decode reads side by side.
     const SIDE: usize = 4;
 
-    /// One token against the [`SIDE`] whole groups in `groups` (rows `r0..r0 + 16 SIDE`), the
-    /// activation block's loads shared and the groups read as that many streams: per group the
-    /// operations (and bits) of [`tokens`]. Out of cache, Q4_0 4096 x 14336
+    /// One token against the [`SIDE`] whole groups `groups` (groups `at`, taken from [`SIDE`]
+    /// parts of the task's rows by [`spread`]), the activation block's loads shared and the
+    /// groups read as that many streams: per group the operations (and bits) of [`tokens`].
+    /// Groups from four parts rather than four adjacent ones, 2 threads, fraction of the plain
+    /// read (five rounds each, alternated, memory at 34-37 GB/s): 4096 x 14336 0.95-0.97 against
+    /// 0.95-0.97, 2048 x 2048 0.89-0.92 against 0.84-0.91, 8192 x 2048 0.94-0.96 against
+    /// 0.83-0.92, 2048 x 8192 0.87-0.91 against 0.92. Adjacent groups, out of cache, Q4_0 4096 x 14336
     /// (`examples/matmul_dram`, five runs alternated with groups one at a time, the memory at
     /// 35-39 GB/s): 2 threads, median fraction of the plain read 0.88 -> 0.91; 1 thread 20.1 ->
     /// 22.0 GB/s. Eight side by side (tried) read 0.84-0.88 of the plain read, four 0.89-0.91.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side(
-        groups: &[u8],
+        groups: [&[u8]; SIDE],
         nb: usize,
         y: &[BlockQ8_0],
         nsum: &[i32],
         out: &Out,
-        r0: usize,
+        at: [usize; SIDE],
     ) {
         let tab = crate::kernels::cpu::avx2::f16_table();
         let low = _mm512_set1_epi8(0x0F);
-        let group = groups.len() / SIDE;
-        let q: [*const u8; SIDE] = std::array::from_fn(|i| groups.as_ptr().add(i * group));
+        let q: [*const u8; SIDE] = groups.map(|g| g.as_ptr());
         let mut sumf = [_mm512_setzero_ps(); SIDE];
         let ahead = prefetch_ahead(GgmlType::Q4_0);
         for b in 0..nb {
@@ -774,8 +887,8 @@ mod kernels {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(s), *acc);
             }
         }
-        for (i, acc) in sumf.into_iter().enumerate() {
-            out.write16(0, r0 + i * ROWS, 0xFFFF, acc);
+        for (g, acc) in at.into_iter().zip(sumf) {
+            out.write16(0, g * ROWS, 0xFFFF, acc);
         }
     }
 
