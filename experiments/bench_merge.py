@@ -6,7 +6,8 @@ Usage:
       [--llamacpp VERSION] [--note TEXT] \
       --run TYPE MODEL LLAMA_JSON OATO_JSON [--run ...]
 
-Both engines write llama-bench's JSON (an array of objects with n_prompt, n_gen, avg_ts,
+LLAMA_JSON and OATO_JSON may each list several files, comma-separated (the engines run in turn,
+a repetition at a time): their repetitions are pooled. Both engines write llama-bench's JSON (an array of objects with n_prompt, n_gen, avg_ts,
 stddev_ts, cpu_info); one CSV row is written per model type x test x engine, and one markdown
 table per type compares the two (ratio = oato / llama.cpp; above 1 means oato is faster).
 Standard library only.
@@ -37,7 +38,7 @@ def test_key(name):
     return (0 if kind == "pp" else 1, int(n) if n.isdigit() else 0, name)
 
 
-def load(path):
+def load_one(path):
     try:
         with open(path) as f:
             data = json.load(f)
@@ -51,6 +52,23 @@ def load(path):
             if f not in r:
                 sys.exit(f"error: {path}: a test has no {f!r}")
         out[test_name(r)] = r
+    return out
+
+
+def load(paths):
+    """One engine's tests from a JSON file, or from several (comma-separated: runs of the same
+    tests taken in turn with the other engine's), their repetitions pooled: avg_ts and stddev_ts
+    over every repetition (`samples_ts`, else the file's avg_ts as one)."""
+    files = [load_one(p) for p in paths.split(",")]
+    if len(files) == 1:
+        return files[0]
+    out = {}
+    for t in files[0]:
+        rs = [f[t] for f in files if t in f]
+        samples = [x for r in rs for x in (r.get("samples_ts") or [r["avg_ts"]])]
+        mean = sum(samples) / len(samples)
+        sd = (sum((x - mean) ** 2 for x in samples) / (len(samples) - 1)) ** 0.5 if len(samples) > 1 else 0.0
+        out[t] = dict(rs[0], avg_ts=mean, stddev_ts=sd, samples_ts=samples)
     return out
 
 

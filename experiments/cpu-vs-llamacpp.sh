@@ -19,9 +19,11 @@
 #        once into ~/.cache/oato-peers and prints their bin directory),
 #        LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
 #        target/release/oato), RAW_DIR (keep every raw JSON there; default: a temporary folder).
+#        ALTERNATE (1: the engines take turns, one repetition each; 0: each engine's repetitions
+#        in one run).
 # The requantised models are written to models/ (git-ignored) and reused when present. Both
-# engines run the same file with the same threads, one after the other; nothing else should run
-# on the machine meanwhile.
+# engines run the same file with the same threads; nothing else should run on the machine
+# meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,19 +98,28 @@ if [ "${SYNTH_8B:-0}" = 1 ]; then
   cases+=("8B-Q4_0 $(synth llama3-8b Q4_0) 0 $gens")
 fi
 
+# ALTERNATE=1 (the default): the engines take turns, one repetition each (REPS turns), so that a
+# memory whose rate drifts by tens of percent within minutes (as on shared VMs) moves both alike;
+# ALTERNATE=0: all of llama.cpp's repetitions, then all of oato's.
+alternate=${ALTERNATE:-1}
+if [ "$alternate" = 1 ]; then turns=$reps; per=1; else turns=1; per=$reps; fi
 runs=()
 for c in "${cases[@]}"; do
   read -r label model p n <<<"$c"
-  echo "== $label: llama-bench" >&2
-  "$bin/llama-bench" -m "$model" -t "$threads" -p "$p" -n "$n" -r "$reps" -o json \
-    >"$raw/llamacpp-$label.json" 2>"$raw/llamacpp-$label.log" \
-    || { cat "$raw/llamacpp-$label.log" >&2; exit 1; }
-  echo "== $label: oato bench" >&2
-  "$oato" bench "$model" --device cpu -t "$threads" -p "$p" -n "$n" -r "$reps" --json \
-    >"$raw/oato-$label.json" 2>"$raw/oato-$label.log" \
-    || { cat "$raw/oato-$label.log" >&2; exit 1; }
-  grep "reads [0-9]" "$raw/oato-$label.log" >&2 || true
-  runs+=(--run "$label" "$(basename "$model")" "$raw/llamacpp-$label.json" "$raw/oato-$label.json")
+  lj=() oj=()
+  for i in $(seq "$turns"); do
+    echo "== $label: llama-bench ($i/$turns)" >&2
+    "$bin/llama-bench" -m "$model" -t "$threads" -p "$p" -n "$n" -r "$per" -o json \
+      >"$raw/llamacpp-$label-$i.json" 2>"$raw/llamacpp-$label.log" \
+      || { cat "$raw/llamacpp-$label.log" >&2; exit 1; }
+    echo "== $label: oato bench ($i/$turns)" >&2
+    "$oato" bench "$model" --device cpu -t "$threads" -p "$p" -n "$n" -r "$per" --json \
+      >"$raw/oato-$label-$i.json" 2>"$raw/oato-$label.log" \
+      || { cat "$raw/oato-$label.log" >&2; exit 1; }
+    grep "reads [0-9]" "$raw/oato-$label.log" >&2 || true
+    lj+=("$raw/llamacpp-$label-$i.json") oj+=("$raw/oato-$label-$i.json")
+  done
+  runs+=(--run "$label" "$(basename "$model")" "$(IFS=,; echo "${lj[*]}")" "$(IFS=,; echo "${oj[*]}")")
 done
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -118,6 +129,7 @@ out=${OUT:-results/cpu-vs-llamacpp}
 python3 experiments/bench_merge.py \
   --csv "$out.csv" --md "$out.md" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
+  --note "$([ "$alternate" = 1 ] && echo "the engines took turns, one repetition each (ALTERNATE=1)" || echo "each engine's repetitions in one run, llama.cpp first (ALTERNATE=0)")" \
   --llamacpp "$llamacpp" "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"
