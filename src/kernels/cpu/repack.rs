@@ -21,9 +21,9 @@
 //! nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
 //! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
-//! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen rows' `d` (f16) follow all the group's blocks,
-//! as Q4_0's scales do. A group takes the bytes of its sixteen rows, so the repacked matrix has
-//! the file's size.
+//! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
+//! rows' `d` (f16) follow all the group's blocks, as Q4_0's scales do. A group takes the bytes
+//! of its sixteen rows, so the repacked matrix has the file's size.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -851,12 +851,13 @@ mod kernels {
     /// parts of the task's rows by [`spread`]), the activation block's loads shared and the
     /// groups read as that many streams: per group the operations (and bits) of [`tokens`].
     /// Groups from four parts rather than four adjacent ones, 2 threads, fraction of the plain
-    /// read (five rounds each, alternated, memory at 34-37 GB/s): 4096 x 14336 0.95-0.97 against
+    /// read (five rounds each, alternated, memory at 34-37 GB/s): 4096 x 14336 0.97-0.99 against
     /// 0.95-0.97, 2048 x 2048 0.89-0.92 against 0.84-0.91, 8192 x 2048 0.94-0.96 against
-    /// 0.83-0.92, 2048 x 8192 0.87-0.91 against 0.92. Adjacent groups, out of cache, Q4_0 4096 x 14336
-    /// (`examples/matmul_dram`, five runs alternated with groups one at a time, the memory at
-    /// 35-39 GB/s): 2 threads, median fraction of the plain read 0.88 -> 0.91; 1 thread 20.1 ->
-    /// 22.0 GB/s. Eight side by side (tried) read 0.84-0.88 of the plain read, four 0.89-0.91.
+    /// 0.83-0.92, 2048 x 8192 0.87-0.91 against 0.92. Adjacent groups, out of cache, Q4_0
+    /// 4096 x 14336 (`examples/matmul_dram`, five runs alternated with groups one at a time, the
+    /// memory at 35-39 GB/s): 2 threads, median fraction of the plain read 0.88 -> 0.91; 1 thread
+    /// 20.1 -> 22.0 GB/s. Eight side by side (tried) read 0.84-0.88 of the plain read, four
+    /// 0.89-0.91.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side(
