@@ -634,8 +634,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let mut stdout = std::io::stdout().lock();
     printer.header(&mut stdout).map_err(stdout_err)?;
-    // Read bandwidth by thread count, measured once each (decode's fraction of it).
-    let mut membw_at: Vec<(usize, f64)> = Vec::new();
     for (info, model) in &models {
         // The BOS id llama-bench puts first, when the model's tokenizer adds one.
         let bos = Tokenizer::from_gguf(&model.file)
@@ -662,6 +660,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     plan.reps,
                     isa = host.isa,
                 );
+                // Decode against the memory: its read bandwidth at these threads just before
+                // and just after the test (a shared machine's memory rate drifts).
+                let decode = n_gen > 0 && n_prompt == 0 && host.gpu_info.is_empty();
+                let bw_before = if decode {
+                    Some(read_bandwidth(MEMBW_BYTES, n_threads)?)
+                } else {
+                    None
+                };
                 t.samples_ns = time_test(
                     &backends, dev, model, n_prompt, n_gen, plan.reps, bos, &mut rng,
                 )?;
@@ -673,22 +679,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stdev(&ts)
                 );
                 printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
-                if n_gen > 0 && n_prompt == 0 && host.gpu_info.is_empty() {
-                    // Decode against the memory: the weights one step reads, at the rate
-                    // measured, over the read bandwidth of this machine at these threads.
-                    let bw = match membw_at.iter().find(|(t, _)| *t == n_threads) {
-                        Some(&(_, bw)) => bw,
-                        None => {
-                            let bw = read_bandwidth(MEMBW_BYTES / 8, n_threads)?;
-                            membw_at.push((n_threads, bw));
-                            bw
-                        }
-                    };
+                if let Some(before) = bw_before {
+                    // The weights one step reads, at the rate measured, over the mean of the
+                    // two bandwidths (and over each).
+                    let after = read_bandwidth(MEMBW_BYTES, n_threads)?;
+                    let bw = (before + after) / 2.0;
                     let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
                     let gbps = per_token as f64 * mean(&ts) / 1e9;
+                    let (lo, hi) = (gbps / before.max(after), gbps / before.min(after));
                     eprintln!(
                         "oato bench: {} reads {gbps:.1} GB/s of weights = {:.2} of the {bw:.1} GB/s \
-                         this machine reads at {n_threads} threads (oato bench --membw)",
+                         this machine reads at {n_threads} threads (oato bench --membw; \
+                         {before:.1} just before the test, {after:.1} just after: {lo:.2}-{hi:.2})",
                         t.name(),
                         gbps / bw
                     );
@@ -699,8 +701,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     printer.footer(&mut stdout, &host).map_err(stdout_err)
 }
 
-/// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction.
-const MEMBW_BYTES: usize = 1 << 30;
+/// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction (four
+/// times the largest last-level caches of the machines it runs on).
+const MEMBW_BYTES: usize = 128 << 20;
 
 /// `oato bench --membw`: read bandwidth of a buffer far larger than the caches, each thread
 /// reading the part it first touched (so pages sit near it), best of five passes per thread count.
