@@ -7,8 +7,8 @@ Usage:
       --run TYPE MODEL LLAMA_JSON OATO_JSON [--run ...]
 
 LLAMA_JSON and OATO_JSON may each list several files, comma-separated (the engines run in turn,
-a repetition at a time): their repetitions are pooled. Both engines write llama-bench's JSON (an array of objects with n_prompt, n_gen, avg_ts,
-stddev_ts, cpu_info); one CSV row is written per model type x test x engine, and one markdown
+a repetition at a time): their repetitions are pooled. Both engines write llama-bench's JSON (an
+array of objects with n_prompt, n_gen, avg_ts, stddev_ts, cpu_info); one CSV row is written per model type x test x engine, and one markdown
 table per type compares the two (ratio = oato / llama.cpp; above 1 means oato is faster).
 Standard library only.
 """

@@ -701,8 +701,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     printer.footer(&mut stdout, &host).map_err(stdout_err)
 }
 
-/// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction (four
-/// times the largest last-level caches of the machines it runs on).
+/// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction (four times
+/// the last-level cache of this project's 2-core EPYC, 32 MiB).
 const MEMBW_BYTES: usize = 128 << 20;
 
 /// `oato bench --membw`: read bandwidth of a buffer far larger than the caches, each thread

@@ -633,20 +633,23 @@ fn default_prefetch() -> usize {
 }
 
 /// Whether the CPU is Intel's (whose hardware prefetchers want software prefetches' help where
-/// AMD's do not).
+/// AMD's do not); asked of CPUID once.
 pub(crate) fn intel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // CPUID leaf 0 (the vendor) exists on every x86-64 CPU.
-        let id = std::arch::x86_64::__cpuid(0);
-        let mut vendor = [0u8; 12];
-        vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
-        vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
-        vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
-        &vendor == b"GenuineIntel"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // CPUID leaf 0 (the vendor) exists on every x86-64 CPU.
+            let id = std::arch::x86_64::__cpuid(0);
+            let mut vendor = [0u8; 12];
+            vendor[..4].copy_from_slice(&id.ebx.to_le_bytes());
+            vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
+            vendor[8..].copy_from_slice(&id.ecx.to_le_bytes());
+            &vendor == b"GenuineIntel"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// As [`matmul`], with activations quantised beforehand (shared by operators with one input).
@@ -885,7 +888,8 @@ mod interleaved_tests {
     }
 
     fn interleaved_equals_rows(ty: GgmlType, k: usize) {
-        // Ten groups: decode reads four side by side, the rest one at a time.
+        // Ten groups: decode reads Q4_0 four and Q6_K two side by side (from separate parts of
+        // a task's groups), the rest one at a time.
         const N: usize = 160;
         let mut rng = crate::rng::SplitMix64::new(11);
         let first = super::super::random_rows(ty, k, 37, &mut rng);

@@ -480,12 +480,7 @@ mod kernels {
             }
             let d_y = _mm512_set1_ps(yb.d.get());
             for ((&g, is), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
-                let d = g.add(nb * Q6_GROUP_BLOCK);
-                if ahead > 0 && b % 2 == 0 {
-                    let at = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
-                    _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(at).cast());
-                }
-                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
+                let dx = q6_dx(g, nb, b, ahead);
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(is), *acc);
             }
         }
@@ -647,15 +642,10 @@ mod kernels {
         use super::Q6_GROUP_BLOCK;
         let ahead = prefetch_ahead(GgmlType::Q6_K);
         let q = group.as_ptr();
-        let d = q.add(nb * Q6_GROUP_BLOCK);
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = q.add(b * Q6_GROUP_BLOCK);
-            if ahead > 0 && b % 2 == 0 {
-                // The next group's scales (the group's own came with its first block).
-                let at = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
-                _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(at).cast());
-            }
+            let dx = q6_dx(q, nb, b, ahead);
             let mut isum = [_mm512_setzero_si512(); NT];
             for h in 0..2 {
                 for s in 0..2 {
@@ -666,7 +656,6 @@ mod kernels {
                     }
                 }
             }
-            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
             for tk in 0..NT {
                 let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
                 sumf[tk] = _mm512_fmadd_ps(
@@ -679,6 +668,20 @@ mod kernels {
         for (j, acc) in sumf.into_iter().enumerate() {
             out.write16(t + j, r0, mask, acc);
         }
+    }
+
+    /// The sixteen rows' `d` of block b of the Q6_K group at `q` (`nb` blocks), widened; every
+    /// other block, the next group's scales as far ahead asked into L2 (none when `ahead` is 0;
+    /// the group's own came with its first block).
+    #[inline(always)]
+    unsafe fn q6_dx(q: *const u8, nb: usize, b: usize, ahead: usize) -> __m512 {
+        use super::Q6_GROUP_BLOCK;
+        let d = q.add(nb * Q6_GROUP_BLOCK);
+        if ahead > 0 && b.is_multiple_of(2) {
+            let next = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
+            _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(next).cast());
+        }
+        _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()))
     }
 
     /// Group j = `8 h + 2 k + s` (elements `128 h + 32 k + 16 s..+ 16`) of the sixteen rows'
@@ -793,9 +796,8 @@ mod kernels {
     /// Bytes of quants ahead that the kernel for `ty` prefetches into L2 (0: none;
     /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). On Intel CPUs 16 KiB for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
-    /// Intel). Elsewhere Q6_K 16 KiB, Q4_0 and Q4_K none: the
-    /// hardware's prefetcher follows their blocks, which are read in order, and a prefetch ahead
-    /// of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
+    /// Intel). Elsewhere Q6_K 16 KiB, Q4_0 and Q4_K none: the hardware's prefetcher follows
+    /// their blocks, which are read in order, and a prefetch ahead of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
     /// memory at 35-37 GB/s, alternated), fraction of the plain read with none / 16 KiB: Q4_0
     /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
     /// Q6_K, whose block's lines were read out of order (the scales at its end first, `ql` and
@@ -805,43 +807,34 @@ mod kernels {
     /// it read better with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 /
     /// 31.1 with none).
     fn prefetch_ahead(ty: GgmlType) -> usize {
-        match PREFETCH.load(std::sync::atomic::Ordering::Relaxed) {
-            UNSET => {
-                let all = std::env::var("OATO_CPU_REPACK_PREFETCH")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok());
-                PREFETCH.store(all.unwrap_or(DEFAULT), std::sync::atomic::Ordering::Relaxed);
-                all.unwrap_or_else(|| default_ahead(ty))
-            }
-            DEFAULT => default_ahead(ty),
-            all => all,
+        static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            NONE => ENV
+                .get_or_init(|| {
+                    std::env::var("OATO_CPU_REPACK_PREFETCH")
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                })
+                .unwrap_or(
+                    if ty == GgmlType::Q6_K || crate::kernels::cpu::matmul::intel() {
+                        16 << 10
+                    } else {
+                        0
+                    },
+                ),
+            bytes => bytes,
         }
     }
 
-    /// [`prefetch_ahead`] unless set.
-    fn default_ahead(ty: GgmlType) -> usize {
-        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if ty == GgmlType::Q6_K || *INTEL.get_or_init(crate::kernels::cpu::matmul::intel) {
-            16 << 10
-        } else {
-            0
-        }
-    }
+    /// [`set_prefetch_ahead`]'s distance, [`NONE`] when unset.
+    static OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(NONE);
+    const NONE: usize = usize::MAX;
 
-    /// [`prefetch_ahead`] for every type: [`UNSET`] until first read, [`DEFAULT`] for the
-    /// per-type figures, else bytes.
-    static PREFETCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(UNSET);
-    const UNSET: usize = usize::MAX;
-    const DEFAULT: usize = usize::MAX - 1;
-
-    /// Sets the prefetch distance of every interleaved kernel (`None`: the per-type defaults),
-    /// as `OATO_CPU_REPACK_PREFETCH` does, for experiments that compare distances in one process
-    /// (`examples/matmul_dram`).
+    /// Sets the prefetch distance of every interleaved kernel (`None`: as without the call,
+    /// `OATO_CPU_REPACK_PREFETCH` or the per-type defaults), for experiments that compare
+    /// distances in one process (`examples/matmul_dram`).
     pub fn set_prefetch_ahead(bytes: Option<usize>) {
-        PREFETCH.store(
-            bytes.unwrap_or(DEFAULT),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        OVERRIDE.store(bytes.unwrap_or(NONE), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Q4_0 groups that decode reads side by side.
