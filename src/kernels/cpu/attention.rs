@@ -4,7 +4,7 @@
 //! FMA per element and position, in position order, so every ISA variant gives identical results.
 //! Prompts of four tokens or more on AVX-512 CPUs go through `attention_tiled`, which computes the
 //! same numbers with the query heads of one KV head and several tokens sharing each cache row;
-//! one to three tokens over a long cache go through `attention_decode`, in three parallel passes.
+//! one to three tokens go through `attention_decode`, in one parallel pass or three.
 
 use half::f16;
 
@@ -190,8 +190,9 @@ pub fn attention(
     attention_per_head(s, q, k_cache, v_cache, pos0, out)
 }
 
-/// The one-(token, head)-per-task path of [`attention`] on the SIMD kernels where the CPU has
-/// them: what the tiled and decode paths replace, for comparison in benches.
+/// The per-head path of [`attention`] (a task is the query heads of one KV head, each in turn)
+/// on the SIMD kernels where the CPU has them: what the tiled and decode paths replace, for
+/// comparison in benches.
 pub fn attention_per_head(
     s: AttnShape,
     q: &[f32],
@@ -219,40 +220,53 @@ fn attention_with(
     let kv_dim = s.n_head_kv * hd;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let items = out.len() / hd;
+    let n_tok = out.len() / q_dim;
+    // A task is a token's query heads that share one KV head, or a part of them where there
+    // would be fewer than two tasks per thread: the heads after the first find the K and V rows
+    // in cache. Work per task grows with the position; one task per chunk keeps threads balanced.
+    let groups = n_tok * s.n_head_kv;
+    let parts = group.min((2 * pool::global().n_threads()).div_ceil(groups.max(1)));
     let shared = SharedOut(out.as_mut_ptr());
-    // Work per item grows with the position; small chunks keep the threads balanced.
-    pool::global().for_chunks(items, 2, |range| {
+    pool::global().for_chunks(groups * parts, 1, |range| {
         let shared = &shared;
         let mut qh = vec![f16::ZERO; hd];
         let mut scores = Vec::new();
-        for idx in range {
-            let (t, h) = (idx / s.n_head, idx % s.n_head);
-            for (d, &v) in qh
-                .iter_mut()
-                .zip(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd])
-            {
-                *d = f16::from_f32(v);
+        for task in range {
+            let (t, kvh, part) = (
+                task / (s.n_head_kv * parts),
+                task / parts % s.n_head_kv,
+                task % parts,
+            );
+            let heads =
+                kvh * group + part * group / parts..kvh * group + (part + 1) * group / parts;
+            for h in heads {
+                for (d, &v) in qh
+                    .iter_mut()
+                    .zip(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd])
+                {
+                    *d = f16::from_f32(v);
+                }
+                let it = Item {
+                    q: &qh,
+                    k_cache,
+                    v_cache,
+                    off: kvh * hd,
+                    stride: kv_dim,
+                    n_kv: pos0 + t + 1,
+                    scale,
+                };
+                let idx = t * s.n_head + h;
+                // SAFETY: (token, head) idx owns out[idx * hd..(idx + 1) * hd]; tasks hold
+                // disjoint heads and `out` outlives the job.
+                let o = unsafe { std::slice::from_raw_parts_mut(shared.0.add(idx * hd), hd) };
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: AVX2, FMA and F16C are present (checked above).
+                    unsafe { simd::attend_one(&it, &mut scores, o) };
+                    continue;
+                }
+                attend_one_scalar(&it, &mut scores, o);
             }
-            let it = Item {
-                q: &qh,
-                k_cache,
-                v_cache,
-                off: (h / group) * hd,
-                stride: kv_dim,
-                n_kv: pos0 + t + 1,
-                scale,
-            };
-            // SAFETY: item idx owns out[idx * hd..(idx + 1) * hd]; items are disjoint across tasks
-            // and `out` outlives the job.
-            let o = unsafe { std::slice::from_raw_parts_mut(shared.0.add(idx * hd), hd) };
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX2, FMA and F16C are present (checked above).
-                unsafe { simd::attend_one(&it, &mut scores, o) };
-                continue;
-            }
-            attend_one_scalar(&it, &mut scores, o);
         }
     });
 }
@@ -285,18 +299,23 @@ mod tests {
         check(4, 2, 128, 9, 40);
     }
 
-    /// The decode path (one to three tokens over a long cache, in three passes) agrees with the
-    /// scalar path bit for bit: every head size it takes, group sizes 1 to 6 (heads of a group
-    /// in fours and the rest), caches that end inside a position block and on one.
+    /// The decode path (one to three tokens, in one pass or, over a long cache with too few
+    /// KV heads for the threads, three) agrees with the scalar path bit for bit: every head size
+    /// it takes, group sizes 1 to 6 (heads of a group in fours and the rest, whole or in parts),
+    /// short caches and caches that end inside a position block and on one.
     #[test]
     fn decode_equals_scalar() {
         for head_dim in [32, 64, 96, 128] {
             check(8, 2, head_dim, 1, 300);
+            check(8, 2, head_dim, 1, 37);
         }
         check(6, 1, 64, 2, 383);
+        check(6, 1, 64, 2, 0);
         check(5, 5, 64, 3, 511);
         check(12, 2, 128, 1, 1023);
+        check(32, 8, 64, 1, 128);
         check(3, 3, 32, 1, 256);
+        check(2, 1, 64, 1, 300);
     }
 
     fn check(n_head: usize, n_head_kv: usize, head_dim: usize, n_tok: usize, pos0: usize) {
@@ -333,9 +352,16 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         if super::super::attention_decode::supports(s, n_tok, n_ctx) {
-            let mut decode = vec![f32::NAN; q.len()];
-            super::super::attention_decode::attention(s, &q, &k, &v, pos0, &mut decode);
-            variants.push(("decode", decode));
+            // Both register files: sixteen (AVX2) and thirty-two (AVX-512) vector registers.
+            for (name, isa) in [("decode-avx2", Isa::Avx2), ("decode-avx512", Isa::Avx512)] {
+                if isa.supported() {
+                    crate::kernels::cpu::set_isa(isa).unwrap();
+                    let mut decode = vec![f32::NAN; q.len()];
+                    super::super::attention_decode::attention(s, &q, &k, &v, pos0, &mut decode);
+                    variants.push((name, decode));
+                }
+            }
+            crate::kernels::cpu::set_isa(Isa::detect()).unwrap();
         }
         for (name, fast) in &variants {
             for (i, (a, b)) in scalar.iter().zip(fast).enumerate() {

@@ -1,11 +1,14 @@
-//! Attention for one to three tokens over a long KV cache (decode) on CPUs with AVX2, FMA and
-//! F16C, in three parallel passes so every thread has work even when there are fewer KV heads
-//! than threads, and each cache row is read once for all the query heads that share it:
-//! 1. scores: one task is one KV head and a block of positions; each K row is widened once and
-//!    dotted with every query of the group (its heads, each token);
-//! 2. softmax: one task is a few (token, head) rows;
-//! 3. values: one task is one KV head and 32 of its output elements; each V slice is widened
-//!    once and added into the group's heads.
+//! Attention for one to three tokens over the KV cache (decode) on CPUs with AVX2, FMA and F16C,
+//! each cache row read once for all the query heads that share it, in three steps:
+//! 1. scores: each K row is widened once and dotted with every query of the group (its heads,
+//!    each token);
+//! 2. softmax of each (token, head) row;
+//! 3. values: each V slice is widened once and added into the group's heads.
+//!
+//! Where a task per KV head (or per part of its group of query heads) gives every thread work,
+//! one parallel pass takes each task through the three steps. Over a long cache with too few KV
+//! heads for the threads, three parallel passes: scores by KV head and block of positions,
+//! softmax by a few rows, values by KV head and 32 output elements.
 //!
 //! Each output is computed exactly as `attention::simd::attend_one_regs` computes it, so the
 //! results are bit-identical with the scalar path: a score is `vec_dot_f16`'s four 8-lane FMA
@@ -16,6 +19,7 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use half::f16;
 
@@ -29,17 +33,19 @@ const POS_BLOCK: usize = 128;
 /// Output elements per values task.
 const DIM_BLOCK: usize = 32;
 
+/// Below this many positions every thread has work without splitting the positions, and the
+/// passes run as one.
+const MIN_KV: usize = 256;
+
 /// Whether [`attention`] takes this call: head sizes that are a multiple of 32 up to 128, one to
-/// three tokens, at least `min_kv` positions attended, on a CPU with AVX2, FMA and F16C.
+/// three tokens, on a CPU with AVX2, FMA and F16C.
 pub fn supports(s: AttnShape, n_tok: usize, n_kv: usize) -> bool {
-    /// Below this many positions the per-head path's single pass costs less than three.
-    const MIN_KV: usize = 256;
     s.head_dim.is_multiple_of(32)
         && s.head_dim <= 128
         && s.n_head_kv > 0
         && s.n_head.is_multiple_of(s.n_head_kv)
         && (1..4).contains(&n_tok)
-        && n_kv >= MIN_KV
+        && n_kv > 0
         && isa() != Isa::Scalar
         && Isa::Avx2.supported()
 }
@@ -65,11 +71,9 @@ pub fn attention(
     SCRATCH.with_borrow_mut(|(qr, p)| {
         // Queries rounded to f16 and widened, row (t, h) at (t * n_head + h) * hd.
         qr.clear();
-        qr.extend(
-            q[..n_tok * q_dim]
-                .iter()
-                .map(|&x| f16::from_f32(x).to_f32()),
-        );
+        qr.extend_from_slice(&q[..n_tok * q_dim]);
+        // SAFETY: F16C is present (supports).
+        unsafe { round_f16(qr) };
         // Every entry a pass reads is written first (positions past a token's own are neither).
         p.resize(n_rows * stride, 0.0);
         passes(s, qr, p, k_cache, v_cache, pos0, n_tok, stride, out);
@@ -82,8 +86,10 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
 }
 
-/// The three passes of [`attention`] over the rounded queries `qr` and the scores `p`
-/// (`n_tok * n_head` rows of `stride`).
+/// The passes of [`attention`] over the rounded queries `qr` and the scores `p`
+/// (`n_tok * n_head` rows of `stride`): three parallel passes where positions must be split for
+/// every thread to have work, else one, each task taking a KV head's queries (or part of them)
+/// through all three steps, with no waits between them and its scores still in cache.
 #[allow(clippy::too_many_arguments)]
 fn passes(
     s: AttnShape,
@@ -97,16 +103,12 @@ fn passes(
     out: &mut [f32],
 ) {
     let hd = s.head_dim;
-    let q_dim = s.n_head * hd;
-    let kv_dim = s.n_head_kv * hd;
     let n_kv_max = pos0 + n_tok;
     let group = s.n_head / s.n_head_kv;
     let n_rows = n_tok * s.n_head;
-    let scale = 1.0 / (hd as f32).sqrt();
     let pool = pool::global();
-
-    let n_pb = n_kv_max.div_ceil(POS_BLOCK);
     let ps = SharedOut(p.as_mut_ptr());
+    let os = SharedOut(out.as_mut_ptr());
     let job = Scores {
         s,
         qr,
@@ -114,10 +116,50 @@ fn passes(
         group,
         n_tok,
         pos0,
-        scale,
+        scale: 1.0 / (hd as f32).sqrt(),
         p: ps.0,
         stride,
+        avx512: isa() == Isa::Avx512,
     };
+    let steps = Steps {
+        s,
+        p: ps.0,
+        stride,
+        v_cache,
+        pos0,
+        n_tok,
+        out: os.0,
+        avx512: isa() == Isa::Avx512,
+    };
+    let n_db = hd / DIM_BLOCK;
+    let all = 0..group;
+
+    // Parts of a group per task: enough tasks for two per thread, where the group allows.
+    let threads = pool.n_threads();
+    let parts = group.min((2 * threads).div_ceil(s.n_head_kv));
+    if n_kv_max < MIN_KV || s.n_head_kv * parts >= 2 * threads {
+        pool.for_chunks(s.n_head_kv * parts, 1, |items| {
+            let (job, steps) = (&job, &steps);
+            for idx in items {
+                let (kvh, part) = (idx / parts, idx % parts);
+                let heads = part * group / parts..(part + 1) * group / parts;
+                // SAFETY: AVX2, FMA and F16C are present (supports); this task writes the score
+                // rows and outputs of its KV head's heads `heads` only, disjoint across tasks.
+                unsafe {
+                    job.run(kvh, heads.clone(), 0..n_kv_max);
+                    for t in 0..n_tok {
+                        steps.softmax(t * s.n_head + kvh * group + heads.start, heads.len());
+                    }
+                    for d in 0..n_db {
+                        steps.values(kvh, d, heads.clone());
+                    }
+                }
+            }
+        });
+        return;
+    }
+
+    let n_pb = n_kv_max.div_ceil(POS_BLOCK);
     pool.for_chunks(s.n_head_kv * n_pb, 1, |items| {
         let job = &job;
         for idx in items {
@@ -125,58 +167,117 @@ fn passes(
             let pos = b * POS_BLOCK..((b + 1) * POS_BLOCK).min(n_kv_max);
             // SAFETY: AVX2, FMA and F16C are present (supports); this task writes the scores of
             // its KV head's rows at its positions only, disjoint across tasks, inside `p`.
-            unsafe { job.run(kvh, pos) };
+            unsafe { job.run(kvh, all.clone(), pos) };
         }
     });
-
-    let avx512 = isa() == Isa::Avx512;
     pool.for_chunks(n_rows, 4, |rows| {
-        let ps = &ps;
         for r in rows {
-            let n_kv = pos0 + r / s.n_head + 1;
-            // SAFETY: row r is this task's alone, inside `p`.
-            let row = unsafe { std::slice::from_raw_parts_mut(ps.0.add(r * stride), stride) };
-            if avx512 {
-                // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too.
-                unsafe { super::attention_tiled::softmax_rows(row, stride, &[n_kv]) };
-            } else {
-                ops::softmax(&mut row[..n_kv]);
-                // SAFETY: F16C is present (supports).
-                unsafe { round_f16(&mut row[..n_kv]) };
-            }
+            // SAFETY: row r is this task's alone; the CPU has what `supports` checks.
+            unsafe { steps.softmax(r, 1) };
         }
     });
-
-    let n_db = hd / DIM_BLOCK;
-    let os = SharedOut(out.as_mut_ptr());
     pool.for_chunks(s.n_head_kv * n_db, 1, |items| {
-        let os = &os;
         for idx in items {
-            let (kvh, d) = (idx / n_db, idx % n_db);
-            for t in 0..n_tok {
-                let n_kv = pos0 + t + 1;
-                let mut g = 0;
-                while g < group {
-                    let n = (group - g).min(4);
-                    let h0 = kvh * group + g;
-                    let w = &p[(t * s.n_head + h0) * stride..];
-                    let v0 = kvh * hd + d * DIM_BLOCK;
-                    // SAFETY: AVX2, FMA and F16C are present; elements d * 32.. of heads
-                    // h0..h0 + n of token t are this task's alone, inside `out`.
-                    unsafe {
-                        let o = os.0.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
-                        match n {
-                            1 => values::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            2 => values::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            3 => values::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            _ => values::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                        }
-                    }
-                    g += n;
-                }
-            }
+            // SAFETY: these 32 elements of the KV head's heads are this task's alone.
+            unsafe { steps.values(idx / n_db, idx % n_db, all.clone()) };
         }
     });
+}
+
+/// What the softmax and values steps share.
+struct Steps<'a> {
+    s: AttnShape,
+    /// Scores, row (t, h) at `(t * n_head + h) * stride`.
+    p: *mut f32,
+    stride: usize,
+    v_cache: &'a [f16],
+    pos0: usize,
+    n_tok: usize,
+    out: *mut f32,
+    avx512: bool,
+}
+
+// SAFETY: tasks touch disjoint rows of `p` and disjoint elements of `out`, which outlive the jobs.
+unsafe impl Sync for Steps<'_> {}
+
+impl Steps<'_> {
+    /// Softmax of score rows `r..r + n`, of one token (`r / n_head`), their weights rounded to
+    /// f16. The caller owns the rows, and the CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn softmax(&self, r: usize, n: usize) {
+        let n_kv = self.pos0 + r / self.s.n_head + 1;
+        let stride = self.stride;
+        let rows = std::slice::from_raw_parts_mut(self.p.add(r * stride), n * stride);
+        if self.avx512 {
+            // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too; the rows' sums
+            // run side by side.
+            super::attention_tiled::softmax_rows(rows, stride, &[n_kv; 4][..n.min(4)]);
+            if n > 4 {
+                self.softmax(r + 4, n - 4);
+            }
+        } else {
+            for row in rows.chunks_mut(stride) {
+                ops::softmax(&mut row[..n_kv]);
+                round_f16(&mut row[..n_kv]);
+            }
+        }
+    }
+
+    /// Output elements `32 * d..32 * (d + 1)` of KV head `kvh`'s heads `heads` (counted within
+    /// the group), every token, from their weights. The caller owns those elements, and the CPU
+    /// has AVX2, FMA and F16C.
+    unsafe fn values(&self, kvh: usize, d: usize, heads: Range<usize>) {
+        if self.avx512 {
+            self.values_avx512(kvh, d, heads)
+        } else {
+            self.values_avx2(kvh, d, heads)
+        }
+    }
+
+    /// [`Steps::values`] with sixteen vector registers: two heads at a time (four would spill
+    /// their sixteen sums).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_avx2(&self, kvh: usize, d: usize, heads: Range<usize>) {
+        self.values_in::<2>(kvh, d, heads)
+    }
+
+    /// [`Steps::values`] with the same 8-lane arithmetic in AVX-512's thirty-two registers:
+    /// four heads at a time.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    unsafe fn values_avx512(&self, kvh: usize, d: usize, heads: Range<usize>) {
+        self.values_in::<4>(kvh, d, heads)
+    }
+
+    /// [`Steps::values`], up to `W` heads at a time.
+    #[inline(always)]
+    unsafe fn values_in<const W: usize>(&self, kvh: usize, d: usize, heads: Range<usize>) {
+        let s = self.s;
+        let (hd, stride) = (s.head_dim, self.stride);
+        let (q_dim, kv_dim) = (s.n_head * hd, s.n_head_kv * hd);
+        let group = s.n_head / s.n_head_kv;
+        let v0 = kvh * hd + d * DIM_BLOCK;
+        let v_cache = self.v_cache;
+        for t in 0..self.n_tok {
+            let n_kv = self.pos0 + t + 1;
+            let mut g = heads.start;
+            while g < heads.end {
+                let n = (heads.end - g).min(W);
+                let h0 = kvh * group + g;
+                let w = std::slice::from_raw_parts(
+                    self.p.add((t * s.n_head + h0) * stride),
+                    (n - 1) * stride + n_kv,
+                );
+                let o = self.out.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
+                match n {
+                    1 => values::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                    2 => values::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                    3 => values::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                    _ => values::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                }
+                g += n;
+            }
+        }
+    }
 }
 
 /// Eight f16 values from `x` at element `i`, widened.
@@ -198,28 +299,51 @@ struct Scores<'a> {
     /// Scores, row (t, h) at `(t * n_head + h) * stride`.
     p: *mut f32,
     stride: usize,
+    /// The CPU has AVX-512 (thirty-two vector registers).
+    avx512: bool,
 }
 
 // SAFETY: tasks write disjoint rows and positions of `p`, which outlives the parallel loop.
 unsafe impl Sync for Scores<'_> {}
 
 impl Scores<'_> {
-    /// Scores of KV head `kvh`'s query rows at positions `pos`; a token's positions past its own
+    /// Scores of KV head `kvh`'s query rows (of its heads `heads`, counted within the group) at
+    /// positions `pos`; a token's positions past its own
     /// are skipped. Eight positions at a time: their K rows widened once, then each query's
     /// eight dots reduced together.
+    /// The CPU has AVX2, FMA and F16C.
+    unsafe fn run(&self, kvh: usize, heads: Range<usize>, pos: Range<usize>) {
+        if self.avx512 {
+            self.run_avx512(kvh, heads, pos)
+        } else {
+            self.run_avx2(kvh, heads, pos)
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run(&self, kvh: usize, pos: std::ops::Range<usize>) {
+    unsafe fn run_avx2(&self, kvh: usize, heads: Range<usize>, pos: Range<usize>) {
+        self.run_any(kvh, heads, pos)
+    }
+
+    /// [`Scores::run`] with the same 8-lane arithmetic in AVX-512's thirty-two registers.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    unsafe fn run_avx512(&self, kvh: usize, heads: Range<usize>, pos: Range<usize>) {
+        self.run_any(kvh, heads, pos)
+    }
+
+    #[inline(always)]
+    unsafe fn run_any(&self, kvh: usize, heads: Range<usize>, pos: Range<usize>) {
         match self.s.head_dim / 32 {
-            1 => self.run_s::<1>(kvh, pos),
-            2 => self.run_s::<2>(kvh, pos),
-            3 => self.run_s::<3>(kvh, pos),
-            _ => self.run_s::<4>(kvh, pos),
+            1 => self.run_s::<1>(kvh, heads, pos),
+            2 => self.run_s::<2>(kvh, heads, pos),
+            3 => self.run_s::<3>(kvh, heads, pos),
+            _ => self.run_s::<4>(kvh, heads, pos),
         }
     }
 
     /// [`Scores::run`] for head size `32 * S`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_s<const S: usize>(&self, kvh: usize, pos: std::ops::Range<usize>) {
+    #[inline(always)]
+    unsafe fn run_s<const S: usize>(&self, kvh: usize, heads: Range<usize>, pos: Range<usize>) {
         let Scores {
             s,
             qr,
@@ -230,23 +354,12 @@ impl Scores<'_> {
             scale,
             p,
             stride,
+            ..
         } = *self;
         use crate::kernels::cpu::avx2::hsum8;
         let hd = 32 * S;
         let kv_dim = s.n_head_kv * hd;
         let kbase = k_cache.as_ptr().add(kvh * hd);
-        // One query's dot with a widened K row, before the horizontal sum: the four chains of
-        // `vec_dot_f16`, `(c0 + c1) + (c2 + c3)`.
-        let dot = |q: *const f32, k: *const f32| {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for step in 0..S {
-                for (c, a) in acc.iter_mut().enumerate() {
-                    let i = 32 * step + 8 * c;
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(k.add(i)), _mm256_loadu_ps(q.add(i)), *a);
-                }
-            }
-            _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
-        };
         let vscale = _mm256_set1_ps(scale);
         // Eight widened K rows.
         let mut kw = [[0f32; 128]; 8];
@@ -264,10 +377,15 @@ impl Scores<'_> {
                 if seen == 0 {
                     continue;
                 }
-                for g in 0..group {
+                for g in heads.clone() {
                     let row = t * s.n_head + kvh * group + g;
                     let q = qr.as_ptr().add(row * hd);
-                    let d: [__m256; 8] = std::array::from_fn(|r| dot(q, kw[r].as_ptr()));
+                    // A loop, not `array::from_fn`: a closure would not get the caller's
+                    // target features, and the intrinsics would become calls.
+                    let mut d = [_mm256_setzero_ps(); 8];
+                    for (x, row) in d.iter_mut().zip(&kw) {
+                        *x = dot::<S>(q, row.as_ptr());
+                    }
                     let sums = _mm256_mul_ps(hsum8x8(d), vscale);
                     let out = p.add(row * stride + j);
                     if seen == 8 {
@@ -291,14 +409,28 @@ impl Scores<'_> {
                 if j > pos0 + t {
                     continue;
                 }
-                for g in 0..group {
+                for g in heads.clone() {
                     let row = t * s.n_head + kvh * group + g;
                     let q = qr.as_ptr().add(row * hd);
-                    *p.add(row * stride + j) = hsum8(dot(q, kw[0].as_ptr())) * scale;
+                    *p.add(row * stride + j) = hsum8(dot::<S>(q, kw[0].as_ptr())) * scale;
                 }
             }
         }
     }
+}
+
+/// One query's dot with a widened K row of `32 * S` elements, before the horizontal sum: the four
+/// chains of `vec_dot_f16`, `(c0 + c1) + (c2 + c3)`. Inlined into the caller's AVX2 code.
+#[inline(always)]
+unsafe fn dot<const S: usize>(q: *const f32, k: *const f32) -> __m256 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for step in 0..S {
+        for (c, a) in acc.iter_mut().enumerate() {
+            let i = 32 * step + 8 * c;
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(k.add(i)), _mm256_loadu_ps(q.add(i)), *a);
+        }
+    }
+    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
 }
 
 /// `hsum8` of each of eight vectors, as lanes 0..8 of one: the same pairs added in the same
@@ -352,7 +484,7 @@ unsafe fn round_f16(x: &mut [f32]) {
 /// `o = fma(w_h[j], v[j], o)`. `w`: the first head's weights, the next heads' `stride` apart;
 /// `v0`: the element of a cache row where the slice starts; `o`: the first head's output
 /// slice, the next heads' `hd` apart.
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn values<const N: usize>(
     w: &[f32],
