@@ -314,6 +314,10 @@ mod tests {
         check(5, 5, 64, 3, 511);
         check(12, 2, 128, 1, 1023);
         check(32, 8, 64, 1, 128);
+        // Many KV heads, so that a task takes a whole group of five or six (up to 32 threads):
+        // softmax rows and values in fours and the rest.
+        check(384, 64, 32, 1, 40);
+        check(320, 64, 32, 2, 300);
         check(3, 3, 32, 1, 256);
         check(2, 1, 64, 1, 300);
     }
