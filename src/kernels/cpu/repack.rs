@@ -748,7 +748,8 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(crate) unsafe fn q6_quants(w: &Q6Words, k: usize) -> [__m512i; 4] {
         let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-        std::array::from_fn(|i| {
+        let mut z = [_mm512_setzero_si512(); 4];
+        for (i, z) in z.iter_mut().enumerate() {
             let lo = w.ql[4 * (k % 2) + i];
             let lo = if k < 2 {
                 lo
@@ -763,8 +764,11 @@ mod kernels {
                 2 => w.qh[i],
                 _ => _mm512_srli_epi32::<2>(w.qh[i]),
             };
-            _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30))
-        })
+            // (lo & 0x0F) | (hi & 0x30) in two operations: `vpternlogd` takes bits 0..4
+            // from lo and the others from the masked hi (0xE4: C ? A : B).
+            *z = _mm512_ternarylogic_epi32::<0xE4>(lo, _mm512_and_si512(hi, m30), m4);
+        }
+        z
     }
 
     /// Byte `i` of every 32-bit lane of `w`, sign-extended (Q6_K's scales).
