@@ -33,8 +33,10 @@ const POS_BLOCK: usize = 128;
 /// Output elements per values task.
 const DIM_BLOCK: usize = 32;
 
-/// Below this many positions every thread has work without splitting the positions, and the
-/// passes run as one.
+/// Below this many positions the passes run as one even where that gives fewer than two tasks
+/// per thread (more threads than KV heads): where the three passes took over from the per-head
+/// path before, which then cost less than three passes below it. Not re-measured against the
+/// one pass at such thread counts.
 const MIN_KV: usize = 256;
 
 /// Whether [`attention`] takes this call: head sizes that are a multiple of 32 up to 128, one to
