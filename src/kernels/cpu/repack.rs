@@ -902,32 +902,37 @@ mod kernels {
         }
     }
 
-    /// One Q4_0 block of a group, its quants at `p`: the sixteen rows' nibbles, low ones (the
-    /// block's elements `4e..4e + 4` in word e < 4) then high ones (`16 + 4e..`).
+    /// One Q4_0 block of a group, its quants at `p`: the sixteen rows' low nibbles (the block's
+    /// elements `4e..4e + 4` in word e < 4), then their high nibbles left in place, sixteen
+    /// times the quants `16 + 4e..` (word 4 + e; [`isum`] divides their sum by sixteen): one
+    /// `vpandd` a register, where shifting them down took two.
     #[inline(always)]
     unsafe fn nibbles(p: *const u8, low: __m512i) -> [__m512i; 8] {
         let v: [__m512i; 4] = std::array::from_fn(|c| _mm512_loadu_si512(p.add(64 * c).cast()));
+        let high = _mm512_set1_epi8(0xF0u8 as i8);
         std::array::from_fn(|e| {
             if e < 4 {
                 _mm512_and_si512(v[e], low)
             } else {
-                _mm512_and_si512(_mm512_srli_epi16::<4>(v[e - 4]), low)
+                _mm512_and_si512(v[e - 4], high)
             }
         })
     }
 
-    /// The sixteen rows' exact `isum` of one block: `ns` (the token block's `-8 Σy`) plus eight
-    /// `vpdpbusd` of the nibbles `w` with `word(e)`, the token's quant bytes `4e..4e + 4`, in
-    /// two chains of four (the integers are exact in any order).
+    /// The sixteen rows' exact `isum` of one block: `ns` (the token block's `-8 Σy`) plus four
+    /// `vpdpbusd` of the low nibbles `w[..4]` with `word(e)`, the token's quant bytes
+    /// `4e..4e + 4`, plus a sixteenth of four `vpdpbusd` of the high nibbles in place (`w[4..]`,
+    /// sixteen times the quants; every product a multiple of sixteen, so the shift is exact,
+    /// and `|sum| <= 16 * 240 * 128 < 2^31`). The integers are exact in any order.
     #[inline(always)]
     unsafe fn isum(w: &[__m512i; 8], ns: __m512i, word: impl Fn(usize) -> __m512i) -> __m512i {
         let mut s0 = ns;
         let mut s1 = _mm512_setzero_si512();
         for e in 0..4 {
-            s0 = _mm512_dpbusd_epi32(s0, w[2 * e], word(2 * e));
-            s1 = _mm512_dpbusd_epi32(s1, w[2 * e + 1], word(2 * e + 1));
+            s0 = _mm512_dpbusd_epi32(s0, w[e], word(e));
+            s1 = _mm512_dpbusd_epi32(s1, w[4 + e], word(4 + e));
         }
-        _mm512_add_epi32(s0, s1)
+        _mm512_add_epi32(s0, _mm512_srai_epi32::<4>(s1))
     }
 
     /// Tokens `t..t + NT` against one group: the sixteen rows' sums of each token, stored to
