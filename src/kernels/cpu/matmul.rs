@@ -871,32 +871,36 @@ mod interleaved_tests {
     /// file's layout).
     #[test]
     fn interleaved_q4_0_equals_rows() {
-        interleaved_equals_rows(GgmlType::Q4_0, 320);
+        interleaved_equals_rows(GgmlType::Q4_0, 320, 160);
+        // An odd number of blocks: the last one unpaired.
+        interleaved_equals_rows(GgmlType::Q4_0, 352, 160);
+        // Rows longer than the pairs' layout takes: quants, then scales; four groups side by
+        // side in decode (512 rows: four groups a task on up to eight threads).
+        interleaved_equals_rows(GgmlType::Q4_0, 32 * 65, 512);
     }
 
     /// As for Q4_0, Q4_K (random blocks with small finite super-block scales).
     #[test]
     fn interleaved_q4_k_equals_rows() {
-        interleaved_equals_rows(GgmlType::Q4_K, 512);
+        interleaved_equals_rows(GgmlType::Q4_K, 512, 160);
     }
 
     /// As for Q4_0, Q6_K (random blocks with small finite super-block scales): the layout's
     /// `d` after the group's blocks, the 6-bit quants put together from two words.
     #[test]
     fn interleaved_q6_k_equals_rows() {
-        interleaved_equals_rows(GgmlType::Q6_K, 768);
+        interleaved_equals_rows(GgmlType::Q6_K, 768, 160);
     }
 
-    fn interleaved_equals_rows(ty: GgmlType, k: usize) {
-        // Ten groups: decode reads Q4_0 four and Q6_K two side by side (from separate parts of
-        // a task's groups), the rest one at a time.
-        const N: usize = 160;
+    fn interleaved_equals_rows(ty: GgmlType, k: usize, n_rows: usize) {
+        // Ten groups (160 rows): decode reads Q6_K two and Q4_0 with long rows four side by
+        // side (from separate parts of a task's groups), the rest one at a time.
         let mut rng = crate::rng::SplitMix64::new(11);
         let first = super::super::random_rows(ty, k, 37, &mut rng);
-        let w = super::super::random_rows(ty, k, N, &mut rng);
-        let packed = repack::pack(ty, &w, k, N, 2, &repack::Arena::default()).unwrap();
+        let w = super::super::random_rows(ty, k, n_rows, &mut rng);
+        let packed = repack::pack(ty, &w, k, n_rows, 2, &repack::Arena::default()).unwrap();
         let a = MatRef::rows(ty, k, 37, &first);
-        let rows = MatRef::rows(ty, k, N, &w);
+        let rows = MatRef::rows(ty, k, n_rows, &w);
         let inter = MatRef {
             layout: Layout::Interleaved,
             data: packed.bytes(),
@@ -909,16 +913,16 @@ mod interleaved_tests {
                     .map(|i| (i as f32 * 0.61 + n_tok as f32).sin())
                     .collect();
                 let acts = QuantizedActs::new(ty, &x, k).unwrap();
-                let mut want = vec![0f32; N * n_tok];
+                let mut want = vec![0f32; n_rows * n_tok];
                 matmul_quantized(&rows, &acts, &mut want).unwrap();
                 assert!(
                     want.iter().all(|v| v.is_finite() && *v != 0.0),
                     "{ty}: {want:?}"
                 );
-                let mut got = vec![0f32; N * n_tok];
+                let mut got = vec![0f32; n_rows * n_tok];
                 matmul_quantized(&inter, &acts, &mut got).unwrap();
                 let mut first_out = vec![0f32; 37 * n_tok];
-                let mut fused = vec![0f32; N * n_tok];
+                let mut fused = vec![0f32; n_rows * n_tok];
                 matmul_quantized_many(&mut [(a, &mut first_out), (inter, &mut fused)], &acts)
                     .unwrap();
                 for (i, ((w, g), f)) in want.iter().zip(&got).zip(&fused).enumerate() {

@@ -15,10 +15,12 @@
 //! summing lanes across registers, which Zen 4's shuffle port bounds at about 20–30 GB/s of
 //! weights per core; llama.cpp repacks Q4_0 and Q4_K for the same reason.
 //!
-//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0: `nb * 256` bytes of quants,
-//! then `nb * 32` bytes of scales; block b's quants are four 64-byte chunks, chunk c holding in
-//! lane r bytes `4c..4c + 4` of row r's block b (low nibbles: elements `4c..4c + 4`, high
-//! nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d` (f16). Q4_K: block b takes
+//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0: blocks in pairs, 256 bytes of
+//! quants for each block of the pair, then 32 bytes of scales for each (a last unpaired block:
+//! its quants, its scales), so that a group is one forward stream; block b's quants are four
+//! 64-byte chunks, chunk c holding in lane r bytes `4c..4c + 4` of row r's block b (low nibbles:
+//! elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d`
+//! (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
 //! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
 //! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
@@ -39,6 +41,38 @@ const QUANTS: usize = 256;
 
 /// Bytes of one block's scales for the group.
 pub(crate) const SCALES: usize = 32;
+
+/// Q4_0 groups of up to this many blocks (rows of up to 2048) keep each block pair's scales right
+/// after the pair's quants, so that a group is one forward stream, and decode reads them one
+/// group at a time; longer groups keep all their blocks' quants, then all their scales, and
+/// decode reads four side by side. Out of cache, 1 thread (`examples/matmul_dram`, alternated),
+/// fraction of the plain read with the two regions and four groups / pairs and four groups /
+/// pairs and one group: K 2048 x N 8192 0.71 / 0.74 / 0.99 (2 threads 0.90 / - / 0.96-0.97);
+/// K 4096 x N 14336 0.85 / 0.75 / 0.76; K 8192 x N 2048 0.90 / 0.73 / 0.77.
+const PAIRS_MAX_NB: usize = 64;
+
+/// Where Q4_0 block b's quants start in a group of `nb` blocks.
+#[inline(always)]
+const fn q4_0_quants(nb: usize, b: usize) -> usize {
+    if nb <= PAIRS_MAX_NB {
+        b / 2 * 2 * (QUANTS + SCALES) + b % 2 * QUANTS
+    } else {
+        b * QUANTS
+    }
+}
+
+/// Where Q4_0 block b's scales start in a group of `nb` blocks (with pairs, a last unpaired
+/// block's right after its quants).
+#[inline(always)]
+const fn q4_0_scales(nb: usize, b: usize) -> usize {
+    if nb <= PAIRS_MAX_NB {
+        let pair = b / 2 * 2;
+        let n = if nb - pair < 2 { nb - pair } else { 2 };
+        pair * (QUANTS + SCALES) + n * QUANTS + b % 2 * SCALES
+    } else {
+        nb * QUANTS + b * SCALES
+    }
+}
 
 /// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0,
 /// Q4_K or Q6_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
@@ -219,16 +253,20 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
 /// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
-/// after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
+/// after the pair's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
 /// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at
 /// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
     match ty {
         GgmlType::Q4_0 => {
-            f(b * BLOCK, nb * QUANTS + b * SCALES + 2 * r, 2);
+            f(b * BLOCK, q4_0_scales(nb, b) + 2 * r, 2);
             for c in 0..4 {
-                f(b * BLOCK + 2 + 4 * c, b * QUANTS + 64 * c + 4 * r, 4);
+                f(
+                    b * BLOCK + 2 + 4 * c,
+                    q4_0_quants(nb, b) + 64 * c + 4 * r,
+                    4,
+                );
             }
         }
         GgmlType::Q6_K => {
@@ -350,22 +388,24 @@ mod kernels {
                 let ys: Vec<&[BlockQ8_0]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
                 assert!(ys.iter().all(|y| y.len() == nb));
                 if n_tok == 1 {
-                    // Decode: whole groups four side by side, the others one at a time.
+                    // Decode: groups in pairs' layout one at a time, longer ones four side by
+                    // side (`PAIRS_MAX_NB`); the rows left one at a time.
                     let one = |r: Range<usize>| {
                         each_group(r, group, packed, |g, r0, mask| unsafe {
                             tokens::<1>(g, nb, &ys, nsum, 0, out, r0, mask)
                         })
                     };
-                    spread::<SIDE>(rows, one, |gs| unsafe {
-                        side_by_side(
-                            gs.map(|g| &packed[g * group..][..group]),
-                            nb,
-                            ys[0],
-                            nsum,
-                            out,
-                            gs,
-                        )
-                    });
+                    let y = ys[0];
+                    let at = |g: usize| &packed[g * group..][..group];
+                    if nb <= super::PAIRS_MAX_NB {
+                        spread::<1>(rows, one, |gs| unsafe {
+                            side_by_side(gs.map(at), nb, y, nsum, out, gs)
+                        });
+                    } else {
+                        spread::<4>(rows, one, |gs| unsafe {
+                            side_by_side(gs.map(at), nb, y, nsum, out, gs)
+                        });
+                    }
                     return;
                 }
                 each_group(rows, group, packed, |g, r0, mask| {
@@ -841,10 +881,7 @@ mod kernels {
         OVERRIDE.store(bytes.unwrap_or(NONE), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Q4_0 groups that decode reads side by side.
-    const SIDE: usize = 4;
-
-    /// One token against the [`SIDE`] whole groups `groups` (groups `at`, taken from [`SIDE`]
+    /// One token against the `S` whole groups `groups` (groups `at`, taken from `S`
     /// parts of the task's rows by [`spread`]), the activation block's loads shared and the
     /// groups read as that many streams: per group the operations (and bits) of [`tokens`].
     /// Groups from four parts rather than four adjacent ones, 2 threads, fraction of the plain
@@ -857,18 +894,18 @@ mod kernels {
     /// 0.89-0.91.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn side_by_side(
-        groups: [&[u8]; SIDE],
+    unsafe fn side_by_side<const S: usize>(
+        groups: [&[u8]; S],
         nb: usize,
         y: &[BlockQ8_0],
         nsum: &[i32],
         out: &Out,
-        at: [usize; SIDE],
+        at: [usize; S],
     ) {
         let tab = crate::kernels::cpu::avx2::f16_table();
         let low = _mm512_set1_epi8(0x0F);
-        let q: [*const u8; SIDE] = groups.map(|g| g.as_ptr());
-        let mut sumf = [_mm512_setzero_ps(); SIDE];
+        let q: [*const u8; S] = groups.map(|g| g.as_ptr());
+        let mut sumf = [_mm512_setzero_ps(); S];
         let ahead = prefetch_ahead(GgmlType::Q4_0);
         for b in 0..nb {
             let yb = y.get_unchecked(b);
@@ -877,9 +914,9 @@ mod kernels {
             let word = |e: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()));
             let ns = _mm512_set1_epi32(*nsum.get_unchecked(b));
             for (&g, acc) in q.iter().zip(sumf.iter_mut()) {
-                let p = g.add(b * QUANTS);
-                let d = g.add(nb * QUANTS + b * SCALES);
-                prefetch_q4_0(p, d, b, ahead);
+                let p = g.add(super::q4_0_quants(nb, b));
+                let d = g.add(super::q4_0_scales(nb, b));
+                prefetch_q4_0(p, d, nb, b, ahead);
                 let s = isum(&nibbles(p, low), ns, word);
                 let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(s), *acc);
@@ -890,14 +927,17 @@ mod kernels {
         }
     }
 
-    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and every other block those
-    /// `ahead / 8` past its scales at `d`, asked into L2 (none when `ahead` is 0). Past the
-    /// group's end they are the next group's (or outside the matrix, where a prefetch does
+    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and (groups of `nb` blocks in
+    /// pairs) for the second block of a pair the line of their scales after them or (else)
+    /// every other block those `ahead / 8` past its scales at `d`, asked into L2 (none when `ahead` is 0). Past
+    /// the group's end they are the next group's (or outside the matrix, where a prefetch does
     /// nothing).
     #[inline(always)]
-    unsafe fn prefetch_q4_0(p: *const u8, d: *const u8, b: usize, ahead: usize) {
+    unsafe fn prefetch_q4_0(p: *const u8, d: *const u8, nb: usize, b: usize, ahead: usize) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
-        if ahead > 0 && b.is_multiple_of(2) {
+        if ahead > 0 && nb <= super::PAIRS_MAX_NB && b % 2 == 1 {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
+        } else if ahead > 0 && nb > super::PAIRS_MAX_NB && b.is_multiple_of(2) {
             _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(ahead / 8).cast());
         }
     }
@@ -953,14 +993,14 @@ mod kernels {
         let tab = crate::kernels::cpu::avx2::f16_table();
         let low = _mm512_set1_epi8(0x0F);
         let q = group.as_ptr();
-        let d = q.add(nb * QUANTS);
         let mut sumf = [_mm512_setzero_ps(); NT];
         let ahead = prefetch_ahead(GgmlType::Q4_0);
         for b in 0..nb {
-            let p = q.add(b * QUANTS);
-            prefetch_q4_0(p, d.add(b * SCALES), b, ahead);
+            let p = q.add(super::q4_0_quants(nb, b));
+            let d = q.add(super::q4_0_scales(nb, b));
+            prefetch_q4_0(p, d, nb, b, ahead);
             let w = nibbles(p, low);
-            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()));
+            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
             for (j, acc) in sumf.iter_mut().enumerate() {
                 let y = ys.get_unchecked(t + j).get_unchecked(b);
                 let yq = y.qs.as_ptr();
