@@ -15,12 +15,13 @@
 //! summing lanes across registers, which Zen 4's shuffle port bounds at about 20–30 GB/s of
 //! weights per core; llama.cpp repacks Q4_0 and Q4_K for the same reason.
 //!
-//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0: blocks in pairs, 256 bytes of
-//! quants for each block of the pair, then 32 bytes of scales for each (a last unpaired block:
-//! its quants, its scales), so that a group is one forward stream; block b's quants are four
-//! 64-byte chunks, chunk c holding in lane r bytes `4c..4c + 4` of row r's block b (low nibbles:
-//! elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales the sixteen rows' `d`
-//! (f16). Q4_K: block b takes
+//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0 with up to 64 blocks a row:
+//! blocks in pairs, 256 bytes of quants for each block of the pair, then 32 bytes of scales for
+//! each (a last unpaired block: its quants, its scales), so that a group is one forward stream;
+//! with longer rows `nb * 256` bytes of quants, then `nb * 32` bytes of scales. Block b's quants
+//! are four 64-byte chunks, chunk c holding in lane r bytes `4c..4c + 4` of row r's block b (low
+//! nibbles: elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales the sixteen
+//! rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
 //! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
 //! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
@@ -253,7 +254,7 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
 /// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
-/// after the pair's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
+/// after the pair's quants (rows of up to 64 blocks) or after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
 /// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at
 /// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
 #[inline]
