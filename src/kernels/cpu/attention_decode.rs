@@ -111,6 +111,7 @@ fn passes(
     let pool = pool::global();
     let ps = SharedOut(p.as_mut_ptr());
     let os = SharedOut(out.as_mut_ptr());
+    let avx512 = isa() == Isa::Avx512;
     let job = Scores {
         s,
         qr,
@@ -121,7 +122,7 @@ fn passes(
         scale: 1.0 / (hd as f32).sqrt(),
         p: ps.0,
         stride,
-        avx512: isa() == Isa::Avx512,
+        avx512,
     };
     let steps = Steps {
         s,
@@ -131,7 +132,7 @@ fn passes(
         pos0,
         n_tok,
         out: os.0,
-        avx512: isa() == Isa::Avx512,
+        avx512,
     };
     let n_db = hd / DIM_BLOCK;
     let all = 0..group;
@@ -211,11 +212,11 @@ impl Steps<'_> {
         let stride = self.stride;
         let rows = std::slice::from_raw_parts_mut(self.p.add(r * stride), n * stride);
         if self.avx512 {
-            // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too; the rows' sums
-            // run side by side.
-            super::attention_tiled::softmax_rows(rows, stride, &[n_kv; 4][..n.min(4)]);
-            if n > 4 {
-                self.softmax(r + 4, n - 4);
+            // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too; the sums of up to
+            // eight rows run side by side.
+            for rows in rows.chunks_mut(8 * stride) {
+                let lens = &[n_kv; 8][..rows.len() / stride];
+                super::attention_tiled::softmax_rows(rows, stride, lens);
             }
         } else {
             for row in rows.chunks_mut(stride) {

@@ -52,10 +52,16 @@ pub(crate) const SCALES: usize = 32;
 /// K 4096 x N 14336 0.85 / 0.75 / 0.76; K 8192 x N 2048 0.90 / 0.73 / 0.77.
 const PAIRS_MAX_NB: usize = 64;
 
+/// Whether a Q4_0 group of `nb` blocks keeps its blocks in pairs ([`PAIRS_MAX_NB`]).
+#[inline(always)]
+const fn q4_0_pairs(nb: usize) -> bool {
+    nb <= PAIRS_MAX_NB
+}
+
 /// Where Q4_0 block b's quants start in a group of `nb` blocks.
 #[inline(always)]
 const fn q4_0_quants(nb: usize, b: usize) -> usize {
-    if nb <= PAIRS_MAX_NB {
+    if q4_0_pairs(nb) {
         b / 2 * 2 * (QUANTS + SCALES) + b % 2 * QUANTS
     } else {
         b * QUANTS
@@ -66,7 +72,7 @@ const fn q4_0_quants(nb: usize, b: usize) -> usize {
 /// block's right after its quants).
 #[inline(always)]
 const fn q4_0_scales(nb: usize, b: usize) -> usize {
-    if nb <= PAIRS_MAX_NB {
+    if q4_0_pairs(nb) {
         let pair = b / 2 * 2;
         let n = if nb - pair < 2 { nb - pair } else { 2 };
         pair * (QUANTS + SCALES) + n * QUANTS + b % 2 * SCALES
@@ -254,8 +260,9 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
 /// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
-/// after the pair's quants (rows of up to 64 blocks) or after all the group's quants; Q4_K: every 32-bit word w of the block (d and dmin, the packed
-/// scales, the quants) at `2304 b + 64 w`, lane r; Q6_K: its 52 words at
+/// after the pair's quants (rows of up to 64 blocks) or after all the group's quants; Q4_K:
+/// every 32-bit word w of the block (d and dmin, the packed scales, the quants) at
+/// `2304 b + 64 w`, lane r; Q6_K: its 52 words at
 /// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
@@ -398,7 +405,7 @@ mod kernels {
                     };
                     let y = ys[0];
                     let at = |g: usize| &packed[g * group..][..group];
-                    if nb <= super::PAIRS_MAX_NB {
+                    if super::q4_0_pairs(nb) {
                         spread::<1>(rows, one, |gs| unsafe {
                             side_by_side(gs.map(at), nb, y, nsum, out, gs)
                         });
@@ -842,8 +849,9 @@ mod kernels {
     /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). On Intel CPUs 16 KiB for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
     /// Intel). Elsewhere Q6_K 16 KiB, Q4_0 and Q4_K none: the hardware's prefetcher follows
-    /// their blocks, which are read in order, and a prefetch ahead of it only costs. Out of cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads,
-    /// memory at 35-37 GB/s, alternated), fraction of the plain read with none / 16 KiB: Q4_0
+    /// their blocks, which are read in order, and a prefetch ahead of it only costs. Out of
+    /// cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads, memory at 35-37 GB/s,
+    /// alternated), fraction of the plain read with none / 16 KiB: Q4_0
     /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
     /// Q6_K, whose block's lines were read out of order (the scales at its end first, `ql` and
     /// `qh` in halves), read 0.46 of it with none; in the order of [`super::q6_slot`] 0.83-0.85
@@ -930,15 +938,20 @@ mod kernels {
 
     /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and (groups of `nb` blocks in
     /// pairs) for the second block of a pair the line of their scales after them or (else)
-    /// every other block those `ahead / 8` past its scales at `d`, asked into L2 (none when `ahead` is 0). Past
-    /// the group's end they are the next group's (or outside the matrix, where a prefetch does
-    /// nothing).
+    /// every other block those `ahead / 8` past its scales at `d`, asked into L2 (none when
+    /// `ahead` is 0). Past the group's end they are the next group's (or outside the matrix,
+    /// where a prefetch does nothing).
     #[inline(always)]
     unsafe fn prefetch_q4_0(p: *const u8, d: *const u8, nb: usize, b: usize, ahead: usize) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
-        if ahead > 0 && nb <= super::PAIRS_MAX_NB && b % 2 == 1 {
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
-        } else if ahead > 0 && nb > super::PAIRS_MAX_NB && b.is_multiple_of(2) {
+        if ahead == 0 {
+            return;
+        }
+        if super::q4_0_pairs(nb) {
+            if b % 2 == 1 {
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
+            }
+        } else if b.is_multiple_of(2) {
             _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(ahead / 8).cast());
         }
     }
