@@ -434,6 +434,7 @@ fn time_test(
     reps: usize,
     bos: Option<u32>,
     rng: &mut TokenRng,
+    between: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
     let map = DeviceMap::uniform(model, dev);
@@ -453,8 +454,13 @@ fn time_test(
     };
     // Warm-up, as llama-bench: the whole prompt, or one generated token.
     run(&mut session, n_prompt, n_gen.min(1))?;
+    between()?;
     (0..reps)
-        .map(|_| run(&mut session, n_prompt, n_gen))
+        .map(|_| {
+            let ns = run(&mut session, n_prompt, n_gen)?;
+            between()?;
+            Ok(ns)
+        })
         .collect()
 }
 
@@ -660,16 +666,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     plan.reps,
                     isa = host.isa,
                 );
-                // Decode against the memory: its read bandwidth at these threads just before
-                // and just after the test (a shared machine's memory rate drifts).
+                // Decode against the memory: its read bandwidth at these threads after the
+                // warm-up and after each run, so each run has its own (a shared machine's memory
+                // rate moves within seconds).
                 let decode = n_gen > 0 && n_prompt == 0 && host.gpu_info.is_empty();
-                let bw_before = if decode {
-                    Some(read_bandwidth(MEMBW_BYTES, n_threads)?)
-                } else {
-                    None
+                let mut bws = Vec::new();
+                let mut probe = || -> Result<()> {
+                    if decode {
+                        bws.push(read_bandwidth(MEMBW_BYTES, n_threads)?);
+                    }
+                    Ok(())
                 };
                 t.samples_ns = time_test(
-                    &backends, dev, model, n_prompt, n_gen, plan.reps, bos, &mut rng,
+                    &backends, dev, model, n_prompt, n_gen, plan.reps, bos, &mut rng, &mut probe,
                 )?;
                 let ts = t.samples_ts();
                 eprintln!(
@@ -679,26 +688,94 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stdev(&ts)
                 );
                 printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
-                if let Some(before) = bw_before {
-                    // The weights one step reads, at the rate measured, over the mean of the
-                    // two bandwidths (and over each).
-                    let after = read_bandwidth(MEMBW_BYTES, n_threads)?;
-                    let bw = (before + after) / 2.0;
+                if decode {
                     let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
-                    let gbps = per_token as f64 * mean(&ts) / 1e9;
-                    let (lo, hi) = (gbps / before.max(after), gbps / before.min(after));
                     eprintln!(
-                        "oato bench: {} reads {gbps:.1} GB/s of weights = {:.2} of the {bw:.1} GB/s \
-                         this machine reads at {n_threads} threads (oato bench --membw; \
-                         {before:.1} just before the test, {after:.1} just after: {lo:.2}-{hi:.2})",
-                        t.name(),
-                        gbps / bw
+                        "oato bench: {}",
+                        Fraction::of(per_token, &ts, &bws).line(&t.name(), n_threads)
                     );
                 }
             }
         }
     }
     printer.footer(&mut stdout, &host).map_err(stdout_err)
+}
+
+/// Decode's weight read rate against the memory's, run by run.
+struct Fraction {
+    /// Mean GB/s of weights over the runs.
+    gbps: f64,
+    /// Mean of the memory's read rates measured.
+    bw: f64,
+    /// Each run's GB/s of weights over the mean of the rates measured just before and just
+    /// after it.
+    runs: Vec<f64>,
+    /// Runs (from 1) whose two rates differ by more than a tenth.
+    moved: Vec<usize>,
+}
+
+impl Fraction {
+    /// `per_token` weight bytes, each run's tokens per second `ts`, and `bws`: the memory's rate
+    /// before the first run and after each (one more than the runs).
+    fn of(per_token: usize, ts: &[f64], bws: &[f64]) -> Fraction {
+        assert_eq!(
+            bws.len(),
+            ts.len() + 1,
+            "one rate before the runs and one after each"
+        );
+        let rate = |t: f64| per_token as f64 * t / 1e9;
+        let runs = ts
+            .iter()
+            .zip(bws.windows(2))
+            .map(|(&t, w)| rate(t) / ((w[0] + w[1]) / 2.0))
+            .collect();
+        let moved = (bws.windows(2).enumerate())
+            .filter(|(_, w)| w[0].max(w[1]) > 1.1 * w[0].min(w[1]))
+            .map(|(i, _)| i + 1)
+            .collect();
+        Fraction {
+            gbps: rate(mean(ts)),
+            bw: mean(bws),
+            runs,
+            moved,
+        }
+    }
+
+    /// The median of the runs' fractions.
+    fn median(&self) -> f64 {
+        let mut v = self.runs.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    /// What `oato bench` prints for test `name` at `threads`.
+    fn line(&self, name: &str, threads: usize) -> String {
+        let runs: Vec<String> = self.runs.iter().map(|f| format!("{f:.2}")).collect();
+        let moved = match self.moved.as_slice() {
+            [] => String::new(),
+            m => {
+                let m: Vec<String> = m.iter().map(|r| r.to_string()).collect();
+                format!(
+                    "; the memory's rate moved by more than 10% during run {}",
+                    m.join(", ")
+                )
+            }
+        };
+        format!(
+            "{name} reads {:.1} GB/s of weights = {:.2} of the {:.1} GB/s this machine reads at \
+             {threads} threads (the median of the runs, each over the rate oato bench --membw's \
+             loop measured just before and just after it: {}{moved})",
+            self.gbps,
+            self.median(),
+            self.bw,
+            runs.join(" / "),
+        )
+    }
 }
 
 /// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction (four times
@@ -804,6 +881,24 @@ mod tests {
             let e = parse_list("-p", &s(&[bad]), 1).unwrap_err().to_string();
             assert!(e.contains("-p"), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn decode_fraction_takes_each_run_against_its_own_rates() {
+        // 1 GB a token: runs at 30 and 20 t/s between rates 40, 20 and 20 GB/s.
+        let f = Fraction::of(1_000_000_000, &[30.0, 20.0], &[40.0, 20.0, 20.0]);
+        assert_eq!(f.runs, vec![1.0, 1.0]);
+        assert_eq!(f.moved, vec![1]);
+        assert_eq!(f.median(), 1.0);
+        assert_eq!(f.gbps, 25.0);
+        let line = f.line("tg2", 2);
+        assert!(line.contains("= 1.00 of the 26.7 GB/s"), "{line}");
+        assert!(
+            line.contains("1.00 / 1.00") && line.contains("during run 1"),
+            "{line}"
+        );
+        let f = Fraction::of(1_000_000_000, &[10.0, 20.0, 30.0], &[40.0; 4]);
+        assert_eq!((f.median(), f.moved.len()), (0.5, 0));
     }
 
     #[test]

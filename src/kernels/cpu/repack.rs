@@ -489,17 +489,18 @@ mod kernels {
         }
     }
 
-    /// Q6_K groups that decode reads side by side. Out of cache, Q6_K 4096 x 14336
-    /// (`examples/matmul_dram`, 2 EPYC threads, memory at 36-38 GB/s, alternated), fraction of
-    /// the plain read: one group 0.83-0.90, two 0.93-0.94, four 0.87-0.96 (groups from two or
-    /// four parts of the task's rows, [`spread`]); then, one group against two, three rounds
-    /// each: 4096 x 14336 0.89-0.90 / 0.91-0.96, 4096 x 128256 (the 8B head) 0.89-0.91 /
-    /// 0.90-0.95, 2048 x 128256 0.96-0.98 / 0.94, 8192 x 2048 0.89 / 0.85-0.89.
+    /// Q6_K groups that decode reads side by side. Out of cache (`examples/matmul_dram`, EPYC,
+    /// alternated; fraction of the plain read of the same copies, medians of the rounds), with
+    /// the kernel's group indices constant ([`q6_half`]), one group against two: 1 thread,
+    /// 2048 x 128256 (the 1B head) 0.80 / 0.83-0.85, 4096 x 14336 0.65-0.66 / 0.74-0.77,
+    /// 14336 x 4096 0.79-0.84 / 0.93; 2 threads 0.83-0.92 / 0.92-0.95 (the 1B head), 0.98 /
+    /// 0.97 (14336 x 4096). Four read as two or worse (4096 x 128256, 1 thread 0.68 / 0.75).
+    /// The kernel before (indices at run time, 16 KiB prefetches) read 4096-wide rows better
+    /// at 1 thread (4096 x 14336 0.83-0.86, 4096 x 128256 0.83-0.85) and the others worse.
     const Q6_SIDE: usize = 2;
 
     /// One token against the `G` whole Q6_K groups `groups` (groups `at`), read side by side
     /// as `G` streams: per group the operations (and bits) of [`tokens_q6_k`].
-    #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side_q6_k<const G: usize>(
         groups: [&[u8]; G],
@@ -514,21 +515,24 @@ mod kernels {
         let mut sumf = [_mm512_setzero_ps(); G];
         for b in 0..nb {
             let yb = y.get_unchecked(b);
-            let mut isum = [_mm512_setzero_si512(); G];
-            for h in 0..2 {
-                for s in 0..2 {
-                    for (&g, is) in q.iter().zip(isum.iter_mut()) {
-                        let p = g.add(b * Q6_GROUP_BLOCK);
-                        let ws = q6_words(p, h, s);
-                        for k in 0..4 {
-                            q6_group(p, &ws, [h, s, k], ahead, std::iter::once((yb, &mut *is)));
-                        }
-                    }
-                }
+            let mut isum = [[_mm512_setzero_si512(); 1]; G];
+            let ps = q.map(|g| g.add(b * Q6_GROUP_BLOCK));
+            // The halves in the order of the block's words, each group's in turn.
+            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+                q6_half::<0, 0, 1>(p, ahead, [yb], is);
+            }
+            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+                q6_half::<0, 1, 1>(p, ahead, [yb], is);
+            }
+            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+                q6_half::<1, 0, 1>(p, ahead, [yb], is);
+            }
+            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+                q6_half::<1, 1, 1>(p, ahead, [yb], is);
             }
             let d_y = _mm512_set1_ps(yb.d.get());
-            for ((&g, is), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
-                let dx = q6_dx(g, nb, b, ahead);
+            for ((&g, [is]), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
+                let dx = q6_dx(g, nb, b);
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(is), *acc);
             }
         }
@@ -693,17 +697,14 @@ mod kernels {
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = q.add(b * Q6_GROUP_BLOCK);
-            let dx = q6_dx(q, nb, b, ahead);
+            let dx = q6_dx(q, nb, b);
             let mut isum = [_mm512_setzero_si512(); NT];
-            for h in 0..2 {
-                for s in 0..2 {
-                    let ws = q6_words(p, h, s);
-                    for k in 0..4 {
-                        let toks = (0..NT).map(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
-                        q6_group(p, &ws, [h, s, k], ahead, toks.zip(isum.iter_mut()));
-                    }
-                }
-            }
+            let yb: [&BlockQ8K; NT] =
+                std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
+            q6_half::<0, 0, NT>(p, ahead, yb, &mut isum);
+            q6_half::<0, 1, NT>(p, ahead, yb, &mut isum);
+            q6_half::<1, 0, NT>(p, ahead, yb, &mut isum);
+            q6_half::<1, 1, NT>(p, ahead, yb, &mut isum);
             for tk in 0..NT {
                 let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
                 sumf[tk] = _mm512_fmadd_ps(
@@ -719,48 +720,89 @@ mod kernels {
     }
 
     /// The sixteen rows' `d` of block b of the Q6_K group at `q` (`nb` blocks), widened; every
-    /// other block, the next group's scales as far ahead asked into L2 (none when `ahead` is 0;
-    /// the group's own came with its first block).
+    /// other block, the next group's `d` asked into L2 (they lie past that group's blocks, off
+    /// the stream the hardware prefetcher follows; the group's own were asked for during the
+    /// group before), whatever the quants' prefetch distance (none by default on AMD). The
+    /// Llama-3.2-1B head (Q6_K 2048 x 128256, 2 EPYC threads, one group at a time) read
+    /// 0.80-0.94 of the plain read without these and 0.95-0.98 with them.
     #[inline(always)]
-    unsafe fn q6_dx(q: *const u8, nb: usize, b: usize, ahead: usize) -> __m512 {
+    unsafe fn q6_dx(q: *const u8, nb: usize, b: usize) -> __m512 {
         use super::Q6_GROUP_BLOCK;
         let d = q.add(nb * Q6_GROUP_BLOCK);
-        if ahead > 0 && b.is_multiple_of(2) {
+        if b.is_multiple_of(2) {
             let next = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
             _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(next).cast());
         }
         _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()))
     }
 
-    /// Group j = `8 h + 2 k + s` (elements `128 h + 32 k + 16 s..+ 16`) of the sixteen rows'
-    /// Q6_K block at `p` (its words `ws` from [`q6_words`]`(p, h, s)`), for each pair of a
-    /// token's block and its sums: four `vpdpbusd` from `-32 Σy_j` give each row's exact
+    /// The four groups `8 H + 2 k + S` (k = 0..4) of the sixteen rows' Q6_K block at `p` for
+    /// the tokens' blocks `ys`, added to their sums `isum` ([`q6_group`]). The indices are
+    /// constants, so the words' places, the shifts and the scale's byte are too (with the loops
+    /// over them at run time the kernel computed each slot and shift, spilled the words and read
+    /// 16-17 GB/s in cache; 1 EPYC thread, Q6_K 2048 x 512, `examples/matmul_dram`).
+    #[inline(always)]
+    unsafe fn q6_half<const H: usize, const S: usize, const NT: usize>(
+        p: *const u8,
+        ahead: usize,
+        ys: [&BlockQ8K; NT],
+        isum: &mut [__m512i; NT],
+    ) {
+        let ws = q6_words(p, H, S);
+        q6_group::<H, S, 0, NT>(p, &ws, ahead, ys, isum);
+        q6_group::<H, S, 1, NT>(p, &ws, ahead, ys, isum);
+        q6_group::<H, S, 2, NT>(p, &ws, ahead, ys, isum);
+        q6_group::<H, S, 3, NT>(p, &ws, ahead, ys, isum);
+    }
+
+    /// Group j = `8 H + 2 K + S` (elements `128 H + 32 K + 16 S..+ 16`) of the sixteen rows'
+    /// Q6_K block at `p` (its words `ws` from [`q6_words`]`(p, H, S)`), for each token's block
+    /// in `ys` and its sums in `isum`: four `vpdpbusd` from `-32 Σy_j` give each row's exact
     /// `Σ q y`, times the rows' scale j (`vpmulld`), added to the sums. Asks for this part of
     /// the lines `ahead` bytes past the block.
     #[inline(always)]
-    unsafe fn q6_group<'a>(
+    unsafe fn q6_group<const H: usize, const S: usize, const K: usize, const NT: usize>(
         p: *const u8,
         ws: &Q6Words,
-        [h, s, k]: [usize; 3],
         ahead: usize,
-        toks: impl Iterator<Item = (&'a BlockQ8K, &'a mut __m512i)>,
+        ys: [&BlockQ8K; NT],
+        isum: &mut [__m512i; NT],
     ) {
         use super::Q6_WORDS;
-        let j = 8 * h + 2 * k + s;
-        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * h + s) + k, 16);
-        let z = q6_quants(ws, k);
+        let j = 8 * H + 2 * K + S;
+        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * H + S) + K, 16);
+        let z = q6_quants(ws, K);
         // Scale j: byte j % 4 of word 48 + j / 4.
         let sc = signed_byte(q6_word(p, Q6_WORDS - 4 + j / 4), j % 4);
-        for (y, is) in toks {
+        for (y, is) in ys.into_iter().zip(isum.iter_mut()) {
             let yq = y.qs.as_ptr().add(16 * j);
             let off = -32 * i32::from(y.bsums.get_unchecked(j).get());
             let mut acc = _mm512_set1_epi32(off);
             for (i, zi) in z.iter().enumerate() {
-                let yw = std::ptr::read_unaligned(yq.add(4 * i).cast::<i32>());
-                acc = _mm512_dpbusd_epi32(acc, *zi, _mm512_set1_epi32(yw));
+                acc = dpbusd_bcst(acc, *zi, yq.add(4 * i).cast());
             }
             *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc));
         }
+    }
+
+    /// `vpdpbusd` of `z` against the four bytes at `y` in every lane, read by the instruction
+    /// itself (an embedded broadcast). Written as intrinsics, the compiler took a whole Q6_K
+    /// block's 64 broadcasts out of [`q6_half`]'s groups, before them, kept them on the stack
+    /// and read them back 64 bytes each (29 against 48 GB/s in cache).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dpbusd_bcst(acc: __m512i, z: __m512i, y: *const u8) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: the caller passes `y` with four readable bytes; the instruction needs
+        // AVX512-VNNI, which this function's features include.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {z}, dword ptr [{y}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            z = in(zmm_reg) z,
+            y = in(reg) y,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
     }
 
     /// The `ql` and `qh` words of a Q6_K block at `p` in the interleaved layout that hold
@@ -848,8 +890,8 @@ mod kernels {
     /// Bytes of quants ahead that the kernel for `ty` prefetches into L2 (0: none;
     /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). On Intel CPUs 16 KiB for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
-    /// Intel). Elsewhere Q6_K 16 KiB, Q4_0 and Q4_K none: the hardware's prefetcher follows
-    /// their blocks, which are read in order, and a prefetch ahead of it only costs. Out of
+    /// Intel). Elsewhere none: the hardware's prefetcher follows the blocks, which are read in
+    /// order, and a prefetch ahead of it only costs. Out of
     /// cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads, memory at 35-37 GB/s,
     /// alternated), fraction of the plain read with none / 16 KiB: Q4_0
     /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
@@ -858,8 +900,11 @@ mod kernels {
     /// with none and 0.87-0.88 with 16 KiB (the old order 0.83-0.85 with 16 KiB); 8, 16 and 32
     /// KiB read alike, 2 KiB much worse (0.60). Before the Q4_0 kernel read groups side by side
     /// it read better with 16 KiB (1B shape tg32, 42.0 / 34.7 t/s best / median, against 31.1 /
-    /// 31.1 with none).
-    fn prefetch_ahead(ty: GgmlType) -> usize {
+    /// 31.1 with none). Q6_K kept 16 KiB until its kernel took its group indices as constants
+    /// ([`q6_half`]); since, the Llama-3.2-1B head (2048 x 128256) reads 0.86 of the plain read
+    /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
+    /// threads).
+    fn prefetch_ahead(_ty: GgmlType) -> usize {
         static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
         match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => ENV
@@ -868,13 +913,11 @@ mod kernels {
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                 })
-                .unwrap_or(
-                    if ty == GgmlType::Q6_K || crate::kernels::cpu::matmul::intel() {
-                        16 << 10
-                    } else {
-                        0
-                    },
-                ),
+                .unwrap_or(if crate::kernels::cpu::matmul::intel() {
+                    16 << 10
+                } else {
+                    0
+                }),
             bytes => bytes,
         }
     }
