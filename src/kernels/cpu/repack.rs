@@ -510,26 +510,13 @@ mod kernels {
         at: [usize; G],
     ) {
         use super::Q6_GROUP_BLOCK;
-        let ahead = prefetch_ahead(GgmlType::Q6_K);
+        let ahead = prefetch_ahead();
         let q: [*const u8; G] = groups.map(|g| g.as_ptr());
         let mut sumf = [_mm512_setzero_ps(); G];
         for b in 0..nb {
             let yb = y.get_unchecked(b);
             let mut isum = [[_mm512_setzero_si512(); 1]; G];
-            let ps = q.map(|g| g.add(b * Q6_GROUP_BLOCK));
-            // The halves in the order of the block's words, each group's in turn.
-            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
-                q6_half::<0, 0, 1>(p, ahead, [yb], is);
-            }
-            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
-                q6_half::<0, 1, 1>(p, ahead, [yb], is);
-            }
-            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
-                q6_half::<1, 0, 1>(p, ahead, [yb], is);
-            }
-            for (&p, is) in ps.iter().zip(isum.iter_mut()) {
-                q6_half::<1, 1, 1>(p, ahead, [yb], is);
-            }
+            q6_block(q.map(|g| g.add(b * Q6_GROUP_BLOCK)), ahead, [yb], &mut isum);
             let d_y = _mm512_set1_ps(yb.d.get());
             for ((&g, [is]), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
                 let dx = q6_dx(g, nb, b);
@@ -604,7 +591,7 @@ mod kernels {
     ) {
         let low = _mm512_set1_epi8(0x0F);
         let high = _mm512_set1_epi8(0xF0u8 as i8);
-        let ahead = prefetch_ahead(GgmlType::Q4_K);
+        let ahead = prefetch_ahead();
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = group.as_ptr().add(b * ROWS * 4 * super::K4_WORDS);
@@ -692,19 +679,17 @@ mod kernels {
         mask: __mmask16,
     ) {
         use super::Q6_GROUP_BLOCK;
-        let ahead = prefetch_ahead(GgmlType::Q6_K);
+        let ahead = prefetch_ahead();
         let q = group.as_ptr();
         let mut sumf = [_mm512_setzero_ps(); NT];
         for b in 0..nb {
             let p = q.add(b * Q6_GROUP_BLOCK);
             let dx = q6_dx(q, nb, b);
-            let mut isum = [_mm512_setzero_si512(); NT];
             let yb: [&BlockQ8K; NT] =
                 std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
-            q6_half::<0, 0, NT>(p, ahead, yb, &mut isum);
-            q6_half::<0, 1, NT>(p, ahead, yb, &mut isum);
-            q6_half::<1, 0, NT>(p, ahead, yb, &mut isum);
-            q6_half::<1, 1, NT>(p, ahead, yb, &mut isum);
+            let mut isum = [[_mm512_setzero_si512(); NT]; 1];
+            q6_block([p], ahead, yb, &mut isum);
+            let [isum] = isum;
             for tk in 0..NT {
                 let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
                 sumf[tk] = _mm512_fmadd_ps(
@@ -736,11 +721,35 @@ mod kernels {
         _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()))
     }
 
+    /// One Q6_K block of each of `G` groups (at `ps`) against `NT` tokens' blocks `ys`, added to
+    /// the sums `isum[group][token]`: the block's halves in the order of its words, each group's
+    /// in turn ([`q6_half`]).
+    #[inline(always)]
+    unsafe fn q6_block<const G: usize, const NT: usize>(
+        ps: [*const u8; G],
+        ahead: usize,
+        ys: [&BlockQ8K; NT],
+        isum: &mut [[__m512i; NT]; G],
+    ) {
+        for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+            q6_half::<0, 0, NT>(p, ahead, ys, is);
+        }
+        for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+            q6_half::<0, 1, NT>(p, ahead, ys, is);
+        }
+        for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+            q6_half::<1, 0, NT>(p, ahead, ys, is);
+        }
+        for (&p, is) in ps.iter().zip(isum.iter_mut()) {
+            q6_half::<1, 1, NT>(p, ahead, ys, is);
+        }
+    }
+
     /// The four groups `8 H + 2 k + S` (k = 0..4) of the sixteen rows' Q6_K block at `p` for
     /// the tokens' blocks `ys`, added to their sums `isum` ([`q6_group`]). The indices are
     /// constants, so the words' places, the shifts and the scale's byte are too (with the loops
     /// over them at run time the kernel computed each slot and shift, spilled the words and read
-    /// 16-17 GB/s in cache; 1 EPYC thread, Q6_K 2048 x 512, `examples/matmul_dram`).
+    /// 27-32 GB/s in cache; 1 EPYC thread, Q6_K 2048 x 512, `examples/matmul_dram`).
     #[inline(always)]
     unsafe fn q6_half<const H: usize, const S: usize, const NT: usize>(
         p: *const u8,
@@ -788,7 +797,7 @@ mod kernels {
     /// `vpdpbusd` of `z` against the four bytes at `y` in every lane, read by the instruction
     /// itself (an embedded broadcast). Written as intrinsics, the compiler took a whole Q6_K
     /// block's 64 broadcasts out of [`q6_half`]'s groups, before them, kept them on the stack
-    /// and read them back 64 bytes each (29 against 48 GB/s in cache).
+    /// and read them back 64 bytes each (27-32 against 52-55 GB/s in cache).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn dpbusd_bcst(acc: __m512i, z: __m512i, y: *const u8) -> __m512i {
@@ -887,8 +896,8 @@ mod kernels {
         }
     }
 
-    /// Bytes of quants ahead that the kernel for `ty` prefetches into L2 (0: none;
-    /// `OATO_CPU_REPACK_PREFETCH` sets it for every type). On Intel CPUs 16 KiB for every type
+    /// Bytes of quants ahead that the interleaved kernels prefetch into L2 (0: none;
+    /// `OATO_CPU_REPACK_PREFETCH` sets it). On Intel CPUs 16 KiB for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
     /// Intel). Elsewhere none: the hardware's prefetcher follows the blocks, which are read in
     /// order, and a prefetch ahead of it only costs. Out of
@@ -904,7 +913,7 @@ mod kernels {
     /// ([`q6_half`]); since, the Llama-3.2-1B head (2048 x 128256) reads 0.86 of the plain read
     /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
     /// threads).
-    fn prefetch_ahead(_ty: GgmlType) -> usize {
+    fn prefetch_ahead() -> usize {
         static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
         match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => ENV
@@ -958,7 +967,7 @@ mod kernels {
         let low = _mm512_set1_epi8(0x0F);
         let q: [*const u8; S] = groups.map(|g| g.as_ptr());
         let mut sumf = [_mm512_setzero_ps(); S];
-        let ahead = prefetch_ahead(GgmlType::Q4_0);
+        let ahead = prefetch_ahead();
         for b in 0..nb {
             let yb = y.get_unchecked(b);
             let yq = yb.qs.as_ptr();
@@ -1051,7 +1060,7 @@ mod kernels {
         let low = _mm512_set1_epi8(0x0F);
         let q = group.as_ptr();
         let mut sumf = [_mm512_setzero_ps(); NT];
-        let ahead = prefetch_ahead(GgmlType::Q4_0);
+        let ahead = prefetch_ahead();
         for b in 0..nb {
             let p = q.add(super::q4_0_quants(nb, b));
             let d = q.add(super::q4_0_scales(nb, b));
