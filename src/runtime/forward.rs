@@ -944,12 +944,15 @@ impl<'m> Session<'m> {
         let dt = t0.elapsed().as_secs_f64();
         let name = match &s.op {
             OpKind::Matmul { parts } => {
-                let mut slots: Vec<String> = parts
+                // The weights' kinds (the head: `output`) and the values they write.
+                let kind = |s: usize| crate::model::SLOT_KINDS.get(s).copied().unwrap_or("output");
+                let (mut kinds, mut vals): (Vec<&str>, Vec<String>) = parts
                     .iter()
-                    .flat_map(|(_, ss)| ss.iter().map(|(_, v)| format!("{v:?}")))
-                    .collect();
-                slots.dedup();
-                format!("matmul->{}", slots.join(","))
+                    .flat_map(|(_, ss)| ss.iter().map(|&(s, v)| (kind(s), format!("{v:?}"))))
+                    .unzip();
+                kinds.dedup();
+                vals.dedup();
+                format!("matmul {}->{}", kinds.join(","), vals.join(","))
             }
             op => format!("{op:?}"),
         };

@@ -33,8 +33,19 @@ pub unsafe fn h2f(h: F16Le) -> f32 {
     )))
 }
 
+/// Four f16 scales to f32 with one F16C conversion (exact, lane i from `h[i]`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn h2f4(h: [F16Le; 4]) -> __m128 {
+    let [a, b, c, d] = h.map(|h| u16::from_le_bytes(h.0) as i64);
+    _mm_cvtph_ps(_mm_cvtsi64_si128(a | b << 16 | c << 32 | d << 48))
+}
+
 /// Every f16 bit pattern as f32 (256 KiB): one load per scale in the hot loops, cheaper there
-/// than `vcvtph2ps` on a lone value, and exactly the same numbers.
+/// than `vcvtph2ps` on a lone value, and exactly the same numbers. Only while the scales looked
+/// up stay in cache: the activations' (read again for every row) do, a weight's real scales
+/// (read once per product, spread over the table) do not. The four-row decode kernels convert
+/// their weights' four scales with one [`h2f4`] instead (Q8_0, [`super::avx512::rows_q8_0`]).
 pub fn f16_table() -> &'static [f32; 65536] {
     static TABLE: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {

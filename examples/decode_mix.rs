@@ -1,0 +1,115 @@
+//! Decode's weight matrices one after the other as a model reads them, timed per kind, out of
+//! cache on the CPU pool: `cargo run --release --example decode_mix -- TYPE [THREADS] [LAYERS]`.
+//! Without `MODEL`, random weights of type TYPE in the Llama-3.2-1B shape (per layer q/k/v as one
+//! 2048 x 3072 matrix, attn_output 2048 x 2048, gate/up 2048 x 16384, ffn_down 8192 x 2048; 16
+//! layers). `MODEL=file.gguf` takes each layer's attn_q, attn_output, ffn_gate and ffn_down from
+//! that file instead (the kernels then see real scales; TYPE must be the file's), and with
+//! `RANDOMIZE=1` the same matrices filled with random quants and one scale, so the two differ in
+//! their bytes only. `ONLY=kind` keeps one kind, `ROUNDS=n` (default 20) rounds over every matrix;
+//! prints each round's GB/s of weights per kind.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use oato::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul_quantized};
+use oato::kernels::cpu::repack::{Arena, Piece};
+use oato::quant::GgmlType;
+
+/// xorshift bytes, each block's first two bytes (its f16 scale) set to 0.002.
+fn random_blocks(ty: GgmlType, data: &mut [u8], state: &mut u64) {
+    for x in data.iter_mut() {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *x = *state as u8;
+    }
+    for block in data.chunks_mut(ty.type_size()) {
+        block[0..2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ty = GgmlType::from_name(args.first().map_or("Q8_0", |s| s.as_str()))
+        .expect("TYPE: a GGML type name");
+    let threads: usize = args
+        .get(1)
+        .map_or(1, |v| v.parse().expect("THREADS: a number"));
+    let layers: usize = args
+        .get(2)
+        .map_or(16, |v| v.parse().expect("LAYERS: a number"));
+    let rounds: usize = std::env::var("ROUNDS").map_or(20, |v| v.parse().expect("ROUNDS"));
+    let only = std::env::var("ONLY").ok();
+    let randomize = std::env::var_os("RANDOMIZE").is_some();
+    oato::kernels::cpu::pool::set_threads(threads);
+    let arena = Arena::default();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    // (kind, k, n, copy)
+    let mut mats: Vec<(&str, usize, usize, Piece)> = Vec::new();
+    let keep = |kind: &str| only.as_deref().is_none_or(|o| o == kind);
+    if let Ok(path) = std::env::var("MODEL") {
+        let model = oato::model::Model::open(&path).expect("MODEL: a GGUF model");
+        for l in &model.layers {
+            let q = l.wq.as_ref().expect("a model with attn_q");
+            for (kind, w) in [
+                ("q", q),
+                ("o", &l.wo),
+                ("gate", &l.w_gate),
+                ("down", &l.w_down),
+            ] {
+                assert_eq!(w.ty, ty, "{}: TYPE must be the file's", w.name);
+                if !keep(kind) {
+                    continue;
+                }
+                let mut bytes = w.bytes(&model.file).expect("the weight's bytes").to_vec();
+                if randomize {
+                    random_blocks(ty, &mut bytes, &mut state);
+                }
+                mats.push((kind, w.k, w.n, arena.copy(&bytes, threads).expect("a copy")));
+            }
+        }
+    } else {
+        let kinds = [
+            ("qkv", 2048, 3072),
+            ("o", 2048, 2048),
+            ("gateup", 2048, 16384),
+            ("down", 8192, 2048),
+        ];
+        for _ in 0..layers {
+            for &(kind, k, n) in kinds.iter().filter(|(kind, _, _)| keep(kind)) {
+                let mut data = vec![0u8; ty.row_bytes(k).expect("K fits the type") * n];
+                random_blocks(ty, &mut data, &mut state);
+                mats.push((kind, k, n, arena.copy(&data, threads).expect("a copy")));
+            }
+        }
+    }
+    let mut acts: BTreeMap<usize, QuantizedActs> = BTreeMap::new();
+    for &(_, k, _, _) in &mats {
+        acts.entry(k).or_insert_with(|| {
+            let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+            QuantizedActs::new(ty, &x, k).expect("the activations")
+        });
+    }
+    let mut y = vec![0f32; mats.iter().map(|m| m.2).max().unwrap_or(0)];
+    let start = Instant::now();
+    for round in 0..rounds {
+        let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+        for (kind, k, n, piece) in &mats {
+            let m = MatRef::rows(ty, *k, *n, piece.bytes());
+            let t0 = Instant::now();
+            matmul_quantized(&m, &acts[k], &mut y[..*n]).expect("a product");
+            let e = per.entry(kind).or_default();
+            e.0 += t0.elapsed().as_secs_f64();
+            e.1 += piece.bytes().len();
+        }
+        let line: Vec<String> = per
+            .iter()
+            .map(|(kind, (s, b))| format!("{kind} {:.1}", *b as f64 / s / 1e9))
+            .collect();
+        println!(
+            "round {round} at {:.1} s: {}",
+            start.elapsed().as_secs_f64(),
+            line.join("  ")
+        );
+    }
+}
