@@ -11,12 +11,17 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use oato::kernels::cpu::matmul::{MatRef, QuantizedActs, matmul_quantized};
-use oato::kernels::cpu::repack::{Arena, Piece};
+use oato::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul_quantized};
+use oato::kernels::cpu::repack::{self, Arena, Piece};
 use oato::quant::GgmlType;
 
-/// xorshift bytes, each block's first two bytes (its f16 scale) set to 0.002.
+/// xorshift bytes, each block's f16 scales set to 0.002.
 fn random_blocks(ty: GgmlType, data: &mut [u8], state: &mut u64) {
+    let scales: &[usize] = match ty {
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        _ => &[0],
+    };
     for x in data.iter_mut() {
         *state ^= *state << 13;
         *state ^= *state >> 7;
@@ -24,7 +29,9 @@ fn random_blocks(ty: GgmlType, data: &mut [u8], state: &mut u64) {
         *x = *state as u8;
     }
     for block in data.chunks_mut(ty.type_size()) {
-        block[0..2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+        for &o in scales {
+            block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+        }
     }
 }
 
@@ -44,29 +51,38 @@ fn main() {
     oato::kernels::cpu::pool::set_threads(threads);
     let arena = Arena::default();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    // (kind, k, n, copy)
-    let mut mats: Vec<(&str, usize, usize, Piece)> = Vec::new();
+    // (kind, type, k, n, copy, interleaved)
+    let mut mats: Vec<(&str, GgmlType, usize, usize, Piece, bool)> = Vec::new();
+    let interleave = std::env::var_os("INTERLEAVE").is_some();
+    let copy = |ty: GgmlType, bytes: &[u8], k: usize, n: usize| -> (Piece, bool) {
+        if interleave && repack::repacks(ty, k, n) {
+            let p = repack::pack(ty, bytes, k, n, threads, &arena).expect("an interleaved copy");
+            (p, true)
+        } else {
+            (arena.copy(bytes, threads).expect("a copy"), false)
+        }
+    };
     let keep = |kind: &str| only.as_deref().is_none_or(|o| o == kind);
     if let Ok(path) = std::env::var("MODEL") {
         let model = oato::model::Model::open(&path).expect("MODEL: a GGUF model");
+        let mut ws: Vec<(&str, &oato::model::WeightRef)> = Vec::new();
         for l in &model.layers {
             let q = l.wq.as_ref().expect("a model with attn_q");
-            for (kind, w) in [
+            ws.extend([
                 ("q", q),
                 ("o", &l.wo),
                 ("gate", &l.w_gate),
                 ("down", &l.w_down),
-            ] {
-                assert_eq!(w.ty, ty, "{}: TYPE must be the file's", w.name);
-                if !keep(kind) {
-                    continue;
-                }
-                let mut bytes = w.bytes(&model.file).expect("the weight's bytes").to_vec();
-                if randomize {
-                    random_blocks(ty, &mut bytes, &mut state);
-                }
-                mats.push((kind, w.k, w.n, arena.copy(&bytes, threads).expect("a copy")));
+            ]);
+        }
+        ws.push(("head", &model.output));
+        for (kind, w) in ws.into_iter().filter(|(kind, _)| keep(kind)) {
+            let mut bytes = w.bytes(&model.file).expect("the weight's bytes").to_vec();
+            if randomize {
+                random_blocks(w.ty, &mut bytes, &mut state);
             }
+            let (piece, il) = copy(w.ty, &bytes, w.k, w.n);
+            mats.push((kind, w.ty, w.k, w.n, piece, il));
         }
     } else {
         let kinds = [
@@ -79,25 +95,30 @@ fn main() {
             for &(kind, k, n) in kinds.iter().filter(|(kind, _, _)| keep(kind)) {
                 let mut data = vec![0u8; ty.row_bytes(k).expect("K fits the type") * n];
                 random_blocks(ty, &mut data, &mut state);
-                mats.push((kind, k, n, arena.copy(&data, threads).expect("a copy")));
+                let (piece, il) = copy(ty, &data, k, n);
+                mats.push((kind, ty, k, n, piece, il));
             }
         }
     }
-    let mut acts: BTreeMap<usize, QuantizedActs> = BTreeMap::new();
-    for &(_, k, _, _) in &mats {
-        acts.entry(k).or_insert_with(|| {
+    let mut acts: BTreeMap<(GgmlType, usize), QuantizedActs> = BTreeMap::new();
+    for &(_, ty, k, _, _, _) in &mats {
+        acts.entry((ty.vec_dot_type(), k)).or_insert_with(|| {
             let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
             QuantizedActs::new(ty, &x, k).expect("the activations")
         });
     }
-    let mut y = vec![0f32; mats.iter().map(|m| m.2).max().unwrap_or(0)];
+    let mut y = vec![0f32; mats.iter().map(|m| m.3).max().unwrap_or(0)];
     let start = Instant::now();
     for round in 0..rounds {
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-        for (kind, k, n, piece) in &mats {
-            let m = MatRef::rows(ty, *k, *n, piece.bytes());
+        for (kind, ty, k, n, piece, il) in &mats {
+            let mut m = MatRef::rows(*ty, *k, *n, piece.bytes());
+            if *il {
+                m.layout = Layout::Interleaved;
+            }
             let t0 = Instant::now();
-            matmul_quantized(&m, &acts[k], &mut y[..*n]).expect("a product");
+            let a = &acts[&(ty.vec_dot_type(), *k)];
+            matmul_quantized(&m, a, &mut y[..*n]).expect("a product");
             let e = per.entry(kind).or_default();
             e.0 += t0.elapsed().as_secs_f64();
             e.1 += piece.bytes().len();

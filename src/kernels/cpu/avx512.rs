@@ -132,7 +132,8 @@ pub unsafe fn sum_tree8(
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 
-/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (the
+/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and the
+/// plain floats F16, BF16 and F32 (`wide_dot16`) (the
 /// single-row dots are bound by their one FMA chain and their horizontal sums; four rows keep
 /// four chains in flight, share each activation block's loads and scale, and reduce the four
 /// rows' lanes together).
@@ -144,6 +145,9 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
         GgmlType::Q4_K => Some(rows_k4::<BlockQ4K>),
         GgmlType::Q5_K => Some(rows_k4::<BlockQ5K>),
         GgmlType::Q6_K => Some(rows_q6_k),
+        GgmlType::F16 => Some(rows_f16),
+        GgmlType::BF16 => Some(rows_bf16),
+        GgmlType::F32 => Some(rows_f32),
         _ => None,
     }
 }
@@ -1026,9 +1030,9 @@ mod tests {
 // each lane sees the same FMAs in the same order, so the result is bit-identical.
 
 macro_rules! wide_dot16 {
-    ($name:ident, $load:ident, $elem:expr, $size:literal) => {
+    ($dot:ident, $rows:ident, $load:ident, $elem:expr, $size:literal) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
+        pub unsafe fn $dot(w: &[u8], a: &[u8], n: usize) -> f32 {
             let n = n.min(w.len() / $size).min(a.len() / $size);
             let (mut acc_a, mut acc_b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let full = n / 32 * 32;
@@ -1038,25 +1042,68 @@ macro_rules! wide_dot16 {
                 acc_b = _mm512_fmadd_ps($load(w, i + 16), $load(a, i + 16), acc_b);
                 i += 32;
             }
-            let half = |v: __m512, hi: bool| -> __m256 {
-                if hi {
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-                } else {
-                    _mm512_castps512_ps256(v)
-                }
-            };
-            let s = _mm256_add_ps(
-                _mm256_add_ps(half(acc_a, false), half(acc_a, true)),
-                _mm256_add_ps(half(acc_b, false), half(acc_b, true)),
-            );
-            let mut total = avx2::hsum8(s);
+            let mut total = sum_wide16(acc_a, acc_b);
             let elem = $elem;
             for i in full..n {
                 total = elem(w, i).mul_add(elem(a, i), total);
             }
             total
         }
+
+        /// Four rows against one activation row (decode): each activation register loaded (and
+        /// widened) once for the four, eight FMA chains in flight; per row the FMAs and sums of
+        /// the one-row dot in its order, so the same bits (see [`sum_wide16`]).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $rows(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            let n = w
+                .iter()
+                .map(|w| w.len() / $size)
+                .fold(a.len() / $size, usize::min);
+            let mut acc_a = [_mm512_setzero_ps(); 4];
+            let mut acc_b = [_mm512_setzero_ps(); 4];
+            let full = n / 32 * 32;
+            let mut i = 0;
+            while i < full {
+                let (xa, xb) = ($load(a, i), $load(a, i + 16));
+                for r in 0..4 {
+                    acc_a[r] = _mm512_fmadd_ps($load(w[r], i), xa, acc_a[r]);
+                    acc_b[r] = _mm512_fmadd_ps($load(w[r], i + 16), xb, acc_b[r]);
+                }
+                i += 32;
+            }
+            let elem = $elem;
+            std::array::from_fn(|r| {
+                let mut total = sum_wide16(acc_a[r], acc_b[r]);
+                for i in full..n {
+                    total = elem(w[r], i).mul_add(elem(a, i), total);
+                }
+                total
+            })
+        }
     };
+}
+
+/// The plain-float dots' final sum of their two accumulators, in `dot_wide`'s order. The four-row
+/// decode kernels ([`rows_fn`]) exist because one row at a time, a row of 8192 F16 (16 KiB) and
+/// its activations (16 KiB) filled the 32 KiB L1 and the activations came again from L2 for
+/// every row: 1 EPYC thread, out of cache (`examples/matmul_dram`, alternated), 8192 x 2048 read
+/// 0.53-0.56 of the plain read one row at a time and 0.85-0.87 four (2 threads 0.88 / 0.97-1.02);
+/// 2048 x 8192 0.94 / 0.99; 4096 x 4096 0.92 / 0.83-0.86 at 1 thread (its rows fit), alike at 2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sum_wide16(acc_a: __m512, acc_b: __m512) -> f32 {
+    let half = |v: __m512, hi: bool| -> __m256 {
+        if hi {
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+        } else {
+            _mm512_castps512_ps256(v)
+        }
+    };
+    let s = _mm256_add_ps(
+        _mm256_add_ps(half(acc_a, false), half(acc_a, true)),
+        _mm256_add_ps(half(acc_b, false), half(acc_b, true)),
+    );
+    avx2::hsum8(s)
 }
 
 #[inline]
@@ -1087,18 +1134,21 @@ fn u16_at(b: &[u8], i: usize) -> u16 {
 
 wide_dot16!(
     vec_dot_f16,
+    rows_f16,
     load_f16x16,
     |b: &[u8], i: usize| f16_bits_to_f32(u16_at(b, i)),
     2
 );
 wide_dot16!(
     vec_dot_bf16,
+    rows_bf16,
     load_bf16x16,
     |b: &[u8], i: usize| bf16_to_f32(u16_at(b, i)),
     2
 );
 wide_dot16!(
     vec_dot_f32,
+    rows_f32,
     load_f32x16,
     |b: &[u8], i: usize| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
     4
