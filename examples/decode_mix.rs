@@ -2,11 +2,12 @@
 //! cache on the CPU pool: `cargo run --release --example decode_mix -- TYPE [THREADS] [LAYERS]`.
 //! Without `MODEL`, random weights of type TYPE in the Llama-3.2-1B shape (per layer q/k/v as one
 //! 2048 x 3072 matrix, attn_output 2048 x 2048, gate/up 2048 x 16384, ffn_down 8192 x 2048; 16
-//! layers). `MODEL=file.gguf` takes each layer's attn_q, attn_output, ffn_gate and ffn_down from
-//! that file instead (the kernels then see real scales; TYPE must be the file's), and with
-//! `RANDOMIZE=1` the same matrices filled with random quants and one scale, so the two differ in
-//! their bytes only. `ONLY=kind` keeps one kind, `ROUNDS=n` (default 20) rounds over every matrix;
-//! prints each round's GB/s of weights per kind.
+//! layers). `MODEL=file.gguf` takes each layer's attn_q, attn_output, ffn_gate and ffn_down and
+//! the output head from that file instead, each of its own type (the kernels then see real
+//! scales), and with `RANDOMIZE=1` the same matrices filled with random quants and one scale, so
+//! the two differ in their bytes only. `INTERLEAVE=1` keeps the types that have it in the
+//! interleaved layout (`repack`), as the engine does on AVX-512 CPUs. `ONLY=kind` keeps one kind,
+//! `ROUNDS=n` (default 20) rounds over every matrix; prints each round's GB/s of weights per kind.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
