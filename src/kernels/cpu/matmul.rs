@@ -268,9 +268,13 @@ struct RowJob<'a> {
     /// Four rows by sixteen tokens, for the types whose tiles gain from it (the K-quants).
     #[cfg(target_arch = "x86_64")]
     wide: Option<super::tile::TileFn<4, 16>>,
-    /// Four rows against one token (decode), where the type has such a kernel.
+    /// Four rows against one token (decode), where the type has such a kernel (AVX-512's or
+    /// AVX2's, as the ISA).
     #[cfg(target_arch = "x86_64")]
     rows4: Option<super::avx512::RowsFn<4>>,
+    /// Whether the kernels are AVX-512's (small Q4_0 batches then take `rows_q4_0_batch`).
+    #[cfg(target_arch = "x86_64")]
+    avx512: bool,
     /// Sixteen interleaved rows against every token (`kwide`, prefill of the K-quants).
     #[cfg(target_arch = "x86_64")]
     kwide: bool,
@@ -315,7 +319,13 @@ impl<'a> RowJob<'a> {
             #[cfg(target_arch = "x86_64")]
             wide: super::tile::wide_tile_fn(isa, w.ty),
             #[cfg(target_arch = "x86_64")]
-            rows4: super::avx512::rows_fn(w.ty).filter(|_| isa == super::Isa::Avx512),
+            rows4: match isa {
+                super::Isa::Avx512 => super::avx512::rows_fn(w.ty),
+                super::Isa::Avx2 => super::avx2::rows_fn(w.ty),
+                _ => None,
+            },
+            #[cfg(target_arch = "x86_64")]
+            avx512: isa == super::Isa::Avx512,
             #[cfg(target_arch = "x86_64")]
             kwide: isa == super::Isa::Avx512 && super::kwide::supports(w.ty) && kwide_enabled(),
             out: SharedOut(y.as_mut_ptr()),
@@ -507,6 +517,7 @@ impl<'a> RowJob<'a> {
         #[cfg(target_arch = "x86_64")]
         let small_q4_0 = self.w.ty == GgmlType::Q4_0
             && self.rows4.is_some()
+            && self.avx512
             && acts.n_tok < kwide_min_tokens(self.w.ty);
         #[cfg(target_arch = "x86_64")]
         if let Some(panels) = panels.filter(|_| self.uses_panels(acts.n_tok)) {
@@ -541,13 +552,15 @@ impl<'a> RowJob<'a> {
                 let w = at.map(|r| self.row(r));
                 let put = |t: usize, v: [f32; 4]| (0..4).for_each(|j| self.put(t, at[j], v[j]));
                 if !batch.is_empty() {
-                    // SAFETY: as below (rows4 exists, so the CPU has AVX-512).
+                    // SAFETY: `batch` is filled only for small Q4_0 batches, only with
+                    // AVX-512's kernels (`self.avx512`: Isa::Avx512, as below).
                     unsafe { super::avx512::rows_q4_0_batch(w, &batch, put) };
                     continue;
                 }
                 for t in 0..acts.n_tok {
-                    // SAFETY: rows_fn's kernels are handed out only under Isa::Avx512, which
-                    // `isa()` returns only when the CPU has it (resolve_isa, set_isa).
+                    // SAFETY: each rows_fn's kernels are handed out only under its ISA
+                    // (Isa::Avx512 or Isa::Avx2), which `isa()` returns only when the CPU has
+                    // it (resolve_isa, set_isa).
                     put(t, unsafe { rows4(w, acts.row(t)) });
                 }
             }
