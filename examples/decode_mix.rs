@@ -16,26 +16,6 @@ use oato::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul_quantized
 use oato::kernels::cpu::repack::{self, Arena, Piece};
 use oato::quant::GgmlType;
 
-/// xorshift bytes, each block's f16 scales set to 0.002.
-fn random_blocks(ty: GgmlType, data: &mut [u8], state: &mut u64) {
-    let scales: &[usize] = match ty {
-        GgmlType::Q6_K => &[208],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        _ => &[0],
-    };
-    for x in data.iter_mut() {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *x = *state as u8;
-    }
-    for block in data.chunks_mut(ty.type_size()) {
-        for &o in scales {
-            block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
-        }
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ty = GgmlType::from_name(args.first().map_or("Q8_0", |s| s.as_str()))
@@ -51,7 +31,10 @@ fn main() {
     let randomize = std::env::var_os("RANDOMIZE").is_some();
     oato::kernels::cpu::pool::set_threads(threads);
     let arena = Arena::default();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = oato::rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
+    // Random quants, every block's scales alike (as `examples/matmul_dram`'s).
+    let mut random =
+        |ty: GgmlType, w: &mut [u8]| oato::kernels::cpu::random_blocks(ty, w, &mut rng, |_| 0.002);
     // (kind, type, k, n, copy, interleaved)
     let mut mats: Vec<(&str, GgmlType, usize, usize, Piece, bool)> = Vec::new();
     let interleave = std::env::var_os("INTERLEAVE").is_some();
@@ -80,7 +63,7 @@ fn main() {
         for (kind, w) in ws.into_iter().filter(|(kind, _)| keep(kind)) {
             let mut bytes = w.bytes(&model.file).expect("the weight's bytes").to_vec();
             if randomize {
-                random_blocks(w.ty, &mut bytes, &mut state);
+                random(w.ty, &mut bytes);
             }
             let (piece, il) = copy(w.ty, &bytes, w.k, w.n);
             mats.push((kind, w.ty, w.k, w.n, piece, il));
@@ -95,7 +78,7 @@ fn main() {
         for _ in 0..layers {
             for &(kind, k, n) in kinds.iter().filter(|(kind, _, _)| keep(kind)) {
                 let mut data = vec![0u8; ty.row_bytes(k).expect("K fits the type") * n];
-                random_blocks(ty, &mut data, &mut state);
+                random(ty, &mut data);
                 let (piece, il) = copy(ty, &data, k, n);
                 mats.push((kind, ty, k, n, piece, il));
             }

@@ -26,26 +26,11 @@ fn main() {
     let n_tok: usize = arg(4, "1").parse().expect("TOKENS: a number");
     let rounds: usize = arg(5, "8").parse().expect("ROUNDS: a number");
     oato::kernels::cpu::pool::set_threads(threads);
-    // Random quants with small finite f16 scales where each block keeps them.
-    let scales: &[usize] = match ty {
-        GgmlType::Q6_K => &[208],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        _ => &[0],
-    };
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut data: Vec<u8> = (0..ty.row_bytes(k).expect("K fits the type") * n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    for block in data.chunks_mut(ty.type_size()) {
-        for &o in scales {
-            block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
-        }
-    }
+    // Random quants, every block's f16 scales 0.002 (so the f16 table stays in cache; real
+    // weights' scales do not: `examples/decode_mix`).
+    let mut data = vec![0u8; ty.row_bytes(k).expect("K fits the type") * n];
+    let mut rng = oato::rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
+    oato::kernels::cpu::random_blocks(ty, &mut data, &mut rng, |_| 0.002);
     let arena = repack::Arena::default();
     // OATO_DRAM_MIB: the bytes the copies fill (default 256 MiB; a few MiB keeps them in cache).
     let fill: usize = std::env::var("OATO_DRAM_MIB")

@@ -824,7 +824,11 @@ fn read_bandwidth(words: usize, t: usize) -> Result<f64> {
             let (barrier, best, failed) = (&barrier, &best, &failed);
             s.spawn(move || {
                 let n = per.min(words.saturating_sub(i * per));
-                let mut map = huge_words(n);
+                // In huge pages, as the weights are: in 4 KiB pages this loop read about 10%
+                // less at 1 EPYC thread (29.9-31.5 against 33.6-35.5 GB/s for matmul_dram's
+                // read of arena copies, alternated), which made decode's fractions look that
+                // much better.
+                let mut map = oato::kernels::cpu::repack::huge_anon(n * 8).ok();
                 if map.is_none() {
                     // Still meets the barriers, with nothing to read.
                     *failed.lock().unwrap() = Some(n * 8);
@@ -853,20 +857,6 @@ fn read_bandwidth(words: usize, t: usize) -> Result<f64> {
     }
     let dt = best.into_inner().unwrap();
     Ok((words * 8) as f64 / dt / 1e9)
-}
-
-/// An anonymous map for `n` u64s starting at a 2 MiB boundary (the offset returned), asked for
-/// transparent huge pages as the CPU's weight arena is (`repack::Arena`), so the loop reads
-/// memory as decode does: in 4 KiB pages it read about 10% less at 1 EPYC thread (29.9-31.5
-/// against 33.6-35.5 GB/s for `examples/matmul_dram`'s read of arena copies, alternated), which
-/// made decode's fractions look that much better. `None` when the memory is not there.
-fn huge_words(n: usize) -> Option<(memmap2::MmapMut, usize)> {
-    const HUGE: usize = 2 << 20;
-    let map = memmap2::MmapMut::map_anon(n * 8 + HUGE).ok()?;
-    #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::HugePage); // small pages work too
-    let at = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
-    Some((map, at))
 }
 
 /// A sum over eight independent lanes (the compiler vectorises it), so the loop is bound by

@@ -44,8 +44,8 @@ pub unsafe fn h2f4(h: [F16Le; 4]) -> __m128 {
 /// Every f16 bit pattern as f32 (256 KiB): one load per scale in the hot loops, cheaper there
 /// than `vcvtph2ps` on a lone value, and exactly the same numbers. Only while the scales looked
 /// up stay in cache: the activations' (read again for every row) do, a weight's real scales
-/// (read once per product, spread over the table) do not. The four-row decode kernels convert
-/// their weights' four scales with one [`h2f4`] instead (Q8_0, [`super::avx512::rows_q8_0`]).
+/// (read once per product, spread over the table) do not. The four-row decode kernels of Q8_0
+/// and Q4_0 convert their weights' four scales with one [`h2f4`] instead.
 pub fn f16_table() -> &'static [f32; 65536] {
     static TABLE: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {

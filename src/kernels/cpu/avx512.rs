@@ -133,10 +133,9 @@ pub unsafe fn sum_tree8(
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 
 /// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and the
-/// plain floats F16, BF16 and F32 (`wide_dot16`) (the
-/// single-row dots are bound by their one FMA chain and their horizontal sums; four rows keep
-/// four chains in flight, share each activation block's loads and scale, and reduce the four
-/// rows' lanes together).
+/// plain floats F16, BF16 and F32 (`wide_dot16`). The single-row dots are bound by their one
+/// FMA chain and their horizontal sums; four rows keep four chains in flight, share each
+/// activation block's loads and scale, and reduce the four rows' lanes together.
 pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     use crate::quant::GgmlType;
     match wty {

@@ -266,29 +266,43 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
+/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant), each block's f16
+/// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
+/// overflows to inf. Tests and the out-of-cache experiments (`examples/matmul_dram`,
+/// `examples/decode_mix`) make their weights with it.
+pub fn random_blocks(
+    ty: GgmlType,
+    w: &mut [u8],
+    rng: &mut crate::rng::SplitMix64,
+    mut scale: impl FnMut(&mut crate::rng::SplitMix64) -> f32,
+) {
+    let scales: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q6_K => &[208],
+        _ => &[0, 2],
+    };
+    w.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+    for block in w.chunks_mut(ty.type_size()) {
+        for &o in scales {
+            let v = half::f16::from_f32(scale(rng));
+            block[o..o + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 /// `n` random Q4_0 or K-quant rows of `k` elements (for tests of kernels oato has no quantiser
-/// for), with small finite super-block scales so that no sum overflows to inf.
+/// for), with scales between 0.001 and 0.011 ([`random_blocks`]).
 pub(crate) fn random_rows(
     ty: GgmlType,
     k: usize,
     n: usize,
     rng: &mut crate::rng::SplitMix64,
 ) -> Vec<u8> {
-    let scales: &[usize] = match ty {
-        GgmlType::Q4_0 => &[0],
-        GgmlType::Q6_K => &[208],
-        _ => &[0, 2],
-    };
-    let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * n)
-        .map(|_| rng.next_u64() as u8)
-        .collect();
-    for block in w.chunks_mut(ty.type_size()) {
-        for &o in scales {
-            let v = half::f16::from_f32(0.001 + (rng.next_u64() % 100) as f32 * 1e-4);
-            block[o..o + 2].copy_from_slice(&v.to_le_bytes());
-        }
-    }
+    let mut w = vec![0u8; ty.row_bytes(k).unwrap() * n];
+    random_blocks(ty, &mut w, rng, |rng| {
+        0.001 + (rng.next_u64() % 100) as f32 * 1e-4
+    });
     w
 }
 

@@ -149,6 +149,17 @@ impl Piece {
     }
 }
 
+/// Anonymous memory for `len` bytes from a 2 MiB boundary (the offset returned, with the map),
+/// asked for transparent huge pages (small pages work too): the arena's regions, and the read
+/// loop `oato bench --membw` measures the memory with, so that it reads as decode does.
+pub fn huge_anon(len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let map = memmap2::MmapMut::map_anon(len + HUGE)?;
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
+    Ok((map, start))
+}
+
 impl Arena {
     /// A piece of `len` bytes, 64-byte aligned, that nothing else uses.
     fn piece(&self, len: usize) -> Result<(std::sync::Arc<Region>, usize)> {
@@ -167,11 +178,8 @@ impl Arena {
                 size + HUGE
             ))
         };
-        let map = memmap2::MmapMut::map_anon(size + HUGE).map_err(alloc)?;
-        #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage); // small pages work too
+        let (map, start) = huge_anon(size).map_err(alloc)?;
         let map = memmap2::MmapRaw::from(map);
-        let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
         let region = std::sync::Arc::new(Region {
             map,
             start,
@@ -690,8 +698,8 @@ mod kernels {
             let mut isum = [[_mm512_setzero_si512(); NT]; 1];
             q6_block([p], ahead, yb, &mut isum);
             let [isum] = isum;
-            for tk in 0..NT {
-                let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
+            for (tk, y) in yb.into_iter().enumerate() {
+                let d_y = _mm512_set1_ps(y.d.get());
                 sumf[tk] = _mm512_fmadd_ps(
                     _mm512_mul_ps(d_y, dx),
                     _mm512_cvtepi32_ps(isum[tk]),
