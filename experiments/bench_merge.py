@@ -7,10 +7,19 @@ Usage:
       --run TYPE MODEL LLAMA_JSON OATO_JSON [--run ...]
 
 LLAMA_JSON and OATO_JSON may each list several files, comma-separated (the engines run in turn,
-a repetition at a time): their repetitions are pooled. Both engines write llama-bench's JSON (an
-array of objects with n_prompt, n_gen, avg_ts, stddev_ts, cpu_info); one CSV row is written per model type x test x engine, and one markdown
-table per type compares the two (ratio = oato / llama.cpp; above 1 means oato is faster).
-Standard library only.
+a repetition or a test at a time): their repetitions are pooled, and the i-th file of one engine
+holding a test is paired with the other engine's i-th holding it (each pair's ratio; the median
+and range of the pairs' ratios go in the table). Both engines write llama-bench's JSON (an
+array of objects with n_prompt, n_gen, avg_ts, stddev_ts, cpu_info); one CSV row is written per
+model type x test x engine, and one markdown table per type compares the two (ratio = oato /
+llama.cpp; above 1 means oato is faster).
+
+Decode's fraction of the memory's bandwidth: `oato bench --json` adds to a CPU decode test the
+weight bytes each token reads (`weight_bytes_per_token`) and the memory's read rates measured
+around its runs (`membw_gbps`); a file PATH.membw next to a llama-bench JSON holds the rates
+measured just before and after that run (numbers separated by white space). Each file's
+weights GB/s (bytes per token x t/s) over the mean of its rates is that run's fraction; the
+table gives each engine's median. Standard library only.
 """
 
 import argparse
@@ -55,21 +64,65 @@ def load_one(path):
     return out
 
 
+def load_membw(path):
+    """The memory's rates measured around a llama-bench run (PATH.membw), or None."""
+    try:
+        with open(path + ".membw") as f:
+            rates = [float(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {path}.membw: expected numbers (GB/s): {e}")
+    return rates or None
+
+
 def load(paths):
     """One engine's tests from a JSON file, or from several (comma-separated: runs of the same
     tests taken in turn with the other engine's), their repetitions pooled: avg_ts and stddev_ts
-    over every repetition (`samples_ts`, else the file's avg_ts as one)."""
-    files = [load_one(p) for p in paths.split(",")]
-    if len(files) == 1:
-        return files[0]
+    over every repetition (`samples_ts`, else the file's avg_ts as one); `runs` keeps each
+    file's record of the test in order (for the pairs' ratios and the fractions)."""
     out = {}
-    for t in files[0]:
-        rs = [f[t] for f in files if t in f]
+    for p in paths.split(","):
+        rates = load_membw(p)
+        for t, r in load_one(p).items():
+            if rates and "membw_gbps" not in r:
+                r = dict(r, membw_gbps=rates)
+            out.setdefault(t, []).append(r)
+    pooled = {}
+    for t, rs in out.items():
         samples = [x for r in rs for x in (r.get("samples_ts") or [r["avg_ts"]])]
+        if len(rs) == 1:
+            pooled[t] = dict(rs[0], runs=rs)
+            continue
         mean = sum(samples) / len(samples)
         sd = (sum((x - mean) ** 2 for x in samples) / (len(samples) - 1)) ** 0.5 if len(samples) > 1 else 0.0
-        out[t] = dict(rs[0], avg_ts=mean, stddev_ts=sd, samples_ts=samples)
-    return out
+        pooled[t] = dict(rs[0], avg_ts=mean, stddev_ts=sd, samples_ts=samples, runs=rs)
+    return pooled
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return (v[n // 2] + v[(n - 1) // 2]) / 2
+
+
+def pair_ratios(lr, orr):
+    """oato / llama.cpp for each pair of runs (the i-th of each engine)."""
+    return [o["avg_ts"] / l["avg_ts"] for l, o in zip(lr["runs"], orr["runs"]) if l["avg_ts"] > 0]
+
+
+def fraction(r, per_token):
+    """(weights GB/s, median fraction of the memory's rate) over an engine's runs of a decode
+    test, or None without the bytes per token or the rates."""
+    fr, gb = [], []
+    for run in r["runs"]:
+        rates = run.get("membw_gbps")
+        if not per_token or not rates:
+            continue
+        g = per_token * run["avg_ts"] / 1e9
+        gb.append(g)
+        fr.append(g / (sum(rates) / len(rates)))
+    return (sum(gb) / len(gb), median(fr)) if fr else None
 
 
 def fmt(r):
@@ -122,19 +175,32 @@ def main():
         f"- CPU: {cpu}",
         f"- threads: {a.threads}, repetitions: {a.reps} (after one warm-up run)",
         "- t/s: mean ± sample standard deviation of the repetitions' tokens per second; "
-        "ratio = oato ÷ llama.cpp (above 1: oato faster)",
+        "ratio = oato ÷ llama.cpp (above 1: oato faster) of the means; pairs: the median "
+        "(min–max) of the ratios of runs taken one after the other",
+        "- decode (tg) GB/s: the weight bytes a token reads (oato's count, the same file for "
+        "both) x t/s; fraction: over the memory's read rate (`oato bench --membw`'s loop, at "
+        "the same threads) measured just before and after each run, the median of the runs",
     ]
     if a.note:
         lines.append(f"- note: {a.note}")
     for typ, model, results in runs:
         lines += ["", f"## {typ} ({model})", "",
-                  "| test | llama.cpp t/s | oato t/s | oato ÷ llama.cpp |",
-                  "| --- | ---: | ---: | ---: |"]
+                  "| test | llama.cpp t/s | oato t/s | oato ÷ llama.cpp | pairs | "
+                  "decode GB/s (fraction) llama.cpp / oato |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         tests = sorted(set(results["llama.cpp"]) | set(results["oato"]), key=test_key)
         for t in tests:
             lr, orr = results["llama.cpp"].get(t), results["oato"].get(t)
             ratio = f"{orr['avg_ts'] / lr['avg_ts']:.2f}" if lr and orr and lr["avg_ts"] > 0 else "–"
-            lines.append(f"| {t} | {fmt(lr)} | {fmt(orr)} | {ratio} |")
+            pairs = pair_ratios(lr, orr) if lr and orr else []
+            pairs = f"{median(pairs):.2f} ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "–"
+            per_token = next((r.get("weight_bytes_per_token") for r in (orr or {}).get("runs", [])
+                              if r.get("weight_bytes_per_token")), None)
+            fr = [fraction(r, per_token) if r else None for r in (lr, orr)]
+            fr = " / ".join(f"{g:.1f} ({f:.2f})" if (g, f) != (0, 0) else "–"
+                            for g, f in (x or (0, 0) for x in fr))
+            lines.append(f"| {t} | {fmt(lr)} | {fmt(orr)} | {ratio} | {pairs} | "
+                         f"{fr if per_token else '–'} |")
     with open(a.md, "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -19,8 +19,9 @@
 #        once into ~/.cache/oato-peers and prints their bin directory),
 #        LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
 #        target/release/oato), RAW_DIR (keep every raw JSON there; default: a temporary folder).
-#        ALTERNATE (1: the engines take turns, one repetition each; 0: each engine's repetitions
-#        in one run).
+#        ALTERNATE (test, the default: the engines take turns test by test, one repetition each,
+#        the first engine swapped each repetition; 1: turns of one repetition of every test;
+#        0: each engine's repetitions in one run).
 # The requantised models are written to models/ (git-ignored) and reused when present. Both
 # engines run the same file with the same threads; nothing else should run on the machine
 # meanwhile.
@@ -98,15 +99,62 @@ if [ "${SYNTH_8B:-0}" = 1 ]; then
   cases+=("8B-Q4_0 $(synth llama3-8b Q4_0) 0 $gens")
 fi
 
-# ALTERNATE=1 (the default): the engines take turns, one repetition each (REPS turns), so that a
-# memory whose rate drifts by tens of percent within minutes (as on shared VMs) moves both alike;
-# ALTERNATE=0: all of llama.cpp's repetitions, then all of oato's.
-alternate=${ALTERNATE:-1}
-if [ "$alternate" = 1 ]; then turns=$reps; per=1; else turns=1; per=$reps; fi
+# ALTERNATE=test (the default): for each repetition and test, one engine's run right after the
+# other's (llama.cpp first in odd repetitions, oato in even ones), so that both meet the memory
+# in nearly the same state: this shared machine's read rate switches between about 33 and 60
+# GB/s every 10-20 s, and turns of a whole repetition (ALTERNATE=1: every test of one engine,
+# then of the other, 20-30 s apart) let one engine's decode meet the fast memory and the
+# other's the slow. Decode tests also measure the memory's rate just before and after
+# llama-bench's run (`oato bench --membw`; oato bench measures its own), for each engine's
+# fraction. ALTERNATE=0: all of llama.cpp's repetitions, then all of oato's.
+alternate=${ALTERNATE:-test}
+case $alternate in
+  test) turns=$reps; per=1 ;;
+  1) turns=$reps; per=1 ;;
+  0) turns=1; per=$reps ;;
+  *) echo "error: ALTERNATE must be test, 1 or 0 (got $alternate)" >&2; exit 1 ;;
+esac
+membw() { # the memory's read rate at $threads threads, GB/s
+  "$oato" bench --membw 128M -t "$threads" | awk -F'|' '/^\| *[0-9]/ { gsub(/ /, "", $3); print $3 }'
+}
+llama_run() { # model p n json
+  "$bin/llama-bench" -m "$1" -t "$threads" -p "$2" -n "$3" -r "$per" -o json \
+    >"$4" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
+}
+oato_run() { # model p n json
+  "$oato" bench "$1" --device cpu -t "$threads" -p "$2" -n "$3" -r "$per" --json \
+    >"$4" 2>"$raw/oato.log" || { cat "$raw/oato.log" >&2; exit 1; }
+  grep "reads [0-9]" "$raw/oato.log" >&2 || true
+}
 runs=()
 for c in "${cases[@]}"; do
   read -r label model p n <<<"$c"
   lj=() oj=()
+  if [ "$alternate" = test ]; then
+    tests=()
+    for x in ${p//,/ }; do [ "$x" = 0 ] || tests+=("$x 0"); done
+    for x in ${n//,/ }; do [ "$x" = 0 ] || tests+=("0 $x"); done
+    for i in $(seq "$turns"); do
+      for tst in "${tests[@]}"; do
+        read -r tp tn <<<"$tst"
+        name=$([ "$tp" = 0 ] && echo "tg$tn" || echo "pp$tp")
+        lf=$raw/llamacpp-$label-$name-$i.json of=$raw/oato-$label-$name-$i.json
+        echo "== $label $name ($i/$turns)" >&2
+        for e in $( ((i % 2)) && echo "llama oato" || echo "oato llama"); do
+          if [ "$e" = llama ]; then
+            if [ "$tp" = 0 ]; then before=$(membw); fi
+            llama_run "$model" "$tp" "$tn" "$lf"
+            if [ "$tp" = 0 ]; then echo "$before $(membw)" >"$lf.membw"; fi
+          else
+            oato_run "$model" "$tp" "$tn" "$of"
+          fi
+        done
+        lj+=("$lf") oj+=("$of")
+      done
+    done
+    runs+=(--run "$label" "$(basename "$model")" "$(IFS=,; echo "${lj[*]}")" "$(IFS=,; echo "${oj[*]}")")
+    continue
+  fi
   for i in $(seq "$turns"); do
     echo "== $label: llama-bench ($i/$turns)" >&2
     "$bin/llama-bench" -m "$model" -t "$threads" -p "$p" -n "$n" -r "$per" -o json \
@@ -129,7 +177,11 @@ out=${OUT:-results/cpu-vs-llamacpp}
 python3 experiments/bench_merge.py \
   --csv "$out.csv" --md "$out.md" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
-  --note "$([ "$alternate" = 1 ] && echo "the engines took turns, one repetition each (ALTERNATE=1)" || echo "each engine's repetitions in one run, llama.cpp first (ALTERNATE=0)")" \
+  --note "$(case $alternate in
+    test) echo "the engines took turns test by test, one repetition each, the first engine swapped each repetition (ALTERNATE=test)" ;;
+    1) echo "the engines took turns, one repetition each (ALTERNATE=1)" ;;
+    *) echo "each engine's repetitions in one run, llama.cpp first (ALTERNATE=0)" ;;
+  esac)" \
   --llamacpp "$llamacpp" "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

@@ -181,6 +181,19 @@ fn json_uses_llama_bench_fields_and_arithmetic() {
     assert_eq!(tests[0]["n_gen"], 0);
     assert_eq!(tests[1]["n_prompt"], 0);
     assert_eq!(tests[1]["n_gen"], 4);
+    // Decode on the CPU also gives the weight bytes a token reads (the matmuls' weights: the
+    // file's size less the embedding table, norms and such) and the memory's rates measured
+    // after the warm-up and after each run; prefill neither.
+    assert!(tests[0].get("weight_bytes_per_token").is_none());
+    assert!(tests[0].get("membw_gbps").is_none());
+    let per_token = tests[1]["weight_bytes_per_token"].as_u64().unwrap();
+    assert!(
+        per_token > 96_576_768 / 2 && per_token < 96_576_768,
+        "{per_token}"
+    );
+    let rates = tests[1]["membw_gbps"].as_array().unwrap();
+    assert_eq!(rates.len(), 3, "one before the runs, one after each of two");
+    assert!(rates.iter().all(|r| r.as_f64().unwrap() > 0.0), "{rates:?}");
 }
 
 #[test]

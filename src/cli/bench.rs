@@ -321,6 +321,10 @@ struct TestResult<'a> {
     /// RFC 3339, UTC, when the test started.
     test_time: String,
     samples_ns: Vec<u64>,
+    /// Decode on the CPU: the weight bytes each token reads and the memory's read rates
+    /// measured around the runs (one before the first, one after each), for the JSON output
+    /// (`experiments/cpu-vs-llamacpp.sh` takes both engines' fractions from them).
+    decode: Option<(usize, Vec<f64>)>,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -570,8 +574,13 @@ impl Printer {
                 writeln!(out, "{}", values.join(","))?;
             }
             Printer::Json(objects) => {
-                let lines: Vec<String> = t
-                    .fields(host)
+                let mut fields = t.fields(host);
+                // JSON only (the CSV's columns stay llama-bench's and the same for every test).
+                if let Some((per_token, bws)) = &t.decode {
+                    fields.push(("weight_bytes_per_token", json!(per_token)));
+                    fields.push(("membw_gbps", json!(bws)));
+                }
+                let lines: Vec<String> = fields
                     .iter()
                     .map(|(k, v)| format!("    \"{k}\": {v}"))
                     .collect();
@@ -658,6 +667,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     n_gen,
                     test_time: now_rfc3339(),
                     samples_ns: Vec::new(),
+                    decode: None,
                 };
                 eprintln!(
                     "oato bench {done}/{total}: {} {}, {n_threads} threads, {isa}: warm-up + {} runs",
@@ -687,14 +697,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     mean(&ts),
                     stdev(&ts)
                 );
-                printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
                 if decode {
                     let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
                     eprintln!(
                         "oato bench: {}",
                         Fraction::of(per_token, &ts, &bws).line(&t.name(), n_threads)
                     );
+                    t.decode = Some((per_token, bws));
                 }
+                printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
             }
         }
     }
