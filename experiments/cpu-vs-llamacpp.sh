@@ -50,6 +50,9 @@ for tool in llama-bench llama-quantize; do
   [ -x "$bin/$tool" ] || { echo "error: $bin/$tool is missing" >&2; exit 1; }
 done
 
+# The commit the binary comes from, taken before the runs (the source may change meanwhile).
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- src Cargo.toml Cargo.lock build.rs 2>/dev/null || commit="$commit-dirty"
 if [ -n "${OATO_BIN:-}" ]; then
   oato=$OATO_BIN
 else
@@ -170,8 +173,6 @@ for c in "${cases[@]}"; do
   runs+=(--run "$label" "$(basename "$model")" "$(IFS=,; echo "${lj[*]}")" "$(IFS=,; echo "${oj[*]}")")
 done
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- src Cargo.toml Cargo.lock build.rs 2>/dev/null || commit="$commit-dirty"
 llamacpp=$(basename "$(dirname "$(dirname "$bin")")")
 out=${OUT:-results/cpu-vs-llamacpp}
 python3 experiments/bench_merge.py \
