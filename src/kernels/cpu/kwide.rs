@@ -196,11 +196,19 @@ pub(crate) fn run_interleaved(
     );
     assert!(crate::kernels::cpu::Isa::Avx512.supported());
     assert!(rows.start.is_multiple_of(ROWS) && rows.end.is_multiple_of(ROWS));
-    let group = ROWS * ty.row_bytes(acts.k).expect("whole blocks");
-    assert!(rows.end / ROWS * group <= packed.len());
+    let rb = ty.row_bytes(acts.k).expect("whole blocks");
+    assert!(rb > 0 && packed.len().is_multiple_of(ROWS * rb) && rows.end * rb <= packed.len());
+    let slabs: Vec<_> =
+        crate::kernels::cpu::repack::slabs(ty, acts.k / QK_K, packed.len() / rb).collect();
     let unpack = |r: usize, p: &mut [Panel]| {
-        // SAFETY: AVX-512 is present (asserted above); the group lies inside `packed`.
-        unsafe { unpack_interleaved(ty, &packed[r / ROWS * group..][..group], p) }
+        // Each slab's blocks of the sixteen rows from that slab's group.
+        for sl in &slabs {
+            // SAFETY: AVX-512 is present (asserted above); the group lies inside `packed`
+            // (`Slab::group_of` slices it).
+            unsafe {
+                unpack_interleaved(ty, sl.group_of(packed, r / ROWS), &mut p[sl.b0..][..sl.nb])
+            }
+        }
     };
     run_k_panels(acts, ty, rows, block_tokens(acts), put, unpack);
 }

@@ -218,6 +218,26 @@ impl Out<'_> {
             std::arch::x86_64::_mm512_mask_storeu_ps(self.out.0.add(t * self.stride + r), mask, v)
         }
     }
+
+    /// What [`Out::write16`] stored at token t's rows `r..r + 16` (lanes in `mask`; the others
+    /// zero).
+    ///
+    /// # Safety
+    /// Those outputs must be inside the buffer and written by no other task; the CPU has AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn read16(
+        &self,
+        t: usize,
+        r: usize,
+        mask: std::arch::x86_64::__mmask16,
+    ) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            std::arch::x86_64::_mm512_maskz_loadu_ps(mask, self.out.0.add(t * self.stride + r))
+        }
+    }
 }
 
 /// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
@@ -887,15 +907,19 @@ mod interleaved_tests {
         interleaved_equals_rows(GgmlType::Q4_0, 320, 160);
         // An odd number of blocks: the last one unpaired.
         interleaved_equals_rows(GgmlType::Q4_0, 352, 160);
-        // Rows longer than the pairs' layout takes: quants, then scales; four groups side by
-        // side in decode (512 rows: four groups a task on up to eight threads).
+        // Rows longer than a slab (`repack::SLAB`): 64 blocks, then one (odd, unpaired) in a
+        // slab of its own, every output carried from the first slab to the second; 512 rows.
         interleaved_equals_rows(GgmlType::Q4_0, 32 * 65, 512);
+        // Three slabs, the last one of two blocks.
+        interleaved_equals_rows(GgmlType::Q4_0, 2 * repack::SLAB + 64, 160);
     }
 
     /// As for Q4_0, Q4_K (random blocks with small finite super-block scales).
     #[test]
     fn interleaved_q4_k_equals_rows() {
         interleaved_equals_rows(GgmlType::Q4_K, 512, 160);
+        // Two slabs (eight super-blocks and two), in decode and in the panels.
+        interleaved_equals_rows(GgmlType::Q4_K, repack::SLAB + 512, 160);
     }
 
     /// As for Q4_0, Q6_K (random blocks with small finite super-block scales): the layout's
@@ -903,11 +927,13 @@ mod interleaved_tests {
     #[test]
     fn interleaved_q6_k_equals_rows() {
         interleaved_equals_rows(GgmlType::Q6_K, 768, 160);
+        // Two slabs (eight super-blocks and three).
+        interleaved_equals_rows(GgmlType::Q6_K, repack::SLAB + 768, 160);
     }
 
     fn interleaved_equals_rows(ty: GgmlType, k: usize, n_rows: usize) {
-        // Ten groups (160 rows): decode reads Q6_K two and Q4_0 with long rows four side by
-        // side (from separate parts of a task's groups), the rest one at a time.
+        // Ten groups (160 rows): decode reads Q6_K two side by side (from separate parts of a
+        // task's groups), the rest one at a time.
         let mut rng = crate::rng::SplitMix64::new(11);
         let first = super::super::random_rows(ty, k, 37, &mut rng);
         let w = super::super::random_rows(ty, k, n_rows, &mut rng);

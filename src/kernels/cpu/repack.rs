@@ -15,18 +15,20 @@
 //! summing lanes across registers, which Zen 4's shuffle port bounds at about 20–30 GB/s of
 //! weights per core; llama.cpp repacks Q4_0 and Q4_K for the same reason.
 //!
-//! Layouts, per group of sixteen rows with `nb` blocks each. Q4_0 with up to 64 blocks a row:
-//! blocks in pairs, 256 bytes of quants for each block of the pair, then 32 bytes of scales for
-//! each (a last unpaired block: its quants, its scales), so that a group is one forward stream;
-//! with longer rows `nb * 256` bytes of quants, then `nb * 32` bytes of scales. Block b's quants
-//! are four 64-byte chunks, chunk c holding in lane r bytes `4c..4c + 4` of row r's block b (low
-//! nibbles: elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales the sixteen
-//! rows' `d` (f16). Q4_K: block b takes
+//! Rows longer than [`SLAB`] (2048) columns are cut into column slabs of that many (the last one
+//! narrower), each laid out as a matrix of its own and stored one after the other; kernels go
+//! slab by slab, carrying each output from one to the next, so every sum keeps its block order.
+//! Layouts, per group of sixteen rows with `nb` blocks each (in one slab). Q4_0: blocks in
+//! pairs, 256 bytes of quants for each block of the pair, then 32 bytes of scales for each (a
+//! last unpaired block: its quants, its scales), so that a group is one forward stream. Block
+//! b's quants are four 64-byte chunks, chunk c holding in lane r bytes `4c..4c + 4` of row r's
+//! block b (low nibbles: elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales
+//! the sixteen rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
 //! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
 //! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
-//! rows' `d` (f16) follow all the group's blocks, as Q4_0's scales do. A group takes the bytes
-//! of its sixteen rows, so the repacked matrix has the file's size.
+//! rows' `d` (f16) follow all the group's blocks. A group takes the bytes of its sixteen rows,
+//! so the repacked matrix has the file's size.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -43,42 +45,62 @@ const QUANTS: usize = 256;
 /// Bytes of one block's scales for the group.
 pub(crate) const SCALES: usize = 32;
 
-/// Q4_0 groups of up to this many blocks (rows of up to 2048) keep each block pair's scales right
-/// after the pair's quants, so that a group is one forward stream, and decode reads them one
-/// group at a time; longer groups keep all their blocks' quants, then all their scales, and
-/// decode reads four side by side. Out of cache, 1 thread (`examples/matmul_dram`, alternated),
-/// fraction of the plain read with the two regions and four groups / pairs and four groups /
-/// pairs and one group: K 2048 x N 8192 0.71 / 0.74 / 0.99 (2 threads 0.90 / - / 0.96-0.97);
-/// K 4096 x N 14336 0.85 / 0.75 / 0.76; K 8192 x N 2048 0.90 / 0.73 / 0.77.
-const PAIRS_MAX_NB: usize = 64;
+/// Columns of a slab: a matrix with longer rows is kept as slabs of this many columns side by
+/// side (the last one narrower), each interleaved as a matrix of its own and stored after the one
+/// before, and decode reads one slab's rows after the other's, each output carried from slab to
+/// slab (so every sum keeps its block order and bits). Out of cache, 1 EPYC thread, one group
+/// at a time, the kernels read rows of up to 2048 at the plain read's rate and longer ones far
+/// below it (`examples/matmul_dram`, fraction of the plain read): Q6_K K 2048 / 2560 / 3072 x N
+/// 16384 0.94 / 1.00 / 1.00, K 3584 0.80, K 4096 / 4608 / 5120 0.68 / 0.67 / 0.71, and two
+/// groups side by side K 4096 0.75, 8192 0.82, 14336 0.88 against 0.93 at 2048; Q4_0 K 2048 x
+/// N 8192 0.99, K 4096 x N 14336 0.76-0.85, K 8192 x N 2048 0.77-0.90 (one group, four side by
+/// side). What the kernels re-read per group (the activations' blocks, the scales) is then one
+/// slab's, not one long row's.
+pub const SLAB: usize = 2048;
 
-/// Whether a Q4_0 group of `nb` blocks keeps its blocks in pairs ([`PAIRS_MAX_NB`]).
-#[inline(always)]
-const fn q4_0_pairs(nb: usize) -> bool {
-    nb <= PAIRS_MAX_NB
+/// The column slabs of `n` rows of `nb` blocks of type `ty` ([`SLAB`]).
+pub(crate) fn slabs(ty: GgmlType, nb: usize, n: usize) -> impl Iterator<Item = Slab> {
+    let per = (SLAB / ty.block_size()).max(1);
+    let size = ty.type_size();
+    (0..nb.div_ceil(per)).map(move |s| Slab {
+        b0: s * per,
+        nb: per.min(nb - s * per),
+        at: n * s * per * size,
+        group: ROWS * per.min(nb - s * per) * size,
+    })
+}
+
+/// A column slab of an interleaved matrix.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slab {
+    /// Its first block in a row, and blocks per row.
+    pub(crate) b0: usize,
+    pub(crate) nb: usize,
+    /// Its first byte in the matrix, and bytes per group of sixteen rows.
+    pub(crate) at: usize,
+    pub(crate) group: usize,
+}
+
+impl Slab {
+    /// Group `g`'s bytes in the interleaved matrix `packed`.
+    pub(crate) fn group_of<'a>(&self, packed: &'a [u8], g: usize) -> &'a [u8] {
+        &packed[self.at + g * self.group..][..self.group]
+    }
 }
 
 /// Where Q4_0 block b's quants start in a group of `nb` blocks.
 #[inline(always)]
-const fn q4_0_quants(nb: usize, b: usize) -> usize {
-    if q4_0_pairs(nb) {
-        b / 2 * 2 * (QUANTS + SCALES) + b % 2 * QUANTS
-    } else {
-        b * QUANTS
-    }
+const fn q4_0_quants(b: usize) -> usize {
+    b / 2 * 2 * (QUANTS + SCALES) + b % 2 * QUANTS
 }
 
-/// Where Q4_0 block b's scales start in a group of `nb` blocks (with pairs, a last unpaired
-/// block's right after its quants).
+/// Where Q4_0 block b's scales start in a group of `nb` blocks (after the pair's quants; a last
+/// unpaired block's right after its quants).
 #[inline(always)]
 const fn q4_0_scales(nb: usize, b: usize) -> usize {
-    if q4_0_pairs(nb) {
-        let pair = b / 2 * 2;
-        let n = if nb - pair < 2 { nb - pair } else { 2 };
-        pair * (QUANTS + SCALES) + n * QUANTS + b % 2 * SCALES
-    } else {
-        nb * QUANTS + b * SCALES
-    }
+    let pair = b / 2 * 2;
+    let n = if nb - pair < 2 { nb - pair } else { 2 };
+    pair * (QUANTS + SCALES) + n * QUANTS + b % 2 * SCALES
 }
 
 /// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0,
@@ -189,27 +211,41 @@ impl Arena {
         Ok((region, 0))
     }
 
-    /// A piece of `len` bytes filled by `fill(offset, bytes)` over pieces of a multiple of
-    /// `unit` bytes, spread over `threads` threads.
+    /// A piece of the parts' bytes (`parts`: their lengths, in order), part i filled by
+    /// `fill(i, its offset, its bytes)`, runs of parts spread over `threads` threads.
     fn filled(
         &self,
-        len: usize,
-        unit: usize,
+        parts: &[usize],
         threads: usize,
-        fill: impl Fn(usize, &mut [u8]) + Sync,
+        fill: impl Fn(usize, usize, &mut [u8]) + Sync,
     ) -> Result<Piece> {
+        let len = parts.iter().sum();
         let (region, at) = self.piece(len)?;
         // SAFETY: the piece is inside the region's map and handed out once (Arena::piece):
         // nothing else reads or writes it while this slice lives.
-        let dst = unsafe {
+        let mut dst = unsafe {
             std::slice::from_raw_parts_mut(region.map.as_mut_ptr().add(region.start + at), len)
         };
-        let units = len.div_ceil(unit.max(1)).max(1);
-        let per = units.div_ceil(threads.clamp(1, units)) * unit.max(1);
+        let mut cut = Vec::with_capacity(parts.len());
+        let mut off = 0;
+        for (i, &n) in parts.iter().enumerate() {
+            let (d, rest) = std::mem::take(&mut dst).split_at_mut(n);
+            cut.push((i, off, d));
+            dst = rest;
+            off += n;
+        }
+        let per = parts
+            .len()
+            .div_ceil(threads.clamp(1, parts.len().max(1)))
+            .max(1);
         let fill = &fill;
         std::thread::scope(|s| {
-            for (i, d) in dst.chunks_mut(per).enumerate() {
-                s.spawn(move || fill(i * per, d));
+            for run in cut.chunks_mut(per) {
+                s.spawn(move || {
+                    for (i, off, d) in run.iter_mut() {
+                        fill(*i, *off, d);
+                    }
+                });
             }
         });
         Ok(Piece { region, at, len })
@@ -217,7 +253,11 @@ impl Arena {
 
     /// A copy of `bytes` (as they are), over `threads` threads.
     pub fn copy(&self, bytes: &[u8], threads: usize) -> Result<Piece> {
-        self.filled(bytes.len(), 1 << 20, threads, |at, d| {
+        const MIB: usize = 1 << 20;
+        let parts: Vec<usize> = (0..bytes.len().div_ceil(MIB))
+            .map(|i| MIB.min(bytes.len() - i * MIB))
+            .collect();
+        self.filled(&parts, threads, |_, at, d| {
             d.copy_from_slice(&bytes[at..at + d.len()])
         })
     }
@@ -235,16 +275,20 @@ pub fn pack(
 ) -> Result<Piece> {
     let rb = check(ty, plain.len(), k, n)?;
     let nb = k / ty.block_size();
-    let group = ROWS * rb;
-    arena.filled(plain.len(), group, threads, |at, dst| {
-        for (i, d) in dst.chunks_mut(group).enumerate() {
-            let src = &plain[at + i * group..][..group];
-            for b in 0..nb {
-                for r in 0..ROWS {
-                    pieces(ty, nb, b, r, |from, to, len| {
-                        d[to..to + len].copy_from_slice(&src[r * rb + from..][..len])
-                    });
-                }
+    let size = ty.type_size();
+    // One part per group of each slab, in the layout's order.
+    let parts: Vec<(Slab, usize)> = slabs(ty, nb, n)
+        .flat_map(|sl| (0..n / ROWS).map(move |g| (sl, g)))
+        .collect();
+    let lens: Vec<usize> = parts.iter().map(|(sl, _)| sl.group).collect();
+    arena.filled(&lens, threads, |i, _, d| {
+        let (sl, g) = parts[i];
+        let src = &plain[g * ROWS * rb + sl.b0 * size..];
+        for b in 0..sl.nb {
+            for r in 0..ROWS {
+                pieces(ty, sl.nb, b, r, |from, to, len| {
+                    d[to..to + len].copy_from_slice(&src[r * rb + from..][..len])
+                });
             }
         }
     })
@@ -266,9 +310,9 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
     Ok((k / bs) * ty.type_size())
 }
 
-/// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row): `from` its
-/// offset in the file's row, `to` in the row's group. Q4_0: the quants as above, the scales
-/// after the pair's quants (rows of up to 64 blocks) or after all the group's quants; Q4_K:
+/// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row of a slab):
+/// `from` its offset in the slab's part of the file's row, `to` in the row's group of the slab.
+/// Q4_0: the quants as above, the scales after the pair's quants; Q4_K:
 /// every 32-bit word w of the block (d and dmin, the packed scales, the quants) at
 /// `2304 b + 64 w`, lane r; Q6_K: its 52 words at
 /// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
@@ -278,11 +322,7 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
         GgmlType::Q4_0 => {
             f(b * BLOCK, q4_0_scales(nb, b) + 2 * r, 2);
             for c in 0..4 {
-                f(
-                    b * BLOCK + 2 + 4 * c,
-                    q4_0_quants(nb, b) + 64 * c + 4 * r,
-                    4,
-                );
+                f(b * BLOCK + 2 + 4 * c, q4_0_quants(b) + 64 * c + 4 * r, 4);
             }
         }
         GgmlType::Q6_K => {
@@ -342,12 +382,16 @@ pub(crate) const fn q6_slot(w: usize) -> usize {
 /// (rows of `k`).
 pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]) {
     let nb = k / ty.block_size();
-    let rb = nb * ty.type_size();
-    let g = &packed[(r / ROWS) * ROWS * rb..][..ROWS * rb];
-    for b in 0..nb {
-        pieces(ty, nb, b, r % ROWS, |from, to, len| {
-            dst[from..from + len].copy_from_slice(&g[to..to + len])
-        });
+    let size = ty.type_size();
+    let n = packed.len() / (nb * size);
+    for sl in slabs(ty, nb, n) {
+        let g = sl.group_of(packed, r / ROWS);
+        let dst = &mut dst[sl.b0 * size..];
+        for b in 0..sl.nb {
+            pieces(ty, sl.nb, b, r % ROWS, |from, to, len| {
+                dst[from..from + len].copy_from_slice(&g[to..to + len])
+            });
+        }
     }
 }
 
@@ -390,81 +434,118 @@ mod kernels {
             acts.ty
         );
         let nb = acts.k / ty.block_size();
-        let group = ROWS * nb * ty.type_size();
-        assert!(rows.end.div_ceil(ROWS) * group <= packed.len());
+        let rb = nb * ty.type_size();
+        assert!(rb > 0 && packed.len().is_multiple_of(ROWS * rb));
+        let n = packed.len() / rb;
+        assert!(rows.end <= n);
         let n_tok = acts.n_tok;
-        // SAFETY (the kernels below): AVX-512 is present (asserted); the group holds nb blocks,
-        // every token nb blocks (and nb sums for Q4_0; asserted); rows r0 + lo..r0 + hi of every
-        // token are inside the output (the caller's contract: `rows` inside the matrix, `out`
-        // holding every token's rows) and are written by this task only.
-        match ty {
-            GgmlType::Q4_0 => {
-                let nsum = &extra.nsum[..];
-                assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
-                let ys: Vec<&[BlockQ8_0]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
-                assert!(ys.iter().all(|y| y.len() == nb));
-                if n_tok == 1 {
-                    // Decode: groups in pairs' layout one at a time, longer ones four side by
-                    // side (`PAIRS_MAX_NB`); the rows left one at a time.
-                    let one = |r: Range<usize>| {
-                        each_group(r, group, packed, |g, r0, mask| unsafe {
-                            tokens::<1>(g, nb, &ys, nsum, 0, out, r0, mask)
-                        })
-                    };
-                    let y = ys[0];
-                    let at = |g: usize| &packed[g * group..][..group];
-                    if super::q4_0_pairs(nb) {
-                        spread::<1>(rows, one, |gs| unsafe {
-                            side_by_side(gs.map(at), nb, y, nsum, out, gs)
+        // Slab by slab, each output carried from one to the next (`Part::acc`).
+        for (i, sl) in super::slabs(ty, nb, n).enumerate() {
+            let part = Part {
+                nb: sl.nb,
+                stride: nb,
+                acc: i > 0,
+            };
+            let packed = &packed[sl.at..][..n / ROWS * sl.group];
+            let group = sl.group;
+            let b = sl.b0..sl.b0 + sl.nb;
+            // SAFETY (the kernels below): AVX-512 is present (asserted); the group holds
+            // `part.nb` blocks, every token's blocks from `sl.b0` as many (and the sums from
+            // `sl.b0` of each token's `nb`; asserted); rows r0 + lo..r0 + hi of every token are
+            // inside the output (the caller's contract: `rows` inside the matrix, `out` holding
+            // every token's rows) and are written (and read back from the second slab) by this
+            // task only.
+            match ty {
+                GgmlType::Q4_0 => {
+                    let nsum = &extra.nsum[..];
+                    assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
+                    let nsum = &nsum[sl.b0..];
+                    let ys: Vec<&[BlockQ8_0]> = (0..n_tok)
+                        .map(|t| &blocks::<BlockQ8_0>(acts.row(t))[b.clone()])
+                        .collect();
+                    if n_tok == 1 {
+                        // Decode: whole groups one at a time (each one forward stream), the
+                        // rows left at either end too.
+                        let one = |r: Range<usize>| {
+                            each_group(r, group, packed, |g, r0, mask| unsafe {
+                                tokens::<1>(g, part, &ys, nsum, 0, out, r0, mask)
+                            })
+                        };
+                        let at = |g: usize| &packed[g * group..][..group];
+                        spread::<1>(rows.clone(), one, |gs| unsafe {
+                            side_by_side(gs.map(at), part, ys[0], nsum, out, gs)
                         });
-                    } else {
-                        spread::<4>(rows, one, |gs| unsafe {
-                            side_by_side(gs.map(at), nb, y, nsum, out, gs)
-                        });
+                        continue;
                     }
-                    return;
-                }
-                each_group(rows, group, packed, |g, r0, mask| {
-                    by_fours(n_tok, |t, nt| unsafe {
-                        match nt {
-                            4 => tokens::<4>(g, nb, &ys, nsum, t, out, r0, mask),
-                            2 => tokens::<2>(g, nb, &ys, nsum, t, out, r0, mask),
-                            _ => tokens::<1>(g, nb, &ys, nsum, t, out, r0, mask),
-                        }
-                    })
-                });
-            }
-            GgmlType::Q4_K | GgmlType::Q6_K => {
-                let ys: Vec<&[BlockQ8K]> = (0..n_tok).map(|t| blocks(acts.row(t))).collect();
-                assert!(ys.iter().all(|y| y.len() == nb));
-                let pairs = &extra.min_pairs[..];
-                assert_eq!(pairs.len(), n_tok * nb, "repack: sums of other activations");
-                // One, two and four tokens at a time.
-                let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
-                    [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
-                } else {
-                    [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
-                };
-                if ty == GgmlType::Q6_K && n_tok == 1 {
-                    // Decode: whole groups two side by side, the others one at a time.
-                    let one = |r: Range<usize>| {
-                        each_group(r, group, packed, |g, r0, mask| unsafe {
-                            tokens_q6_k::<1>(g, nb, &ys, pairs, 0, out, r0, mask)
+                    each_group(rows.clone(), group, packed, |g, r0, mask| {
+                        by_fours(n_tok, |t, nt| unsafe {
+                            match nt {
+                                4 => tokens::<4>(g, part, &ys, nsum, t, out, r0, mask),
+                                2 => tokens::<2>(g, part, &ys, nsum, t, out, r0, mask),
+                                _ => tokens::<1>(g, part, &ys, nsum, t, out, r0, mask),
+                            }
                         })
-                    };
-                    spread::<Q6_SIDE>(rows, one, |gs| unsafe {
-                        let groups = gs.map(|g| &packed[g * group..][..group]);
-                        side_by_side_q6_k(groups, nb, ys[0], out, gs)
                     });
-                    return;
                 }
-                each_group(rows, group, packed, |g, r0, mask| {
-                    by_fours(n_tok, |t, nt| unsafe {
-                        kernels[nt.ilog2() as usize](g, nb, &ys, pairs, t, out, r0, mask)
-                    })
-                });
+                GgmlType::Q4_K | GgmlType::Q6_K => {
+                    let ys: Vec<&[BlockQ8K]> = (0..n_tok)
+                        .map(|t| &blocks::<BlockQ8K>(acts.row(t))[b.clone()])
+                        .collect();
+                    let pairs = &extra.min_pairs[..];
+                    assert_eq!(pairs.len(), n_tok * nb, "repack: sums of other activations");
+                    let pairs = &pairs[sl.b0..];
+                    // One, two and four tokens at a time.
+                    let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
+                        [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
+                    } else {
+                        [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
+                    };
+                    if ty == GgmlType::Q6_K && n_tok == 1 {
+                        // Decode: whole groups two side by side, the others one at a time.
+                        let one = |r: Range<usize>| {
+                            each_group(r, group, packed, |g, r0, mask| unsafe {
+                                tokens_q6_k::<1>(g, part, &ys, pairs, 0, out, r0, mask)
+                            })
+                        };
+                        spread::<Q6_SIDE>(rows.clone(), one, |gs| unsafe {
+                            let groups = gs.map(|g| &packed[g * group..][..group]);
+                            side_by_side_q6_k(groups, part, ys[0], out, gs)
+                        });
+                        continue;
+                    }
+                    each_group(rows.clone(), group, packed, |g, r0, mask| {
+                        by_fours(n_tok, |t, nt| unsafe {
+                            kernels[nt.ilog2() as usize](g, part, &ys, pairs, t, out, r0, mask)
+                        })
+                    });
+                }
+                other => panic!("repack: no interleaved kernel for {other}"),
             }
-            other => panic!("repack: no interleaved kernel for {other}"),
+        }
+    }
+
+    /// What a kernel reads of one slab ([`super::slabs`]): its blocks per row `nb`; `stride`,
+    /// the blocks of a whole row, by which the activations' sums (`PanelActs`, handed from the
+    /// slab's first block) go from token to token; `acc`: whether the outputs start from what
+    /// the slab before left in them (else from zero).
+    #[derive(Clone, Copy)]
+    struct Part {
+        nb: usize,
+        stride: usize,
+        acc: bool,
+    }
+
+    /// The sums a kernel starts from for token `t`'s rows `r0..r0 + 16` (lanes in `mask`):
+    /// zero, or (`part.acc`) what the slab before stored there.
+    ///
+    /// # Safety
+    /// As for [`Out::write16`].
+    #[inline(always)]
+    unsafe fn start(out: &Out, part: Part, t: usize, r0: usize, mask: __mmask16) -> __m512 {
+        if part.acc {
+            out.read16(t, r0, mask)
+        } else {
+            _mm512_setzero_ps()
         }
     }
 
@@ -512,7 +593,7 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side_q6_k<const G: usize>(
         groups: [&[u8]; G],
-        nb: usize,
+        part: Part,
         y: &[BlockQ8K],
         out: &Out,
         at: [usize; G],
@@ -520,7 +601,8 @@ mod kernels {
         use super::Q6_GROUP_BLOCK;
         let ahead = prefetch_ahead();
         let q: [*const u8; G] = groups.map(|g| g.as_ptr());
-        let mut sumf = [_mm512_setzero_ps(); G];
+        let mut sumf = at.map(|g| start(out, part, 0, g * ROWS, 0xFFFF));
+        let nb = part.nb;
         for b in 0..nb {
             let yb = y.get_unchecked(b);
             let mut isum = [[_mm512_setzero_si512(); 1]; G];
@@ -537,7 +619,7 @@ mod kernels {
     }
 
     /// A K-quant kernel for a number of tokens ([`tokens_q4_k`], [`tokens_q6_k`]).
-    type KFn = unsafe fn(&[u8], usize, &[&[BlockQ8K]], &[[i32; 4]], usize, &Out, usize, __mmask16);
+    type KFn = unsafe fn(&[u8], Part, &[&[BlockQ8K]], &[[i32; 4]], usize, &Out, usize, __mmask16);
 
     /// `f(group bytes, first row, mask of its rows inside rows)` for each group that `rows`
     /// touches.
@@ -589,7 +671,7 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tokens_q4_k<const NT: usize>(
         group: &[u8],
-        nb: usize,
+        part: Part,
         ys: &[&[BlockQ8K]],
         min_pairs: &[[i32; 4]],
         t: usize,
@@ -600,8 +682,8 @@ mod kernels {
         let low = _mm512_set1_epi8(0x0F);
         let high = _mm512_set1_epi8(0xF0u8 as i8);
         let ahead = prefetch_ahead();
-        let mut sumf = [_mm512_setzero_ps(); NT];
-        for b in 0..nb {
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        for b in 0..part.nb {
             let p = group.as_ptr().add(b * ROWS * 4 * super::K4_WORDS);
             let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
             let h = crate::kernels::cpu::kwide::k4_head([word(0), word(1), word(2), word(3)]);
@@ -646,7 +728,7 @@ mod kernels {
                 // The mins' Σ_j m_j B_j, two groups per `vpdpwssd`.
                 let mut imin = _mm512_setzero_si512();
                 for (k, &pair) in min_pairs
-                    .get_unchecked((t + tk) * nb + b)
+                    .get_unchecked((t + tk) * part.stride + b)
                     .iter()
                     .enumerate()
                 {
@@ -678,7 +760,7 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tokens_q6_k<const NT: usize>(
         group: &[u8],
-        nb: usize,
+        part: Part,
         ys: &[&[BlockQ8K]],
         _min_pairs: &[[i32; 4]],
         t: usize,
@@ -689,7 +771,8 @@ mod kernels {
         use super::Q6_GROUP_BLOCK;
         let ahead = prefetch_ahead();
         let q = group.as_ptr();
-        let mut sumf = [_mm512_setzero_ps(); NT];
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        let nb = part.nb;
         for b in 0..nb {
             let p = q.add(b * Q6_GROUP_BLOCK);
             let dx = q6_dx(q, nb, b);
@@ -953,19 +1036,16 @@ mod kernels {
     /// One token against the `S` whole groups `groups` (groups `at`, taken from `S`
     /// parts of the task's rows by [`spread`]), the activation block's loads shared and the
     /// groups read as that many streams: per group the operations (and bits) of [`tokens`].
-    /// Groups from four parts rather than four adjacent ones, 2 threads, fraction of the plain
-    /// read (five rounds each, alternated, memory at 34-37 GB/s): 4096 x 14336 0.97-0.99 against
-    /// 0.95-0.97, 2048 x 2048 0.89-0.92 against 0.84-0.91, 8192 x 2048 0.94-0.96 against
-    /// 0.83-0.92, 2048 x 8192 0.87-0.91 against 0.92. Adjacent groups, out of cache, Q4_0
-    /// 4096 x 14336 (`examples/matmul_dram`, five runs alternated with groups one at a time, the
-    /// memory at 35-39 GB/s): 2 threads, median fraction of the plain read 0.88 -> 0.91; 1 thread
-    /// 20.1 -> 22.0 GB/s. Eight side by side (tried) read 0.84-0.88 of the plain read, four
-    /// 0.89-0.91.
+    /// Decode takes one group at a time: every group is now at most a slab wide (2048), where
+    /// one read best (see [`super::SLAB`]). Before the slabs, rows longer than 2048 kept their
+    /// quants and scales apart and went four side by side: 2 threads, fraction of the plain
+    /// read (memory at 34-37 GB/s), groups from four parts / four adjacent ones, 4096 x 14336
+    /// 0.97-0.99 / 0.95-0.97, 8192 x 2048 0.94-0.96 / 0.83-0.92; eight read 0.84-0.88.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn side_by_side<const S: usize>(
         groups: [&[u8]; S],
-        nb: usize,
+        part: Part,
         y: &[BlockQ8_0],
         nsum: &[i32],
         out: &Out,
@@ -974,8 +1054,9 @@ mod kernels {
         let tab = crate::kernels::cpu::avx2::f16_table();
         let low = _mm512_set1_epi8(0x0F);
         let q: [*const u8; S] = groups.map(|g| g.as_ptr());
-        let mut sumf = [_mm512_setzero_ps(); S];
+        let mut sumf = at.map(|g| start(out, part, 0, g * ROWS, 0xFFFF));
         let ahead = prefetch_ahead();
+        let nb = part.nb;
         for b in 0..nb {
             let yb = y.get_unchecked(b);
             let yq = yb.qs.as_ptr();
@@ -983,9 +1064,9 @@ mod kernels {
             let word = |e: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()));
             let ns = _mm512_set1_epi32(*nsum.get_unchecked(b));
             for (&g, acc) in q.iter().zip(sumf.iter_mut()) {
-                let p = g.add(super::q4_0_quants(nb, b));
+                let p = g.add(super::q4_0_quants(b));
                 let d = g.add(super::q4_0_scales(nb, b));
-                prefetch_q4_0(p, d, nb, b, ahead);
+                prefetch_q4_0(p, b, ahead);
                 let s = isum(&nibbles(p, low), ns, word);
                 let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(s), *acc);
@@ -996,23 +1077,15 @@ mod kernels {
         }
     }
 
-    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and (groups of `nb` blocks in
-    /// pairs) for the second block of a pair the line of their scales after them or (else)
-    /// every other block those `ahead / 8` past its scales at `d`, asked into L2 (none when
-    /// `ahead` is 0). Past the group's end they are the next group's (or outside the matrix,
-    /// where a prefetch does nothing).
+    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and for the second block of
+    /// a pair the line of their scales after them, asked into L2 (none when `ahead` is 0). Past
+    /// the group's end they are the next group's (or outside the matrix, where a prefetch does
+    /// nothing).
     #[inline(always)]
-    unsafe fn prefetch_q4_0(p: *const u8, d: *const u8, nb: usize, b: usize, ahead: usize) {
+    unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: usize) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
-        if ahead == 0 {
-            return;
-        }
-        if super::q4_0_pairs(nb) {
-            if b % 2 == 1 {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
-            }
-        } else if b.is_multiple_of(2) {
-            _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(ahead / 8).cast());
+        if ahead > 0 && b % 2 == 1 {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
         }
     }
 
@@ -1056,7 +1129,7 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tokens<const NT: usize>(
         group: &[u8],
-        nb: usize,
+        part: Part,
         ys: &[&[BlockQ8_0]],
         nsum: &[i32],
         t: usize,
@@ -1067,12 +1140,13 @@ mod kernels {
         let tab = crate::kernels::cpu::avx2::f16_table();
         let low = _mm512_set1_epi8(0x0F);
         let q = group.as_ptr();
-        let mut sumf = [_mm512_setzero_ps(); NT];
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
         let ahead = prefetch_ahead();
+        let nb = part.nb;
         for b in 0..nb {
-            let p = q.add(super::q4_0_quants(nb, b));
+            let p = q.add(super::q4_0_quants(b));
             let d = q.add(super::q4_0_scales(nb, b));
-            prefetch_q4_0(p, d, nb, b, ahead);
+            prefetch_q4_0(p, b, ahead);
             let w = nibbles(p, low);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
             for (j, acc) in sumf.iter_mut().enumerate() {
@@ -1082,7 +1156,7 @@ mod kernels {
                     |e: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()));
                 let s = isum(
                     &w,
-                    _mm512_set1_epi32(*nsum.get_unchecked((t + j) * nb + b)),
+                    _mm512_set1_epi32(*nsum.get_unchecked((t + j) * part.stride + b)),
                     word,
                 );
                 let dd = _mm512_mul_ps(dx, _mm512_set1_ps(tab[y.d.bits() as usize]));
@@ -1121,7 +1195,14 @@ mod tests {
 
     #[test]
     fn k_quant_rows_come_back_from_the_interleaved_layout() {
-        for (ty, k) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768)] {
+        for (ty, k) in [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q6_K, 768),
+            // Two slabs, the second narrower; three for Q4_0.
+            (GgmlType::Q4_K, SLAB + 512),
+            (GgmlType::Q6_K, SLAB + 768),
+            (GgmlType::Q4_0, 2 * SLAB + 96),
+        ] {
             let n = 32;
             let mut rng = crate::rng::SplitMix64::new(5);
             let plain = crate::kernels::cpu::random_rows(ty, k, n, &mut rng);
