@@ -10,11 +10,14 @@
 //! `ROUNDS=n` (default 20) rounds over every matrix; prints each round's GB/s of weights per kind.
 //! `FRESH_ACTS=1` quantises activations of other values before each product (outside the
 //! timing), as decode's change from matrix to matrix (1B Q4_0 file, 1 thread: no slower).
+//! `ALL=1` (with `MODEL`) adds attn_k, attn_v and ffn_up, run in one job with attn_q and
+//! ffn_gate as the engine runs them (8B Q4_0 file, 1 thread: 27-32 GB/s, as the four kinds
+//! alone, while `oato bench` read 24-25 GB/s of weights alternated with it).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use oato::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul_quantized};
+use oato::kernels::cpu::matmul::{Layout, MatRef, QuantizedActs, matmul_quantized_many};
 use oato::kernels::cpu::repack::{self, Arena, Piece};
 use oato::quant::GgmlType;
 
@@ -49,11 +52,29 @@ fn main() {
         }
     };
     let keep = |kind: &str| only.as_deref().is_none_or(|o| o == kind);
+    // ALL=1 (with MODEL): attn_k, attn_v and ffn_up too, each run in one job with the matrix
+    // before it of its kind (`matmul_quantized_many`), as the engine runs q/k/v and gate/up.
+    let all = std::env::var_os("ALL").is_some();
     if let Ok(path) = std::env::var("MODEL") {
         let model = oato::model::Model::open(&path).expect("MODEL: a GGUF model");
         let mut ws: Vec<(&str, &oato::model::WeightRef)> = Vec::new();
         for l in &model.layers {
             let q = l.wq.as_ref().expect("a model with attn_q");
+            if all {
+                // Every matrix, in the engine's order, q/k/v and gate/up as its fused jobs.
+                let k = l.wk.as_ref().expect("a model with attn_k");
+                let v = l.wv.as_ref().expect("a model with attn_v");
+                ws.extend([
+                    ("q", q),
+                    ("q", k),
+                    ("q", v),
+                    ("o", &l.wo),
+                    ("gate", &l.w_gate),
+                    ("gate", &l.w_up),
+                    ("down", &l.w_down),
+                ]);
+                continue;
+            }
             ws.extend([
                 ("q", q),
                 ("o", &l.wo),
@@ -62,6 +83,7 @@ fn main() {
             ]);
         }
         ws.push(("head", &model.output));
+
         for (kind, w) in ws.into_iter().filter(|(kind, _)| keep(kind)) {
             let mut bytes = w.bytes(&model.file).expect("the weight's bytes").to_vec();
             if randomize {
@@ -93,34 +115,50 @@ fn main() {
             QuantizedActs::new(ty, &x, k).expect("the activations")
         });
     }
-    let mut y = vec![0f32; mats.iter().map(|m| m.3).max().unwrap_or(0)];
+    let most = mats.iter().map(|m| m.3).max().unwrap_or(0);
+    let mut ys = vec![vec![0f32; most]; 3];
     let fresh = std::env::var_os("FRESH_ACTS").is_some();
     let mut calls = 0usize;
     let start = Instant::now();
     for round in 0..rounds {
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-        for (kind, ty, k, n, piece, il) in &mats {
-            let mut m = MatRef::rows(*ty, *k, *n, piece.bytes());
-            if *il {
-                m.layout = Layout::Interleaved;
+        let mut i = 0;
+        while i < mats.len() {
+            // One job: this matrix, and with ALL the ones after it of the same kind.
+            let mut j = i + 1;
+            while all && j < mats.len() && mats[j].0 == mats[i].0 {
+                j += 1;
             }
-            // FRESH_ACTS=1: activations of other values before each product, as decode's
-            // change from matrix to matrix (quantised outside the timing).
+            let (kind, ty, k) = (mats[i].0, mats[i].1, mats[i].2);
             let fresh_acts = fresh.then(|| {
                 calls += 1;
-                let x: Vec<f32> = (0..*k)
+                let x: Vec<f32> = (0..k)
                     .map(|i| ((i + 7 * calls) as f32 * 0.37).sin() * (1.0 + (calls % 13) as f32))
                     .collect();
-                QuantizedActs::new(*ty, &x, *k).expect("the activations")
+                QuantizedActs::new(ty, &x, k).expect("the activations")
             });
-            let t0 = Instant::now();
             let a = fresh_acts
                 .as_ref()
-                .unwrap_or(&acts[&(ty.vec_dot_type(), *k)]);
-            matmul_quantized(&m, a, &mut y[..*n]).expect("a product");
+                .unwrap_or(&acts[&(ty.vec_dot_type(), k)]);
+            let mut outs = ys.iter_mut();
+            let mut parts: Vec<(MatRef, &mut [f32])> = mats[i..j]
+                .iter()
+                .map(|(_, ty, k, n, piece, il)| {
+                    let mut m = MatRef::rows(*ty, *k, *n, piece.bytes());
+                    if *il {
+                        m.layout = Layout::Interleaved;
+                    }
+                    (m, &mut outs.next().expect("an output")[..*n])
+                })
+                .collect();
+            // FRESH_ACTS=1: activations of other values before each job, as decode's change
+            // from matrix to matrix (quantised outside the timing).
+            let t0 = Instant::now();
+            matmul_quantized_many(&mut parts, a).expect("a product");
             let e = per.entry(kind).or_default();
             e.0 += t0.elapsed().as_secs_f64();
-            e.1 += piece.bytes().len();
+            e.1 += mats[i..j].iter().map(|m| m.4.bytes().len()).sum::<usize>();
+            i = j;
         }
         let line: Vec<String> = per
             .iter()
