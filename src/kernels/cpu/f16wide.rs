@@ -361,19 +361,28 @@ impl Panel<'_, '_> {
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let wb = &wbuf[b * per_block..];
             let r = self.rows.start + b * MAX_ROWS;
-            match w.len() {
-                6 => self.tile::<6, P>(w, wb, r, q, pf, out),
-                5 => self.tile::<5, P>(w, wb, r, q, pf, out),
-                4 => self.tile::<4, P>(w, wb, r, q, pf, out),
-                3 => self.tile::<3, P>(w, wb, r, q, pf, out),
-                2 => self.tile::<2, P>(w, wb, r, q, pf, out),
-                _ => self.tile::<1, P>(w, wb, r, q, pf, out),
+            // SAFETY: `WideActs::new` is `Some` only on CPUs with AVX-512.
+            unsafe {
+                match w.len() {
+                    6 => self.tile::<6, P>(w, wb, r, q, pf, out),
+                    5 => self.tile::<5, P>(w, wb, r, q, pf, out),
+                    4 => self.tile::<4, P>(w, wb, r, q, pf, out),
+                    3 => self.tile::<3, P>(w, wb, r, q, pf, out),
+                    2 => self.tile::<2, P>(w, wb, r, q, pf, out),
+                    _ => self.tile::<1, P>(w, wb, r, q, pf, out),
+                }
             }
         }
     }
 
     /// Rows `r..r + R` (`w`, widened in `wbuf`) against pairs `q..q + P`, with the `k % 32` tail.
-    fn tile<const R: usize, const P: usize>(
+    /// Compiled for AVX-512 like the kernels it calls, so that the stores of its sums
+    /// (`Out::write_pair`) are inlined into it rather than called per pair.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 (the panels' callers check it).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tile<const R: usize, const P: usize>(
         &self,
         w: &[&[u8]],
         wbuf: &[Lanes8],
