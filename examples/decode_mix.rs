@@ -122,14 +122,11 @@ fn main() {
     let start = Instant::now();
     for round in 0..rounds {
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-        let mut i = 0;
-        while i < mats.len() {
-            // One job: this matrix, and with ALL the ones after it of the same kind.
-            let mut j = i + 1;
-            while all && j < mats.len() && mats[j].0 == mats[i].0 {
-                j += 1;
-            }
-            let (kind, ty, k) = (mats[i].0, mats[i].1, mats[i].2);
+        // One job per matrix, and with ALL per run of matrices of the same kind.
+        for job in mats.chunk_by(|x, y| all && x.0 == y.0) {
+            let (kind, ty, k) = (job[0].0, job[0].1, job[0].2);
+            // FRESH_ACTS=1: activations of other values before each job, as decode's change
+            // from matrix to matrix (quantised outside the timing).
             let fresh_acts = fresh.then(|| {
                 calls += 1;
                 let x: Vec<f32> = (0..k)
@@ -140,25 +137,26 @@ fn main() {
             let a = fresh_acts
                 .as_ref()
                 .unwrap_or(&acts[&(ty.vec_dot_type(), k)]);
-            let mut outs = ys.iter_mut();
-            let mut parts: Vec<(MatRef, &mut [f32])> = mats[i..j]
+            assert!(
+                job.len() <= ys.len(),
+                "an output for each matrix of the job"
+            );
+            let mut parts: Vec<(MatRef, &mut [f32])> = job
                 .iter()
-                .map(|(_, ty, k, n, piece, il)| {
+                .zip(ys.iter_mut())
+                .map(|((_, ty, k, n, piece, il), y)| {
                     let mut m = MatRef::rows(*ty, *k, *n, piece.bytes());
                     if *il {
                         m.layout = Layout::Interleaved;
                     }
-                    (m, &mut outs.next().expect("an output")[..*n])
+                    (m, &mut y[..*n])
                 })
                 .collect();
-            // FRESH_ACTS=1: activations of other values before each job, as decode's change
-            // from matrix to matrix (quantised outside the timing).
             let t0 = Instant::now();
             matmul_quantized_many(&mut parts, a).expect("a product");
             let e = per.entry(kind).or_default();
             e.0 += t0.elapsed().as_secs_f64();
-            e.1 += mats[i..j].iter().map(|m| m.4.bytes().len()).sum::<usize>();
-            i = j;
+            e.1 += job.iter().map(|m| m.4.bytes().len()).sum::<usize>();
         }
         let line: Vec<String> = per
             .iter()

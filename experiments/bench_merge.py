@@ -25,6 +25,7 @@ table gives each engine's median. Standard library only.
 import argparse
 import csv
 import json
+import statistics
 import sys
 
 ENGINES = (("llama.cpp", 2), ("oato", 3))  # (name, index of its JSON in a --run)
@@ -100,12 +101,6 @@ def load(paths):
     return pooled
 
 
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return (v[n // 2] + v[(n - 1) // 2]) / 2
-
-
 def pair_ratios(lr, orr):
     """oato / llama.cpp for each pair of runs (the i-th of each engine)."""
     return [o["avg_ts"] / l["avg_ts"] for l, o in zip(lr["runs"], orr["runs"]) if l["avg_ts"] > 0]
@@ -122,7 +117,12 @@ def fraction(r, per_token):
         g = per_token * run["avg_ts"] / 1e9
         gb.append(g)
         fr.append(g / (sum(rates) / len(rates)))
-    return (sum(gb) / len(gb), median(fr)) if fr else None
+    return (sum(gb) / len(gb), statistics.median(fr)) if fr else None
+
+
+def fmt_fraction(x):
+    """An engine's (GB/s, fraction) cell, or a dash without one."""
+    return f"{x[0]:.1f} ({x[1]:.2f})" if x else "–"
 
 
 def fmt(r):
@@ -193,14 +193,13 @@ def main():
             lr, orr = results["llama.cpp"].get(t), results["oato"].get(t)
             ratio = f"{orr['avg_ts'] / lr['avg_ts']:.2f}" if lr and orr and lr["avg_ts"] > 0 else "–"
             pairs = pair_ratios(lr, orr) if lr and orr else []
-            pairs = f"{median(pairs):.2f} ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "–"
+            pairs = (f"{statistics.median(pairs):.2f} ({min(pairs):.2f}–{max(pairs):.2f})"
+                     if len(pairs) > 1 else "–")
             per_token = next((r.get("weight_bytes_per_token") for r in (orr or {}).get("runs", [])
                               if r.get("weight_bytes_per_token")), None)
-            fr = [fraction(r, per_token) if r else None for r in (lr, orr)]
-            fr = " / ".join(f"{g:.1f} ({f:.2f})" if (g, f) != (0, 0) else "–"
-                            for g, f in (x or (0, 0) for x in fr))
-            lines.append(f"| {t} | {fmt(lr)} | {fmt(orr)} | {ratio} | {pairs} | "
-                         f"{fr if per_token else '–'} |")
+            frs = [fraction(r, per_token) if r else None for r in (lr, orr)]
+            fr = " / ".join(map(fmt_fraction, frs)) if any(frs) else "–"
+            lines.append(f"| {t} | {fmt(lr)} | {fmt(orr)} | {ratio} | {pairs} | {fr} |")
     with open(a.md, "w") as f:
         f.write("\n".join(lines) + "\n")
 

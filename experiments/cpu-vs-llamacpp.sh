@@ -160,14 +160,9 @@ for c in "${cases[@]}"; do
   fi
   for i in $(seq "$turns"); do
     echo "== $label: llama-bench ($i/$turns)" >&2
-    "$bin/llama-bench" -m "$model" -t "$threads" -p "$p" -n "$n" -r "$per" -o json \
-      >"$raw/llamacpp-$label-$i.json" 2>"$raw/llamacpp-$label.log" \
-      || { cat "$raw/llamacpp-$label.log" >&2; exit 1; }
+    llama_run "$model" "$p" "$n" "$raw/llamacpp-$label-$i.json"
     echo "== $label: oato bench ($i/$turns)" >&2
-    "$oato" bench "$model" --device cpu -t "$threads" -p "$p" -n "$n" -r "$per" --json \
-      >"$raw/oato-$label-$i.json" 2>"$raw/oato-$label.log" \
-      || { cat "$raw/oato-$label.log" >&2; exit 1; }
-    grep "reads [0-9]" "$raw/oato-$label.log" >&2 || true
+    oato_run "$model" "$p" "$n" "$raw/oato-$label-$i.json"
     lj+=("$raw/llamacpp-$label-$i.json") oj+=("$raw/oato-$label-$i.json")
   done
   runs+=(--run "$label" "$(basename "$model")" "$(IFS=,; echo "${lj[*]}")" "$(IFS=,; echo "${oj[*]}")")

@@ -297,10 +297,7 @@ macro_rules! wide_dot {
 
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn $rows(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let n = w
-                .iter()
-                .map(|w| w.len() / $size)
-                .fold(a.len() / $size, usize::min);
+            let n = super::common_blocks(&w, &[a]) / $size;
             let mut acc = [[_mm256_setzero_ps(); 4]; 4];
             let full = n / 32 * 32;
             let mut i = 0;
@@ -340,7 +337,7 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     let tab = f16_table();
     let xs: [&[BlockQ4_0]; 4] = w.map(super::blocks::<BlockQ4_0>);
     let ys: &[BlockQ8_0] = super::blocks(a);
-    let nb = xs.iter().map(|x| x.len()).fold(ys.len(), usize::min);
+    let nb = super::common_blocks(&xs, &[ys]);
     let off = _mm256_set1_epi8(8);
     let mut sumf = _mm_setzero_ps();
     for (b, y) in ys[..nb].iter().enumerate() {
@@ -350,8 +347,15 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let d = _mm_mul_ps(h2f4(x.map(|x| x.d)), _mm_set1_ps(tab[y.d.bits() as usize]));
         sumf = _mm_fmadd_ps(d, _mm_cvtepi32_ps(sum4_i32(lanes)), sumf);
     }
+    lanes4(sumf)
+}
+
+/// The four lanes of `v`, one per row of the four-row kernels (AVX2's and AVX-512's).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes4(v: __m128) -> [f32; 4] {
     let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), sumf);
+    _mm_storeu_ps(out.as_mut_ptr(), v);
     out
 }
 

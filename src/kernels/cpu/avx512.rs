@@ -205,16 +205,7 @@ pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> 
             acc[t] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc[t]);
         }
     }
-    acc.map(|v| lanes4(v))
-}
-
-/// The four lanes of `v`, one per row of the four-row kernels.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lanes4(v: __m128) -> [f32; 4] {
-    let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), v);
-    out
+    acc.map(|v| avx2::lanes4(v))
 }
 
 /// Four Q4_0 rows against the tokens `a` (a small batch): [`rows_q4_0_tokens`] four, two, then
@@ -639,7 +630,7 @@ pub(crate) unsafe fn rows_k4<B: K4Parts>(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), _mm_cvtepi32_ps(isum), sumf);
         sumf = _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), _mm_cvtepi32_ps(imin), acc);
     }
-    lanes4(sumf)
+    avx2::lanes4(sumf)
 }
 
 /// A Q4_K / Q5_K super-block unpacked.
@@ -816,7 +807,7 @@ pub unsafe fn rows_q6_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let d = _mm_mul_ps(_mm_set1_ps(y.d.get()), d_x);
         sumf = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), sumf);
     }
-    lanes4(sumf)
+    avx2::lanes4(sumf)
 }
 
 /// [`k_tile`] for Q6_K.
@@ -1054,10 +1045,7 @@ macro_rules! wide_dot16 {
         /// the one-row dot in its order, so the same bits (see [`sum_wide16`]).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         pub unsafe fn $rows(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-            let n = w
-                .iter()
-                .map(|w| w.len() / $size)
-                .fold(a.len() / $size, usize::min);
+            let n = super::common_blocks(&w, &[a]) / $size;
             let mut acc_a = [_mm512_setzero_ps(); 4];
             let mut acc_b = [_mm512_setzero_ps(); 4];
             let full = n / 32 * 32;

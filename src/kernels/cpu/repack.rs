@@ -439,45 +439,45 @@ mod kernels {
         let n = packed.len() / rb;
         assert!(rows.end <= n);
         let n_tok = acts.n_tok;
-        // Slab by slab, each output carried from one to the next (`Part::acc`).
-        for (i, sl) in super::slabs(ty, nb, n).enumerate() {
-            let part = Part {
-                nb: sl.nb,
-                stride: nb,
-                acc: i > 0,
-            };
-            let packed = &packed[sl.at..][..n / ROWS * sl.group];
-            let group = sl.group;
-            let b = sl.b0..sl.b0 + sl.nb;
-            // SAFETY (the kernels below): AVX-512 is present (asserted); the group holds
-            // `part.nb` blocks, every token's blocks from `sl.b0` as many (and the sums from
-            // `sl.b0` of each token's `nb`; asserted); rows r0 + lo..r0 + hi of every token are
-            // inside the output (the caller's contract: `rows` inside the matrix, `out` holding
-            // every token's rows) and are written (and read back from the second slab) by this
-            // task only.
-            match ty {
-                GgmlType::Q4_0 => {
-                    let nsum = &extra.nsum[..];
-                    assert_eq!(nsum.len(), n_tok * nb, "repack: -8Σy of other activations");
-                    let nsum = &nsum[sl.b0..];
-                    let ys: Vec<&[BlockQ8_0]> = (0..n_tok)
-                        .map(|t| &blocks::<BlockQ8_0>(acts.row(t))[b.clone()])
-                        .collect();
-                    if n_tok == 1 {
-                        // Decode: whole groups one at a time (each one forward stream), the
-                        // rows left at either end too.
-                        let one = |r: Range<usize>| {
-                            each_group(r, group, packed, |g, r0, mask| unsafe {
-                                tokens::<1>(g, part, &ys, nsum, 0, out, r0, mask)
-                            })
-                        };
-                        let at = |g: usize| &packed[g * group..][..group];
-                        spread::<1>(rows.clone(), one, |gs| unsafe {
-                            side_by_side(gs.map(at), part, ys[0], nsum, out, gs)
-                        });
-                        continue;
-                    }
-                    each_group(rows.clone(), group, packed, |g, r0, mask| {
+        // Slab by slab, each output carried from one to the next (`Part::acc`): `slab(sl)` the
+        // slab's part of the matrix and what its kernels take of the activations.
+        let slabs = || {
+            super::slabs(ty, nb, n).enumerate().map(|(i, sl)| {
+                let part = Part {
+                    nb: sl.nb,
+                    stride: nb,
+                    acc: i > 0,
+                };
+                (sl, part, &packed[sl.at..][..n / ROWS * sl.group])
+            })
+        };
+        // The tokens' blocks of a slab.
+        fn tokens_blocks<'a, B: crate::quant::blocks::Block>(
+            acts: &'a QuantizedActs,
+            sl: &super::Slab,
+        ) -> Vec<&'a [B]> {
+            (0..acts.n_tok)
+                .map(|t| &blocks::<B>(acts.row(t))[sl.b0..sl.b0 + sl.nb])
+                .collect()
+        }
+        // SAFETY (the kernels below): AVX-512 is present (asserted); each group holds
+        // `part.nb` blocks, every token's blocks from the slab's first as many (and the sums
+        // from there of each token's `nb`; asserted); rows r0 + lo..r0 + hi of every token are
+        // inside the output (the caller's contract: `rows` inside the matrix, `out` holding
+        // every token's rows) and are written (and read back from the second slab) by this
+        // task only.
+        match ty {
+            GgmlType::Q4_0 => {
+                assert_eq!(
+                    extra.nsum.len(),
+                    n_tok * nb,
+                    "repack: -8Σy of other activations"
+                );
+                // Decode too: whole groups one at a time, each one forward stream.
+                for (sl, part, packed) in slabs() {
+                    let ys = tokens_blocks::<BlockQ8_0>(acts, &sl);
+                    let nsum = &extra.nsum[sl.b0..];
+                    each_group(rows.clone(), sl.group, packed, |g, r0, mask| {
                         by_fours(n_tok, |t, nt| unsafe {
                             match nt {
                                 4 => tokens::<4>(g, part, &ys, nsum, t, out, r0, mask),
@@ -487,19 +487,23 @@ mod kernels {
                         })
                     });
                 }
-                GgmlType::Q4_K | GgmlType::Q6_K => {
-                    let ys: Vec<&[BlockQ8K]> = (0..n_tok)
-                        .map(|t| &blocks::<BlockQ8K>(acts.row(t))[b.clone()])
-                        .collect();
-                    let pairs = &extra.min_pairs[..];
-                    assert_eq!(pairs.len(), n_tok * nb, "repack: sums of other activations");
-                    let pairs = &pairs[sl.b0..];
-                    // One, two and four tokens at a time.
-                    let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
-                        [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
-                    } else {
-                        [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
-                    };
+            }
+            GgmlType::Q4_K | GgmlType::Q6_K => {
+                assert_eq!(
+                    extra.min_pairs.len(),
+                    n_tok * nb,
+                    "repack: sums of other activations"
+                );
+                // One, two and four tokens at a time.
+                let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
+                    [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
+                } else {
+                    [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
+                };
+                for (sl, part, packed) in slabs() {
+                    let ys = tokens_blocks::<BlockQ8K>(acts, &sl);
+                    let pairs = &extra.min_pairs[sl.b0..];
+                    let group = sl.group;
                     if ty == GgmlType::Q6_K && n_tok == 1 {
                         // Decode: whole groups two side by side, the others one at a time.
                         let one = |r: Range<usize>| {
@@ -519,8 +523,8 @@ mod kernels {
                         })
                     });
                 }
-                other => panic!("repack: no interleaved kernel for {other}"),
             }
+            other => panic!("repack: no interleaved kernel for {other}"),
         }
     }
 
@@ -1031,50 +1035,6 @@ mod kernels {
     /// distances in one process (`examples/matmul_dram`).
     pub fn set_prefetch_ahead(bytes: Option<usize>) {
         OVERRIDE.store(bytes.unwrap_or(NONE), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// One token against the `S` whole groups `groups` (groups `at`, taken from `S`
-    /// parts of the task's rows by [`spread`]), the activation block's loads shared and the
-    /// groups read as that many streams: per group the operations (and bits) of [`tokens`].
-    /// Decode takes one group at a time: every group is now at most a slab wide (2048), where
-    /// one read best (see [`super::SLAB`]). Before the slabs, rows longer than 2048 kept their
-    /// quants and scales apart and went four side by side: 2 threads, fraction of the plain
-    /// read (memory at 34-37 GB/s), groups from four parts / four adjacent ones, 4096 x 14336
-    /// 0.97-0.99 / 0.95-0.97, 8192 x 2048 0.94-0.96 / 0.83-0.92; eight read 0.84-0.88.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn side_by_side<const S: usize>(
-        groups: [&[u8]; S],
-        part: Part,
-        y: &[BlockQ8_0],
-        nsum: &[i32],
-        out: &Out,
-        at: [usize; S],
-    ) {
-        let tab = crate::kernels::cpu::avx2::f16_table();
-        let low = _mm512_set1_epi8(0x0F);
-        let q: [*const u8; S] = groups.map(|g| g.as_ptr());
-        let mut sumf = at.map(|g| start(out, part, 0, g * ROWS, 0xFFFF));
-        let ahead = prefetch_ahead();
-        let nb = part.nb;
-        for b in 0..nb {
-            let yb = y.get_unchecked(b);
-            let yq = yb.qs.as_ptr();
-            let dy = _mm512_set1_ps(tab[yb.d.bits() as usize]);
-            let word = |e: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()));
-            let ns = _mm512_set1_epi32(*nsum.get_unchecked(b));
-            for (&g, acc) in q.iter().zip(sumf.iter_mut()) {
-                let p = g.add(super::q4_0_quants(b));
-                let d = g.add(super::q4_0_scales(nb, b));
-                prefetch_q4_0(p, b, ahead);
-                let s = isum(&nibbles(p, low), ns, word);
-                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(s), *acc);
-            }
-        }
-        for (g, acc) in at.into_iter().zip(sumf) {
-            out.write16(0, g * ROWS, 0xFFFF, acc);
-        }
     }
 
     /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and for the second block of
