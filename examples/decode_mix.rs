@@ -11,8 +11,14 @@
 //! `FRESH_ACTS=1` quantises activations of other values before each product (outside the
 //! timing), as decode's change from matrix to matrix (1B Q4_0 file, 1 thread: no slower).
 //! `ALL=1` (with `MODEL`) adds attn_k, attn_v and ffn_up, run in one job with attn_q and
-//! ffn_gate as the engine runs them (8B Q4_0 file, 1 thread: 27-32 GB/s, as the four kinds
-//! alone, while `oato bench` read 24-25 GB/s of weights alternated with it).
+//! ffn_gate as the engine runs them.
+//! The activations are random (`kernels::cpu::random_acts`), as decode's; `ACTS=sin` gives the
+//! smooth sine this used before, whose blocks share one scale: against it the kernels that took
+//! their scales from a 256 KiB table of every f16 read 10-15% faster than the engine did.
+//! `ENGINE=1` (with `MODEL` and `ALL`) runs one token of the engine's own decode (a `Session` on
+//! the file) before each round, and `BACKEND=1` the same matrices loaded and run by a CPU
+//! backend (`load_matmul_weight`, `Backend::matmul`, the engine's jobs) after it: three ways to
+//! read the same bytes within the same second of this machine's drifting memory rate.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -108,19 +114,76 @@ fn main() {
             }
         }
     }
+    // Activations of k values (the `salt`-th set): random, or with ACTS=sin a smooth sine.
+    let sine = std::env::var("ACTS").is_ok_and(|v| v == "sin");
+    let values = |k: usize, salt: usize| -> Vec<f32> {
+        if sine {
+            (0..k)
+                .map(|i| ((i + 7 * salt) as f32 * 0.37).sin() * (1.0 + (salt % 13) as f32))
+                .collect()
+        } else {
+            let seed = 0x5EED ^ (salt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            oato::kernels::cpu::random_acts(k, &mut oato::rng::SplitMix64::new(seed))
+        }
+    };
     let mut acts: BTreeMap<(GgmlType, usize), QuantizedActs> = BTreeMap::new();
     for &(_, ty, k, _, _, _) in &mats {
-        acts.entry((ty.vec_dot_type(), k)).or_insert_with(|| {
-            let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
-            QuantizedActs::new(ty, &x, k).expect("the activations")
-        });
+        acts.entry((ty.vec_dot_type(), k))
+            .or_insert_with(|| QuantizedActs::new(ty, &values(k, 0), k).expect("the activations"));
     }
     let most = mats.iter().map(|m| m.3).max().unwrap_or(0);
     let mut ys = vec![vec![0f32; most]; 3];
     let fresh = std::env::var_os("FRESH_ACTS").is_some();
     let mut calls = 0usize;
+    // ENGINE=1 (with MODEL and ALL): the engine's own decode (a `Session` on the same file, its
+    // own copies) one token per round, before each round here, in the same second of memory.
+    let model_for_engine = std::env::var_os("ENGINE").map(|_| {
+        let path = std::env::var("MODEL").expect("ENGINE=1 takes MODEL");
+        oato::model::Model::open(&path).expect("MODEL: a GGUF model")
+    });
+    let mut session = model_for_engine
+        .as_ref()
+        .map(|m| oato::runtime::forward::Session::new(m, rounds + 8).expect("an engine session"));
+    // BACKEND=1 (with MODEL): the matrices loaded by a CPU backend as the engine loads them and
+    // run through its `matmul`, one call per engine job, after each round here.
+    use oato::runtime::backend::{Backend, Category, DType};
+    let be = oato::runtime::cpu_backend::CpuBackend::new();
+    let be_model = std::env::var_os("BACKEND").map(|_| {
+        let path = std::env::var("MODEL").expect("BACKEND=1 takes MODEL");
+        std::sync::Arc::new(oato::model::Model::open(&path).expect("MODEL: a GGUF model"))
+    });
+    let mut be_jobs = Vec::new();
+    if let Some(m) = &be_model {
+        let load = |w: &oato::model::WeightRef| be.load_matmul_weight(&m.file, w).expect("a load");
+        for l in &m.layers {
+            let (q, k, v) = (
+                l.wq.as_ref().unwrap(),
+                l.wk.as_ref().unwrap(),
+                l.wv.as_ref().unwrap(),
+            );
+            be_jobs.push(vec![load(q), load(k), load(v)]);
+            be_jobs.push(vec![load(&l.wo)]);
+            be_jobs.push(vec![load(&l.w_gate), load(&l.w_up)]);
+            be_jobs.push(vec![load(&l.w_down)]);
+        }
+        be_jobs.push(vec![load(&m.output)]);
+    }
+    let total: usize = if be_jobs.is_empty() {
+        mats.iter().map(|m| m.4.bytes().len()).sum()
+    } else {
+        be_jobs.iter().flatten().map(|w| w.bytes).sum()
+    };
     let start = Instant::now();
     for round in 0..rounds {
+        let engine = session.as_mut().map(|s| {
+            let t0 = Instant::now();
+            s.forward(&[1 + round as u32], oato::runtime::forward::Logits::Last)
+                .expect("a decode step");
+            format!(
+                "engine {:.1}  ",
+                total as f64 / t0.elapsed().as_secs_f64() / 1e9
+            )
+        });
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
         // One job per matrix, and with ALL per run of matrices of the same kind.
         for job in mats.chunk_by(|x, y| all && x.0 == y.0) {
@@ -129,10 +192,7 @@ fn main() {
             // from matrix to matrix (quantised outside the timing).
             let fresh_acts = fresh.then(|| {
                 calls += 1;
-                let x: Vec<f32> = (0..k)
-                    .map(|i| ((i + 7 * calls) as f32 * 0.37).sin() * (1.0 + (calls % 13) as f32))
-                    .collect();
-                QuantizedActs::new(ty, &x, k).expect("the activations")
+                QuantizedActs::new(ty, &values(k, calls), k).expect("the activations")
             });
             let a = fresh_acts
                 .as_ref()
@@ -158,13 +218,33 @@ fn main() {
             e.0 += t0.elapsed().as_secs_f64();
             e.1 += job.iter().map(|m| m.4.bytes().len()).sum::<usize>();
         }
+        let mut be_s = 0.0;
+        for job in &be_jobs {
+            let k = job[0].k;
+            let mut x = be.alloc(DType::F32, k, Category::Workspace).expect("x");
+            let xs = values(k, round + 1);
+            be.write(&mut x, 0, &xs).expect("write");
+            let mut ys: Vec<_> = job
+                .iter()
+                .map(|w| be.alloc(DType::F32, w.n, Category::Workspace).expect("y"))
+                .collect();
+            let mut yr: Vec<_> = ys.iter_mut().collect();
+            let refs: Vec<_> = job.iter().collect();
+            let t0 = Instant::now();
+            be.matmul(&refs, &x, 1, &mut yr).expect("a product");
+            be_s += t0.elapsed().as_secs_f64();
+        }
+        if !be_jobs.is_empty() {
+            per.insert("backend", (be_s, total));
+        }
         let line: Vec<String> = per
             .iter()
             .map(|(kind, (s, b))| format!("{kind} {:.1}", *b as f64 / s / 1e9))
             .collect();
         println!(
-            "round {round} at {:.1} s: {}",
+            "round {round} at {:.1} s: {}{}",
             start.elapsed().as_secs_f64(),
+            engine.unwrap_or_default(),
             line.join("  ")
         );
     }

@@ -8,7 +8,8 @@
 //! Rounds alternate the layouts (the file's, and `repack`'s where the type has it) and a plain
 //! read of the same copies on the same pool (`read`: the memory's rate at that moment), so a
 //! machine whose memory rate drifts moves all alike; prints each round's GB/s of weights and the
-//! median.
+//! median. The activations are random (`kernels::cpu::random_acts`), or with `ACTS=sin` a
+//! smooth sine, which the kernels read faster against.
 
 use std::time::Instant;
 
@@ -47,7 +48,12 @@ fn main() {
         .collect();
     let bytes = data.len();
     drop(data);
-    let x: Vec<f32> = (0..k * n_tok).map(|i| (i as f32 * 0.37).sin()).collect();
+    // Activations without a pattern, as decode's (`ACTS=sin`: the smooth sine, faster).
+    let x: Vec<f32> = if std::env::var("ACTS").is_ok_and(|v| v == "sin") {
+        (0..k * n_tok).map(|i| (i as f32 * 0.37).sin()).collect()
+    } else {
+        oato::kernels::cpu::random_acts(k * n_tok, &mut oato::rng::SplitMix64::new(7))
+    };
     let acts = QuantizedActs::new(ty, &x, k).expect("the activations");
     let mut y = vec![0f32; n * n_tok];
     let rows: Vec<MatRef> = plain

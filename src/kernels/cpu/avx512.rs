@@ -40,7 +40,6 @@ super::avx2::block_kernels!(
 /// per block in block order, as there.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
-    let tab = avx2::f16_table();
     let n = xs.len().min(ys.len());
     let mut sumf = 0f32;
     let low = _mm256_set1_epi8(0x0F);
@@ -71,14 +70,14 @@ pub unsafe fn vec_dot_q4_0_q8_0_x2(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
             _mm512_extracti64x4_epi64::<1>(lanes),
         );
         let f = _mm_cvtepi32_ps(s);
-        let d0 = tab[x[0].d.bits() as usize] * tab[y[0].d.bits() as usize];
-        let d1 = tab[x[1].d.bits() as usize] * tab[y[1].d.bits() as usize];
+        let d0 = avx2::scale_product(x[0].d, y[0].d);
+        let d1 = avx2::scale_product(x[1].d, y[1].d);
         sumf = d0.mul_add(_mm_cvtss_f32(f), sumf);
         sumf = d1.mul_add(_mm_cvtss_f32(_mm_movehdup_ps(f)), sumf);
     }
     let off = _mm256_set1_epi8(8);
     for (x, y) in xt.iter().zip(yt) {
-        let d = tab[x.d.bits() as usize] * tab[y.d.bits() as usize];
+        let d = avx2::scale_product(x.d, y.d);
         let qx = _mm256_sub_epi8(avx2::nibbles32(&x.qs), off);
         let isum = avx2::hsum_i32(dot_ss8(qx, avx2::load32(&y.qs)));
         sumf = d.mul_add(isum as f32, sumf);
@@ -173,7 +172,6 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> [[f32; 4]; T] {
-    let tab = avx2::f16_table();
     let xs: [&[BlockQ4_0]; 4] = w.map(super::blocks::<BlockQ4_0>);
     let ys: [&[BlockQ8_0]; T] = a.map(super::blocks::<BlockQ8_0>);
     let nb = super::common_blocks(&xs, &ys);
@@ -201,7 +199,7 @@ pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> 
             let minus8y = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, yv));
             let lanes = z.map(|z| _mm256_dpbusd_epi32(minus8y, z, yv));
             let isum = avx2::sum4_i32(lanes);
-            let d = _mm_mul_ps(dx, _mm_set1_ps(tab[y.d.bits() as usize]));
+            let d = _mm_mul_ps(dx, avx2::h2f_splat(y.d));
             acc[t] = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), acc[t]);
         }
     }
@@ -230,15 +228,16 @@ pub unsafe fn rows_q4_0_batch(w: [&[u8]; 4], a: &[&[u8]], mut put: impl FnMut(us
 
 /// Four Q8_0 rows against one Q8_0 row, bit-identical per row with the single-row kernel
 /// (`dot_ss8`'s lanes, one FMA per block in block order, the same horizontal sum). The four
-/// rows' scales go to f32 in one `vcvtph2ps` ([`avx2::h2f4`]), not through the 256 KiB table:
-/// real weights' scales are spread over it and missed the cache, one lookup per row and block.
-/// The 1B shape's Q8_0 weights from its file, in model order (1 EPYC thread, out of cache,
-/// three alternated runs, GB/s): ffn_down 25.2-27.7 with the table, 28.4-31.2 with this;
-/// ffn_gate 27.8-31.0 / 30.7-33.5. In cache (matrices whose scales are all alike, so the table
-/// stays in L1) they read alike (0.39-0.47 of a plain read); one `vcvtph2ps` per row read 0.36.
+/// rows' scales go to f32 in one `vcvtph2ps` ([`avx2::h2f4`]), the activation block's by one
+/// broadcast and conversion ([`avx2::h2f_splat`]). Both came from a 256 KiB table of every f16
+/// once, whose lines real scales miss: the 1B shape's Q8_0 weights from its file, in model
+/// order (1 EPYC thread, out of cache, three alternated runs, GB/s): ffn_down 25.2-27.7 with
+/// the table for the weights' scales, 28.4-31.2 with `h2f4`; ffn_gate 27.8-31.0 / 30.7-33.5.
+/// The activations' by `h2f` (a move to a vector register, a conversion, a broadcast) rather
+/// than the table made 1B Q8_0 tg64 slower (0.75-0.79 of the memory's rate against 0.87-0.97,
+/// one thread); by `h2f_splat`, 0.89-0.93 against 0.87-0.91.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let tab = avx2::f16_table();
     let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
     let ys: &[BlockQ8_0] = super::blocks(a);
     let nb = xs.iter().map(|x| x.len()).fold(ys.len(), usize::min);
@@ -249,10 +248,7 @@ pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         let x: [&BlockQ8_0; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
         let yv = avx2::load32(&y.qs);
         // d_x * d_y of the four rows, lane by lane as the scalar products.
-        let d = _mm_mul_ps(
-            avx2::h2f4(x.map(|x| x.d)),
-            _mm_set1_ps(tab[y.d.bits() as usize]),
-        );
+        let d = _mm_mul_ps(avx2::h2f4(x.map(|x| x.d)), avx2::h2f_splat(y.d));
         let d = _mm256_castps128_ps256(d);
         for r in 0..4 {
             _mm_prefetch::<_MM_HINT_T0>(

@@ -700,7 +700,6 @@ unsafe fn q4_0_tokens<const NT: usize>(
     nsum: [&[i32]; NT],
     acc: &mut [[f32; ROWS]; NT],
 ) {
-    let tab = crate::kernels::cpu::avx2::f16_table();
     let mut sumf = [_mm512_setzero_ps(); NT];
     for (b, p) in panels.iter().enumerate() {
         let w: [__m512i; QK / 4] =
@@ -713,7 +712,7 @@ unsafe fn q4_0_tokens<const NT: usize>(
                 let word = std::ptr::read_unaligned(y.qs.as_ptr().add(4 * e).cast::<i32>());
                 s = _mm512_dpbusd_epi32(s, we, _mm512_set1_epi32(word));
             }
-            let d = _mm512_mul_ps(d_x, _mm512_set1_ps(tab[y.d.bits() as usize]));
+            let d = _mm512_mul_ps(d_x, _mm512_cvtph_ps(_mm256_set1_epi16(y.d.bits() as i16)));
             sumf[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), sumf[t]);
         }
     }

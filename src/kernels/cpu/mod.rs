@@ -290,6 +290,17 @@ pub fn random_blocks(
     }
 }
 
+/// `n` activations as decode sees them: without a pattern, each the sum of four uniforms in
+/// -0.5..0.5 (near normal, sd 0.58). The out-of-cache experiments take these (`ACTS=sin` there
+/// gives the smooth sine they used before): the kernels read weights about 12% slower against
+/// them than against the sine (8B Q4_0 file, 1 thread, `examples/decode_mix`), as the engine
+/// does.
+pub fn random_acts(n: usize, rng: &mut crate::rng::SplitMix64) -> Vec<f32> {
+    (0..n)
+        .map(|_| (0..4).map(|_| rng.next_f32() - 0.5).sum())
+        .collect()
+}
+
 #[cfg(test)]
 /// `n` random Q4_0 or K-quant rows of `k` elements (for tests of kernels oato has no quantiser
 /// for), with scales between 0.001 and 0.011 ([`random_blocks`]).

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::kernels::cpu::avx2::{f16_table, high_bits32, load32, nibbles32};
+use crate::kernels::cpu::avx2::{high_bits32, load32, nibbles32};
 use crate::kernels::cpu::matmul::{Out, QuantizedActs};
 use crate::kernels::cpu::pool;
 use crate::kernels::cpu::{LinePrefetch, blocks};
@@ -138,7 +138,6 @@ unsafe fn build_quad(
     nsum: &mut [Bytes64],
     ds: &mut [[f32; 8]],
 ) {
-    let tab = f16_table();
     let interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     let ones = _mm512_set1_epi8(1);
     for (b, d) in ds.iter_mut().enumerate() {
@@ -154,9 +153,9 @@ unsafe fn build_quad(
             _mm512_store_si512(nsum[2 * b + p].0.as_mut_ptr().cast(), neg);
         }
         for t in 0..4 {
-            d[t] = tab[blk[t].0.bits() as usize];
+            d[t] = crate::kernels::cpu::avx2::h2f(blk[t].0);
             d[4 + t] = if with_s {
-                tab[blk[t].1.bits() as usize]
+                crate::kernels::cpu::avx2::h2f(blk[t].1)
             } else {
                 0.0
             };
@@ -231,7 +230,6 @@ unsafe fn unpack_row<B: Block, const MINS: bool>(
     u: &mut Unpacked,
     quants: impl Fn(&B) -> (__m256i, F16Le, F16Le),
 ) {
-    let tab = f16_table();
     let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let (g, lane) = (r / 4, 4 * (r % 4));
     let qx = &mut u.qx[r * nb..(r + 1) * nb];
@@ -241,9 +239,9 @@ unsafe fn unpack_row<B: Block, const MINS: bool>(
         let (q, d, m) = quants(x);
         let q = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(q));
         _mm512_store_si512(q2.0.as_mut_ptr().cast(), q);
-        d4[lane..lane + 4].fill(tab[d.bits() as usize]);
+        d4[lane..lane + 4].fill(crate::kernels::cpu::avx2::h2f(d));
         if MINS {
-            m4[lane..lane + 4].fill(tab[m.bits() as usize]);
+            m4[lane..lane + 4].fill(crate::kernels::cpu::avx2::h2f(m));
         }
     }
 }

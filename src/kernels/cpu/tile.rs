@@ -33,7 +33,7 @@ macro_rules! tiles {
             /// The shared loop. `$unpack` maps a weight block `$x` to (quants, d, m); `$ys_s`
             /// gives an activation block's `s` (0 for Q8_0, which has none).
             macro_rules! tile_body {
-                ($tab:ident, $w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:path, $with_min:expr) => {{
+                ($w:ident, $a:ident, $xty:ty, $yty:ty, |$x:ident| $unpack:expr, |$yb:ident| $ys_s:expr, $mul:path, $with_min:expr) => {{
                     let xs: [&[$xty]; R] = $w.map(blocks::<$xty>);
                     let ys: [&[$yty]; T] = $a.map(blocks::<$yty>);
                     let nb = xs.iter().chain([&xs[0]]).map(|x| x.len()).min().unwrap_or(0);
@@ -46,7 +46,7 @@ macro_rules! tiles {
                         for t in 0..T {
                             // SAFETY: b < nb <= ys[t].len().
                             let $yb = unsafe { ys[t].get_unchecked(b) };
-                            dy[t] = $tab[$yb.d.bits() as usize];
+                            dy[t] = crate::kernels::cpu::avx2::h2f($yb.d);
                             sy[t] = $ys_s;
                         }
                         for r in 0..R {
@@ -81,7 +81,6 @@ macro_rules! tiles {
             #[target_feature(enable = $feat)]
             pub unsafe fn q4_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
                 assert!(T % 4 == 0 && T <= 16, "Q4_0 tile of {T} tokens");
-                let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(8);
                 let xs: [&[BlockQ4_0]; R] = w.map(blocks::<BlockQ4_0>);
                 let ys: [&[BlockQ8_0]; T] = a.map(blocks::<BlockQ8_0>);
@@ -91,13 +90,13 @@ macro_rules! tiles {
                 for b in 0..nb {
                     for t in 0..T {
                         // SAFETY: b < nb <= ys[t].len().
-                        dy[t] = tab[unsafe { ys[t].get_unchecked(b) }.d.bits() as usize];
+                        dy[t] = crate::kernels::cpu::avx2::h2f(unsafe { ys[t].get_unchecked(b) }.d);
                     }
                     for r in 0..R {
                         // SAFETY: b < nb <= xs[r].len().
                         let x = unsafe { xs[r].get_unchecked(b) };
                         let qx = _mm256_sub_epi8(nibbles32(&x.qs), off);
-                        let dx = _mm_set1_ps(tab[x.d.bits() as usize]);
+                        let dx = _mm_set1_ps(crate::kernels::cpu::avx2::h2f(x.d));
                         for q in 0..T / 4 {
                             let lanes: [__m256i; 4] = std::array::from_fn(|j| {
                                 // SAFETY: as above.
@@ -120,35 +119,31 @@ macro_rules! tiles {
 
             #[target_feature(enable = $feat)]
             pub unsafe fn q4_1<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
-                let tab = crate::kernels::cpu::avx2::f16_table();
-                tile_body!(tab, w, a, BlockQ4_1, BlockQ8_1, |x| (nibbles32(&x.qs), tab[x.d.bits() as usize], tab[x.m.bits() as usize]), |y| tab[y.s.bits() as usize], $us, true)
+                tile_body!(w, a, BlockQ4_1, BlockQ8_1, |x| (nibbles32(&x.qs), crate::kernels::cpu::avx2::h2f(x.d), crate::kernels::cpu::avx2::h2f(x.m)), |y| crate::kernels::cpu::avx2::h2f(y.s), $us, true)
             }
 
             #[target_feature(enable = $feat)]
             pub unsafe fn q5_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
-                let tab = crate::kernels::cpu::avx2::f16_table();
                 let off = _mm256_set1_epi8(16);
                 tile_body!(
-                    tab, w, a, BlockQ5_0, BlockQ8_0,
-                    |x| (_mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off), tab[x.d.bits() as usize], 0.0),
+                    w, a, BlockQ5_0, BlockQ8_0,
+                    |x| (_mm256_sub_epi8(_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), off), crate::kernels::cpu::avx2::h2f(x.d), 0.0),
                     |_y| 0.0, $ss, false
                 )
             }
 
             #[target_feature(enable = $feat)]
             pub unsafe fn q5_1<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
-                let tab = crate::kernels::cpu::avx2::f16_table();
                 tile_body!(
-                    tab, w, a, BlockQ5_1, BlockQ8_1,
-                    |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), tab[x.d.bits() as usize], tab[x.m.bits() as usize]),
-                    |y| tab[y.s.bits() as usize], $us, true
+                    w, a, BlockQ5_1, BlockQ8_1,
+                    |x| (_mm256_or_si256(nibbles32(&x.qs), high_bits32(&x.qh)), crate::kernels::cpu::avx2::h2f(x.d), crate::kernels::cpu::avx2::h2f(x.m)),
+                    |y| crate::kernels::cpu::avx2::h2f(y.s), $us, true
                 )
             }
 
             #[target_feature(enable = $feat)]
             pub unsafe fn q8_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
-                let tab = crate::kernels::cpu::avx2::f16_table();
-                tile_body!(tab, w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), tab[x.d.bits() as usize], 0.0), |_y| 0.0, $ss, false)
+                tile_body!(w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), crate::kernels::cpu::avx2::h2f(x.d), 0.0), |_y| 0.0, $ss, false)
             }
         }
     };
