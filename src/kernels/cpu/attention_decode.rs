@@ -153,9 +153,7 @@ fn passes(
                     for t in 0..n_tok {
                         steps.softmax(t * s.n_head + kvh * group + heads.start, heads.len());
                     }
-                    for d in 0..n_db {
-                        steps.values(kvh, d, heads.clone());
-                    }
+                    steps.values_head(kvh, heads.clone());
                 }
             }
         });
@@ -249,6 +247,56 @@ impl Steps<'_> {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn values_avx512(&self, kvh: usize, d: usize, heads: Range<usize>) {
         self.values_in::<4>(kvh, d, heads)
+    }
+
+    /// Every output element of KV head `kvh`'s heads `heads`: on AVX-512, 64 elements (two
+    /// blocks of 32) per pass over the positions, in 512-bit registers (each lane the same FMA
+    /// in the same order, so the same bits), four heads at a time; else [`Steps::values`] block
+    /// by block. The caller owns those elements, and the CPU has AVX2, FMA and F16C.
+    unsafe fn values_head(&self, kvh: usize, heads: Range<usize>) {
+        let n_db = self.s.head_dim / DIM_BLOCK;
+        let mut d = 0;
+        if self.avx512 {
+            while d + 2 <= n_db {
+                self.values_wide(kvh, d, heads.clone());
+                d += 2;
+            }
+        }
+        for d in d..n_db {
+            self.values(kvh, d, heads.clone());
+        }
+    }
+
+    /// Output elements `32 * d..32 * (d + 2)` of KV head `kvh`'s heads `heads`, every token,
+    /// with AVX-512: [`values_wide`] four heads at a time.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    unsafe fn values_wide(&self, kvh: usize, d: usize, heads: Range<usize>) {
+        let s = self.s;
+        let (hd, stride) = (s.head_dim, self.stride);
+        let (q_dim, kv_dim) = (s.n_head * hd, s.n_head_kv * hd);
+        let group = s.n_head / s.n_head_kv;
+        let v0 = kvh * hd + d * DIM_BLOCK;
+        for t in 0..self.n_tok {
+            let n_kv = self.pos0 + t + 1;
+            let mut g = heads.start;
+            while g < heads.end {
+                let n = (heads.end - g).min(4);
+                let h0 = kvh * group + g;
+                let w = std::slice::from_raw_parts(
+                    self.p.add((t * s.n_head + h0) * stride),
+                    (n - 1) * stride + n_kv,
+                );
+                let o = self.out.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
+                let v = self.v_cache;
+                match n {
+                    1 => values_wide::<1>(w, stride, v, v0, kv_dim, n_kv, o, hd),
+                    2 => values_wide::<2>(w, stride, v, v0, kv_dim, n_kv, o, hd),
+                    3 => values_wide::<3>(w, stride, v, v0, kv_dim, n_kv, o, hd),
+                    _ => values_wide::<4>(w, stride, v, v0, kv_dim, n_kv, o, hd),
+                }
+                g += n;
+            }
+        }
     }
 
     /// [`Steps::values`], up to `W` heads at a time.
@@ -480,6 +528,48 @@ unsafe fn round_f16(x: &mut [f32]) {
     }
     for v in tail {
         *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+/// [`values`] at 64 elements (two blocks of 32) in 512-bit registers: per element the same
+/// FMAs in the same order. The CPU has AVX-512 (the caller's features).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_wide<const N: usize>(
+    w: &[f32],
+    stride: usize,
+    v_cache: &[f16],
+    v0: usize,
+    kv_dim: usize,
+    n_kv: usize,
+    o: *mut f32,
+    hd: usize,
+) {
+    assert!(w.len() >= (N - 1) * stride + n_kv);
+    assert!(v_cache.len() >= (n_kv - 1) * kv_dim + v0 + 2 * DIM_BLOCK);
+    let mut acc = [[_mm512_setzero_ps(); 4]; N];
+    let vp = v_cache.as_ptr().add(v0);
+    let wp = w.as_ptr();
+    for j in 0..n_kv {
+        let row = vp.add(j * kv_dim);
+        // Not `array::from_fn` or a closure: they would not get the caller's target features.
+        let v = [
+            _mm512_cvtph_ps(_mm256_loadu_si256(row.cast())),
+            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16).cast())),
+            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(32).cast())),
+            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(48).cast())),
+        ];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let pj = _mm512_set1_ps(*wp.add(h * stride + j));
+            for c in 0..4 {
+                a[c] = _mm512_fmadd_ps(pj, v[c], a[c]);
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for (c, x) in a.iter().enumerate() {
+            _mm512_storeu_ps(o.add(h * hd + 16 * c), *x);
+        }
     }
 }
 
