@@ -61,8 +61,11 @@ fn main() {
     // ALL=1 (with MODEL): attn_k, attn_v and ffn_up too, each run in one job with the matrix
     // before it of its kind (`matmul_quantized_many`), as the engine runs q/k/v and gate/up.
     let all = std::env::var_os("ALL").is_some();
-    if let Ok(path) = std::env::var("MODEL") {
-        let model = oato::model::Model::open(&path).expect("MODEL: a GGUF model");
+    // The file, opened once for its matrices here and for ENGINE / BACKEND below.
+    let file_model = std::env::var("MODEL")
+        .ok()
+        .map(|path| oato::model::Model::open(&path).expect("MODEL: a GGUF model"));
+    if let Some(model) = &file_model {
         let mut ws: Vec<(&str, &oato::model::WeightRef)> = Vec::new();
         for l in &model.layers {
             let q = l.wq.as_ref().expect("a model with attn_q");
@@ -137,23 +140,17 @@ fn main() {
     let mut calls = 0usize;
     // ENGINE=1 (with MODEL and ALL): the engine's own decode (a `Session` on the same file, its
     // own copies) one token per round, before each round here, in the same second of memory.
-    let model_for_engine = std::env::var_os("ENGINE").map(|_| {
-        let path = std::env::var("MODEL").expect("ENGINE=1 takes MODEL");
-        oato::model::Model::open(&path).expect("MODEL: a GGUF model")
-    });
-    let mut session = model_for_engine
-        .as_ref()
+    let with_file = |flag: &str| {
+        std::env::var_os(flag).map(|_| file_model.as_ref().expect("ENGINE / BACKEND take MODEL"))
+    };
+    let mut session = with_file("ENGINE")
         .map(|m| oato::runtime::forward::Session::new(m, rounds + 8).expect("an engine session"));
     // BACKEND=1 (with MODEL): the matrices loaded by a CPU backend as the engine loads them and
     // run through its `matmul`, one call per engine job, after each round here.
     use oato::runtime::backend::{Backend, Category, DType};
     let be = oato::runtime::cpu_backend::CpuBackend::new();
-    let be_model = std::env::var_os("BACKEND").map(|_| {
-        let path = std::env::var("MODEL").expect("BACKEND=1 takes MODEL");
-        std::sync::Arc::new(oato::model::Model::open(&path).expect("MODEL: a GGUF model"))
-    });
     let mut be_jobs = Vec::new();
-    if let Some(m) = &be_model {
+    if let Some(m) = with_file("BACKEND") {
         let load = |w: &oato::model::WeightRef| be.load_matmul_weight(&m.file, w).expect("a load");
         for l in &m.layers {
             let (q, k, v) = (

@@ -9,7 +9,7 @@
 //! read of the same copies on the same pool (`read`: the memory's rate at that moment), so a
 //! machine whose memory rate drifts moves all alike; prints each round's GB/s of weights and the
 //! median. The activations are random (`kernels::cpu::random_acts`), or with `ACTS=sin` a
-//! smooth sine, which the kernels read faster against.
+//! smooth sine whose blocks share one scale.
 
 use std::time::Instant;
 
@@ -48,7 +48,7 @@ fn main() {
         .collect();
     let bytes = data.len();
     drop(data);
-    // Activations without a pattern, as decode's (`ACTS=sin`: the smooth sine, faster).
+    // Activations without a pattern, as decode's (`ACTS=sin`: the smooth sine).
     let x: Vec<f32> = if std::env::var("ACTS").is_ok_and(|v| v == "sin") {
         (0..k * n_tok).map(|i| (i as f32 * 0.37).sin()).collect()
     } else {

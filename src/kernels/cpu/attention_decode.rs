@@ -239,14 +239,14 @@ impl Steps<'_> {
     /// their sixteen sums).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values_avx2(&self, kvh: usize, d: usize, heads: Range<usize>) {
-        self.values_in::<2>(kvh, d, heads)
+        self.values_in::<2, false>(kvh, d, heads)
     }
 
     /// [`Steps::values`] with the same 8-lane arithmetic in AVX-512's thirty-two registers:
     /// four heads at a time.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn values_avx512(&self, kvh: usize, d: usize, heads: Range<usize>) {
-        self.values_in::<4>(kvh, d, heads)
+        self.values_in::<4, false>(kvh, d, heads)
     }
 
     /// Every output element of KV head `kvh`'s heads `heads`: on AVX-512, 64 elements (two
@@ -271,37 +271,18 @@ impl Steps<'_> {
     /// with AVX-512: [`values_wide`] four heads at a time.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn values_wide(&self, kvh: usize, d: usize, heads: Range<usize>) {
-        let s = self.s;
-        let (hd, stride) = (s.head_dim, self.stride);
-        let (q_dim, kv_dim) = (s.n_head * hd, s.n_head_kv * hd);
-        let group = s.n_head / s.n_head_kv;
-        let v0 = kvh * hd + d * DIM_BLOCK;
-        for t in 0..self.n_tok {
-            let n_kv = self.pos0 + t + 1;
-            let mut g = heads.start;
-            while g < heads.end {
-                let n = (heads.end - g).min(4);
-                let h0 = kvh * group + g;
-                let w = std::slice::from_raw_parts(
-                    self.p.add((t * s.n_head + h0) * stride),
-                    (n - 1) * stride + n_kv,
-                );
-                let o = self.out.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
-                let v = self.v_cache;
-                match n {
-                    1 => values_wide::<1>(w, stride, v, v0, kv_dim, n_kv, o, hd),
-                    2 => values_wide::<2>(w, stride, v, v0, kv_dim, n_kv, o, hd),
-                    3 => values_wide::<3>(w, stride, v, v0, kv_dim, n_kv, o, hd),
-                    _ => values_wide::<4>(w, stride, v, v0, kv_dim, n_kv, o, hd),
-                }
-                g += n;
-            }
-        }
+        self.values_in::<4, true>(kvh, d, heads)
     }
 
-    /// [`Steps::values`], up to `W` heads at a time.
+    /// [`Steps::values`], up to `W` heads at a time: 32 output elements ([`values`]), or with
+    /// `WIDE` 64 ([`values_wide`], AVX-512 only).
     #[inline(always)]
-    unsafe fn values_in<const W: usize>(&self, kvh: usize, d: usize, heads: Range<usize>) {
+    unsafe fn values_in<const W: usize, const WIDE: bool>(
+        &self,
+        kvh: usize,
+        d: usize,
+        heads: Range<usize>,
+    ) {
         let s = self.s;
         let (hd, stride) = (s.head_dim, self.stride);
         let (q_dim, kv_dim) = (s.n_head * hd, s.n_head_kv * hd);
@@ -319,11 +300,21 @@ impl Steps<'_> {
                     (n - 1) * stride + n_kv,
                 );
                 let o = self.out.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
-                match n {
-                    1 => values::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                    2 => values::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                    3 => values::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                    _ => values::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                // Direct calls, inlined here with this function's target features.
+                macro_rules! call {
+                    ($f:ident) => {
+                        match n {
+                            1 => $f::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            2 => $f::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            3 => $f::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            _ => $f::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                        }
+                    };
+                }
+                if WIDE {
+                    call!(values_wide)
+                } else {
+                    call!(values)
                 }
                 g += n;
             }

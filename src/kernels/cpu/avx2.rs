@@ -54,6 +54,14 @@ pub unsafe fn h2f_splat(h: F16Le) -> __m128 {
     _mm_cvtph_ps(_mm_set1_epi16(h.bits() as i16))
 }
 
+/// [`h2f_splat`] in all sixteen lanes of a 512-bit register (the interleaved kernels' token
+/// scales).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub unsafe fn h2f_splat16(h: F16Le) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(h.bits() as i16))
+}
+
 /// `x · y` of two f16 scales, exactly as the f32 product ([`scale_products`]' lane 0).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -240,7 +240,7 @@ pub unsafe fn rows_q4_0_batch(w: [&[u8]; 4], a: &[&[u8]], mut put: impl FnMut(us
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
     let ys: &[BlockQ8_0] = super::blocks(a);
-    let nb = xs.iter().map(|x| x.len()).fold(ys.len(), usize::min);
+    let nb = super::common_blocks(&xs, &[ys]);
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..nb {
         // SAFETY: b < nb <= ys.len() and every xs[r].len().

@@ -712,7 +712,7 @@ unsafe fn q4_0_tokens<const NT: usize>(
                 let word = std::ptr::read_unaligned(y.qs.as_ptr().add(4 * e).cast::<i32>());
                 s = _mm512_dpbusd_epi32(s, we, _mm512_set1_epi32(word));
             }
-            let d = _mm512_mul_ps(d_x, _mm512_cvtph_ps(_mm256_set1_epi16(y.d.bits() as i16)));
+            let d = _mm512_mul_ps(d_x, crate::kernels::cpu::avx2::h2f_splat16(y.d));
             sumf[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), sumf[t]);
         }
     }

@@ -292,9 +292,9 @@ pub fn random_blocks(
 
 /// `n` activations as decode sees them: without a pattern, each the sum of four uniforms in
 /// -0.5..0.5 (near normal, sd 0.58). The out-of-cache experiments take these (`ACTS=sin` there
-/// gives the smooth sine they used before): the kernels read weights about 12% slower against
-/// them than against the sine (8B Q4_0 file, 1 thread, `examples/decode_mix`), as the engine
-/// does.
+/// gives the smooth sine they used before, whose blocks share one scale: it hid that the
+/// kernels' table of f16 scales missed the cache on real activations, 10-15% of decode's time
+/// on the 8B Q4_0 file at 1 thread until d4e1905).
 pub fn random_acts(n: usize, rng: &mut crate::rng::SplitMix64) -> Vec<f32> {
     (0..n)
         .map(|_| (0..4).map(|_| rng.next_f32() - 0.5).sum())

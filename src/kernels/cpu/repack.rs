@@ -1121,7 +1121,7 @@ mod kernels {
                 // The token block's scale broadcast and converted, not looked up in a table
                 // of every f16: real activations' scales missed its lines (8B Q4_0 file, 1
                 // thread, `examples/decode_mix`: 10-15% slower than against one scale).
-                let dd = _mm512_mul_ps(dx, _mm512_cvtph_ps(_mm256_set1_epi16(y.d.bits() as i16)));
+                let dd = _mm512_mul_ps(dx, crate::kernels::cpu::avx2::h2f_splat16(y.d));
                 *acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *acc);
             }
         }
