@@ -19,6 +19,8 @@
 //! the file) before each round, and `BACKEND=1` the same matrices loaded and run by a CPU
 //! backend (`load_matmul_weight`, `Backend::matmul`, the engine's jobs) after it: three ways to
 //! read the same bytes within the same second of this machine's drifting memory rate.
+//! `PLAIN=1` adds a plain read of every matrix's copy each round (a sum of its words, split over
+//! the threads as `examples/matmul_dram`'s), the ceiling to set the others against.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -170,6 +172,19 @@ fn main() {
     } else {
         be_jobs.iter().flatten().map(|w| w.bytes).sum()
     };
+    // The bytes of every matrix a decode step reads (the engine's rate; `total` can hold
+    // fewer, with ONLY).
+    let engine_bytes: usize = file_model.as_ref().map_or(0, |m| {
+        let layers = m.layers.iter().flat_map(|l| {
+            [l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref()]
+                .into_iter()
+                .flatten()
+                .chain([&l.wo, &l.w_gate, &l.w_up, &l.w_down])
+        });
+        layers.chain([&m.output]).map(|w| w.n_bytes).sum()
+    });
+    let plain = std::env::var_os("PLAIN").is_some();
+    let read = |bytes: &[u8]| std::hint::black_box(oato::kernels::cpu::plain_read(bytes));
     let start = Instant::now();
     for round in 0..rounds {
         let engine = session.as_mut().map(|s| {
@@ -178,7 +193,7 @@ fn main() {
                 .expect("a decode step");
             format!(
                 "engine {:.1}  ",
-                total as f64 / t0.elapsed().as_secs_f64() / 1e9
+                engine_bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
             )
         });
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
@@ -233,6 +248,16 @@ fn main() {
         }
         if !be_jobs.is_empty() {
             per.insert("backend", (be_s, total));
+        }
+        // PLAIN=1: a plain read of every matrix's copy (a sum of its words on the pool), the
+        // ceiling for the rounds' products in the same second of memory.
+        if plain {
+            let t0 = Instant::now();
+            for m in &mats {
+                read(m.4.bytes());
+            }
+            let b = mats.iter().map(|m| m.4.bytes().len()).sum();
+            per.insert("plain", (t0.elapsed().as_secs_f64(), b));
         }
         let line: Vec<String> = per
             .iter()

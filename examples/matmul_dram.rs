@@ -94,18 +94,8 @@ fn main() {
             variants.push((name, &interleaved, true, d));
         }
     }
-    let pool = oato::kernels::cpu::pool::global();
     let read = |m: &MatRef| {
-        let words: &[u64] = bytemuck_words(m.data);
-        let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads).map(|_| 0.into()).collect();
-        let per = words.len().div_ceil(threads);
-        pool.for_chunks(words.len(), per, |g| {
-            let s = words[g.clone()]
-                .iter()
-                .fold(0u64, |a, &w| a.wrapping_add(w));
-            sums[g.start / per].fetch_add(s, std::sync::atomic::Ordering::Relaxed);
-        });
-        std::hint::black_box(sums);
+        std::hint::black_box(oato::kernels::cpu::plain_read(m.data));
     };
     let mut rates = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
@@ -140,12 +130,4 @@ fn main() {
             r[r.len() / 2]
         );
     }
-}
-
-/// The whole u64 words of `bytes` (arena pieces are 64-byte aligned).
-fn bytemuck_words(bytes: &[u8]) -> &[u64] {
-    // SAFETY: u64 has no invalid bit patterns; `align_to` gives only aligned whole words.
-    let (head, words, _) = unsafe { bytes.align_to::<u64>() };
-    assert!(head.is_empty(), "an arena piece is 64-byte aligned");
-    words
 }

@@ -1072,6 +1072,13 @@ macro_rules! wide_dot16 {
 /// every row: 1 EPYC thread, out of cache (`examples/matmul_dram`, alternated), 8192 x 2048 read
 /// 0.53-0.56 of the plain read one row at a time and 0.85-0.87 four (2 threads 0.88 / 0.97-1.02);
 /// 2048 x 8192 0.94 / 0.99; 4096 x 4096 0.92 / 0.83-0.86 at 1 thread (its rows fit), alike at 2.
+/// What is left at 8192 x 2048 is the activations again: between one quad's use of an
+/// activation line and the next quad's, 64 KiB of weights pass through L1. With the
+/// activations' reads folded into their first 4 KiB (a throwaway build, wrong sums), four rows
+/// read 0.91-0.97 of the plain read against 0.81-0.90 (three alternated pairs). Tried, not
+/// kept: eight rows at a time (eight streams) 0.72-0.77; 2048 or 4096 elements of four to eight
+/// quads before the next elements (their accumulators kept, the same bits) 0.55-0.80, the
+/// rows' streams then broken into page-sized pieces.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn sum_wide16(acc_a: __m512, acc_b: __m512) -> f32 {

@@ -266,7 +266,8 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
-/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant), each block's f16
+/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant; F16 elements of about
+/// `scale` each), each block's f16
 /// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
 /// overflows to inf. Tests and the out-of-cache experiments (`examples/matmul_dram`,
 /// `examples/decode_mix`) make their weights with it.
@@ -276,6 +277,14 @@ pub fn random_blocks(
     rng: &mut crate::rng::SplitMix64,
     mut scale: impl FnMut(&mut crate::rng::SplitMix64) -> f32,
 ) {
+    if ty == GgmlType::F16 {
+        // Each element its own small value.
+        for e in w.chunks_exact_mut(2) {
+            let v = half::f16::from_f32(scale(rng) * (rng.next_f32() - 0.5) * 100.0);
+            e.copy_from_slice(&v.to_le_bytes());
+        }
+        return;
+    }
     let scales: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q6_K => &[208],
@@ -288,6 +297,27 @@ pub fn random_blocks(
             block[o..o + 2].copy_from_slice(&v.to_le_bytes());
         }
     }
+}
+
+/// A plain read of `bytes` (the sum of their whole aligned words), split over the pool's threads
+/// in equal parts: the out-of-cache experiments' ceiling (`examples/matmul_dram`,
+/// `examples/decode_mix`), read on the same pool as the products it is set against.
+pub fn plain_read(bytes: &[u8]) -> u64 {
+    // SAFETY: u64 has no invalid bit patterns; `align_to` gives only aligned whole words.
+    let (_, words, _) = unsafe { bytes.align_to::<u64>() };
+    let pool = pool::global();
+    let threads = pool.n_threads().max(1);
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads).map(|_| 0.into()).collect();
+    let per = words.len().div_ceil(threads).max(1);
+    pool.for_chunks(words.len(), per, |g| {
+        let s = words[g.clone()]
+            .iter()
+            .fold(0u64, |a, &w| a.wrapping_add(w));
+        sums[g.start / per].fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+    });
+    sums.iter().fold(0u64, |a, s| {
+        a.wrapping_add(s.load(std::sync::atomic::Ordering::Relaxed))
+    })
 }
 
 /// `n` activations as decode sees them: without a pattern, each the sum of four uniforms in
