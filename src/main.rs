@@ -58,7 +58,16 @@ fn quiet_on_closed_pipe() {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // llama-bench spells its prompt+generation flag `-pg`; `oato bench` takes it as `--pg`.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "bench") {
+        for a in args.iter_mut().skip(2) {
+            if a == "-pg" {
+                *a = "--pg".into();
+            }
+        }
+    }
+    let cli = Cli::parse_from(args);
     if !matches!(cli.command, Command::Serve(_)) {
         quiet_on_closed_pipe();
     }

@@ -206,6 +206,11 @@ fn bad_flags_fail_cleanly() {
         (&["-p", "0", "-n", "0"], "nothing to run"),
         (&["no-such-model.gguf", "-p", "8"], "no-such-model.gguf"),
         (&["Cargo.toml", "-p", "8"], "not a GGUF file"),
+        (&["-pg", "8"], "not two comma-separated numbers"),
+        (&["--pg", "8,4,2"], "not two comma-separated numbers"),
+        (&["-pg", "0,0"], "both lengths are 0"),
+        (&["-pg", "8,x"], "\"x\" is not a whole number"),
+        (&["-d", "16,x"], "-d \"16,x\""),
     ] {
         let out = bench(args);
         let err = text(&out.stderr);
@@ -251,4 +256,69 @@ fn membw_and_decode_fraction() {
         err.contains("tg2 reads") && err.contains("GB/s this machine reads at 1 threads"),
         "{err}"
     );
+}
+
+/// llama-bench's prompt+generation test (`-pg PP,TG`, timed together, PP + TG tokens over the
+/// time) and depth (`-d N`: N tokens in the cache before each run, untimed, "@ dN" in the test's
+/// name, `n_depth` in the JSON), alone and crossed with -p / -n.
+#[test]
+fn prompt_plus_generation_and_depth() {
+    let m = model_path();
+    let args = [
+        m.to_str().unwrap(),
+        "--json",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-pg",
+        "8,2",
+        "-d",
+        "0,16",
+        "-r",
+        "1",
+        "-t",
+        "1",
+    ];
+    let s = ok(&bench(&args));
+    let v: serde_json::Value = serde_json::from_str(&s).expect("one JSON document");
+    let tests = v.as_array().expect("an array");
+    let got: Vec<(u64, u64, u64)> = tests
+        .iter()
+        .map(|t| {
+            let f = |k: &str| t[k].as_u64().unwrap();
+            (f("n_prompt"), f("n_gen"), f("n_depth"))
+        })
+        .collect();
+    assert_eq!(got, [(0, 2, 0), (0, 2, 16), (8, 2, 0), (8, 2, 16)]);
+    for t in tests {
+        // Rates over the test's own tokens, not the depth's.
+        let n = (t["n_prompt"].as_u64().unwrap() + t["n_gen"].as_u64().unwrap()) as f64;
+        let ns = t["samples_ns"][0].as_u64().unwrap() as f64;
+        let ts = t["samples_ts"][0].as_f64().unwrap();
+        assert!((ts - n * 1e9 / ns).abs() <= 1e-9 * ts, "{t}");
+    }
+    // Decode's weight fraction only at depth 0, where the weights are what it reads.
+    assert!(tests[0].get("membw_gbps").is_some());
+    assert!(tests[1].get("membw_gbps").is_none());
+
+    let md = ok(&bench(&[
+        m.to_str().unwrap(),
+        "-p",
+        "4",
+        "-n",
+        "0",
+        "-pg",
+        "4,1",
+        "-d",
+        "8",
+        "-r",
+        "1",
+        "-t",
+        "1",
+    ]));
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 4, "header, rule, two tests:\n{md}");
+    assert!(rows[2].contains(" pp4 @ d8 "), "{}", rows[2]);
+    assert!(rows[3].contains(" pp4+tg1 @ d8 "), "{}", rows[3]);
 }

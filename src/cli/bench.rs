@@ -44,6 +44,15 @@ pub struct BenchArgs {
     /// [default: 128].
     #[arg(short = 'n', long = "n-gen", value_name = "N,…")]
     pub n_gen: Vec<String>,
+    /// Prompt-then-generation tests, PP,TG (repeatable; llama-bench's -pg, which oato bench also
+    /// takes): a prompt of PP tokens then TG generated, timed together as "ppPP+tgTG".
+    #[arg(long = "pg", value_name = "PP,TG")]
+    pub pg: Vec<String>,
+    /// Tokens already in the cache when each test starts, comma-separated (repeatable; as
+    /// llama-bench's -d): processed before every run, untimed, so "tg128 @ d4096" times decode
+    /// deep in a context [default: 0].
+    #[arg(short = 'd', long = "n-depth", value_name = "N,…")]
+    pub depth: Vec<String>,
     /// Timed repetitions of each test, after one warm-up run.
     #[arg(
         short = 'r',
@@ -80,8 +89,44 @@ struct Plan {
     models: Vec<PathBuf>,
     n_prompt: Vec<usize>,
     n_gen: Vec<usize>,
+    /// -pg's (prompt, generated) pairs.
+    pg: Vec<(usize, usize)>,
+    depths: Vec<usize>,
     reps: usize,
     threads: Vec<usize>,
+}
+
+/// Parses `--pg 512,128` values: each exactly two whole numbers, not both 0.
+fn parse_pg(given: &[String]) -> Result<Vec<(usize, usize)>> {
+    given
+        .iter()
+        .map(|s| {
+            let bad = |why: &str| {
+                Error::Usage(format!(
+                    "-pg {s:?}: {why}; give a prompt and a generation length, e.g. -pg 512,128"
+                ))
+            };
+            let items: Vec<&str> = s.split(',').map(str::trim).collect();
+            let [p, g] = items.as_slice() else {
+                return Err(bad("not two comma-separated numbers"));
+            };
+            let num = |v: &str| -> Result<usize> {
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| bad(&format!("{v:?} is not a whole number")))?;
+                if n > MAX_TOKENS {
+                    return Err(bad(&format!(
+                        "more than the {MAX_TOKENS} this command accepts"
+                    )));
+                }
+                Ok(n)
+            };
+            match (num(p)?, num(g)?) {
+                (0, 0) => Err(bad("both lengths are 0")),
+                pair => Ok(pair),
+            }
+        })
+        .collect()
 }
 
 /// Parses `-p 64,512 -p 1024` style values: every item a whole number, no empty list or item.
@@ -119,6 +164,8 @@ impl Plan {
     fn from_args(a: &BenchArgs) -> Result<Plan> {
         let n_prompt = parse_list("-p", &a.n_prompt, 512)?;
         let n_gen = parse_list("-n", &a.n_gen, 128)?;
+        let pg = parse_pg(&a.pg)?;
+        let depths = parse_list("-d", &a.depth, 0)?;
         let threads = parse_list("-t", &a.threads, 0)?;
         let reps: usize = a.reps.trim().parse().map_err(|_| {
             Error::Usage(format!(
@@ -131,7 +178,7 @@ impl Plan {
                 "-r 0: at least one repetition is needed".into(),
             ));
         }
-        if n_prompt.iter().chain(&n_gen).all(|&n| n == 0) {
+        if n_prompt.iter().chain(&n_gen).all(|&n| n == 0) && pg.is_empty() {
             return Err(Error::Usage(
                 "nothing to run: every -p and -n value is 0".into(),
             ));
@@ -156,6 +203,8 @@ impl Plan {
             models,
             n_prompt,
             n_gen,
+            pg,
+            depths,
             reps,
             threads,
         })
@@ -318,6 +367,8 @@ struct TestResult<'a> {
     n_threads: usize,
     n_prompt: usize,
     n_gen: usize,
+    /// Tokens in the cache before the timed part (-d).
+    n_depth: usize,
     /// RFC 3339, UTC, when the test started.
     test_time: String,
     samples_ns: Vec<u64>,
@@ -342,10 +393,15 @@ fn stdev(v: &[f64]) -> f64 {
 
 impl TestResult<'_> {
     fn name(&self) -> String {
-        match (self.n_prompt, self.n_gen) {
+        let test = match (self.n_prompt, self.n_gen) {
             (p, 0) => format!("pp{p}"),
             (0, g) => format!("tg{g}"),
             (p, g) => format!("pp{p}+tg{g}"),
+        };
+        // llama-bench's form for a test after -d tokens.
+        match self.n_depth {
+            0 => test,
+            d => format!("{test} @ d{d}"),
         }
     }
 
@@ -383,7 +439,7 @@ impl TestResult<'_> {
             ("n_threads", json!(self.n_threads)),
             ("n_prompt", json!(self.n_prompt)),
             ("n_gen", json!(self.n_gen)),
-            ("n_depth", json!(0)),
+            ("n_depth", json!(self.n_depth)),
             ("test_time", json!(self.test_time)),
             ("avg_ns", json!(self.avg_ns())),
             ("stddev_ns", json!(self.stddev_ns())),
@@ -433,6 +489,7 @@ fn time_test(
     backends: &[Arc<dyn Backend>],
     dev: usize,
     model: &Model,
+    n_depth: usize,
     n_prompt: usize,
     n_gen: usize,
     reps: usize,
@@ -442,11 +499,17 @@ fn time_test(
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
     let map = DeviceMap::uniform(model, dev);
-    let mut session = Session::with_devices(model, n_prompt + n_gen, backends.to_vec(), &map)?;
+    let n_ctx = n_depth + n_prompt + n_gen;
+    let mut session = Session::with_devices(model, n_ctx, backends.to_vec(), &map)?;
     let mut run = |session: &mut Session, n_prompt: usize, n_gen: usize| -> Result<u64> {
+        // Each part starts with BOS, as each of llama-bench's does.
+        let depth = rng.tokens(n_depth, n_vocab, bos);
         let prompt = rng.tokens(n_prompt, n_vocab, bos);
         let gen_tokens = rng.tokens(n_gen, n_vocab, bos);
         session.reset();
+        if n_depth > 0 {
+            session.forward(&depth, Logits::Last)?;
+        }
         let t0 = Instant::now();
         if n_prompt > 0 {
             session.forward(&prompt, Logits::Last)?;
@@ -632,9 +695,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let stdout_err = |e: std::io::Error| Error::Msg(format!("writing the results: {e}"));
 
-    let tests: Vec<(usize, usize)> = (plan.n_prompt.iter().map(|&p| (p, 0)))
+    let tests: Vec<(usize, usize, usize)> = (plan.n_prompt.iter().map(|&p| (p, 0)))
         .chain(plan.n_gen.iter().map(|&g| (0, g)))
+        .chain(plan.pg.iter().copied())
         .filter(|&(p, g)| p + g > 0)
+        .flat_map(|(p, g)| plan.depths.iter().map(move |&d| (d, p, g)))
         .collect();
     let total = plan.models.len() * plan.threads.len() * tests.len();
     let mut rng = TokenRng(SplitMix64::new(a.seed));
@@ -658,13 +723,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         for &n_threads in &plan.threads {
             // The kernels' thread pool, resized for this thread count.
             let n_threads = super::init_threads(n_threads)?;
-            for &(n_prompt, n_gen) in &tests {
+            for &(n_depth, n_prompt, n_gen) in &tests {
                 done += 1;
                 let mut t = TestResult {
                     model: info,
                     n_threads,
                     n_prompt,
                     n_gen,
+                    n_depth,
                     test_time: now_rfc3339(),
                     samples_ns: Vec::new(),
                     decode: None,
@@ -679,7 +745,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 // Decode against the memory: its read bandwidth at these threads after the
                 // warm-up and after each run, so each run has its own (a shared machine's memory
                 // rate moves within seconds).
-                let decode = n_gen > 0 && n_prompt == 0 && host.gpu_info.is_empty();
+                // Not deep in a context, where the cache's reads join the weights'.
+                let decode = n_gen > 0 && n_prompt == 0 && n_depth == 0 && host.gpu_info.is_empty();
                 let mut bws = Vec::new();
                 let mut probe = || -> Result<()> {
                     if decode {
@@ -688,7 +755,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     Ok(())
                 };
                 t.samples_ns = time_test(
-                    &backends, dev, model, n_prompt, n_gen, plan.reps, bos, &mut rng, &mut probe,
+                    &backends, dev, model, n_depth, n_prompt, n_gen, plan.reps, bos, &mut rng,
+                    &mut probe,
                 )?;
                 let ts = t.samples_ts();
                 eprintln!(
