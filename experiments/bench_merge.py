@@ -35,17 +35,22 @@ CSV_FIELDS = ["date", "commit", "cpu", "threads", "model", "type", "test", "engi
 def test_name(r):
     p, g = int(r["n_prompt"]), int(r["n_gen"])
     if g == 0:
-        return f"pp{p}"
-    if p == 0:
-        return f"tg{g}"
-    return f"pp{p}+tg{g}"
+        name = f"pp{p}"
+    elif p == 0:
+        name = f"tg{g}"
+    else:
+        name = f"pp{p}+tg{g}"
+    d = int(r.get("n_depth") or 0)
+    # llama-bench's form for a test after d tokens in the cache (-d).
+    return f"{name} @ d{d}" if d else name
 
 
 def test_key(name):
-    """pp tests before tg tests, each by length."""
-    head = name.split("+")[0]
+    """pp tests before tg tests, each by length, then by depth."""
+    test, _, depth = name.partition(" @ d")
+    head = test.split("+")[0]
     kind, n = head[:2], head[2:]
-    return (0 if kind == "pp" else 1, int(n) if n.isdigit() else 0, name)
+    return (0 if kind == "pp" else 1, int(n) if n.isdigit() else 0, int(depth or 0), name)
 
 
 def load_one(path):

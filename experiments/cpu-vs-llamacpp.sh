@@ -10,6 +10,9 @@
 # With SYNTH=1 (the default) it also runs the Llama-3.2-1B shape in Q4_0, Q4_K_M, Q8_0 and F16, and
 # with SYNTH_8B=1 the LLaMA3-8B shape in Q4_0 for the tg tests only: files made by `oato synth`
 # (seed 42) into models/ and read by both engines (their text is noise; their timing is real).
+# DEPTH=N (default 0: none) adds tg32 after N tokens in the cache ("tg32 @ dN", llama-bench's -d
+# on both engines; the N tokens are processed before each run, untimed) for the 1B shape: decode
+# with attention over a long context.
 #
 # Usage: experiments/cpu-vs-llamacpp.sh
 # Env:   THREADS (or T, default 2), REPS (or R, default 5), SYNTH (1), SYNTH_8B (0),
@@ -17,7 +20,7 @@
 #        writes OUT.csv and OUT.md),
 #        LLAMACPP_BUILD (default ../shared/peers/build-llamacpp.sh; builds llama.cpp's CPU tools
 #        once into ~/.cache/oato-peers and prints their bin directory),
-#        LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
+#        DEPTH (0), LLAMACPP_BIN (skip the build script, use this bin directory), OATO_BIN (default: build
 #        target/release/oato), RAW_DIR (keep every raw JSON there; default: a temporary folder).
 #        ALTERNATE (test, the default: the engines take turns test by test, one repetition each,
 #        the first engine swapped each repetition; 1: turns of one repetition of every test;
@@ -36,6 +39,8 @@ src=models/SmolLM2-135M-Instruct.Q4_1.gguf
 for v in "$threads" "$reps"; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "error: THREADS and REPS must be positive whole numbers (got $v)" >&2; exit 1; }
 done
+depth=${DEPTH:-0}
+[[ $depth =~ ^[0-9]+$ ]] || { echo "error: DEPTH must be a whole number (got $depth)" >&2; exit 1; }
 
 [ -f "$src" ] || scripts/fetch-models.sh
 
@@ -82,7 +87,7 @@ done
 cases=()
 if [ "${SHAPES_ONLY:-0}" != 1 ]; then
   for ty in Q4_1 Q4_0 Q8_0 F16; do
-    cases+=("$ty models/SmolLM2-135M-Instruct.$ty.gguf $prompts $gens")
+    cases+=("$ty models/SmolLM2-135M-Instruct.$ty.gguf $prompts $gens 0")
   done
 fi
 synth() { # shape type -> path (made once)
@@ -95,11 +100,11 @@ synth() { # shape type -> path (made once)
 }
 if [ "${SYNTH:-1}" = 1 ]; then
   for ty in Q4_0 Q4_K_M Q8_0 F16; do
-    cases+=("1B-$ty $(synth llama3.2-1b "$ty") $prompts $gens")
+    cases+=("1B-$ty $(synth llama3.2-1b "$ty") $prompts $gens $depth")
   done
 fi
 if [ "${SYNTH_8B:-0}" = 1 ]; then
-  cases+=("8B-Q4_0 $(synth llama3-8b Q4_0) 0 $gens")
+  cases+=("8B-Q4_0 $(synth llama3-8b Q4_0) 0 $gens 0")
 fi
 
 # ALTERNATE=test (the default): for each repetition and test, one engine's run right after the
@@ -120,36 +125,40 @@ esac
 membw() { # the memory's read rate at $threads threads, GB/s
   "$oato" bench --membw 128M -t "$threads" | awk -F'|' '/^\| *[0-9]/ { gsub(/ /, "", $3); print $3 }'
 }
-llama_run() { # model p n json
-  "$bin/llama-bench" -m "$1" -t "$threads" -p "$2" -n "$3" -r "$per" -o json \
+llama_run() { # model p n json [depth]
+  "$bin/llama-bench" -m "$1" -t "$threads" -p "$2" -n "$3" -d "${5:-0}" -r "$per" -o json \
     >"$4" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 }
-oato_run() { # model p n json
-  "$oato" bench "$1" --device cpu -t "$threads" -p "$2" -n "$3" -r "$per" --json \
+oato_run() { # model p n json [depth]
+  "$oato" bench "$1" --device cpu -t "$threads" -p "$2" -n "$3" -d "${5:-0}" -r "$per" --json \
     >"$4" 2>"$raw/oato.log" || { cat "$raw/oato.log" >&2; exit 1; }
   grep "reads [0-9]" "$raw/oato.log" >&2 || true
 }
 runs=()
 for c in "${cases[@]}"; do
-  read -r label model p n <<<"$c"
+  read -r label model p n d <<<"$c"
   lj=() oj=()
   if [ "$alternate" = test ]; then
     tests=()
-    for x in ${p//,/ }; do [ "$x" = 0 ] || tests+=("$x 0"); done
-    for x in ${n//,/ }; do [ "$x" = 0 ] || tests+=("0 $x"); done
+    for x in ${p//,/ }; do [ "$x" = 0 ] || tests+=("$x 0 0"); done
+    for x in ${n//,/ }; do [ "$x" = 0 ] || tests+=("0 $x 0"); done
+    [ "$d" = 0 ] || tests+=("0 32 $d")
     for i in $(seq "$turns"); do
       for tst in "${tests[@]}"; do
-        read -r tp tn <<<"$tst"
+        read -r tp tn td <<<"$tst"
         name=$([ "$tp" = 0 ] && echo "tg$tn" || echo "pp$tp")
+        [ "$td" = 0 ] || name="$name-d$td"
         lf=$raw/llamacpp-$label-$name-$i.json of=$raw/oato-$label-$name-$i.json
         echo "== $label $name ($i/$turns)" >&2
         for e in $( ((i % 2)) && echo "llama oato" || echo "oato llama"); do
+          # The memory's rate around llama.cpp's decode at depth 0 (its weight fraction).
+          fr=$([ "$tp" = 0 ] && [ "$td" = 0 ] && echo 1 || echo 0)
           if [ "$e" = llama ]; then
-            if [ "$tp" = 0 ]; then before=$(membw); fi
-            llama_run "$model" "$tp" "$tn" "$lf"
-            if [ "$tp" = 0 ]; then echo "$before $(membw)" >"$lf.membw"; fi
+            if [ "$fr" = 1 ]; then before=$(membw); fi
+            llama_run "$model" "$tp" "$tn" "$lf" "$td"
+            if [ "$fr" = 1 ]; then echo "$before $(membw)" >"$lf.membw"; fi
           else
-            oato_run "$model" "$tp" "$tn" "$of"
+            oato_run "$model" "$tp" "$tn" "$of" "$td"
           fi
         done
         lj+=("$lf") oj+=("$of")
@@ -158,6 +167,7 @@ for c in "${cases[@]}"; do
     runs+=(--run "$label" "$(basename "$model")" "$(IFS=,; echo "${lj[*]}")" "$(IFS=,; echo "${oj[*]}")")
     continue
   fi
+  [ "$d" = 0 ] || { echo "error: DEPTH takes ALTERNATE=test" >&2; exit 1; }
   for i in $(seq "$turns"); do
     echo "== $label: llama-bench ($i/$turns)" >&2
     llama_run "$model" "$p" "$n" "$raw/llamacpp-$label-$i.json"
