@@ -1045,8 +1045,17 @@ macro_rules! wide_dot16 {
             let mut acc_a = [_mm512_setzero_ps(); 4];
             let mut acc_b = [_mm512_setzero_ps(); 4];
             let full = n / 32 * 32;
+            let ahead = float_rows_ahead();
             let mut i = 0;
             while i < full {
+                if ahead > 0 {
+                    for r in 0..4 {
+                        for line in (0..32 * $size).step_by(64) {
+                            let at = w[r].as_ptr().wrapping_add($size * i + line + ahead);
+                            _mm_prefetch::<_MM_HINT_NTA>(at.cast());
+                        }
+                    }
+                }
                 let (xa, xb) = ($load(a, i), $load(a, i + 16));
                 for r in 0..4 {
                     acc_a[r] = _mm512_fmadd_ps($load(w[r], i), xa, acc_a[r]);
@@ -1064,6 +1073,27 @@ macro_rules! wide_dot16 {
             })
         }
     };
+}
+
+/// Bytes ahead of each row that the plain floats' four-row kernels ask for with the
+/// non-temporal hint (`OATO_CPU_FLOAT_PREFETCH` sets it, 0 none): on AMD 256, elsewhere none
+/// (never measured off AMD). The hint keeps the rows' lines from pushing the activations out
+/// of L1 (below): 1 EPYC thread, out of cache (`examples/matmul_dram`, six alternated pairs),
+/// F16 8192 x 2048 read 0.85 (0.83-0.86) of the plain read with none and 0.915 (0.77-0.92)
+/// with 256 bytes; 128 and 384 read between, 512 and more worse than none (1024: 0.70). At 2
+/// threads alike (0.91-1.00 / 0.94-0.98). In the 1B F16 decode (`examples/decode_mix`, the
+/// engine and the matrices against a plain read in the same rounds, 1 thread, six alternated
+/// pairs): the engine 0.83-0.91 -> 0.89-0.94 of the plain read, ffn_down 0.78-0.85 ->
+/// 0.835-0.90, the rows of 2048 0.94-0.97 -> 0.99-1.00 (in the two quietest pairs); at 2
+/// threads alike (0.90-0.98 both).
+fn float_rows_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("OATO_CPU_FLOAT_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(if super::matmul::intel() { 0 } else { 256 })
+    })
 }
 
 /// The plain-float dots' final sum of their two accumulators, in `dot_wide`'s order. The four-row

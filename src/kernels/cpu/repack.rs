@@ -977,8 +977,8 @@ mod kernels {
         }
     }
 
-    /// Part `part` of `parts` of the `lines` cache lines at `p + ahead` asked into L2 (none when
-    /// `ahead` is 0). A block's lines asked a few at a time between its computations, not all
+    /// Part `part` of `parts` of the `lines` cache lines at `p + ahead` asked for (none when
+    /// `ahead` is 0), into L2 or with the non-temporal hint as [`prefetch_nta`] says. A block's lines asked a few at a time between its computations, not all
     /// at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
     /// `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at once, 16.7 in four
     /// parts, 22.4 in sixteen.
@@ -986,16 +986,43 @@ mod kernels {
     unsafe fn prefetch_part(p: *const u8, ahead: usize, lines: usize, part: usize, parts: usize) {
         if ahead > 0 {
             for c in part * lines / parts..(part + 1) * lines / parts {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + 64 * c).cast());
+                prefetch_line(p.wrapping_add(ahead + 64 * c));
             }
         }
     }
 
-    /// Bytes of quants ahead that the interleaved kernels prefetch into L2 (0: none;
-    /// `OATO_CPU_REPACK_PREFETCH` sets it). On Intel CPUs 16 KiB for every type
+    /// The line at `at` asked for: with the non-temporal hint where [`prefetch_nta`], else into
+    /// L2.
+    #[inline(always)]
+    unsafe fn prefetch_line(at: *const u8) {
+        if prefetch_nta() {
+            _mm_prefetch::<_MM_HINT_NTA>(at.cast());
+        } else {
+            _mm_prefetch::<_MM_HINT_T1>(at.cast());
+        }
+    }
+
+    /// Whether the interleaved kernels' prefetches take the non-temporal hint (AMD, a short
+    /// distance) rather than T1 (Intel, 16 KiB): see [`prefetch_ahead`].
+    fn prefetch_nta() -> bool {
+        static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *NTA.get_or_init(|| !crate::kernels::cpu::matmul::intel())
+    }
+
+    /// Bytes of quants ahead that the interleaved kernels prefetch (0: none;
+    /// `OATO_CPU_REPACK_PREFETCH` sets it). Elsewhere than on Intel 256 bytes with the
+    /// non-temporal hint ([`prefetch_nta`]): the rows' lines then leave L1 first, and the
+    /// requests run ahead of the hardware's prefetcher a little. 1 EPYC thread, out of cache
+    /// (`examples/matmul_dram`, three or four alternated rounds), fraction of the plain read
+    /// with none / 256 / 512 / 1024 bytes (K x N): Q4_0 2048 x 8192 0.92-0.97 / 1.02-1.06 /
+    /// 1.04-1.10 / -; 8192 x 2048 (ffn_down) 0.90-0.95 / 0.93-1.03 / 1.03-1.05 / 0.85-0.89;
+    /// 4096 x 14336 0.88-0.95 / 0.98-1.06 / 0.96-1.01 / 0.85-0.88; Q4_K 2048 x 8192 0.95-1.00 / 1.00-1.07 / 1.00-1.03 / 0.70-0.81;
+    /// Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77. At 2
+    /// threads, all near the plain read already, alike (Q4_0 0.98-1.05 either way, Q6_K
+    /// 0.91-1.00 / 0.92-1.02). On Intel CPUs 16 KiB into L2 for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
-    /// Intel). Elsewhere none: the hardware's prefetcher follows the blocks, which are read in
-    /// order, and a prefetch ahead of it only costs. Out of
+    /// Intel). Before the non-temporal hint, AMD took none: the hardware's prefetcher follows
+    /// the blocks, which are read in order, and a prefetch into L2 ahead of it only cost. Out of
     /// cache, 4096 x 14336 (`examples/matmul_dram`, 2 EPYC threads, memory at 35-37 GB/s,
     /// alternated), fraction of the plain read with none / 16 KiB: Q4_0
     /// 0.95-0.97 / 0.89-0.90, Q4_K 1.00-1.02 / 0.89-0.90; 1 thread, Q4_0 25.3 / 21.0 GB/s.
@@ -1017,11 +1044,7 @@ mod kernels {
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                 })
-                .unwrap_or(if crate::kernels::cpu::matmul::intel() {
-                    16 << 10
-                } else {
-                    0
-                }),
+                .unwrap_or(if prefetch_nta() { 256 } else { 16 << 10 }),
             bytes => bytes,
         }
     }
@@ -1038,14 +1061,14 @@ mod kernels {
     }
 
     /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and for the second block of
-    /// a pair the line of their scales after them, asked into L2 (none when `ahead` is 0). Past
+    /// a pair the line of their scales after them, asked for (none when `ahead` is 0). Past
     /// the group's end they are the next group's (or outside the matrix, where a prefetch does
     /// nothing).
     #[inline(always)]
     unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: usize) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
         if ahead > 0 && b % 2 == 1 {
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + QUANTS).cast());
+            prefetch_line(p.wrapping_add(ahead + QUANTS));
         }
     }
 
