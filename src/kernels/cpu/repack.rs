@@ -1017,7 +1017,9 @@ mod kernels {
     /// with none / 256 / 512 / 1024 bytes (K x N): Q4_0 2048 x 8192 0.92-0.97 / 1.02-1.06 /
     /// 1.04-1.10 / -; 8192 x 2048 (ffn_down) 0.90-0.95 / 0.93-1.03 / 1.03-1.05 / 0.85-0.89;
     /// 4096 x 14336 0.88-0.95 / 0.98-1.06 / 0.96-1.01 / 0.85-0.88; Q4_K 2048 x 8192 0.95-1.00 / 1.00-1.07 / 1.00-1.03 / 0.70-0.81;
-    /// Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77. At 2
+    /// Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77 (five
+    /// more rounds, none / 256: 0.85-0.97 / 0.72-0.96; 8192 x 2048 0.88-0.91 / 0.80-0.91:
+    /// Q6_K reads alike within this machine's noise, and keeps the one distance). At 2
     /// threads, all near the plain read already, alike (Q4_0 0.98-1.05 either way, Q6_K
     /// 0.91-1.00 / 0.92-1.02). On Intel CPUs 16 KiB into L2 for every type
     /// (the figure before the measurements below, which were all on AMD; never measured on
