@@ -180,7 +180,7 @@ impl Plan {
         }
         if n_prompt.iter().chain(&n_gen).all(|&n| n == 0) && pg.is_empty() {
             return Err(Error::Usage(
-                "nothing to run: every -p and -n value is 0".into(),
+                "nothing to run: every -p and -n value is 0 and there is no -pg".into(),
             ));
         }
         let all_cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -268,14 +268,14 @@ impl Steps<'_> {
     }
 
     /// Output elements `32 * d..32 * (d + 2)` of KV head `kvh`'s heads `heads`, every token,
-    /// with AVX-512: [`values_wide`] four heads at a time.
+    /// with AVX-512: [`values`] in 512-bit registers, four heads at a time.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn values_wide(&self, kvh: usize, d: usize, heads: Range<usize>) {
         self.values_in::<4, true>(kvh, d, heads)
     }
 
-    /// [`Steps::values`], up to `W` heads at a time: 32 output elements ([`values`]), or with
-    /// `WIDE` 64 ([`values_wide`], AVX-512 only).
+    /// [`Steps::values`], up to `W` heads at a time: 32 output elements ([`values`] in 256-bit
+    /// registers), or with `WIDE` 64 (in 512-bit ones, AVX-512 only).
     #[inline(always)]
     unsafe fn values_in<const W: usize, const WIDE: bool>(
         &self,
@@ -302,19 +302,19 @@ impl Steps<'_> {
                 let o = self.out.add(t * q_dim + h0 * hd + d * DIM_BLOCK);
                 // Direct calls, inlined here with this function's target features.
                 macro_rules! call {
-                    ($f:ident) => {
+                    ($v:ty) => {
                         match n {
-                            1 => $f::<1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            2 => $f::<2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            3 => $f::<3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
-                            _ => $f::<4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            1 => values::<$v, 1>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            2 => values::<$v, 2>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            3 => values::<$v, 3>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
+                            _ => values::<$v, 4>(w, stride, v_cache, v0, kv_dim, n_kv, o, hd),
                         }
                     };
                 }
                 if WIDE {
-                    call!(values_wide)
+                    call!(__m512)
                 } else {
-                    call!(values)
+                    call!(__m256)
                 }
                 g += n;
             }
@@ -522,11 +522,76 @@ unsafe fn round_f16(x: &mut [f32]) {
     }
 }
 
-/// [`values`] at 64 elements (two blocks of 32) in 512-bit registers: per element the same
-/// FMAs in the same order. The CPU has AVX-512 (the caller's features).
+/// An f32 register for [`values`] at two widths: eight lanes (AVX2) or sixteen (AVX-512). Every
+/// method is `inline(always)` and carries no target features of its own, so it takes its
+/// caller's.
+trait Lanes: Copy {
+    const LANES: usize;
+    unsafe fn zero() -> Self;
+    /// `LANES` f16 values from `x` at element `i`, widened.
+    unsafe fn load(x: *const f16, i: usize) -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// `a * b + c`, one rounding.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn store(self, o: *mut f32);
+}
+
+impl Lanes for __m256 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(x: *const f16, i: usize) -> Self {
+        load8(x, i)
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        _mm256_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn store(self, o: *mut f32) {
+        _mm256_storeu_ps(o, self)
+    }
+}
+
+impl Lanes for __m512 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(x: *const f16, i: usize) -> Self {
+        _mm512_cvtph_ps(_mm256_loadu_si256(x.add(i).cast()))
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        _mm512_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn store(self, o: *mut f32) {
+        _mm512_storeu_ps(o, self)
+    }
+}
+
+/// `N` consecutive heads' outputs at `4 * V::LANES` elements (32 in 256-bit registers, 64 in
+/// 512-bit ones): for each position in order, `o = fma(w_h[j], v[j], o)`, so each element gets
+/// the same FMAs in the same order at either width. `w`: the first head's weights, the next
+/// heads' `stride` apart; `v0`: the element of a cache row where the slice starts; `o`: the
+/// first head's output slice, the next heads' `hd` apart.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn values_wide<const N: usize>(
+unsafe fn values<V: Lanes, const N: usize>(
     w: &[f32],
     stride: usize,
     v_cache: &[f16],
@@ -536,68 +601,31 @@ unsafe fn values_wide<const N: usize>(
     o: *mut f32,
     hd: usize,
 ) {
+    let l = V::LANES;
     assert!(w.len() >= (N - 1) * stride + n_kv);
-    assert!(v_cache.len() >= (n_kv - 1) * kv_dim + v0 + 2 * DIM_BLOCK);
-    let mut acc = [[_mm512_setzero_ps(); 4]; N];
+    assert!(v_cache.len() >= (n_kv - 1) * kv_dim + v0 + 4 * l);
+    let mut acc = [[V::zero(); 4]; N];
     let vp = v_cache.as_ptr().add(v0);
     let wp = w.as_ptr();
     for j in 0..n_kv {
         let row = vp.add(j * kv_dim);
         // Not `array::from_fn` or a closure: they would not get the caller's target features.
         let v = [
-            _mm512_cvtph_ps(_mm256_loadu_si256(row.cast())),
-            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16).cast())),
-            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(32).cast())),
-            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(48).cast())),
+            V::load(row, 0),
+            V::load(row, l),
+            V::load(row, 2 * l),
+            V::load(row, 3 * l),
         ];
         for (h, a) in acc.iter_mut().enumerate() {
-            let pj = _mm512_set1_ps(*wp.add(h * stride + j));
+            let pj = V::splat(*wp.add(h * stride + j));
             for c in 0..4 {
-                a[c] = _mm512_fmadd_ps(pj, v[c], a[c]);
+                a[c] = V::fma(pj, v[c], a[c]);
             }
         }
     }
     for (h, a) in acc.iter().enumerate() {
         for (c, x) in a.iter().enumerate() {
-            _mm512_storeu_ps(o.add(h * hd + 16 * c), *x);
-        }
-    }
-}
-
-/// `N` consecutive heads' outputs at 32 elements: for each position in order,
-/// `o = fma(w_h[j], v[j], o)`. `w`: the first head's weights, the next heads' `stride` apart;
-/// `v0`: the element of a cache row where the slice starts; `o`: the first head's output
-/// slice, the next heads' `hd` apart.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn values<const N: usize>(
-    w: &[f32],
-    stride: usize,
-    v_cache: &[f16],
-    v0: usize,
-    kv_dim: usize,
-    n_kv: usize,
-    o: *mut f32,
-    hd: usize,
-) {
-    assert!(w.len() >= (N - 1) * stride + n_kv);
-    assert!(v_cache.len() >= (n_kv - 1) * kv_dim + v0 + DIM_BLOCK);
-    let mut acc = [[_mm256_setzero_ps(); 4]; N];
-    let vp = v_cache.as_ptr().add(v0);
-    let wp = w.as_ptr();
-    for j in 0..n_kv {
-        let row = vp.add(j * kv_dim);
-        let v = [load8(row, 0), load8(row, 8), load8(row, 16), load8(row, 24)];
-        for (h, a) in acc.iter_mut().enumerate() {
-            let pj = _mm256_set1_ps(*wp.add(h * stride + j));
-            for c in 0..4 {
-                a[c] = _mm256_fmadd_ps(pj, v[c], a[c]);
-            }
-        }
-    }
-    for (h, a) in acc.iter().enumerate() {
-        for (c, x) in a.iter().enumerate() {
-            _mm256_storeu_ps(o.add(h * hd + 8 * c), *x);
+            x.store(o.add(h * hd + l * c));
         }
     }
 }

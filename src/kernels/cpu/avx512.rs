@@ -1089,10 +1089,8 @@ macro_rules! wide_dot16 {
 fn float_rows_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
-        std::env::var("OATO_CPU_FLOAT_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(if super::matmul::intel() { 0 } else { 256 })
+        let default = if super::matmul::intel() { 0 } else { 256 };
+        super::matmul::env_bytes("OATO_CPU_FLOAT_PREFETCH", default)
     })
 }
 

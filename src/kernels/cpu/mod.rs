@@ -266,10 +266,9 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
-/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant; F16 elements of about
-/// `scale` each), each block's f16
+/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant), each block's f16
 /// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
-/// overflows to inf. Tests and the out-of-cache experiments (`examples/matmul_dram`,
+/// overflows to inf. For F16, each element `scale(rng)` times a uniform in -1..1. Tests and the out-of-cache experiments (`examples/matmul_dram`,
 /// `examples/decode_mix`) make their weights with it.
 pub fn random_blocks(
     ty: GgmlType,
@@ -278,9 +277,8 @@ pub fn random_blocks(
     mut scale: impl FnMut(&mut crate::rng::SplitMix64) -> f32,
 ) {
     if ty == GgmlType::F16 {
-        // Each element its own small value.
         for e in w.chunks_exact_mut(2) {
-            let v = half::f16::from_f32(scale(rng) * (rng.next_f32() - 0.5) * 100.0);
+            let v = half::f16::from_f32(scale(rng) * (2.0 * rng.next_f32() - 1.0));
             e.copy_from_slice(&v.to_le_bytes());
         }
         return;

@@ -822,7 +822,7 @@ mod kernels {
     #[inline(always)]
     unsafe fn q6_block<const G: usize, const NT: usize>(
         ps: [*const u8; G],
-        ahead: usize,
+        ahead: Ahead,
         ys: [&BlockQ8K; NT],
         isum: &mut [[__m512i; NT]; G],
     ) {
@@ -848,7 +848,7 @@ mod kernels {
     #[inline(always)]
     unsafe fn q6_half<const H: usize, const S: usize, const NT: usize>(
         p: *const u8,
-        ahead: usize,
+        ahead: Ahead,
         ys: [&BlockQ8K; NT],
         isum: &mut [__m512i; NT],
     ) {
@@ -868,7 +868,7 @@ mod kernels {
     unsafe fn q6_group<const H: usize, const S: usize, const K: usize, const NT: usize>(
         p: *const u8,
         ws: &Q6Words,
-        ahead: usize,
+        ahead: Ahead,
         ys: [&BlockQ8K; NT],
         isum: &mut [__m512i; NT],
     ) {
@@ -977,46 +977,51 @@ mod kernels {
         }
     }
 
-    /// Part `part` of `parts` of the `lines` cache lines at `p + ahead` asked for (none when
-    /// `ahead` is 0), into L2 or with the non-temporal hint as [`prefetch_nta`] says. A block's lines asked a few at a time between its computations, not all
-    /// at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
+    /// Part `part` of `parts` of the `lines` cache lines `ahead.bytes` past `p` asked for (none
+    /// when that is 0), with `ahead`'s hint. A block's lines asked a few at a time between its
+    /// computations, not all at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
     /// `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at once, 16.7 in four
     /// parts, 22.4 in sixteen.
     #[inline(always)]
-    unsafe fn prefetch_part(p: *const u8, ahead: usize, lines: usize, part: usize, parts: usize) {
-        if ahead > 0 {
+    unsafe fn prefetch_part(p: *const u8, ahead: Ahead, lines: usize, part: usize, parts: usize) {
+        if ahead.bytes > 0 {
             for c in part * lines / parts..(part + 1) * lines / parts {
-                prefetch_line(p.wrapping_add(ahead + 64 * c));
+                ahead.line(p.wrapping_add(ahead.bytes + 64 * c));
             }
         }
     }
 
-    /// The line at `at` asked for: with the non-temporal hint where [`prefetch_nta`], else into
-    /// L2.
-    #[inline(always)]
-    unsafe fn prefetch_line(at: *const u8) {
-        if prefetch_nta() {
-            _mm_prefetch::<_MM_HINT_NTA>(at.cast());
-        } else {
-            _mm_prefetch::<_MM_HINT_T1>(at.cast());
-        }
+    /// How far ahead of the quants the interleaved kernels prefetch, and how: taken once per
+    /// kernel call ([`prefetch_ahead`]), not per line.
+    #[derive(Clone, Copy)]
+    struct Ahead {
+        /// Bytes past the current block (0: no prefetch).
+        bytes: usize,
+        /// The non-temporal hint (AMD's short distance) rather than T1 (Intel's 16 KiB).
+        nta: bool,
     }
 
-    /// Whether the interleaved kernels' prefetches take the non-temporal hint (AMD, a short
-    /// distance) rather than T1 (Intel, 16 KiB): see [`prefetch_ahead`].
-    fn prefetch_nta() -> bool {
-        static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *NTA.get_or_init(|| !crate::kernels::cpu::matmul::intel())
+    impl Ahead {
+        /// The line at `at` asked for with this hint.
+        #[inline(always)]
+        unsafe fn line(self, at: *const u8) {
+            if self.nta {
+                _mm_prefetch::<_MM_HINT_NTA>(at.cast());
+            } else {
+                _mm_prefetch::<_MM_HINT_T1>(at.cast());
+            }
+        }
     }
 
     /// Bytes of quants ahead that the interleaved kernels prefetch (0: none;
     /// `OATO_CPU_REPACK_PREFETCH` sets it). Elsewhere than on Intel 256 bytes with the
-    /// non-temporal hint ([`prefetch_nta`]): the rows' lines then leave L1 first, and the
+    /// non-temporal hint: the rows' lines then leave L1 first, and the
     /// requests run ahead of the hardware's prefetcher a little. 1 EPYC thread, out of cache
     /// (`examples/matmul_dram`, three or four alternated rounds), fraction of the plain read
     /// with none / 256 / 512 / 1024 bytes (K x N): Q4_0 2048 x 8192 0.92-0.97 / 1.02-1.06 /
     /// 1.04-1.10 / -; 8192 x 2048 (ffn_down) 0.90-0.95 / 0.93-1.03 / 1.03-1.05 / 0.85-0.89;
-    /// 4096 x 14336 0.88-0.95 / 0.98-1.06 / 0.96-1.01 / 0.85-0.88; Q4_K 2048 x 8192 0.95-1.00 / 1.00-1.07 / 1.00-1.03 / 0.70-0.81;
+    /// 4096 x 14336 0.88-0.95 / 0.98-1.06 / 0.96-1.01 / 0.85-0.88; Q4_K 2048 x 8192 0.95-1.00 /
+    /// 1.00-1.07 / 1.00-1.03 / 0.70-0.81;
     /// Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77 (five
     /// more rounds, none / 256: 0.85-0.97 / 0.72-0.96; 8192 x 2048 0.88-0.91 / 0.80-0.91:
     /// Q6_K reads alike within this machine's noise, and keeps the one distance). At 2
@@ -1037,18 +1042,17 @@ mod kernels {
     /// ([`q6_half`]); since, the Llama-3.2-1B head (2048 x 128256) reads 0.86 of the plain read
     /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
     /// threads).
-    fn prefetch_ahead() -> usize {
-        static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-            NONE => ENV
-                .get_or_init(|| {
-                    std::env::var("OATO_CPU_REPACK_PREFETCH")
-                        .ok()
-                        .and_then(|v| v.trim().parse().ok())
-                })
-                .unwrap_or(if prefetch_nta() { 256 } else { 16 << 10 }),
+    fn prefetch_ahead() -> Ahead {
+        static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let nta = !crate::kernels::cpu::matmul::intel();
+        let bytes = match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            NONE => *ENV.get_or_init(|| {
+                let default = if nta { 256 } else { 16 << 10 };
+                crate::kernels::cpu::matmul::env_bytes("OATO_CPU_REPACK_PREFETCH", default)
+            }),
             bytes => bytes,
-        }
+        };
+        Ahead { bytes, nta }
     }
 
     /// [`set_prefetch_ahead`]'s distance, [`NONE`] when unset.
@@ -1063,14 +1067,14 @@ mod kernels {
     }
 
     /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and for the second block of
-    /// a pair the line of their scales after them, asked for (none when `ahead` is 0). Past
+    /// a pair the line of their scales after them, asked for (none when `ahead.bytes` is 0). Past
     /// the group's end they are the next group's (or outside the matrix, where a prefetch does
     /// nothing).
     #[inline(always)]
-    unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: usize) {
+    unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: Ahead) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
-        if ahead > 0 && b % 2 == 1 {
-            prefetch_line(p.wrapping_add(ahead + QUANTS));
+        if ahead.bytes > 0 && b % 2 == 1 {
+            ahead.line(p.wrapping_add(ahead.bytes + QUANTS));
         }
     }
 
