@@ -20,7 +20,13 @@
 //! backend (`load_matmul_weight`, `Backend::matmul`, the engine's jobs) after it: three ways to
 //! read the same bytes within the same second of this machine's drifting memory rate.
 //! `PLAIN=1` adds a plain read of every matrix's copy each round (a sum of its words, split over
-//! the threads as `examples/matmul_dram`'s), the ceiling to set the others against.
+//! the threads as `examples/matmul_dram`'s), the ceiling to set the others against. The engine's
+//! session goes back to position 0 every 64 rounds (attention deep in a context is not what this
+//! times); with `OATO_TRACE_STEPS=1` each round also prints the engine's own matmul steps per
+//! kind (`e.q`, `e.o`, `e.gate`, `e.down`, `e.head`, GB/s) and the microseconds of its other
+//! steps (`e.other_us`). `GAP_US=n` makes every other round wait n microseconds before each of
+//! its jobs (outside the timing; those rounds' kinds are printed as `g.q` ...), as the engine's
+//! small steps hold its matmuls apart.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -146,7 +152,7 @@ fn main() {
         std::env::var_os(flag).map(|_| file_model.as_ref().expect("ENGINE / BACKEND take MODEL"))
     };
     let mut session = with_file("ENGINE")
-        .map(|m| oato::runtime::forward::Session::new(m, rounds + 8).expect("an engine session"));
+        .map(|m| oato::runtime::forward::Session::new(m, 72).expect("an engine session"));
     // BACKEND=1 (with MODEL): the matrices loaded by a CPU backend as the engine loads them and
     // run through its `matmul`, one call per engine job, after each round here.
     use oato::runtime::backend::{Backend, Category, DType};
@@ -183,18 +189,72 @@ fn main() {
         });
         layers.chain([&m.output]).map(|w| w.n_bytes).sum()
     });
+    // The engine's traced matmul steps: (step name's start, kind, bytes a token reads).
+    let step_kinds: Vec<(&str, &str, usize)> = file_model.as_ref().map_or(Vec::new(), |m| {
+        let sum = |f: &dyn Fn(&oato::model::LayerWeights) -> usize| m.layers.iter().map(f).sum();
+        let opt = |w: Option<&oato::model::WeightRef>| w.map_or(0, |w| w.n_bytes);
+        vec![
+            (
+                "matmul attn_q",
+                "e.q",
+                sum(&|l| opt(l.wq.as_ref()) + opt(l.wk.as_ref()) + opt(l.wv.as_ref())),
+            ),
+            ("matmul attn_output", "e.o", sum(&|l| l.wo.n_bytes)),
+            (
+                "matmul ffn_gate",
+                "e.gate",
+                sum(&|l| l.w_gate.n_bytes + l.w_up.n_bytes),
+            ),
+            ("matmul ffn_down", "e.down", sum(&|l| l.w_down.n_bytes)),
+            ("matmul output", "e.head", m.output.n_bytes),
+        ]
+    });
+    let gap_us: u128 = std::env::var("GAP_US").map_or(0, |v| v.parse().expect("GAP_US"));
+    let gapped: BTreeMap<&str, &str> = [
+        ("q", "g.q"),
+        ("o", "g.o"),
+        ("gate", "g.gate"),
+        ("down", "g.down"),
+        ("head", "g.head"),
+    ]
+    .into_iter()
+    .collect();
     let plain = std::env::var_os("PLAIN").is_some();
     let read = |bytes: &[u8]| std::hint::black_box(oato::kernels::cpu::plain_read(bytes));
     let start = Instant::now();
     for round in 0..rounds {
         let engine = session.as_mut().map(|s| {
+            // Positions 0..64 over and over: attention deep in a context is not what this
+            // times.
+            if round % 64 == 0 {
+                s.reset();
+            }
             let t0 = Instant::now();
             s.forward(&[1 + round as u32], oato::runtime::forward::Logits::Last)
                 .expect("a decode step");
-            format!(
+            let mut line = format!(
                 "engine {:.1}  ",
                 engine_bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
-            )
+            );
+            // With OATO_TRACE_STEPS: the engine's matmul steps per kind (GB/s), and the
+            // microseconds of every other step together.
+            if let Some(times) = s.take_step_times() {
+                let mut kinds: BTreeMap<&str, f64> = BTreeMap::new();
+                for (op, secs) in times.into_iter().filter(|t| !t.0.starts_with("(whole")) {
+                    let kind = step_kinds
+                        .iter()
+                        .find(|(name, _, _)| op.starts_with(name))
+                        .map_or("e.other_us", |k| k.1);
+                    *kinds.entry(kind).or_default() += secs;
+                }
+                for (kind, secs) in kinds {
+                    match step_kinds.iter().find(|k| k.1 == kind) {
+                        Some(k) => line += &format!("{kind} {:.1}  ", k.2 as f64 / secs / 1e9),
+                        None => line += &format!("{kind} {:.1}  ", secs * 1e6),
+                    }
+                }
+            }
+            line
         });
         let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
         // One job per matrix, and with ALL per run of matrices of the same kind.
@@ -224,6 +284,18 @@ fn main() {
                     (m, &mut y[..*n])
                 })
                 .collect();
+            // GAP_US=n: every other round waits n microseconds before each job (outside the
+            // timing), as the engine's small steps hold its matmuls apart; those rounds'
+            // kinds are printed with a "g." in front.
+            let kind = if gap_us > 0 && round % 2 == 1 {
+                let t = Instant::now();
+                while t.elapsed().as_micros() < gap_us {
+                    std::hint::spin_loop();
+                }
+                gapped.get(kind).copied().unwrap_or(kind)
+            } else {
+                kind
+            };
             let t0 = Instant::now();
             matmul_quantized_many(&mut parts, a).expect("a product");
             let e = per.entry(kind).or_default();

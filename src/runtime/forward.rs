@@ -411,6 +411,22 @@ impl StepTrace {
     }
 }
 
+impl Session<'_> {
+    /// The step times traced since the last call (op name, seconds summed over its calls),
+    /// emptied; `None` unless `OATO_TRACE_STEPS` is set. For tools that time steps per token
+    /// (`examples/decode_mix`).
+    pub fn take_step_times(&mut self) -> Option<Vec<(String, f64)>> {
+        let t = self.trace.as_mut()?;
+        t.forwards.clear();
+        Some(
+            t.times
+                .drain()
+                .map(|((op, _, _), (s, _))| (op, s))
+                .collect(),
+        )
+    }
+}
+
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         let Some(t) = self.trace.take() else {
