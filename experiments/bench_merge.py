@@ -16,7 +16,8 @@ llama.cpp; above 1 means oato is faster).
 
 Decode's fraction of the memory's bandwidth: `oato bench --json` adds to a CPU decode test the
 weight bytes each token reads (`weight_bytes_per_token`) and the memory's read rates measured
-around its runs (`membw_gbps`); a file PATH.membw next to a llama-bench JSON holds the rates
+around its runs (`membw_gbps`), and after its timed runs each token against plain reads of as
+many bytes just before and after it (`membw_paired_fractions`, oato only); a file PATH.membw next to a llama-bench JSON holds the rates
 measured just before and after that run (numbers separated by white space). Each file's
 weights GB/s (bytes per token x t/s) over the mean of its rates is that run's fraction; the
 table gives each engine's median. Standard library only.
@@ -184,7 +185,9 @@ def main():
         "(min–max) of the ratios of runs taken one after the other",
         "- decode (tg) GB/s: the weight bytes a token reads (oato's count, the same file for "
         "both) x t/s; fraction: over the memory's read rate (`oato bench --membw`'s loop, at "
-        "the same threads) measured just before and after each run, the median of the runs",
+        "the same threads) measured just before and after each run, the median of the runs; "
+        "oato paired: the median over oato's runs of its tokens after the timed runs, each over "
+        "plain reads of as many bytes on the same threads just before and after it",
     ]
     if a.note:
         lines.append(f"- note: {a.note}")
@@ -204,6 +207,10 @@ def main():
                               if r.get("weight_bytes_per_token")), None)
             frs = [fraction(r, per_token) if r else None for r in (lr, orr)]
             fr = " / ".join(map(fmt_fraction, frs)) if any(frs) else "–"
+            paired = [f for r in (orr or {}).get("runs", [])
+                      for f in r.get("membw_paired_fractions") or []]
+            if paired:
+                fr += f"; oato paired {statistics.median(paired):.2f}"
             lines.append(f"| {t} | {fmt(lr)} | {fmt(orr)} | {ratio} | {pairs} | {fr} |")
     with open(a.md, "w") as f:
         f.write("\n".join(lines) + "\n")

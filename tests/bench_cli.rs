@@ -194,6 +194,15 @@ fn json_uses_llama_bench_fields_and_arithmetic() {
     let rates = tests[1]["membw_gbps"].as_array().unwrap();
     assert_eq!(rates.len(), 3, "one before the runs, one after each of two");
     assert!(rates.iter().all(|r| r.as_f64().unwrap() > 0.0), "{rates:?}");
+    // And, after the timed runs, each of its tokens (up to 32) set against plain reads of as
+    // many bytes just before and after it.
+    assert!(tests[0].get("membw_paired_fractions").is_none());
+    let paired = tests[1]["membw_paired_fractions"].as_array().unwrap();
+    assert_eq!(paired.len(), 4, "one per generated token");
+    assert!(
+        paired.iter().all(|f| f.as_f64().unwrap() > 0.0),
+        "{paired:?}"
+    );
 }
 
 #[test]

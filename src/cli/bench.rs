@@ -372,10 +372,11 @@ struct TestResult<'a> {
     /// RFC 3339, UTC, when the test started.
     test_time: String,
     samples_ns: Vec<u64>,
-    /// Decode on the CPU: the weight bytes each token reads and the memory's read rates
-    /// measured around the runs (one before the first, one after each), for the JSON output
-    /// (`experiments/cpu-vs-llamacpp.sh` takes both engines' fractions from them).
-    decode: Option<(usize, Vec<f64>)>,
+    /// Decode on the CPU: the weight bytes each token reads, the memory's read rates measured
+    /// around the runs (one before the first, one after each; `experiments/cpu-vs-llamacpp.sh`
+    /// takes both engines' fractions from them) and the paired tokens' fractions, for the JSON
+    /// output.
+    decode: Option<(usize, Vec<f64>, Vec<f64>)>,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -496,6 +497,7 @@ fn time_test(
     bos: Option<u32>,
     rng: &mut TokenRng,
     between: &mut dyn FnMut() -> Result<()>,
+    paired: Option<&mut Paired>,
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
     let map = DeviceMap::uniform(model, dev);
@@ -522,13 +524,123 @@ fn time_test(
     // Warm-up, as llama-bench: the whole prompt, or one generated token.
     run(&mut session, n_prompt, n_gen.min(1))?;
     between()?;
-    (0..reps)
+    let samples = (0..reps)
         .map(|_| {
             let ns = run(&mut session, n_prompt, n_gen)?;
             between()?;
             Ok(ns)
         })
+        .collect::<Result<Vec<u64>>>()?;
+    if let Some(p) = paired {
+        // After the timed runs: token by token from position 0, each token followed by the
+        // plain read.
+        session.reset();
+        // The first read after the timed runs reads several times slower (1B Q4_0: 65 ms
+        // against 13): not counted.
+        p.read();
+        p.read_secs.clear();
+        p.read();
+        for tok in rng.tokens(p.tokens, n_vocab, bos) {
+            let t0 = Instant::now();
+            session.forward(&[tok], Logits::Last)?;
+            p.token_secs.push(t0.elapsed().as_secs_f64());
+            p.read();
+        }
+    }
+    Ok(samples)
+}
+
+/// Most bytes [`Paired`] reads after each token.
+const PAIRED_BYTES: usize = 1 << 30;
+
+/// Decode tokens each between two plain reads of as many bytes as a token's weights (up to
+/// [`PAIRED_BYTES`]) on the same thread pool, after the timed runs: the token and the reads
+/// meet the same moment of the memory, whose rate on a shared machine can move within a run
+/// (the rates measured around whole runs then mislead); `examples/decode_mix PLAIN=1` does the
+/// same with the very bytes of the weights.
+struct Paired {
+    map: memmap2::MmapMut,
+    at: usize,
+    len: usize,
+    tokens: usize,
+    /// Each token's seconds.
+    token_secs: Vec<f64>,
+    /// Each read's seconds: one before the first token and one after each.
+    read_secs: Vec<f64>,
+}
+
+impl Paired {
+    /// A buffer for a model whose tokens read `per_token` bytes of weights, written once so its
+    /// pages exist (in huge pages where the system gives them, as the weights' copies are).
+    fn new(per_token: usize, tokens: usize) -> Result<Paired> {
+        let len = per_token.clamp(8, PAIRED_BYTES) / 8 * 8;
+        let (mut map, at) = oato::kernels::cpu::repack::huge_anon(len).map_err(|e| {
+            Error::Msg(format!(
+                "oato bench: could not map {len} bytes to read: {e}"
+            ))
+        })?;
+        map[at..at + len].fill(1);
+        Ok(Paired {
+            map,
+            at,
+            len,
+            tokens,
+            token_secs: Vec::new(),
+            read_secs: Vec::new(),
+        })
+    }
+
+    /// One timed plain read of the buffer.
+    fn read(&mut self) {
+        let t0 = Instant::now();
+        std::hint::black_box(oato::kernels::cpu::plain_read(
+            &self.map[self.at..self.at + self.len],
+        ));
+        self.read_secs.push(t0.elapsed().as_secs_f64());
+    }
+
+    /// Each token's rate of weights (`per_token` bytes) over the reads' around it.
+    fn fractions(&self, per_token: usize) -> Vec<f64> {
+        paired_fractions(per_token, self.len, &self.token_secs, &self.read_secs)
+    }
+}
+
+/// Per token (its seconds in `tokens`): `per_token` bytes over its time, against the mean rate
+/// of the reads of `read` bytes just before and just after it (`reads`: one more than the
+/// tokens).
+fn paired_fractions(per_token: usize, read: usize, tokens: &[f64], reads: &[f64]) -> Vec<f64> {
+    tokens
+        .iter()
+        .zip(reads.windows(2))
+        .map(|(&tok, w)| {
+            let rate = (read as f64 / w[0] + read as f64 / w[1]) / 2.0;
+            per_token as f64 / tok / rate
+        })
         .collect()
+}
+
+/// The median of `v` (0 when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// What `oato bench` prints of the paired tokens' fractions.
+fn paired_line(fractions: &[f64], read: usize) -> String {
+    let lo = fractions.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = fractions.iter().copied().fold(0.0, f64::max);
+    format!(
+        "{} tokens, each between two plain reads of {:.0} MiB on the same threads, read {:.2} \
+         of those reads' rate (median; {lo:.2}-{hi:.2})",
+        fractions.len(),
+        read as f64 / (1 << 20) as f64,
+        median(fractions),
+    )
 }
 
 /// Where the results go: a markdown table or CSV row by row, or one JSON array at the end.
@@ -639,9 +751,10 @@ impl Printer {
             Printer::Json(objects) => {
                 let mut fields = t.fields(host);
                 // JSON only (the CSV's columns stay llama-bench's and the same for every test).
-                if let Some((per_token, bws)) = &t.decode {
+                if let Some((per_token, bws, paired)) = &t.decode {
                     fields.push(("weight_bytes_per_token", json!(per_token)));
                     fields.push(("membw_gbps", json!(bws)));
+                    fields.push(("membw_paired_fractions", json!(paired)));
                 }
                 let lines: Vec<String> = fields
                     .iter()
@@ -754,9 +867,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     }
                     Ok(())
                 };
+                let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
+                let mut paired = match decode {
+                    true => match Paired::new(per_token, n_gen.min(PAIRED_TOKENS)) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            eprintln!("oato bench: no paired reads: {e}");
+                            None
+                        }
+                    },
+                    false => None,
+                };
                 t.samples_ns = time_test(
-                    &backends, dev, model, n_depth, n_prompt, n_gen, plan.reps, bos, &mut rng,
+                    &backends,
+                    dev,
+                    model,
+                    n_depth,
+                    n_prompt,
+                    n_gen,
+                    plan.reps,
+                    bos,
+                    &mut rng,
                     &mut probe,
+                    paired.as_mut(),
                 )?;
                 let ts = t.samples_ts();
                 eprintln!(
@@ -766,12 +899,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stdev(&ts)
                 );
                 if decode {
-                    let per_token: usize = target_weights(model).iter().map(|w| w.n_bytes).sum();
                     eprintln!(
                         "oato bench: {}",
                         Fraction::of(per_token, &ts, &bws).line(&t.name(), n_threads)
                     );
-                    t.decode = Some((per_token, bws));
+                    let fractions = paired.map_or(Vec::new(), |p| {
+                        let f = p.fractions(per_token);
+                        eprintln!("oato bench: {}", paired_line(&f, p.len));
+                        f
+                    });
+                    t.decode = Some((per_token, bws, fractions));
                 }
                 printer.row(&mut stdout, &t, &host).map_err(stdout_err)?;
             }
@@ -822,14 +959,7 @@ impl Fraction {
 
     /// The median of the runs' fractions.
     fn median(&self) -> f64 {
-        let mut v = self.runs.clone();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
+        median(&self.runs)
     }
 
     /// What `oato bench` prints for test `name` at `threads`.
@@ -856,6 +986,9 @@ impl Fraction {
         )
     }
 }
+
+/// Decode tokens paired with a plain read each ([`Paired`]), at most.
+const PAIRED_TOKENS: usize = 32;
 
 /// Buffer `oato bench` reads to measure the memory's bandwidth for decode's fraction (four times
 /// the last-level cache of this project's 2-core EPYC, 32 MiB).
@@ -986,6 +1119,31 @@ mod tests {
         );
         let f = Fraction::of(1_000_000_000, &[10.0, 20.0, 30.0], &[40.0; 4]);
         assert_eq!((f.median(), f.moved.len()), (0.5, 0));
+    }
+
+    #[test]
+    fn paired_fractions_set_each_token_against_its_own_read() {
+        // 2 GB a token in 0.1 s (20 GB/s) and 0.05 s (40 GB/s); 1 GB reads at 20, 30 and 50
+        // GB/s around them (means 25 and 40 GB/s).
+        let f = paired_fractions(
+            2_000_000_000,
+            1_000_000_000,
+            &[0.1, 0.05],
+            &[0.05, 0.1 / 3.0, 0.02],
+        );
+        assert!(
+            (f[0] - 0.8).abs() < 1e-12 && (f[1] - 1.0).abs() < 1e-12,
+            "{f:?}"
+        );
+        assert_eq!(median(&[0.9, 0.7, 0.8]), 0.8);
+        assert_eq!(median(&[0.9, 0.7]), 0.8);
+        assert_eq!(median(&[]), 0.0);
+        let line = paired_line(&[0.8, 1.0, 0.9], 512 << 20);
+        assert!(
+            line.starts_with("3 tokens, each between two plain reads of 512 MiB")
+                && line.contains("read 0.90 of those reads' rate (median; 0.80-1.00)"),
+            "{line}"
+        );
     }
 
     #[test]
