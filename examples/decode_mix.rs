@@ -178,17 +178,6 @@ fn main() {
     } else {
         be_jobs.iter().flatten().map(|w| w.bytes).sum()
     };
-    // The bytes of every matrix a decode step reads (the engine's rate; `total` can hold
-    // fewer, with ONLY).
-    let engine_bytes: usize = file_model.as_ref().map_or(0, |m| {
-        let layers = m.layers.iter().flat_map(|l| {
-            [l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref()]
-                .into_iter()
-                .flatten()
-                .chain([&l.wo, &l.w_gate, &l.w_up, &l.w_down])
-        });
-        layers.chain([&m.output]).map(|w| w.n_bytes).sum()
-    });
     // The engine's traced matmul steps: (step name's start, kind, bytes a token reads).
     let step_kinds: Vec<(&str, &str, usize)> = file_model.as_ref().map_or(Vec::new(), |m| {
         let sum = |f: &dyn Fn(&oato::model::LayerWeights) -> usize| m.layers.iter().map(f).sum();
@@ -209,16 +198,10 @@ fn main() {
             ("matmul output", "e.head", m.output.n_bytes),
         ]
     });
+    // The bytes of every matrix a decode step reads (the engine's rate; `total` can hold
+    // fewer, with ONLY).
+    let engine_bytes: usize = step_kinds.iter().map(|k| k.2).sum();
     let gap_us: u128 = std::env::var("GAP_US").map_or(0, |v| v.parse().expect("GAP_US"));
-    let gapped: BTreeMap<&str, &str> = [
-        ("q", "g.q"),
-        ("o", "g.o"),
-        ("gate", "g.gate"),
-        ("down", "g.down"),
-        ("head", "g.head"),
-    ]
-    .into_iter()
-    .collect();
     let plain = std::env::var_os("PLAIN").is_some();
     let read = |bytes: &[u8]| std::hint::black_box(oato::kernels::cpu::plain_read(bytes));
     let start = Instant::now();
@@ -256,7 +239,7 @@ fn main() {
             }
             line
         });
-        let mut per: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+        let mut per: BTreeMap<String, (f64, usize)> = BTreeMap::new();
         // One job per matrix, and with ALL per run of matrices of the same kind.
         for job in mats.chunk_by(|x, y| all && x.0 == y.0) {
             let (kind, ty, k) = (job[0].0, job[0].1, job[0].2);
@@ -292,9 +275,9 @@ fn main() {
                 while t.elapsed().as_micros() < gap_us {
                     std::hint::spin_loop();
                 }
-                gapped.get(kind).copied().unwrap_or(kind)
+                format!("g.{kind}")
             } else {
-                kind
+                kind.to_string()
             };
             let t0 = Instant::now();
             matmul_quantized_many(&mut parts, a).expect("a product");
@@ -319,7 +302,7 @@ fn main() {
             be_s += t0.elapsed().as_secs_f64();
         }
         if !be_jobs.is_empty() {
-            per.insert("backend", (be_s, total));
+            per.insert("backend".into(), (be_s, total));
         }
         // PLAIN=1: a plain read of every matrix's copy (a sum of its words on the pool), the
         // ceiling for the rounds' products in the same second of memory.
@@ -329,7 +312,7 @@ fn main() {
                 read(m.4.bytes());
             }
             let b = mats.iter().map(|m| m.4.bytes().len()).sum();
-            per.insert("plain", (t0.elapsed().as_secs_f64(), b));
+            per.insert("plain".into(), (t0.elapsed().as_secs_f64(), b));
         }
         let line: Vec<String> = per
             .iter()

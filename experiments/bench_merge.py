@@ -17,8 +17,9 @@ llama.cpp; above 1 means oato is faster).
 Decode's fraction of the memory's bandwidth: `oato bench --json` adds to a CPU decode test the
 weight bytes each token reads (`weight_bytes_per_token`) and the memory's read rates measured
 around its runs (`membw_gbps`), and after its timed runs each token against plain reads of as
-many bytes just before and after it (`membw_paired_fractions`, oato only); a file PATH.membw next to a llama-bench JSON holds the rates
-measured just before and after that run (numbers separated by white space). Each file's
+many bytes just before and after it (`membw_paired_fractions`, oato only); a file PATH.membw
+next to a llama-bench JSON holds the rates measured just before and after that run (numbers
+separated by white space). Each file's
 weights GB/s (bytes per token x t/s) over the mean of its rates is that run's fraction; the
 table gives each engine's median. Standard library only.
 """

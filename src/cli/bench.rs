@@ -607,16 +607,11 @@ impl Paired {
 
 /// Per token (its seconds in `tokens`): `per_token` bytes over its time, against the mean rate
 /// of the reads of `read` bytes just before and just after it (`reads`: one more than the
-/// tokens).
+/// tokens), as [`Fraction`] sets runs against the rates around them (each token a run of one).
 fn paired_fractions(per_token: usize, read: usize, tokens: &[f64], reads: &[f64]) -> Vec<f64> {
-    tokens
-        .iter()
-        .zip(reads.windows(2))
-        .map(|(&tok, w)| {
-            let rate = (read as f64 / w[0] + read as f64 / w[1]) / 2.0;
-            per_token as f64 / tok / rate
-        })
-        .collect()
+    let ts: Vec<f64> = tokens.iter().map(|s| 1.0 / s).collect();
+    let bws: Vec<f64> = reads.iter().map(|s| read as f64 / s / 1e9).collect();
+    Fraction::of(per_token, &ts, &bws).runs
 }
 
 /// The median of `v` (0 when empty).

@@ -268,8 +268,9 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
 
 /// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant), each block's f16
 /// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
-/// overflows to inf. For F16, each element `scale(rng)` times a uniform in -1..1. Tests and the out-of-cache experiments (`examples/matmul_dram`,
-/// `examples/decode_mix`) make their weights with it.
+/// overflows to inf. For F16, each element `scale(rng)` times a uniform in -1..1. Tests and the
+/// out-of-cache experiments (`examples/matmul_dram`, `examples/decode_mix`) make their weights
+/// with it.
 pub fn random_blocks(
     ty: GgmlType,
     w: &mut [u8],

@@ -979,9 +979,9 @@ mod kernels {
 
     /// Part `part` of `parts` of the `lines` cache lines `ahead.bytes` past `p` asked for (none
     /// when that is 0), with `ahead`'s hint. A block's lines asked a few at a time between its
-    /// computations, not all at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head (Q6_K 2048 x 128256,
-    /// `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at once, 16.7 in four
-    /// parts, 22.4 in sixteen.
+    /// computations, not all at its start: out of cache, 1 EPYC thread, the Llama-3.2-1B head
+    /// (Q6_K 2048 x 128256, `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at
+    /// once, 16.7 in four parts, 22.4 in sixteen.
     #[inline(always)]
     unsafe fn prefetch_part(p: *const u8, ahead: Ahead, lines: usize, part: usize, parts: usize) {
         if ahead.bytes > 0 {
@@ -1013,16 +1013,14 @@ mod kernels {
         }
     }
 
-    /// Bytes of quants ahead that the interleaved kernels prefetch (0: none;
+    /// Bytes of quants ahead that the interleaved kernels prefetch, and the hint (0: none;
     /// `OATO_CPU_REPACK_PREFETCH` sets it). Elsewhere than on Intel 256 bytes with the
-    /// non-temporal hint: the rows' lines then leave L1 first, and the
-    /// requests run ahead of the hardware's prefetcher a little. 1 EPYC thread, out of cache
+    /// non-temporal hint: the rows' lines then leave L1 first, and the requests run ahead of the hardware's prefetcher a little. 1 EPYC thread, out of cache
     /// (`examples/matmul_dram`, three or four alternated rounds), fraction of the plain read
     /// with none / 256 / 512 / 1024 bytes (K x N): Q4_0 2048 x 8192 0.92-0.97 / 1.02-1.06 /
     /// 1.04-1.10 / -; 8192 x 2048 (ffn_down) 0.90-0.95 / 0.93-1.03 / 1.03-1.05 / 0.85-0.89;
     /// 4096 x 14336 0.88-0.95 / 0.98-1.06 / 0.96-1.01 / 0.85-0.88; Q4_K 2048 x 8192 0.95-1.00 /
-    /// 1.00-1.07 / 1.00-1.03 / 0.70-0.81;
-    /// Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77 (five
+    /// 1.00-1.07 / 1.00-1.03 / 0.70-0.81; Q6_K 2048 x 128256 (the head) 0.93-0.955 / 0.925-0.99 / 0.91-0.94 / 0.75-0.77 (five
     /// more rounds, none / 256: 0.85-0.97 / 0.72-0.96; 8192 x 2048 0.88-0.91 / 0.80-0.91:
     /// Q6_K reads alike within this machine's noise, and keeps the one distance). At 2
     /// threads, all near the plain read already, alike (Q4_0 0.98-1.05 either way, Q6_K
@@ -1066,9 +1064,9 @@ mod kernels {
         OVERRIDE.store(bytes.unwrap_or(NONE), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The lines `ahead` bytes past Q4_0 block b's quants at `p`, and for the second block of
-    /// a pair the line of their scales after them, asked for (none when `ahead.bytes` is 0). Past
-    /// the group's end they are the next group's (or outside the matrix, where a prefetch does
+    /// The lines `ahead.bytes` past Q4_0 block b's quants at `p`, and for the second block of a
+    /// pair the line of their scales after them, asked for (none when that is 0). Past the
+    /// group's end they are the next group's (or outside the matrix, where a prefetch does
     /// nothing).
     #[inline(always)]
     unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: Ahead) {
