@@ -17,9 +17,12 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::kernels::cpu::matmul::{Out, QuantizedActs};
+use crate::kernels::cpu::spare::Spared;
 use crate::kernels::cpu::{LinePrefetch, pool};
 use crate::quant::blocks::f16_bits_to_f32;
 
@@ -51,7 +54,7 @@ const TOKEN_BLOCK_BYTES: usize = 4 << 20;
 /// 0..8) and of token 2q + 1 (lanes 8..16). A token after the last whole pair and elements after
 /// the last whole step are not widened.
 pub struct WideActs {
-    data: Vec<Lanes16>,
+    data: Spared<Lanes16>,
     steps: usize,
     n_pairs: usize,
 }
@@ -76,19 +79,26 @@ impl WideActs {
         let steps = acts.k / 32;
         let n_pairs = acts.n_tok / 2;
         let per_pair = steps * 4;
-        let mut data = vec![Lanes16([0.0; 16]); n_pairs * per_pair];
-        let out = SharedLanes(data.as_mut_ptr());
-        pool::global().for_chunks(n_pairs, 16, |pairs| {
-            let out = &out;
-            for q in pairs {
-                // SAFETY: pair q owns data[q * per_pair..(q + 1) * per_pair], disjoint across
-                // tasks, and `data` outlives the job.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
-                // SAFETY: this CPU has AVX-512 (asserted above).
-                unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
-            }
-        });
+        thread_local! {
+            static SPARE: Cell<Vec<Lanes16>> = const { Cell::new(Vec::new()) };
+        }
+        let fill = |data: &mut [MaybeUninit<Lanes16>]| {
+            let out = SharedLanes(data.as_mut_ptr());
+            pool::global().for_chunks(n_pairs, 16, |pairs| {
+                let out = &out;
+                for q in pairs {
+                    // SAFETY: pair q owns data[q * per_pair..(q + 1) * per_pair], disjoint
+                    // across tasks, inside the room `Spared::filled` gives.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair)
+                    };
+                    // SAFETY: this CPU has AVX-512 (asserted above).
+                    unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
+                }
+            });
+        };
+        // SAFETY: `widen_pair` writes all of each pair's entries (every chain and step).
+        let data = unsafe { Spared::filled(&SPARE, n_pairs * per_pair, fill) };
         WideActs {
             data,
             steps,
@@ -108,7 +118,7 @@ impl WideActs {
 }
 
 /// Output pointer for tasks that write disjoint pairs.
-struct SharedLanes(*mut Lanes16);
+struct SharedLanes(*mut MaybeUninit<Lanes16>);
 // SAFETY: tasks write disjoint ranges of the buffer, which outlives the parallel loop.
 unsafe impl Sync for SharedLanes {}
 
@@ -121,7 +131,7 @@ unsafe fn load8(b: &[u8], i: usize) -> __m128i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [Lanes16]) {
+unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [MaybeUninit<Lanes16>]) {
     let steps = dst.len() / 4;
     assert!(rows.iter().all(|r| r.len() >= 64 * steps));
     for c in 0..4 {
@@ -131,7 +141,7 @@ unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [Lanes16]) {
                 _mm256_castsi128_si256(load8(rows[0], i)),
                 load8(rows[1], i),
             );
-            _mm512_store_ps(dst[c * steps + s].0.as_mut_ptr(), _mm512_cvtph_ps(two));
+            _mm512_store_ps(dst[c * steps + s].as_mut_ptr().cast(), _mm512_cvtph_ps(two));
         }
     }
 }

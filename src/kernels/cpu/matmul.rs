@@ -243,36 +243,57 @@ impl Out<'_> {
     }
 }
 
-/// Most tokens for which [`rows_per_task`] gives each thread one chunk.
+/// Most tokens for which [`RowParts`] gives each thread one part.
 const ONE_CHUNK_TOKENS: usize = 3;
 
-/// Rows handed to one task: the rows split evenly into up to four chunks per thread (a multiple
-/// of the thread count, so threads finish together), each at least ~16 KiB of weights x tokens,
-/// in whole groups of sixteen rows where `sixteens` (else of four). Decode and batches of up to
-/// [`ONE_CHUNK_TOKENS`] tokens take one chunk per thread: each thread's rows are then one
-/// stream from the memory, not four starting over (the chunks go to threads in turn). 1B
+/// How an operator's rows are handed to tasks: up to four parts per thread (a multiple of the
+/// thread count, so threads finish together), each at least ~16 KiB of weights x tokens, in
+/// whole groups of sixteen rows where `sixteens` (else of four). Decode and batches of up to
+/// [`ONE_CHUNK_TOKENS`] tokens take one part per thread: each thread's rows are then one
+/// stream from the memory, not four starting over (the parts go to threads in turn). 1B
 /// Q4_K_M, 2 EPYC threads (`examples/decode_mix`, the engine and the matrices against a plain
 /// read in the same rounds, two alternated pairs of 60 rounds each way): with the memory at its
-/// fast rate (about 60 GB/s) the engine read 0.79 of the plain read with four chunks and 0.83
+/// fast rate (about 60 GB/s) the engine read 0.79 of the plain read with four parts and 0.83
 /// with one, ffn_down 0.77-0.79 -> 0.89-0.91, attn_output 0.75-0.76 -> 0.90; at its slow rate
 /// (about 35 GB/s) 0.93-0.95 -> 0.96-0.97 (1B Q4_0 alike or a little better; at 1 thread alike).
-fn rows_per_task(
-    bytes: usize,
+///
+/// The groups are shared out so that parts differ by at most one group, the larger first: taken
+/// in turn, each thread's share is then within a group of the others'. (Rounding each part up
+/// to whole groups left the last one short instead: 576 rows in eight parts of 80 were 320 rows
+/// for one thread and 256 for the other.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowParts {
     n_rows: usize,
-    n_tok: usize,
-    threads: usize,
-    sixteens: bool,
-) -> usize {
-    let work = bytes * n_tok;
-    let by_size = (work / 16384).max(1);
-    let per_thread = if n_tok <= ONE_CHUNK_TOKENS { 1 } else { 4 };
-    let n_chunks = if by_size < threads {
-        by_size
-    } else {
-        by_size.min(threads * per_thread) / threads * threads
-    };
-    let whole = if sixteens { 16 } else { 4 };
-    n_rows.div_ceil(n_chunks.max(1)).next_multiple_of(whole)
+    whole: usize,
+    parts: usize,
+}
+
+impl RowParts {
+    fn new(bytes: usize, n_rows: usize, n_tok: usize, threads: usize, sixteens: bool) -> Self {
+        let work = bytes * n_tok;
+        let by_size = (work / 16384).max(1);
+        let per_thread = if n_tok <= ONE_CHUNK_TOKENS { 1 } else { 4 };
+        let parts = if by_size < threads {
+            by_size
+        } else {
+            by_size.min(threads * per_thread) / threads * threads
+        };
+        let whole = if sixteens { 16 } else { 4 };
+        let groups = n_rows.div_ceil(whole);
+        RowParts {
+            n_rows,
+            whole,
+            parts: parts.clamp(1, groups.max(1)),
+        }
+    }
+
+    /// The rows of part `c` (< `parts`).
+    fn rows(&self, c: usize) -> std::ops::Range<usize> {
+        let groups = self.n_rows.div_ceil(self.whole);
+        let (q, r) = (groups / self.parts, groups % self.parts);
+        let start = |c: usize| (c * q + c.min(r)) * self.whole;
+        start(c).min(self.n_rows)..start(c + 1).min(self.n_rows)
+    }
 }
 
 /// `y[t, r] = sum_i W[r, i] * x[t, i]`: `x` is [n_tok, k], `y` is [n_tok, n].
@@ -740,17 +761,19 @@ pub fn matmul_quantized_many(
     // are several tokens and the groups of interleaved rows (a group split between tasks would
     // be computed by both).
     let sixteens = acts.n_tok >= 4 || jobs.iter().any(|j| j.interleaved());
-    let chunk = rows_per_task(bytes, total, acts.n_tok, pool.n_threads(), sixteens);
-    pool.for_chunks(total, chunk, |g| {
-        for (i, j) in jobs.iter().enumerate() {
-            let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
-            if lo < hi {
-                j.run(
-                    acts,
-                    prepared.as_ref(),
-                    panels.as_ref(),
-                    lo - starts[i]..hi - starts[i],
-                );
+    let parts = RowParts::new(bytes, total, acts.n_tok, pool.n_threads(), sixteens);
+    pool.for_chunks(parts.parts, 1, |cs| {
+        for g in cs.map(|c| parts.rows(c)) {
+            for (i, j) in jobs.iter().enumerate() {
+                let (lo, hi) = (g.start.max(starts[i]), g.end.min(starts[i + 1]));
+                if lo < hi {
+                    j.run(
+                        acts,
+                        prepared.as_ref(),
+                        panels.as_ref(),
+                        lo - starts[i]..hi - starts[i],
+                    );
+                }
             }
         }
     });
@@ -766,6 +789,44 @@ mod tests {
         (0..n)
             .map(|i| 0.1 + 2.0 * (i as f32 * 0.37 + offset).cos())
             .collect()
+    }
+
+    /// The parts cover the rows once, in whole groups (the last part excepted), larger first,
+    /// differing by at most a group; taken in turn by two threads, their shares differ by at
+    /// most a group (576 rows in eight parts: 288 each, where rounding parts up gave 320 / 256).
+    #[test]
+    fn row_parts_share_evenly() {
+        for (n_rows, n_tok, threads, sixteens) in [
+            (576, 64, 2, true),
+            (960, 64, 2, true),
+            (2048, 1, 2, true),
+            (37, 9, 2, false),
+            (128256, 1, 16, true),
+            (5, 64, 4, true),
+            (3, 1, 8, false),
+        ] {
+            let p = RowParts::new(n_rows * 1024, n_rows, n_tok, threads, sixteens);
+            let parts: Vec<_> = (0..p.parts).map(|c| p.rows(c)).collect();
+            assert_eq!(parts[0].start, 0);
+            assert_eq!(parts.last().unwrap().end, n_rows);
+            for w in parts.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].len() >= w[1].len() || w[1].end == n_rows);
+            }
+            assert!(parts.iter().all(|g| !g.is_empty()));
+            assert!(parts.iter().all(|g| g.start % p.whole == 0));
+            let most = parts.iter().map(|g| g.len()).max().unwrap();
+            let least = parts[..parts.len() - 1].iter().map(|g| g.len()).min();
+            assert!(least.is_none_or(|l| most - l <= p.whole), "{n_rows}: {parts:?}");
+            let mut share = vec![0; threads];
+            parts.iter().enumerate().for_each(|(c, g)| share[c % threads] += g.len());
+            let spread = share.iter().max().unwrap() - share.iter().min().unwrap();
+            assert!(spread <= p.whole, "{n_rows} rows: shares {share:?}");
+        }
+        let p = RowParts::new(576 * 1152, 576, 64, 2, true);
+        assert_eq!(p.parts, 8);
+        let share = |t: usize| (t..8).step_by(2).map(|c| p.rows(c).len()).sum::<usize>();
+        assert_eq!((share(0), share(1)), (288, 288));
     }
 
     /// A batch (tiled four tokens at a time, threads over rows) equals token-by-token products,

@@ -25,6 +25,7 @@ pub mod pool;
 pub mod qwide;
 pub mod repack;
 pub mod scalar;
+mod spare;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
 

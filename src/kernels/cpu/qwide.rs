@@ -15,11 +15,14 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::kernels::cpu::avx2::{high_bits32, load32, nibbles32};
 use crate::kernels::cpu::matmul::{Out, QuantizedActs};
 use crate::kernels::cpu::pool;
+use crate::kernels::cpu::spare::Spared;
 use crate::kernels::cpu::{LinePrefetch, blocks};
 use crate::quant::GgmlType;
 use crate::quant::blocks::*;
@@ -45,9 +48,9 @@ const TOKEN_BLOCK_BYTES: usize = 384 << 10;
 /// four tokens' `d`, then their `s` (Q8_1; zero for Q8_0). Tokens after the last whole quad are
 /// left out.
 pub struct PairActs {
-    yq: Vec<Bytes64>,
-    nsum: Vec<Bytes64>,
-    ds: Vec<[f32; 8]>,
+    yq: Spared<Bytes64>,
+    nsum: Spared<Bytes64>,
+    ds: Spared<[f32; 8]>,
     nb: usize,
     n_quads: usize,
 }
@@ -79,31 +82,50 @@ impl PairActs {
         };
         let nb = acts.k / 32;
         let n_quads = acts.n_tok / 4;
-        let mut yq = vec![ZERO64; n_quads * nb * 2];
-        let mut nsum = vec![ZERO64; n_quads * nb * 2];
-        let mut ds = vec![[0f32; 8]; n_quads * nb];
-        let (yq_p, nsum_p, ds_p) = (
-            Shared(yq.as_mut_ptr()),
-            Shared(nsum.as_mut_ptr()),
-            Shared(ds.as_mut_ptr()),
-        );
-        pool::global().for_chunks(n_quads, 4, |quads| {
-            let (yq_p, nsum_p, ds_p) = (&yq_p, &nsum_p, &ds_p);
-            for q in quads {
-                // SAFETY: quad q owns these ranges, disjoint across tasks; the buffers outlive
-                // the job.
-                let (yq, nsum, ds) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(yq_p.0.add(q * nb * 2), nb * 2),
-                        std::slice::from_raw_parts_mut(nsum_p.0.add(q * nb * 2), nb * 2),
-                        std::slice::from_raw_parts_mut(ds_p.0.add(q * nb), nb),
-                    )
-                };
-                let rows = std::array::from_fn(|j| acts.row(4 * q + j));
-                // SAFETY: this CPU has AVX-512 (asserted above).
-                unsafe { build_quad(rows, with_s, yq, nsum, ds) };
-            }
-        });
+        thread_local! {
+            static YQ: Cell<Vec<Bytes64>> = const { Cell::new(Vec::new()) };
+            static NSUM: Cell<Vec<Bytes64>> = const { Cell::new(Vec::new()) };
+            static DS: Cell<Vec<[f32; 8]>> = const { Cell::new(Vec::new()) };
+        }
+        // One parallel loop fills all three: it runs inside the innermost buffer's fill, with
+        // the room of the two around it.
+        let fill = |yq: &mut [MaybeUninit<Bytes64>],
+                    nsum: &mut [MaybeUninit<Bytes64>],
+                    ds: &mut [MaybeUninit<[f32; 8]>]| {
+            let (yq_p, nsum_p, ds_p) = (
+                Shared(yq.as_mut_ptr()),
+                Shared(nsum.as_mut_ptr()),
+                Shared(ds.as_mut_ptr()),
+            );
+            pool::global().for_chunks(n_quads, 4, |quads| {
+                let (yq_p, nsum_p, ds_p) = (&yq_p, &nsum_p, &ds_p);
+                for q in quads {
+                    // SAFETY: quad q owns these ranges, disjoint across tasks, inside the rooms
+                    // `Spared::filled` gives.
+                    let (yq, nsum, ds) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(yq_p.0.add(q * nb * 2), nb * 2),
+                            std::slice::from_raw_parts_mut(nsum_p.0.add(q * nb * 2), nb * 2),
+                            std::slice::from_raw_parts_mut(ds_p.0.add(q * nb), nb),
+                        )
+                    };
+                    let rows = std::array::from_fn(|j| acts.row(4 * q + j));
+                    // SAFETY: this CPU has AVX-512 (asserted above).
+                    unsafe { build_quad(rows, with_s, yq, nsum, ds) };
+                }
+            });
+        };
+        let (mut nsum, mut ds) = (None, None);
+        // SAFETY (all three): `build_quad` writes every entry of its quad's ranges (both pairs
+        // of every block, all eight scales), and the quads cover the buffers.
+        let yq = unsafe {
+            Spared::filled(&YQ, n_quads * nb * 2, |yq| {
+                nsum = Some(Spared::filled(&NSUM, n_quads * nb * 2, |nsum| {
+                    ds = Some(Spared::filled(&DS, n_quads * nb, |ds| fill(yq, nsum, ds)));
+                }));
+            })
+        };
+        let (nsum, ds) = (nsum.expect("filled"), ds.expect("filled"));
         PairActs {
             yq,
             nsum,
@@ -134,9 +156,9 @@ fn act_block(row: &[u8], with_s: bool, b: usize) -> (F16Le, F16Le, &[i8; 32]) {
 unsafe fn build_quad(
     rows: [&[u8]; 4],
     with_s: bool,
-    yq: &mut [Bytes64],
-    nsum: &mut [Bytes64],
-    ds: &mut [[f32; 8]],
+    yq: &mut [MaybeUninit<Bytes64>],
+    nsum: &mut [MaybeUninit<Bytes64>],
+    ds: &mut [MaybeUninit<[f32; 8]>],
 ) {
     let interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     let ones = _mm512_set1_epi8(1);
@@ -149,17 +171,15 @@ unsafe fn build_quad(
             let y = _mm512_permutexvar_epi32(interleave, both);
             let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, y);
             let neg = _mm512_sub_epi32(_mm512_setzero_si512(), sums);
-            _mm512_store_si512(yq[2 * b + p].0.as_mut_ptr().cast(), y);
-            _mm512_store_si512(nsum[2 * b + p].0.as_mut_ptr().cast(), neg);
+            _mm512_store_si512(yq[2 * b + p].as_mut_ptr().cast(), y);
+            _mm512_store_si512(nsum[2 * b + p].as_mut_ptr().cast(), neg);
         }
-        for t in 0..4 {
-            d[t] = crate::kernels::cpu::avx2::h2f(blk[t].0);
-            d[4 + t] = if with_s {
-                crate::kernels::cpu::avx2::h2f(blk[t].1)
-            } else {
-                0.0
-            };
-        }
+        let h2f = crate::kernels::cpu::avx2::h2f;
+        d.write(std::array::from_fn(|i| match i {
+            0..4 => h2f(blk[i].0),
+            _ if with_s => h2f(blk[i - 4].1),
+            _ => 0.0,
+        }));
     }
 }
 
