@@ -17,6 +17,10 @@
 #                                     the oato policy at GRAPH_BUDGETS ("50% 75%"), $RES/graphs-{on,off}
 #   experiments/gpu-hybrid.sh cpu     decode all on the CPU at 4/8/16 threads: Q4_0 interleaved and
 #                                     not, against llama.cpp -ngl 0, $RES/cpu-decode.md (~6 min)
+#   experiments/gpu-hybrid.sh cpu-prefetch
+#                                     the interleaved kernels' decode prefetch (hint and distance,
+#                                     PF_VARIANTS) on this CPU at PF_THREADS, $RES/cpu-prefetch.md
+#                                     (~6 min; Intel's default was never measured on Intel)
 # Carry: target/release/oato, .carry/llamacpp-src.tar.xz, and SYNTH_BIN if the oato binary has
 # no synth command. Env: OATO_BIN, SYNTH_BIN (default OATO_BIN), MODEL (/tmp/m/llama3-8b-q4_0.gguf),
 # RES (results/gpu-<date>-8b), REPS (3), THREADS (nproc), BUDGETS ("25% 50% 75%"), POLICIES.
@@ -117,8 +121,32 @@ cpu)
     done
     cat "$RES/cpu-membw.txt"
     ;;
+cpu-prefetch)
+    # Issue 13 on this machine's CPU: decode of the 8B file all on the CPU with each prefetch of
+    # the interleaved kernels (hint:bytes ahead, OATO_CPU_REPACK_PREFETCH_HINT and
+    # OATO_CPU_REPACK_PREFETCH; "default" is the vendor's choice: t1 at 16 KiB on Intel, nta at
+    # 256 bytes elsewhere; bytes 0 is none), the variants alternated ROUNDS (2) times; oato
+    # bench's fractions of the read bandwidth, over its runs and over its paired tokens.
+    out=$RES/cpu-prefetch.md
+    { header; echo; echo "| threads | round | prefetch | tg${CPU_GEN:-16} t/s | runs' fraction | paired tokens' fraction |"; echo "|---:|---:|---|---:|---|---|"; } > "$out"
+    for t in ${PF_THREADS:-8 16}; do
+        for r in $(seq "${ROUNDS:-2}"); do
+            for v in ${PF_VARIANTS:-default t1:16384 t1:4096 nta:256 nta:1024 nta:4096 t1:0}; do
+                log=$RES/cpu-prefetch-${v/:/-}-t$t-r$r.txt
+                env=()
+                [ "$v" = default ] || env=(OATO_CPU_REPACK_PREFETCH_HINT="${v%%:*}" OATO_CPU_REPACK_PREFETCH="${v##*:}")
+                env "${env[@]}" "$OATO" bench "$MODEL" --device cpu -t "$t" -p 0 -n "${CPU_GEN:-16}" \
+                    -r 2 --csv > "$log" 2> "$log.err" || true
+                ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')
+                frac=$(grep -o "= [0-9.]* of the [0-9.]* GB/s" "$log.err" | head -1)
+                paired=$(grep -o "read [0-9.]* of those reads' rate ([^)]*)" "$log.err" | head -1)
+                echo "| $t | $r | $v | $ts | $frac | $paired |" | tee -a "$out"
+            done
+        done
+    done
+    ;;
 *)
-    echo "usage: $0 build|oato|peer|lengths|kernels|graphs|cpu" >&2
+    echo "usage: $0 build|oato|peer|lengths|kernels|graphs|cpu|cpu-prefetch" >&2
     exit 2
     ;;
 esac

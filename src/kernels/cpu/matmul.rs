@@ -817,9 +817,15 @@ mod tests {
             assert!(parts.iter().all(|g| g.start % p.whole == 0));
             let most = parts.iter().map(|g| g.len()).max().unwrap();
             let least = parts[..parts.len() - 1].iter().map(|g| g.len()).min();
-            assert!(least.is_none_or(|l| most - l <= p.whole), "{n_rows}: {parts:?}");
+            assert!(
+                least.is_none_or(|l| most - l <= p.whole),
+                "{n_rows}: {parts:?}"
+            );
             let mut share = vec![0; threads];
-            parts.iter().enumerate().for_each(|(c, g)| share[c % threads] += g.len());
+            parts
+                .iter()
+                .enumerate()
+                .for_each(|(c, g)| share[c % threads] += g.len());
             let spread = share.iter().max().unwrap() - share.iter().min().unwrap();
             assert!(spread <= p.whole, "{n_rows} rows: shares {share:?}");
         }

@@ -395,6 +395,8 @@ pub fn plain_row(ty: GgmlType, packed: &[u8], k: usize, r: usize, dst: &mut [u8]
     }
 }
 
+#[cfg(all(test, target_arch = "x86_64"))]
+use kernels::hint_is_nta;
 #[cfg(target_arch = "x86_64")]
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
@@ -1040,9 +1042,25 @@ mod kernels {
     /// ([`q6_half`]); since, the Llama-3.2-1B head (2048 x 128256) reads 0.86 of the plain read
     /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
     /// threads).
+    ///
+    /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
+    /// distance then follows the hint), so that Intel's choice can be measured
+    /// (`experiments/gpu-hybrid.sh cpu-prefetch`).
     fn prefetch_ahead() -> Ahead {
         static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let nta = !crate::kernels::cpu::matmul::intel();
+        static HINT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let nta = *HINT.get_or_init(|| {
+            let var = std::env::var("OATO_CPU_REPACK_PREFETCH_HINT").ok();
+            let intel = crate::kernels::cpu::matmul::intel();
+            hint_is_nta(var.as_deref(), intel).unwrap_or_else(|bad| {
+                eprintln!(
+                    "oato: OATO_CPU_REPACK_PREFETCH_HINT={bad:?} is neither nta nor t1; \
+                     using this CPU's default ({})",
+                    if intel { "t1" } else { "nta" }
+                );
+                !intel
+            })
+        });
         let bytes = match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => *ENV.get_or_init(|| {
                 let default = if nta { 256 } else { 16 << 10 };
@@ -1051,6 +1069,17 @@ mod kernels {
             bytes => bytes,
         };
         Ahead { bytes, nta }
+    }
+
+    /// Whether the interleaved kernels prefetch with the non-temporal hint: as `var` says
+    /// (`nta` or `t1`), else on every CPU but Intel's; `Err` with `var` when it says neither.
+    pub(super) fn hint_is_nta(var: Option<&str>, intel: bool) -> Result<bool, String> {
+        match var.map(str::trim) {
+            None | Some("") => Ok(!intel),
+            Some(v) if v.eq_ignore_ascii_case("nta") => Ok(true),
+            Some(v) if v.eq_ignore_ascii_case("t1") => Ok(false),
+            Some(v) => Err(v.to_string()),
+        }
     }
 
     /// [`set_prefetch_ahead`]'s distance, [`NONE`] when unset.
@@ -1162,6 +1191,20 @@ mod kernels {
 mod tests {
     use super::*;
     use crate::quant::blocks::QK;
+
+    /// The prefetch hint: the vendor's default when unset or empty, either hint when named (in
+    /// any case, spaces trimmed), an error naming anything else.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn prefetch_hint_from_the_environment() {
+        for intel in [false, true] {
+            assert_eq!(hint_is_nta(None, intel), Ok(!intel));
+            assert_eq!(hint_is_nta(Some(" "), intel), Ok(!intel));
+            assert_eq!(hint_is_nta(Some("nta"), intel), Ok(true));
+            assert_eq!(hint_is_nta(Some(" T1 "), intel), Ok(false));
+            assert_eq!(hint_is_nta(Some("t0"), intel), Err("t0".to_string()));
+        }
+    }
 
     #[test]
     fn rows_come_back_from_the_interleaved_layout() {
