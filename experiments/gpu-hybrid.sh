@@ -125,16 +125,20 @@ cpu-prefetch)
     # Issue 13 on this machine's CPU: decode of the 8B file all on the CPU with each prefetch of
     # the interleaved kernels (hint:bytes ahead, OATO_CPU_REPACK_PREFETCH_HINT and
     # OATO_CPU_REPACK_PREFETCH; "default" is the vendor's choice: t1 at 16 KiB on Intel, nta at
-    # 256 bytes elsewhere; bytes 0 is none), the variants alternated ROUNDS (2) times; oato
-    # bench's fractions of the read bandwidth, over its runs and over its paired tokens.
+    # 256 bytes elsewhere; bytes 0 is none; "smallpages": the default prefetch with the weights
+    # and the read loops in 4 KiB pages, OATO_HUGE_PAGES=0), the variants alternated ROUNDS (2)
+    # times; oato bench's fractions of the read bandwidth, over its runs and its paired tokens.
     out=$RES/cpu-prefetch.md
     { header; echo; echo "| threads | round | prefetch | tg${CPU_GEN:-16} t/s | runs' fraction | paired tokens' fraction |"; echo "|---:|---:|---|---:|---|---|"; } > "$out"
     for t in ${PF_THREADS:-8 16}; do
         for r in $(seq "${ROUNDS:-2}"); do
-            for v in ${PF_VARIANTS:-default t1:16384 t1:4096 nta:256 nta:1024 nta:4096 t1:0}; do
+            for v in ${PF_VARIANTS:-default t1:16384 t1:4096 nta:256 nta:1024 nta:4096 t1:0 smallpages}; do
                 log=$RES/cpu-prefetch-${v/:/-}-t$t-r$r.txt
-                env=()
-                [ "$v" = default ] || env=(OATO_CPU_REPACK_PREFETCH_HINT="${v%%:*}" OATO_CPU_REPACK_PREFETCH="${v##*:}")
+                case $v in
+                default) env=() ;;
+                smallpages) env=(OATO_HUGE_PAGES=0) ;;
+                *) env=(OATO_CPU_REPACK_PREFETCH_HINT="${v%%:*}" OATO_CPU_REPACK_PREFETCH="${v##*:}") ;;
+                esac
                 env "${env[@]}" "$OATO" bench "$MODEL" --device cpu -t "$t" -p 0 -n "${CPU_GEN:-16}" \
                     -r 2 --csv > "$log" 2> "$log.err" || true
                 ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')

@@ -172,14 +172,23 @@ impl Piece {
 }
 
 /// Anonymous memory for `len` bytes from a 2 MiB boundary (the offset returned, with the map),
-/// asked for transparent huge pages (small pages work too): the arena's regions, and the read
-/// loop `oato bench --membw` measures the memory with, so that it reads as decode does.
+/// asked for transparent huge pages (small pages work too; `OATO_HUGE_PAGES=0` asks for none):
+/// the arena's regions, and the read loop `oato bench --membw` measures the memory with, so that
+/// it reads as decode does.
 pub fn huge_anon(len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
     let map = memmap2::MmapMut::map_anon(len + HUGE)?;
     #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::HugePage);
+    if huge_pages() {
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
     let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
     Ok((map, start))
+}
+
+/// Whether [`huge_anon`] asks for huge pages: unless `OATO_HUGE_PAGES` is `0`.
+fn huge_pages() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OATO_HUGE_PAGES").map_or(true, |v| v.trim() != "0"))
 }
 
 impl Arena {
