@@ -35,6 +35,18 @@ export OATO_CACHE_DIR=${OATO_CACHE_DIR:-/tmp/oato-cache}
 mkdir -p "$RES" "$(dirname "$MODEL")"
 commit=$("$OATO" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 header() { echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit, $THREADS threads"; }
+# One CPU decode test of oato (`bench --device cpu`, CPU_GEN tokens, 2 runs) at $2 threads with
+# the environment assignments after it, its logs in $1(.err); sets ts (t/s), frac (the runs'
+# fraction of the read bandwidth) and paired (the paired tokens' fraction).
+cpu_decode() {
+    local log=$1 t=$2
+    shift 2
+    env "$@" "$OATO" bench "$MODEL" --device cpu -t "$t" -p 0 -n "${CPU_GEN:-16}" -r 2 --csv \
+        > "$log" 2> "$log.err" || true
+    ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')
+    frac=$(grep -o "= [0-9.]* of the [0-9.]* GB/s" "$log.err" | head -1)
+    paired=$(grep -o "read [0-9.]* of those reads' rate ([^)]*)" "$log.err" | head -1)
+}
 case ${1:-} in
 build)
     [ -f "$MODEL" ] || { time "$SYNTH" synth --shape llama3-8b --type Q4_0 --seed 42 -o "$MODEL"; } 2>&1 | tail -3
@@ -98,7 +110,7 @@ cpu)
     # bandwidth it measures (--membw) at that thread count.
     bin=${LLAMA_BIN:-/tmp/llamacpp-cuda/llama.cpp/build/bin}
     out=$RES/cpu-decode.md
-    { header; echo; echo "| threads | round | engine | tg${CPU_GEN:-16} t/s | fraction of read bandwidth |"; echo "|---:|---:|---|---:|---|"; } > "$out"
+    { header; echo; echo "| threads | round | engine | tg${CPU_GEN:-16} t/s | runs' fraction of read bandwidth | paired tokens' fraction |"; echo "|---:|---:|---|---:|---|---|"; } > "$out"
     for t in ${CPU_THREADS:-4 8 16}; do
         "$OATO" bench --membw 1G -t "$t" >> "$RES/cpu-membw.txt" 2>&1 || true
         for r in $(seq "${ROUNDS:-2}"); do
@@ -107,15 +119,12 @@ cpu)
                 llama.cpp)
                     ts=$("$bin/llama-bench" -m "$MODEL" -ngl 0 -t "$t" -p 0 -n "${CPU_GEN:-16}" -r 2 -o csv 2>/dev/null \
                         | tail -1 | python3 -c 'import csv,sys; print(list(csv.reader(sys.stdin))[0][-2])' || echo "-")
-                    frac="" ;;
+                    frac="" paired="" ;;
                 *)
-                    log=$RES/cpu-$v-t$t-r$r.txt
-                    OATO_CPU_REPACK=$([ $v = rows ] && echo 0 || echo 1) "$OATO" bench "$MODEL" --device cpu \
-                        -t "$t" -p 0 -n "${CPU_GEN:-16}" -r 2 --csv > "$log" 2> "$log.err" || true
-                    ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')
-                    frac=$(grep -o "= [0-9.]* of the [0-9.]* GB/s" "$log.err" | head -1) ;;
+                    cpu_decode "$RES/cpu-$v-t$t-r$r.txt" "$t" \
+                        OATO_CPU_REPACK=$([ $v = rows ] && echo 0 || echo 1) ;;
                 esac
-                echo "| $t | $r | $v | $ts | $frac |" | tee -a "$out"
+                echo "| $t | $r | $v | $ts | $frac | $paired |" | tee -a "$out"
             done
         done
     done
@@ -133,17 +142,12 @@ cpu-prefetch)
     for t in ${PF_THREADS:-8 16}; do
         for r in $(seq "${ROUNDS:-2}"); do
             for v in ${PF_VARIANTS:-default t1:16384 t1:4096 nta:256 nta:1024 nta:4096 t1:0 smallpages}; do
-                log=$RES/cpu-prefetch-${v/:/-}-t$t-r$r.txt
                 case $v in
                 default) env=() ;;
                 smallpages) env=(OATO_HUGE_PAGES=0) ;;
                 *) env=(OATO_CPU_REPACK_PREFETCH_HINT="${v%%:*}" OATO_CPU_REPACK_PREFETCH="${v##*:}") ;;
                 esac
-                env "${env[@]}" "$OATO" bench "$MODEL" --device cpu -t "$t" -p 0 -n "${CPU_GEN:-16}" \
-                    -r 2 --csv > "$log" 2> "$log.err" || true
-                ts=$(tail -1 "$log" | awk -F, '{gsub(/"/,""); print $17}')
-                frac=$(grep -o "= [0-9.]* of the [0-9.]* GB/s" "$log.err" | head -1)
-                paired=$(grep -o "read [0-9.]* of those reads' rate ([^)]*)" "$log.err" | head -1)
+                cpu_decode "$RES/cpu-prefetch-${v/:/-}-t$t-r$r.txt" "$t" "${env[@]}"
                 echo "| $t | $r | $v | $ts | $frac | $paired |" | tee -a "$out"
             done
         done

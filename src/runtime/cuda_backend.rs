@@ -329,7 +329,7 @@ macro_rules! launch {
 /// unless `OATO_CUDA_FUSE=0` at start-up or `set_fuse_q8(false)`; the values are the same either
 /// way, bit for bit.
 static FUSE_Q8: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
-    AtomicBool::new(std::env::var("OATO_CUDA_FUSE").map_or(true, |v| v.trim() != "0"))
+    AtomicBool::new(crate::kernels::cpu::matmul::env_on("OATO_CUDA_FUSE"))
 });
 
 /// Turns the fused RMSNorm / SwiGLU quantisation on or off for every CUDA backend of the
@@ -355,7 +355,9 @@ pub fn set_mmvq_direct(on: bool) {
 /// (attention_f16kv). On unless `OATO_CUDA_FLASH_PREFILL=0` at start-up or
 /// `set_flash_prefill(false)`; the two agree to rounding (the order of the softmax sums).
 static FLASH_PREFILL: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
-    AtomicBool::new(std::env::var("OATO_CUDA_FLASH_PREFILL").map_or(true, |v| v.trim() != "0"))
+    AtomicBool::new(crate::kernels::cpu::matmul::env_on(
+        "OATO_CUDA_FLASH_PREFILL",
+    ))
 });
 
 /// Chooses the tiled (true) or per-token (false) prefill attention for every CUDA backend of the

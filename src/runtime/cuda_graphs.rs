@@ -38,9 +38,8 @@ const SEEN_MAX: usize = 4096;
 
 /// Whether decode segments run as graphs. On unless `OATO_CUDA_GRAPHS=0` at start-up or
 /// `set_graphs(false)`; the values are the same either way, bit for bit.
-static GRAPHS: LazyLock<AtomicBool> = LazyLock::new(|| {
-    AtomicBool::new(std::env::var("OATO_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0"))
-});
+static GRAPHS: LazyLock<AtomicBool> =
+    LazyLock::new(|| AtomicBool::new(crate::kernels::cpu::matmul::env_on("OATO_CUDA_GRAPHS")));
 
 /// Turns graph replay of decode segments on or off for every CUDA backend of the process.
 pub fn set_graphs(on: bool) {

@@ -82,23 +82,21 @@ impl WideActs {
         thread_local! {
             static SPARE: Cell<Vec<Lanes16>> = const { Cell::new(Vec::new()) };
         }
-        let fill = |data: &mut [MaybeUninit<Lanes16>]| {
-            let out = SharedLanes(data.as_mut_ptr());
-            pool::global().for_chunks(n_pairs, 16, |pairs| {
-                let out = &out;
-                for q in pairs {
-                    // SAFETY: pair q owns data[q * per_pair..(q + 1) * per_pair], disjoint
-                    // across tasks, inside the room `Spared::filled` gives.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair)
-                    };
-                    // SAFETY: this CPU has AVX-512 (asserted above).
-                    unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
-                }
-            });
-        };
-        // SAFETY: `widen_pair` writes all of each pair's entries (every chain and step).
-        let data = unsafe { Spared::filled(&SPARE, n_pairs * per_pair, fill) };
+        let mut room = Spared::room(&SPARE, n_pairs * per_pair);
+        let out = SharedLanes(room.uninit().as_mut_ptr());
+        pool::global().for_chunks(n_pairs, 16, |pairs| {
+            let out = &out;
+            for q in pairs {
+                // SAFETY: pair q owns entries q * per_pair..(q + 1) * per_pair of the room,
+                // disjoint across tasks.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
+                // SAFETY: this CPU has AVX-512 (asserted above).
+                unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
+            }
+        });
+        // SAFETY: `widen_pair` wrote all of each pair's entries (every chain and step).
+        let data = unsafe { room.filled() };
         WideActs {
             data,
             steps,

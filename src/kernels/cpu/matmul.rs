@@ -675,7 +675,7 @@ fn kwide_min_tokens(ty: GgmlType) -> usize {
 #[cfg(target_arch = "x86_64")]
 fn kwide_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("OATO_CPU_KWIDE").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| env_on("OATO_CPU_KWIDE"))
 }
 
 /// Bytes ahead of the current row that decode prefetches (`OATO_CPU_PREFETCH`, 0 turns it off;
@@ -683,6 +683,12 @@ fn kwide_enabled() -> bool {
 fn prefetch_distance() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| env_bytes("OATO_CPU_PREFETCH", default_prefetch()))
+}
+
+/// Whether the switch in environment variable `var` is on: unless it is set to `0`. The callers
+/// keep it in a `OnceLock` or an atomic: read once per process.
+pub(crate) fn env_on(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v.trim() != "0")
 }
 
 /// The whole number in environment variable `var` (a prefetch distance in bytes, 0 for none),

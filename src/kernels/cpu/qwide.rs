@@ -87,45 +87,33 @@ impl PairActs {
             static NSUM: Cell<Vec<Bytes64>> = const { Cell::new(Vec::new()) };
             static DS: Cell<Vec<[f32; 8]>> = const { Cell::new(Vec::new()) };
         }
-        // One parallel loop fills all three: it runs inside the innermost buffer's fill, with
-        // the room of the two around it.
-        let fill = |yq: &mut [MaybeUninit<Bytes64>],
-                    nsum: &mut [MaybeUninit<Bytes64>],
-                    ds: &mut [MaybeUninit<[f32; 8]>]| {
-            let (yq_p, nsum_p, ds_p) = (
-                Shared(yq.as_mut_ptr()),
-                Shared(nsum.as_mut_ptr()),
-                Shared(ds.as_mut_ptr()),
-            );
-            pool::global().for_chunks(n_quads, 4, |quads| {
-                let (yq_p, nsum_p, ds_p) = (&yq_p, &nsum_p, &ds_p);
-                for q in quads {
-                    // SAFETY: quad q owns these ranges, disjoint across tasks, inside the rooms
-                    // `Spared::filled` gives.
-                    let (yq, nsum, ds) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(yq_p.0.add(q * nb * 2), nb * 2),
-                            std::slice::from_raw_parts_mut(nsum_p.0.add(q * nb * 2), nb * 2),
-                            std::slice::from_raw_parts_mut(ds_p.0.add(q * nb), nb),
-                        )
-                    };
-                    let rows = std::array::from_fn(|j| acts.row(4 * q + j));
-                    // SAFETY: this CPU has AVX-512 (asserted above).
-                    unsafe { build_quad(rows, with_s, yq, nsum, ds) };
-                }
-            });
-        };
-        let (mut nsum, mut ds) = (None, None);
-        // SAFETY (all three): `build_quad` writes every entry of its quad's ranges (both pairs
-        // of every block, all eight scales), and the quads cover the buffers.
-        let yq = unsafe {
-            Spared::filled(&YQ, n_quads * nb * 2, |yq| {
-                nsum = Some(Spared::filled(&NSUM, n_quads * nb * 2, |nsum| {
-                    ds = Some(Spared::filled(&DS, n_quads * nb, |ds| fill(yq, nsum, ds)));
-                }));
-            })
-        };
-        let (nsum, ds) = (nsum.expect("filled"), ds.expect("filled"));
+        let mut yq = Spared::room(&YQ, n_quads * nb * 2);
+        let mut nsum = Spared::room(&NSUM, n_quads * nb * 2);
+        let mut ds = Spared::room(&DS, n_quads * nb);
+        let (yq_p, nsum_p, ds_p) = (
+            Shared(yq.uninit().as_mut_ptr()),
+            Shared(nsum.uninit().as_mut_ptr()),
+            Shared(ds.uninit().as_mut_ptr()),
+        );
+        pool::global().for_chunks(n_quads, 4, |quads| {
+            let (yq_p, nsum_p, ds_p) = (&yq_p, &nsum_p, &ds_p);
+            for q in quads {
+                // SAFETY: quad q owns these ranges of the rooms, disjoint across tasks.
+                let (yq, nsum, ds) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(yq_p.0.add(q * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(nsum_p.0.add(q * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(ds_p.0.add(q * nb), nb),
+                    )
+                };
+                let rows = std::array::from_fn(|j| acts.row(4 * q + j));
+                // SAFETY: this CPU has AVX-512 (asserted above).
+                unsafe { build_quad(rows, with_s, yq, nsum, ds) };
+            }
+        });
+        // SAFETY (all three): `build_quad` wrote every entry of its quad's ranges (both pairs
+        // of every block, all eight scales), and the quads cover the rooms.
+        let (yq, nsum, ds) = unsafe { (yq.filled(), nsum.filled(), ds.filled()) };
         PairActs {
             yq,
             nsum,

@@ -125,7 +125,7 @@ pub fn interleaves(ty: GgmlType) -> bool {
 /// same bits).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("OATO_CPU_REPACK").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::kernels::cpu::matmul::env_on("OATO_CPU_REPACK"))
 }
 
 /// Bytes reserved at a time for weight copies: many weights share one reservation, so
@@ -188,7 +188,7 @@ pub fn huge_anon(len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
 /// Whether [`huge_anon`] asks for huge pages: unless `OATO_HUGE_PAGES` is `0`.
 fn huge_pages() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("OATO_HUGE_PAGES").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::kernels::cpu::matmul::env_on("OATO_HUGE_PAGES"))
 }
 
 impl Arena {

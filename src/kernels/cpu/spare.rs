@@ -19,23 +19,41 @@ pub(crate) struct Spared<T: Copy + 'static> {
 }
 
 impl<T: Copy + 'static> Spared<T> {
-    /// `n` values written by `fill` into the room it is given.
-    ///
-    /// # Safety
-    /// `fill` writes every one of the `n` values (the buffer is read as initialised after it).
-    pub(crate) unsafe fn filled(
-        home: &'static Home<T>,
-        n: usize,
-        fill: impl FnOnce(&mut [MaybeUninit<T>]),
-    ) -> Self {
+    /// Room for `n` values from `home`'s spare, to be written and then declared filled.
+    pub(crate) fn room(home: &'static Home<T>, n: usize) -> Room<T> {
         let mut v = home.take();
         v.clear();
         v.reserve(n);
-        fill(&mut v.spare_capacity_mut()[..n]);
-        // SAFETY: the capacity is at least n and `fill` wrote all n values (the caller's
-        // contract); `T: Copy` has no drop to skip.
-        unsafe { v.set_len(n) };
-        Spared { v, home }
+        Room {
+            spared: Spared { v, home },
+            n,
+        }
+    }
+}
+
+/// Room for a [`Spared`] buffer's values, not yet written (dropped unfilled, its memory still
+/// goes back to the spare).
+pub(crate) struct Room<T: Copy + 'static> {
+    spared: Spared<T>,
+    n: usize,
+}
+
+impl<T: Copy + 'static> Room<T> {
+    /// The room, to write the values into.
+    pub(crate) fn uninit(&mut self) -> &mut [MaybeUninit<T>] {
+        &mut self.spared.v.spare_capacity_mut()[..self.n]
+    }
+
+    /// The buffer, its values written.
+    ///
+    /// # Safety
+    /// Every one of the room's values was written (the buffer is read as initialised after).
+    pub(crate) unsafe fn filled(self) -> Spared<T> {
+        let Room { mut spared, n } = self;
+        // SAFETY: the capacity is at least n (`Spared::room`) and all n values were written
+        // (the caller's contract); `T: Copy` has no drop to skip.
+        unsafe { spared.v.set_len(n) };
+        spared
     }
 }
 
@@ -71,14 +89,12 @@ mod tests {
     }
 
     fn fill_with(n: usize, base: u64) -> Spared<u64> {
-        // SAFETY: the closure writes all n values.
-        unsafe {
-            Spared::filled(&HOME, n, |room| {
-                for (i, x) in room.iter_mut().enumerate() {
-                    x.write(base + i as u64);
-                }
-            })
+        let mut room = Spared::room(&HOME, n);
+        for (i, x) in room.uninit().iter_mut().enumerate() {
+            x.write(base + i as u64);
         }
+        // SAFETY: the loop wrote all n values.
+        unsafe { room.filled() }
     }
 
     /// The values are what was written; a dropped buffer's memory serves the next one, and two
