@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::cpu::{avx2, kquants};
+use crate::kernels::cpu::avx2;
 use crate::quant::blocks::*;
 
 /// Eight i32 lanes of four consecutive unsigned x signed byte products, by VNNI.
@@ -131,7 +131,7 @@ pub unsafe fn sum_tree8(
 /// `R` weight rows against one activation row (decode), for the types with [`rows_fn`] kernels.
 pub type RowsFn<const R: usize> = unsafe fn([&[u8]; R], &[u8]) -> [f32; R];
 
-/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and the
+/// Four rows at a time for decode where a kernel exists: Q4_0, Q8_0, the K-quants and the
 /// plain floats F16, BF16 and F32 (`wide_dot16`). The single-row dots are bound by their one
 /// FMA chain and their horizontal sums; four rows keep four chains in flight, share each
 /// activation block's loads and scale, and reduce the four rows' lanes together.
@@ -140,6 +140,8 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     match wty {
         GgmlType::Q4_0 => Some(rows_q4_0),
         GgmlType::Q8_0 => Some(rows_q8_0),
+        GgmlType::Q2_K => Some(rows_q2_k),
+        GgmlType::Q3_K => Some(rows_q3_k),
         GgmlType::Q4_K => Some(rows_k4::<BlockQ4K>),
         GgmlType::Q5_K => Some(rows_k4::<BlockQ5K>),
         GgmlType::Q6_K => Some(rows_q6_k),
@@ -368,63 +370,215 @@ unsafe fn split_epi8(lo: u8, hi: u8) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_set1_epi8(lo as i8), _mm256_set1_epi8(hi as i8))
 }
 
+/// One Q2_K super-block unpacked: quarter u's quants (0..4) and scales, the sixteen mins as
+/// i16, and `[d, dmin]`.
+#[derive(Clone, Copy)]
+struct Q2Block {
+    z: [__m512i; 4],
+    scales: [__m512i; 4],
+    mins: __m256i,
+    d: __m128,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q2_unpack(x: &BlockQ2K) -> Q2Block {
+    let (m2, m4) = (_mm512_set1_epi8(3), _mm_set1_epi8(0x0F));
+    let raw = _mm_loadu_si128(x.scales.as_ptr().cast());
+    let groups = groups512(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
+    let mut z = [_mm512_setzero_si512(); 4];
+    for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+        let q = broadcast32(q);
+        for s in 0..2 {
+            // quarter 2h + s: 2-bit planes 2s (low half) and 2s + 1 (high half) of qs[32h..]
+            let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
+            z[2 * h + s] = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
+        }
+    }
+    Q2Block {
+        z,
+        scales: std::array::from_fn(|u| quarter_scales(groups, u)),
+        mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4)),
+        d: avx2::f16_pair(x.d, x.dmin),
+    }
+}
+
+/// `isum` and `imin` of one unpacked Q2_K super-block against `y`, each in eight i32 lanes
+/// (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q2_sums(x: &Q2Block, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let mut acc = _mm512_setzero_si512();
+    for u in 0..4 {
+        let prod = _mm512_maddubs_epi16(x.z[u], y_quarter(y, u));
+        acc = _mm512_dpwssd_epi32(acc, prod, x.scales[u]);
+    }
+    (fold(acc), _mm256_madd_epi16(x.mins, avx2::load_bsums(y)))
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q2_k_q8_k(xs: &[BlockQ2K], ys: &[BlockQ8K]) -> f32 {
-    let (m2, m4) = (_mm512_set1_epi8(3), _mm_set1_epi8(0x0F));
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let raw = _mm_loadu_si128(x.scales.as_ptr().cast());
-        let groups = groups512(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
-        let imin = _mm256_madd_epi16(mins, avx2::load_bsums(y));
-        let mut acc = _mm512_setzero_si512();
-        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
-            let q = broadcast32(q);
-            for s in 0..2 {
-                // quarter 2h + s: 2-bit planes 2s (low half) and 2s + 1 (high half) of qs[32h..]
-                let u = 2 * h + s;
-                let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
-                let z = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
-                let prod = _mm512_maddubs_epi16(z, y_quarter(y, u));
-                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
-            }
-        }
-        let sums = avx2::hsum_i32_pair(fold(acc), imin);
-        sumf = avx2::finish_with_mins(sumf, y.d.get(), avx2::f16_pair(x.d, x.dmin), sums);
+        let u = q2_unpack(x);
+        let (isum, imin) = q2_sums(&u, y);
+        let sums = avx2::hsum_i32_pair(isum, imin);
+        sumf = avx2::finish_with_mins(sumf, y.d.get(), u.d, sums);
     }
     sumf
 }
 
+/// A Q2_K super-block's 256 quants (0..4) as unsigned bytes in element order (four quarters).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q2_quants(x: &BlockQ2K) -> [__m512i; 4] {
+    q2_unpack(x).z
+}
+
+/// Four Q2_K rows against one Q8_K row, bit-identical per row with [`vec_dot_q2_k_q8_k`], as
+/// [`rows_k4`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_q2_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    rows_k::<_, _, true>(w, a, |x| q2_unpack(x), |u, y| q2_sums(u, y), |u| u.d)
+}
+
+/// Four K-quant rows against one Q8_K row: per super-block each row's `unpack`ed block, its exact
+/// `isum` and (`MINS`: Q2_K, Q4_K, Q5_K) `imin` lanes (`sums`; the four rows' summed together)
+/// and its `[d, dmin]` (`d`), then the canonical float step lane by lane, one chain per row in
+/// the lanes of one register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_k<B: Block, U, const MINS: bool>(
+    w: [&[u8]; 4],
+    a: &[u8],
+    unpack: impl Fn(&B) -> U,
+    sums: impl Fn(&U, &BlockQ8K) -> (__m256i, __m256i),
+    d: impl Fn(&U) -> __m128,
+) -> [f32; 4] {
+    let xs: [&[B]; 4] = w.map(super::blocks::<B>);
+    let ys: &[BlockQ8K] = super::blocks(a);
+    let nb = super::common_blocks(&xs, &[ys]);
+    let mut sumf = _mm_setzero_ps();
+    for (b, y) in ys[..nb].iter().enumerate() {
+        // SAFETY: b < nb <= every row's length.
+        let x: [&B; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
+        // One row at a time (four unpacked blocks would not fit the registers; an array of
+        // per-row tuples built by `from_fn` compiled to code a third slower).
+        let (mut lanes, mut mins, mut dx) = (
+            [_mm256_setzero_si256(); 4],
+            [_mm256_setzero_si256(); 4],
+            [_mm_setzero_ps(); 4],
+        );
+        for r in 0..4 {
+            let u = unpack(x[r]);
+            (lanes[r], mins[r]) = sums(&u, y);
+            dx[r] = d(&u);
+        }
+        let (d_x, dmin_x) = d_dmin4(dx);
+        let d_y = _mm_set1_ps(y.d.get());
+        let isum = _mm_cvtepi32_ps(avx2::sum4_i32(lanes));
+        sumf = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), isum, sumf);
+        if MINS {
+            let imin = _mm_cvtepi32_ps(avx2::sum4_i32(mins));
+            sumf = _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), imin, sumf);
+        }
+    }
+    avx2::lanes4(sumf)
+}
+
+/// One Q3_K super-block unpacked: quarter u's quants as unsigned bytes `q + 4` (0..8) and
+/// scales, the sixteen group scales as i16, and `d`.
+#[derive(Clone, Copy)]
+struct Q3Block {
+    z: [__m512i; 4],
+    scales: [__m512i; 4],
+    groups: __m256i,
+    d: f32,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3_unpack(x: &BlockQ3K) -> Q3Block {
+    let (m2, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+    let groups = _mm256_cvtepi8_epi16(q3_scales(&x.scales));
+    let g512 = groups512(groups);
+    let hmask = broadcast32(&x.hmask);
+    let mut z = [_mm512_setzero_si512(); 4];
+    for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
+        let q = broadcast32(q);
+        for s in 0..2 {
+            // quarter u = 2h + s holds 32-element groups 2u and 2u + 1: q + 4 = the 2-bit
+            // plane, plus 4 where the group's bit of hmask is set
+            let u = 2 * h + s;
+            let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
+            let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
+            let set = _mm512_test_epi8_mask(hmask, split_epi8(1 << (2 * u), 1 << (2 * u + 1)));
+            z[u] = _mm512_mask_add_epi8(low, set, low, four);
+        }
+    }
+    Q3Block {
+        z,
+        scales: std::array::from_fn(|u| quarter_scales(g512, u)),
+        groups,
+        d: x.d.to_f32(),
+    }
+}
+
+/// Q3_K's sixteen 6-bit scales re-centred to -32..32 as i8 (`kquants::q3_scales`, four 32-bit
+/// words at once): word i's low four bits from the low (i < 2) or high nibbles of the first two
+/// words, its top two from bits `2i..2i + 2` of each byte of the third.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3_scales(raw: &[u8; 12]) -> __m128i {
+    let w = |i: usize| i32::from_le_bytes(raw[4 * i..4 * i + 4].try_into().unwrap());
+    let (w0, w1, hi) = (w(0), w(1), w(2));
+    let lo = _mm_srlv_epi32(_mm_setr_epi32(w0, w1, w0, w1), _mm_setr_epi32(0, 0, 4, 4));
+    let top = _mm_srlv_epi32(_mm_set1_epi32(hi), _mm_setr_epi32(0, 2, 4, 6));
+    let words = _mm_or_si128(
+        _mm_and_si128(lo, _mm_set1_epi8(0x0F)),
+        _mm_slli_epi32::<4>(_mm_and_si128(top, _mm_set1_epi8(3))),
+    );
+    _mm_sub_epi8(words, _mm_set1_epi8(32))
+}
+
+/// `isum` of one unpacked Q3_K super-block against `y` in eight i32 lanes (exact):
+/// `Σ sc·(q + 4)·y − 4 Σ_g sc_g·bsum_g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3_isum(x: &Q3Block, y: &BlockQ8K) -> __m256i {
+    let mut acc = _mm512_setzero_si512();
+    for u in 0..4 {
+        let prod = _mm512_maddubs_epi16(x.z[u], y_quarter(y, u));
+        acc = _mm512_dpwssd_epi32(acc, prod, x.scales[u]);
+    }
+    let off = _mm256_madd_epi16(x.groups, avx2::load_bsums(y));
+    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<2>(off))
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q3_k_q8_k(xs: &[BlockQ3K], ys: &[BlockQ8K]) -> f32 {
-    let (m2, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let sc = kquants::q3_scales(&x.scales);
-        let groups = groups512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast())));
-        let hmask = broadcast32(&x.hmask);
-        let mut acc = _mm512_setzero_si512();
-        for (h, q) in x.qs.as_chunks::<32>().0.iter().enumerate() {
-            let q = broadcast32(q);
-            for s in 0..2 {
-                // quarter u = 2h + s holds 32-element groups 2u and 2u + 1: q + 4 = the 2-bit
-                // plane, plus 4 where the group's bit of hmask is set
-                let u = 2 * h + s;
-                let shifts = split_epi16(4 * s as i16, 4 * s as i16 + 2);
-                let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts), m2);
-                let set = _mm512_test_epi8_mask(hmask, split_epi8(1 << (2 * u), 1 << (2 * u + 1)));
-                let z = _mm512_mask_add_epi8(low, set, low, four);
-                let yu = y_quarter(y, u);
-                // Σ (q + 4)·y − Σ 4·y, each pair sum exact in i16
-                let prod =
-                    _mm512_sub_epi16(_mm512_maddubs_epi16(z, yu), _mm512_maddubs_epi16(four, yu));
-                acc = _mm512_dpwssd_epi32(acc, prod, quarter_scales(groups, u));
-            }
-        }
-        let sums = avx2::hsum_i32_pair(fold(acc), _mm256_setzero_si256());
-        sumf = avx2::finish(sumf, y.d.get(), x.d.to_f32(), sums);
+        let u = q3_unpack(x);
+        let sums = avx2::hsum_i32_pair(q3_isum(&u, y), _mm256_setzero_si256());
+        sumf = avx2::finish(sumf, y.d.get(), u.d, sums);
     }
     sumf
+}
+
+/// A Q3_K super-block's 256 quants as unsigned bytes `q + 4` in element order (four quarters).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q3_quants(x: &BlockQ3K) -> [__m512i; 4] {
+    q3_unpack(x).z
+}
+
+/// Four Q3_K rows against one Q8_K row, bit-identical per row with [`vec_dot_q3_k_q8_k`], as
+/// [`rows_q6_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_q3_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    let sums = |u: &Q3Block, y: &BlockQ8K| (q3_isum(u, y), _mm256_setzero_si256());
+    rows_k::<_, _, false>(w, a, |x| q3_unpack(x), sums, |u| _mm_set_ss(u.d))
 }
 
 /// One Q4_K / Q5_K super-block unpacked: quarter c's quants (sub-blocks 2c, the low nibbles of
@@ -600,33 +754,8 @@ unsafe fn d_dmin4(d: [__m128; 4]) -> (__m128, __m128) {
 /// ahead gave 12.8 / 10.7 / 12.2 / 13.2 t/s against 18.2 without (and 18.4 for single rows).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn rows_k4<B: K4Parts>(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let xs: [&[B]; 4] = w.map(super::blocks::<B>);
-    let ys: &[BlockQ8K] = super::blocks(a);
-    let nb = super::common_blocks(&xs, &[ys]);
-    let mut sumf = _mm_setzero_ps();
-    for (b, y) in ys[..nb].iter().enumerate() {
-        // SAFETY: b < nb <= every row's length.
-        let x: [&B; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
-        // One row at a time (four unpacked blocks would not fit the registers; an array of
-        // per-row tuples built by `from_fn` compiled to code a third slower).
-        let (mut lanes, mut mins, mut d) = (
-            [_mm256_setzero_si256(); 4],
-            [_mm256_setzero_si256(); 4],
-            [_mm_setzero_ps(); 4],
-        );
-        for r in 0..4 {
-            let u = k4_unpack_block(x[r]);
-            lanes[r] = k4_isum(&u, y);
-            mins[r] = k4_imin(&u, y);
-            d[r] = u.d;
-        }
-        let (isum, imin) = (avx2::sum4_i32(lanes), avx2::sum4_i32(mins));
-        let (d_x, dmin_x) = d_dmin4(d);
-        let d_y = _mm_set1_ps(y.d.get());
-        let acc = _mm_fmadd_ps(_mm_mul_ps(d_y, d_x), _mm_cvtepi32_ps(isum), sumf);
-        sumf = _mm_fnmadd_ps(_mm_mul_ps(d_y, dmin_x), _mm_cvtepi32_ps(imin), acc);
-    }
-    avx2::lanes4(sumf)
+    let sums = |u: &K4Block, y: &BlockQ8K| (k4_isum(u, y), k4_imin(u, y));
+    rows_k::<_, _, true>(w, a, |x: &B| k4_unpack_block(x), sums, |u| u.d)
 }
 
 /// A Q4_K / Q5_K super-block unpacked.
@@ -784,26 +913,8 @@ pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
 /// same exact `isum` per super-block, [`q6_step`]'s float step lane by lane.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q6_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let xs: [&[BlockQ6K]; 4] = w.map(super::blocks::<BlockQ6K>);
-    let ys: &[BlockQ8K] = super::blocks(a);
-    let nb = super::common_blocks(&xs, &[ys]);
-    let mut sumf = _mm_setzero_ps();
-    for (b, y) in ys[..nb].iter().enumerate() {
-        // SAFETY: b < nb <= every row's length.
-        let x: [&BlockQ6K; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
-        // One row at a time (four unpacked blocks would not fit the registers).
-        let (mut lanes, mut d) = ([_mm256_setzero_si256(); 4], [0f32; 4]);
-        for r in 0..4 {
-            let u = q6_unpack(x[r]);
-            lanes[r] = q6_isum(&u, y);
-            d[r] = u.d;
-        }
-        let isum = avx2::sum4_i32(lanes);
-        let d_x = _mm_loadu_ps(d.as_ptr());
-        let d = _mm_mul_ps(_mm_set1_ps(y.d.get()), d_x);
-        sumf = _mm_fmadd_ps(d, _mm_cvtepi32_ps(isum), sumf);
-    }
-    avx2::lanes4(sumf)
+    let sums = |u: &Q6Block, y: &BlockQ8K| (q6_isum(u, y), _mm256_setzero_si256());
+    rows_k::<_, _, false>(w, a, |x| q6_unpack(x), sums, |u| _mm_set_ss(u.d))
 }
 
 /// [`k_tile`] for Q6_K.
@@ -907,6 +1018,8 @@ mod tests {
         let kinds = [
             GgmlType::Q4_0,
             GgmlType::Q8_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
@@ -946,6 +1059,28 @@ mod tests {
                     assert_eq!(got[r].to_bits(), want.to_bits(), "{wty} n={n} row {r}");
                 }
             }
+        }
+    }
+
+    /// Q3_K's scales four words at a time equal `kquants`' for every value of each byte.
+    #[test]
+    fn q3_scales_equal_kquants() {
+        if !crate::kernels::cpu::Isa::Avx512.supported() {
+            return;
+        }
+        let mut rng = crate::rng::SplitMix64::new(5);
+        for i in 0..4096u32 {
+            let mut raw = [0u8; 12];
+            rng.fill_bytes(&mut raw);
+            raw[(i % 12) as usize] = (i / 12) as u8;
+            let mut got = [0i8; 16];
+            // SAFETY: AVX-512 checked above; `got` holds sixteen bytes.
+            unsafe { _mm_storeu_si128(got.as_mut_ptr().cast(), q3_scales(&raw)) };
+            assert_eq!(
+                got,
+                crate::kernels::cpu::kquants::q3_scales(&raw),
+                "{raw:?}"
+            );
         }
     }
 

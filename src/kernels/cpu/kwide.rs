@@ -70,10 +70,8 @@ const EMPTY: Panel = Panel {
 
 /// Whether the panels handle weights of type `ty`.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-    )
+    // The same types as the interleaved layout's (whose groups the panels also unpack).
+    crate::kernels::cpu::repack::interleaves(ty)
 }
 
 /// Rows `rows` of a weight of type `ty` (Q4_0 or a K-quant; `row(r)`: its bytes) against every
@@ -175,7 +173,7 @@ fn run_blocks<'w>(
     let unpack = |r: usize, p: &mut [Panel]| {
         let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
         // SAFETY: AVX-512 is present (asserted above).
-        unsafe { unpack(ty, &w, p) }
+        unsafe { unpack_plain(ty, &w, p) }
     };
     run_k_panels(acts, ty, rows, block_tokens, put, unpack)
 }
@@ -190,7 +188,7 @@ pub(crate) fn run_interleaved(
     put: impl Fn(usize, usize, f32),
 ) {
     assert!(
-        matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && acts.ty == ty.vec_dot_type(),
+        supports(ty) && ty != GgmlType::Q4_0 && acts.ty == ty.vec_dot_type(),
         "kwide::run_interleaved on {ty} weights with {} activations",
         acts.ty
     );
@@ -229,7 +227,8 @@ fn run_k_panels(
         // blocks (QuantizedActs).
         unsafe {
             match ty {
-                GgmlType::Q6_K => run_block::<16, false>(p, acts, toks, acc),
+                GgmlType::Q3_K | GgmlType::Q6_K => run_block::<16, false>(p, acts, toks, acc),
+                GgmlType::Q2_K => run_block::<16, true>(p, acts, toks, acc),
                 _ => run_block::<32, true>(p, acts, toks, acc),
             }
         }
@@ -281,9 +280,9 @@ fn drive<P: Copy>(
     r
 }
 
-/// Unpacks sixteen rows' super-blocks into `panels`.
+/// Unpacks sixteen rows' super-blocks (the file's layout) into `panels`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
+unsafe fn unpack_plain(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
     use crate::kernels::cpu::avx512;
     // Row r's quants in element order: quarters 4r..4r + 4.
     let mut natural = [_mm512_setzero_si512(); 4 * ROWS];
@@ -291,6 +290,8 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
     for (b, p) in panels.iter_mut().enumerate() {
         for (r, &row) in rows.iter().enumerate() {
             let z = match ty {
+                GgmlType::Q2_K => avx512::q2_quants(&blocks::<BlockQ2K>(row)[b]),
+                GgmlType::Q3_K => avx512::q3_quants(&blocks::<BlockQ3K>(row)[b]),
                 GgmlType::Q4_K => avx512::k4_quants(&blocks::<BlockQ4K>(row)[b]),
                 GgmlType::Q5_K => avx512::k4_quants(&blocks::<BlockQ5K>(row)[b]),
                 GgmlType::Q6_K => avx512::q6_quants(&blocks::<BlockQ6K>(row)[b]),
@@ -321,6 +322,26 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
                 let d = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(words(206)));
                 fill_q6(p, std::array::from_fn(|i| words(192 + 4 * i)), d);
             }
+            GgmlType::Q2_K => {
+                let xs: [&BlockQ2K; ROWS] = std::array::from_fn(|r| &blocks(rows[r])[b]);
+                fill_small(
+                    p,
+                    |r, j| i32::from(xs[r].scales[j] & 0x0F),
+                    |r, j| i32::from(xs[r].scales[j] >> 4),
+                    |r| (xs[r].d, xs[r].dmin),
+                );
+            }
+            GgmlType::Q3_K => {
+                let xs: [&BlockQ3K; ROWS] = std::array::from_fn(|r| &blocks(rows[r])[b]);
+                let sc: [[i8; 16]; ROWS] =
+                    std::array::from_fn(|r| crate::kernels::cpu::kquants::q3_scales(&xs[r].scales));
+                fill_small(
+                    p,
+                    |r, j| i32::from(sc[r][j]),
+                    |r, j| -4 * i32::from(sc[r][j]),
+                    |r| (xs[r].d, F16Le::from_f32(0.0)),
+                );
+            }
             other => unreachable!("kwide unpack of {other}"),
         }
     }
@@ -331,18 +352,66 @@ unsafe fn unpack(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel]) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
     use crate::kernels::cpu::repack::{
-        K4_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q6_quants, q6_word, q6_words,
+        K4_WORDS, Q2_WORDS, Q3_GROUP_BLOCK, Q5_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q2_head,
+        q2_quants, q3_lane_scales, q3_quants, q3_slot, q5_quants, q6_quants, q6_word, q6_words,
     };
     let nb = panels.len();
-    let stride = match ty {
-        GgmlType::Q4_K => ROWS * 4 * K4_WORDS,
-        GgmlType::Q6_K => Q6_GROUP_BLOCK,
+    let (stride, d_after) = match ty {
+        GgmlType::Q2_K => (ROWS * 4 * Q2_WORDS, false),
+        GgmlType::Q3_K => (Q3_GROUP_BLOCK, true),
+        GgmlType::Q4_K => (ROWS * 4 * K4_WORDS, false),
+        GgmlType::Q5_K => (ROWS * 4 * Q5_WORDS, false),
+        GgmlType::Q6_K => (Q6_GROUP_BLOCK, true),
         other => unreachable!("kwide: no interleaved {other}"),
     };
-    assert!(group.len() >= nb * stride + if ty == GgmlType::Q6_K { nb * SCALES } else { 0 });
+    assert!(group.len() >= nb * stride + if d_after { nb * SCALES } else { 0 });
+    // The sixteen rows' `d` of block b, when they follow the group's blocks.
+    let d_after =
+        |b: usize| _mm256_loadu_si256(group.as_ptr().add(nb * stride + b * SCALES).cast());
     for (b, p) in panels.iter_mut().enumerate() {
         let at = group.as_ptr().add(b * stride);
         let word = |w: usize| _mm512_loadu_si512(at.add(64 * w).cast());
+        match ty {
+            GgmlType::Q2_K => {
+                store_planes(
+                    p,
+                    |h| std::array::from_fn(|c| word(4 + 8 * h + c)),
+                    |v, g| q2_quants(v, g),
+                );
+                let (sc, pairs) = q2_head(std::array::from_fn(word));
+                fill_lanes(p, sc, pairs);
+                let dd = word(Q2_WORDS - 1);
+                _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+                let dmin = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd));
+                _mm512_store_ps(p.dmin.as_mut_ptr(), _mm512_cvtph_ps(dmin));
+                continue;
+            }
+            GgmlType::Q3_K => {
+                let word = |w: usize| _mm512_loadu_si512(at.add(64 * q3_slot(w)).cast());
+                let hm = std::array::from_fn(word);
+                let qs = |h: usize| std::array::from_fn(|c| word(8 + 8 * h + c));
+                store_planes(p, qs, |v, g| q3_quants(v, &hm, g));
+                let sc = q3_lane_scales([word(24), word(25), word(26)]);
+                fill_lanes(p, sc, offset_pairs::<2>(&sc));
+                _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d_after(b)));
+                continue;
+            }
+            GgmlType::Q5_K => {
+                let qh = std::array::from_fn(|c| word(4 + c));
+                for pair in 0..4 {
+                    let v = std::array::from_fn(|c| word(12 + 8 * pair + c));
+                    for half in 0..2 {
+                        let j = 2 * pair + half;
+                        for (c, z) in q5_quants(&v, &qh, j).into_iter().enumerate() {
+                            store(&mut p.q[8 * j + c], z);
+                        }
+                    }
+                }
+                fill_k4(p, [word(0), word(1), word(2), word(3)]);
+                continue;
+            }
+            _ => {}
+        }
         if ty == GgmlType::Q4_K {
             // Quant word 4 + 8 pair + c: elements 64 pair + 4c.. (low nibbles) and
             // 64 pair + 32 + 4c.. (high).
@@ -373,6 +442,37 @@ unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
     }
 }
 
+/// The quants of a Q2_K / Q3_K panel: for each half h of the block, its eight `qs` words
+/// (`words(h)`), and from them each 32-element group `g = 4 h + plane` (`quants(words, g)`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn store_planes(
+    p: &mut Panel,
+    words: impl Fn(usize) -> [__m512i; 8],
+    quants: impl Fn(&[__m512i; 8], usize) -> [__m512i; 8],
+) {
+    for h in 0..2 {
+        let v = words(h);
+        for g in 4 * h..4 * h + 4 {
+            for (c, z) in quants(&v, g).into_iter().enumerate() {
+                store(&mut p.q[8 * g + c], z);
+            }
+        }
+    }
+}
+
+/// A panel's sixteen group scales and eight correction pairs, lane r for row r.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fill_lanes(p: &mut Panel, sc: [__m512i; 16], pairs: [__m512i; 8]) {
+    for (l, v) in p.sc.iter_mut().zip(sc) {
+        store(l, v);
+    }
+    for (l, v) in p.pc.iter_mut().zip(pairs) {
+        store(l, v);
+    }
+}
+
 /// A Q4_K / Q5_K panel's scales, corrections (mins), `d` and `dmin` from the sixteen rows'
 /// first four words of the block.
 #[inline]
@@ -397,16 +497,47 @@ unsafe fn fill_k4(p: &mut Panel, head: [__m512i; 4]) {
 unsafe fn fill_q6(p: &mut Panel, sw: [__m512i; 4], d: __m256i) {
     _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
     let sc: [__m512i; 16] = std::array::from_fn(|j| signed_byte(sw[j / 4], j % 4));
-    for (l, &v) in p.sc.iter_mut().zip(&sc) {
-        store(l, v);
-    }
-    let m32 = |v| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<5>(v));
-    for (k, l) in p.pc.iter_mut().enumerate() {
-        let lo = _mm512_and_si512(m32(sc[2 * k]), _mm512_set1_epi32(0xFFFF));
-        store(
-            l,
-            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(m32(sc[2 * k + 1]))),
-        );
+    fill_lanes(p, sc, offset_pairs::<5>(&sc));
+}
+
+/// The corrections `-2^S sc_j` of the types whose quants enter offset by `2^S` (Q3_K: 4, Q6_K:
+/// 32), groups 2k and 2k + 1 as the low and high 16 bits of pair k's lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn offset_pairs<const S: u32>(sc: &[__m512i; 16]) -> [__m512i; 8] {
+    let neg = |v| {
+        _mm512_sub_epi32(
+            _mm512_setzero_si512(),
+            _mm512_sll_epi32(v, _mm_cvtsi32_si128(S as i32)),
+        )
+    };
+    std::array::from_fn(|k| {
+        let lo = _mm512_and_si512(neg(sc[2 * k]), _mm512_set1_epi32(0xFFFF));
+        _mm512_or_si512(lo, _mm512_slli_epi32::<16>(neg(sc[2 * k + 1])))
+    })
+}
+
+/// A Q2_K / Q3_K panel (sixteen groups of sixteen) from row r's group scales `sc(r, j)`, group
+/// corrections `pc(r, j)` (Q2_K's mins, Q3_K's `-4 sc`; within i16) and `(d, dmin)`, gathered
+/// row by row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fill_small(
+    p: &mut Panel,
+    sc: impl Fn(usize, usize) -> i32,
+    pc: impl Fn(usize, usize) -> i32,
+    d: impl Fn(usize) -> (F16Le, F16Le),
+) {
+    for r in 0..ROWS {
+        let (dr, mr) = d(r);
+        p.d[r] = dr.to_f32();
+        p.dmin[r] = mr.to_f32();
+        for j in 0..16 {
+            p.sc[j].0[r] = sc(r, j);
+        }
+        for k in 0..8 {
+            p.pc[k].0[r] = (pc(r, 2 * k) & 0xFFFF) | (pc(r, 2 * k + 1) << 16);
+        }
     }
 }
 
@@ -739,6 +870,8 @@ mod tests {
         let mut rng = SplitMix64::new(11);
         for ty in [
             GgmlType::Q4_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,

@@ -408,6 +408,7 @@ impl<'a> RowJob<'a> {
         let min = match self.w.ty {
             GgmlType::Q6_K => 24,
             GgmlType::Q4_K => 64,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q5_K => 32,
             _ => return false,
         };
         self.kwide && n_tok >= min
@@ -1020,6 +1021,17 @@ mod interleaved_tests {
         interleaved_equals_rows(GgmlType::Q6_K, 768, 160);
         // Two slabs (eight super-blocks and three).
         interleaved_equals_rows(GgmlType::Q6_K, repack::SLAB + 768, 160);
+    }
+
+    /// As for Q4_0, the other K-quants: Q2_K (mins in 16-bit pairs), Q3_K (the layout's `d`
+    /// after the group's blocks, the high bit from `hmask`), Q5_K (the fifth bit from `qh`);
+    /// the panels from the rows put back in the file's layout.
+    #[test]
+    fn interleaved_k_quants_equal_rows() {
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
+            interleaved_equals_rows(ty, 768, 160);
+            interleaved_equals_rows(ty, repack::SLAB + 512, 160);
+        }
     }
 
     fn interleaved_equals_rows(ty: GgmlType, k: usize, n_rows: usize) {

@@ -288,6 +288,8 @@ pub fn random_blocks(
     let scales: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
         _ => &[0, 2],
     };
     w.iter_mut().for_each(|b| *b = rng.next_u64() as u8);

@@ -1,4 +1,4 @@
-//! Q4_0, Q4_K and Q6_K weights kept by the CPU in a layout of its own, rows interleaved by sixteen
+//! Q4_0 and K-quant (Q2_K..Q6_K) weights kept by the CPU in a layout of its own, rows interleaved by sixteen
 //! (AVX-512 CPUs): one 512-bit register holds four quant bytes of each of sixteen rows, lane r
 //! being row r. A dot product then needs no sum across lanes. Q4_0: per block and token, eight
 //! `vpdpbusd` of the unpacked nibbles with the token's four bytes broadcast, started from the
@@ -25,7 +25,10 @@
 //! block b (low nibbles: elements `4c..4c + 4`, high nibbles: `16 + 4c..20 + 4c`), its scales
 //! the sixteen rows' `d` (f16). Q4_K: block b takes
 //! `2304` bytes, its 32-bit word w (d and dmin, three words of packed scales, 32 of quants) at
-//! `64 w`, lane r. Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
+//! `64 w`, lane r; Q2_K (21 words, 1344 bytes) and Q5_K (44 words, 2816 bytes) alike. Q3_K:
+//! block b takes `1728` bytes, its 27 words at `64 q3_slot(w)` (the three of scales first, then
+//! `hmask`, then `qs`), lane r, and the sixteen rows' `d` (f16) follow all the group's blocks.
+//! Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
 //! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
 //! rows' `d` (f16) follow all the group's blocks. A group takes the bytes of its sixteen rows,
 //! so the repacked matrix has the file's size.
@@ -104,7 +107,7 @@ const fn q4_0_scales(nb: usize, b: usize) -> usize {
 }
 
 /// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0,
-/// Q4_K or Q6_K with whole groups of rows, on a CPU running the AVX-512 kernels, unless
+/// or a K-quant with whole groups of rows, on a CPU running the AVX-512 kernels, unless
 /// `OATO_CPU_REPACK=0`.
 pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
     interleaves(ty)
@@ -118,10 +121,18 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
 
 /// Whether the interleaved layout and its kernels exist for weights of type `ty`.
 pub fn interleaves(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    )
 }
 
-/// `OATO_CPU_REPACK=0` keeps Q4_0, Q4_K and Q6_K weights in the file's layout (for comparison: the
+/// `OATO_CPU_REPACK=0` keeps Q4_0 and K-quant weights in the file's layout (for comparison: the
 /// same bits).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -321,10 +332,10 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 
 /// Calls `f(from, to, len)` for each piece of row `r`'s block `b` (of `nb` per row of a slab):
 /// `from` its offset in the slab's part of the file's row, `to` in the row's group of the slab.
-/// Q4_0: the quants as above, the scales after the pair's quants; Q4_K:
-/// every 32-bit word w of the block (d and dmin, the packed scales, the quants) at
-/// `2304 b + 64 w`, lane r; Q6_K: its 52 words at
-/// `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
+/// Q4_0: the quants as above, the scales after the pair's quants; Q2_K, Q4_K, Q5_K: every
+/// 32-bit word w of the block at `4 words b + 64 w`, lane r (words: the block's); Q3_K: its 27
+/// words at `1728 b + 64 q3_slot(w)`, lane r, its `d` after all the group's blocks; Q6_K: its
+/// 52 words at `3328 b + 64 q6_slot(w)`, lane r, its `d` after all the group's blocks.
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
     match ty {
@@ -345,11 +356,23 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
                 2,
             );
         }
+        GgmlType::Q3_K => {
+            for w in 0..Q3_WORDS {
+                let to = b * Q3_GROUP_BLOCK + 64 * q3_slot(w) + 4 * r;
+                f(b * Q3_BLOCK + 4 * w, to, 4);
+            }
+            f(
+                b * Q3_BLOCK + 4 * Q3_WORDS,
+                nb * Q3_GROUP_BLOCK + b * SCALES + 2 * r,
+                2,
+            );
+        }
         _ => {
-            for w in 0..K4_WORDS {
+            let words = ty.type_size() / 4;
+            for w in 0..words {
                 f(
-                    b * 4 * K4_WORDS + 4 * w,
-                    b * ROWS * 4 * K4_WORDS + 64 * w + 4 * r,
+                    b * 4 * words + 4 * w,
+                    b * ROWS * 4 * words + 64 * w + 4 * r,
                     4,
                 );
             }
@@ -359,6 +382,29 @@ fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, 
 
 /// 32-bit words in a Q4_K block (144 bytes).
 pub(crate) const K4_WORDS: usize = 36;
+
+/// 32-bit words in a Q5_K block (176 bytes): `d` and `dmin`, three of packed scales, eight of
+/// `qh`, 32 of `qs`.
+pub(crate) const Q5_WORDS: usize = 44;
+
+/// 32-bit words in a Q2_K block (84 bytes): four of scales, sixteen of `qs`, `d` and `dmin`.
+pub(crate) const Q2_WORDS: usize = 21;
+
+/// Bytes of one Q3_K block.
+const Q3_BLOCK: usize = 110;
+
+/// 32-bit words of a Q3_K block before its `d`: eight of `hmask`, sixteen of `qs`, three of
+/// scales.
+pub(crate) const Q3_WORDS: usize = 27;
+
+/// Bytes of one Q3_K block's words for the group (its `d` apart).
+pub(crate) const Q3_GROUP_BLOCK: usize = ROWS * 4 * Q3_WORDS;
+
+/// Where a Q3_K block's 32-bit word `w` (the file's order: `hmask`, `qs`, scales) sits among the
+/// group's 27 (`64 q3_slot(w)`): the scales first, which the kernel reads first.
+pub(crate) const fn q3_slot(w: usize) -> usize {
+    if w >= 24 { w - 24 } else { w + 3 }
+}
 
 /// Bytes of one Q6_K block.
 const Q6_BLOCK: usize = 210;
@@ -409,7 +455,10 @@ use kernels::hint_is_nta;
 #[cfg(target_arch = "x86_64")]
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernels::{q6_quants, q6_word, q6_words, run_rows, signed_byte};
+pub(crate) use kernels::{
+    q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words,
+    run_rows, signed_byte,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
@@ -499,17 +548,19 @@ mod kernels {
                     });
                 }
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => {
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
                 assert_eq!(
                     extra.min_pairs.len(),
                     n_tok * nb,
                     "repack: sums of other activations"
                 );
                 // One, two and four tokens at a time.
-                let kernels: [KFn; 3] = if ty == GgmlType::Q4_K {
-                    [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>]
-                } else {
-                    [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>]
+                let kernels: [KFn; 3] = match ty {
+                    GgmlType::Q2_K => [tokens_q2_k::<1>, tokens_q2_k::<2>, tokens_q2_k::<4>],
+                    GgmlType::Q3_K => [tokens_q3_k::<1>, tokens_q3_k::<2>, tokens_q3_k::<4>],
+                    GgmlType::Q4_K => [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>],
+                    GgmlType::Q5_K => [tokens_q5_k::<1>, tokens_q5_k::<2>, tokens_q5_k::<4>],
+                    _ => [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>],
                 };
                 for (sl, part, packed) in slabs() {
                     let ys = tokens_blocks::<BlockQ8K>(acts, &sl);
@@ -757,6 +808,323 @@ mod kernels {
                     _mm512_fmadd_ps(_mm512_mul_ps(d_y, h.d), _mm512_cvtepi32_ps(is), sumf[tk]);
                 sumf[tk] =
                     _mm512_fnmadd_ps(_mm512_mul_ps(d_y, h.dmin), _mm512_cvtepi32_ps(imin), acc);
+            }
+        }
+        for (j, acc) in sumf.into_iter().enumerate() {
+            out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// Tokens `t..t + NT` against one Q5_K group: as [`tokens_q4_k`], each 32-element group's
+    /// quants put together from a nibble of `qs` and bit j of the matching `qh` word (which
+    /// holds the fifth bit of the same four elements of each of the eight groups), 0..32.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_q5_k<const NT: usize>(
+        group: &[u8],
+        part: Part,
+        ys: &[&[BlockQ8K]],
+        min_pairs: &[[i32; 4]],
+        t: usize,
+        out: &Out,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        use super::Q5_WORDS;
+        let ahead = prefetch_ahead();
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        for b in 0..part.nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * Q5_WORDS);
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+            let h = crate::kernels::cpu::kwide::k4_head([word(0), word(1), word(2), word(3)]);
+            let qh: [__m512i; 8] = std::array::from_fn(|c| word(4 + c));
+            let mut isum = [_mm512_setzero_si512(); NT];
+            for pair in 0..4 {
+                // Quant bytes 32 pair..32 pair + 32: low nibbles group 2 pair, high 2 pair + 1.
+                let v: [__m512i; 8] = std::array::from_fn(|c| word(12 + 8 * pair + c));
+                for half in 0..2 {
+                    let j = 2 * pair + half;
+                    prefetch_part(p, ahead, Q5_WORDS, j, 8);
+                    let w = q5_quants(&v, &qh, j);
+                    let sc = h.sc[j];
+                    for (tk, is) in isum.iter_mut().enumerate() {
+                        let yq = ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr();
+                        let yq = yq.add(32 * j);
+                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for e in 0..4 {
+                            s0 = dpbusd_bcst(s0, w[2 * e], yq.add(8 * e).cast());
+                            s1 = dpbusd_bcst(s1, w[2 * e + 1], yq.add(8 * e + 4).cast());
+                        }
+                        *is =
+                            _mm512_add_epi32(*is, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                    }
+                }
+            }
+            for tk in 0..NT {
+                let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                let mut imin = _mm512_setzero_si512();
+                for (k, &pair) in min_pairs
+                    .get_unchecked((t + tk) * part.stride + b)
+                    .iter()
+                    .enumerate()
+                {
+                    imin = _mm512_dpwssd_epi32(imin, h.mp[k], _mm512_set1_epi32(pair));
+                }
+                let d_y = _mm512_set1_ps(y.d.get());
+                let acc = _mm512_fmadd_ps(
+                    _mm512_mul_ps(d_y, h.d),
+                    _mm512_cvtepi32_ps(isum[tk]),
+                    sumf[tk],
+                );
+                sumf[tk] =
+                    _mm512_fnmadd_ps(_mm512_mul_ps(d_y, h.dmin), _mm512_cvtepi32_ps(imin), acc);
+            }
+        }
+        for (j, acc) in sumf.into_iter().enumerate() {
+            out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// The quants (0..32) of 32-element group j of sixteen Q5_K rows, four elements a register
+    /// (lane r: row r), from the `qs` words of the group's pair (`v`: words `12 + 8 (j / 2)..`)
+    /// and the eight `qh` words: the low (even j) or high nibbles, bit j of `qh` above them.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q5_quants(v: &[__m512i; 8], qh: &[__m512i; 8], j: usize) -> [__m512i; 8] {
+        let (low, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+        std::array::from_fn(|c| {
+            let lo = if j.is_multiple_of(2) {
+                v[c]
+            } else {
+                _mm512_srli_epi32::<4>(v[c])
+            };
+            // Bit j of each qh byte to bit 4 (within the byte either way).
+            let hi = shift_bits(qh[c], 4 - j as i32);
+            _mm512_ternarylogic_epi32::<0xE4>(lo, _mm512_and_si512(hi, bit4), low)
+        })
+    }
+
+    /// The quants `q + 4` (0..8) of 32-element group `g = 4 h + plane` of sixteen Q3_K rows, four
+    /// elements a register, from the half's `qs` words `v` and the eight `hmask` words `hm`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q3_quants(v: &[__m512i; 8], hm: &[__m512i; 8], g: usize) -> [__m512i; 8] {
+        let (m2, bit2) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+        std::array::from_fn(|c| {
+            let lo = shift_bits(v[c], -2 * (g % 4) as i32);
+            // Bit g of each hmask byte to bit 2 (within the byte either way).
+            let hi = shift_bits(hm[c], 2 - g as i32);
+            _mm512_ternarylogic_epi32::<0xE4>(lo, _mm512_and_si512(hi, bit2), m2)
+        })
+    }
+
+    /// The quants (0..4) of 32-element group `g = 4 h + plane` of sixteen Q2_K rows, four
+    /// elements a register, from the half's `qs` words `v`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q2_quants(v: &[__m512i; 8], g: usize) -> [__m512i; 8] {
+        let m2 = _mm512_set1_epi8(3);
+        std::array::from_fn(|c| _mm512_and_si512(shift_bits(v[c], -2 * (g % 4) as i32), m2))
+    }
+
+    /// Sixteen Q2_K rows' scales (0..16) and their mins in 16-bit pairs `(m_2k, m_2k+1)` (for
+    /// `vpdpwssd` against the activation's `bsums` read as pairs), from the block's four words
+    /// of scale bytes (lane r: row r's).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q2_head(raw: [__m512i; 4]) -> ([__m512i; 16], [__m512i; 8]) {
+        let low4 = _mm512_set1_epi8(0x0F);
+        let scw = raw.map(|w| _mm512_and_si512(w, low4));
+        let mw = raw.map(|w| _mm512_and_si512(_mm512_srli_epi32::<4>(w), low4));
+        // Mins 2k and 2k + 1: bytes 2 (k % 2) and 2 (k % 2) + 1 of word k / 2.
+        let pairs = std::array::from_fn(|k| {
+            let i = 2 * (k % 2) as i32;
+            let idx = in_lanes(i | (0x80 << 8) | ((i + 1) << 16) | (0x80u32 << 24) as i32);
+            _mm512_shuffle_epi8(mw[k / 2], idx)
+        });
+        (std::array::from_fn(|j| lane_byte(scw[j / 4], j % 4)), pairs)
+    }
+
+    /// Every 32-bit lane of `v` shifted left by `n` bits (right by `-n` when `n` is negative).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn shift_bits(v: __m512i, n: i32) -> __m512i {
+        if n >= 0 {
+            _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
+        } else {
+            _mm512_srl_epi32(v, _mm_cvtsi32_si128(-n))
+        }
+    }
+
+    /// Byte `i` of every 32-bit lane of `v`, zero-extended, by one byte shuffle.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn lane_byte(v: __m512i, i: usize) -> __m512i {
+        _mm512_shuffle_epi8(v, in_lanes(0x8080_8000u32 as i32 | i as i32))
+    }
+
+    /// A byte shuffle's indices that take, in every 32-bit lane, the bytes `idx` names of that
+    /// lane (`idx`: four byte indices 0..4, or 0x80 for a zero byte; `vpshufb` indexes the
+    /// 128-bit lane, so lane e of each gets 4e added).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn in_lanes(idx: i32) -> __m512i {
+        let e = _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
+        _mm512_add_epi8(_mm512_set1_epi32(idx), e)
+    }
+
+    /// Tokens `t..t + NT` against one Q3_K group. Per super-block, the scales' three words give
+    /// the sixteen rows' 6-bit scales (four per word, as `kquants::q3_scales`, lane by lane);
+    /// per 32-element group g, each `qs` word's 2-bit plane `g % 4` with bit g of the matching
+    /// `hmask` word above it gives four bytes of quants `q + 4` (0..8) per row; per 16-element
+    /// group j, four `vpdpbusd` from `-4 Σy_j` give each row's exact `Σ q y`, times the rows'
+    /// scale j (`vpmulld`). The float step is `kquants`' lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_q3_k<const NT: usize>(
+        group: &[u8],
+        part: Part,
+        ys: &[&[BlockQ8K]],
+        _min_pairs: &[[i32; 4]],
+        t: usize,
+        out: &Out,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        use super::{Q3_GROUP_BLOCK, Q3_WORDS, q3_slot};
+        let ahead = prefetch_ahead();
+        let q = group.as_ptr();
+        let nb = part.nb;
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        for b in 0..nb {
+            let p = q.add(b * Q3_GROUP_BLOCK);
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * q3_slot(w)).cast());
+            let sc = q3_lane_scales([word(24), word(25), word(26)]);
+            let hm: [__m512i; 8] = std::array::from_fn(word);
+            let mut isum = [_mm512_setzero_si512(); NT];
+            for h in 0..2 {
+                let v: [__m512i; 8] = std::array::from_fn(|c| word(8 + 8 * h + c));
+                for plane in 0..4 {
+                    let g = 4 * h + plane;
+                    prefetch_part(p, ahead, Q3_WORDS, g, 8);
+                    let z = q3_quants(&v, &hm, g);
+                    for half in 0..2 {
+                        let j = 2 * g + half;
+                        for (tk, is) in isum.iter_mut().enumerate() {
+                            let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                            let yq = y.qs.as_ptr().add(16 * j);
+                            let off = -4 * i32::from(y.bsums.get_unchecked(j).get());
+                            let mut acc = _mm512_set1_epi32(off);
+                            for i in 0..4 {
+                                acc = dpbusd_bcst(acc, z[4 * half + i], yq.add(4 * i).cast());
+                            }
+                            *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc[j]));
+                        }
+                    }
+                }
+            }
+            let dx = scales_d(q, nb, Q3_GROUP_BLOCK, b);
+            for (tk, acc) in sumf.iter_mut().enumerate() {
+                let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(isum[tk]), *acc);
+            }
+        }
+        for (j, acc) in sumf.into_iter().enumerate() {
+            out.write16(t + j, r0, mask, acc);
+        }
+    }
+
+    /// The sixteen rows' sixteen Q3_K scales (-32..32, lane r: row r) from the block's three
+    /// words of packed scales (lane r: row r's bytes `4i..4i + 4`): scale j's low four bits are
+    /// the low (j < 8) or high nibble of byte j % 8, its top two bits `2 (j / 4)..` of byte
+    /// `8 + j % 4`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn q3_lane_scales(w: [__m512i; 3]) -> [__m512i; 16] {
+        let (low4, low2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+        let top = |k: i32| _mm512_slli_epi32::<4>(_mm512_and_si512(shift_bits(w[2], -2 * k), low2));
+        // Scales 4i..4i + 4 as the bytes of word i.
+        let words = [
+            _mm512_or_si512(_mm512_and_si512(w[0], low4), top(0)),
+            _mm512_or_si512(_mm512_and_si512(w[1], low4), top(1)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w[0]), low4), top(2)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w[1]), low4), top(3)),
+        ];
+        let thirty_two = _mm512_set1_epi32(32);
+        std::array::from_fn(|j| _mm512_sub_epi32(lane_byte(words[j / 4], j % 4), thirty_two))
+    }
+
+    /// The sixteen rows' `d` of block b of the group at `q` (`nb` blocks of `block` bytes
+    /// each, the `d`s after them), widened.
+    #[inline(always)]
+    unsafe fn scales_d(q: *const u8, nb: usize, block: usize, b: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(q.add(nb * block + b * SCALES).cast()))
+    }
+
+    /// Tokens `t..t + NT` against one Q2_K group. Per super-block, per 32-element group g, each
+    /// `qs` word's 2-bit plane `g % 4` gives four bytes of quants (0..4) per row; per 16-element
+    /// group j four `vpdpbusd` give each row's exact `Σ q y`, times the rows' scale j
+    /// (`vpmulld`); the mins' `Σ_j m_j bsum_j` by `vpdpwssd` of the rows' mins in 16-bit pairs
+    /// against the activation's pairs of `bsums`. The float step is `kquants`' lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf); sumf = fma(-(d_y * dmin_x), imin, sumf)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_q2_k<const NT: usize>(
+        group: &[u8],
+        part: Part,
+        ys: &[&[BlockQ8K]],
+        _min_pairs: &[[i32; 4]],
+        t: usize,
+        out: &Out,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        use super::Q2_WORDS;
+        let ahead = prefetch_ahead();
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        for b in 0..part.nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * Q2_WORDS);
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+            let (sc, pairs) = q2_head(std::array::from_fn(word));
+            let mut isum = [_mm512_setzero_si512(); NT];
+            for h in 0..2 {
+                let v: [__m512i; 8] = std::array::from_fn(|c| word(4 + 8 * h + c));
+                for plane in 0..4 {
+                    let g = 4 * h + plane;
+                    prefetch_part(p, ahead, Q2_WORDS, g, 8);
+                    let z = q2_quants(&v, g);
+                    for half in 0..2 {
+                        let j = 2 * g + half;
+                        for (tk, is) in isum.iter_mut().enumerate() {
+                            let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                            let yq = y.qs.as_ptr().add(16 * j);
+                            let mut acc = _mm512_setzero_si512();
+                            for i in 0..4 {
+                                acc = dpbusd_bcst(acc, z[4 * half + i], yq.add(4 * i).cast());
+                            }
+                            *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc[j]));
+                        }
+                    }
+                }
+            }
+            let dd = word(Q2_WORDS - 1);
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+            for (tk, acc) in sumf.iter_mut().enumerate() {
+                let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                let bsums = y.bsums.as_ptr().cast::<i32>();
+                let mut imin = _mm512_setzero_si512();
+                for (k, &m) in pairs.iter().enumerate() {
+                    let pair = _mm512_set1_epi32(std::ptr::read_unaligned(bsums.add(k)));
+                    imin = _mm512_dpwssd_epi32(imin, m, pair);
+                }
+                let d_y = _mm512_set1_ps(y.d.get());
+                let s = _mm512_fmadd_ps(_mm512_mul_ps(d_y, d), _mm512_cvtepi32_ps(isum[tk]), *acc);
+                *acc = _mm512_fnmadd_ps(_mm512_mul_ps(d_y, dmin), _mm512_cvtepi32_ps(imin), s);
             }
         }
         for (j, acc) in sumf.into_iter().enumerate() {
@@ -1243,6 +1611,9 @@ mod tests {
             (GgmlType::Q4_K, SLAB + 512),
             (GgmlType::Q6_K, SLAB + 768),
             (GgmlType::Q4_0, 2 * SLAB + 96),
+            (GgmlType::Q2_K, SLAB + 512),
+            (GgmlType::Q3_K, SLAB + 768),
+            (GgmlType::Q5_K, SLAB + 256),
         ] {
             let n = 32;
             let mut rng = crate::rng::SplitMix64::new(5);
