@@ -7,7 +7,8 @@
 # avg_ts, stddev_ts; one row per type x test x engine) and results/cpu-vs-llamacpp.md (a table
 # per type: both engines' t/s and the ratio oato / llama.cpp).
 #
-# With SYNTH=1 (the default) it also runs the Llama-3.2-1B shape in Q4_0, Q4_K_M, Q8_0 and F16, and
+# With SYNTH=1 (the default) it also runs the Llama-3.2-1B shape in Q4_0, Q4_K_M, Q8_0 and F16 (or
+# the `oato synth` types SYNTH_TYPES names, e.g. "Q2_K Q3_K_M Q5_K_M Q6_K"), and
 # with SYNTH_8B=1 the LLaMA3-8B shape in Q4_0 for the tg tests only: files made by `oato synth`
 # (seed 42) into models/ and read by both engines (their text is noise; their timing is real).
 # DEPTH=N (default 0: none) adds tg32 after N tokens in the cache ("tg32 @ dN", llama-bench's -d
@@ -15,7 +16,7 @@
 # with attention over a long context.
 #
 # Usage: experiments/cpu-vs-llamacpp.sh
-# Env:   THREADS (or T, default 2), REPS (or R, default 5), SYNTH (1), SYNTH_8B (0),
+# Env:   THREADS (or T, default 2), REPS (or R, default 5), SYNTH (1), SYNTH_TYPES, SYNTH_8B (0),
 #        SHAPES_ONLY (1: skip the test model's four types), OUT (default results/cpu-vs-llamacpp:
 #        writes OUT.csv and OUT.md),
 #        LLAMACPP_BUILD (default ../shared/peers/build-llamacpp.sh; builds llama.cpp's CPU tools
@@ -99,7 +100,7 @@ synth() { # shape type -> path (made once)
   echo "$out"
 }
 if [ "${SYNTH:-1}" = 1 ]; then
-  for ty in Q4_0 Q4_K_M Q8_0 F16; do
+  for ty in ${SYNTH_TYPES:-Q4_0 Q4_K_M Q8_0 F16}; do
     cases+=("1B-$ty $(synth llama3.2-1b "$ty") $prompts $gens $depth")
   done
 fi

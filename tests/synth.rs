@@ -96,6 +96,36 @@ fn quantised_types_mix_as_llama_quantize_mixes_them() {
     assert_eq!(find(&t, "output.weight").ty, GgmlType::Q6_K);
     assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q4_0);
     assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q4_0).len(), 32);
+    // Q5_K_M: Q4_K_M's Q6_K layers, Q5_K elsewhere.
+    let t = table(SynthShape::Llama3_8B, SynthType::Q5_K_M);
+    assert_eq!(
+        layers_of(&t, ".attn_v.weight", GgmlType::Q6_K),
+        more_bits_32
+    );
+    assert_eq!(layers_of(&t, ".ffn_up.weight", GgmlType::Q5_K).len(), 32);
+    assert_eq!(find(&t, "output.weight").ty, GgmlType::Q6_K);
+    // Q3_K_M (llama-quantize on the Llama-3.2-1B shape: 16 layers).
+    let t = table(SynthShape::Llama3_2_1B, SynthType::Q3_K_M);
+    assert_eq!(layers_of(&t, ".attn_v.weight", GgmlType::Q5_K), [0, 1]);
+    assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q5_K), [0]);
+    assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q4_K).len(), 15);
+    assert_eq!(
+        layers_of(&t, ".attn_output.weight", GgmlType::Q4_K).len(),
+        16
+    );
+    assert_eq!(layers_of(&t, ".ffn_gate.weight", GgmlType::Q3_K).len(), 16);
+    assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q6_K);
+    // Q2_K: 4 query heads per key/value head give attn_v Q4_K.
+    let t = table(SynthShape::Llama3_2_1B, SynthType::Q2_K);
+    assert_eq!(layers_of(&t, ".attn_v.weight", GgmlType::Q4_K).len(), 16);
+    assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q3_K).len(), 16);
+    assert_eq!(layers_of(&t, ".attn_q.weight", GgmlType::Q2_K).len(), 16);
+    // Q6_K: every matrix.
+    let t = table(SynthShape::Llama3_8B, SynthType::Q6_K);
+    assert!(
+        t.iter()
+            .all(|t| t.ty == GgmlType::Q6_K || t.entry.dims.len() == 1)
+    );
 }
 
 #[test]
@@ -356,8 +386,12 @@ fn every_type_and_both_architectures_give_finite_spread_logits() {
         SynthShape::TinyMiniCpm3,
     ] {
         for ty in [
+            SynthType::Q2_K,
+            SynthType::Q3_K_M,
             SynthType::Q4_0,
             SynthType::Q4_K_M,
+            SynthType::Q5_K_M,
+            SynthType::Q6_K,
             SynthType::Q8_0,
             SynthType::F16,
         ] {

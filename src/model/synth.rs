@@ -6,10 +6,15 @@
 //! Types follow llama-quantize (llama.cpp's `llama_tensor_get_type`) rather than one type for
 //! every matrix, so that a synthetic file times like a quantised download:
 //! - the output head (`output.weight`, or `token_embd.weight` when the embeddings are tied) is
-//!   Q6_K for Q4_0 and Q4_K_M, Q8_0 for Q8_0;
+//!   Q6_K for Q4_0 and the K-quant mixes, Q8_0 for Q8_0;
 //! - Q4_K_M: `attn_v` (latent attention's `attn_kv_b`, which llama-quantize counts as one) and
 //!   `ffn_down` are Q6_K in the layers [`use_more_bits`] picks, the other matrices and an untied
-//!   `token_embd` Q4_K;
+//!   `token_embd` Q4_K; Q5_K_M likewise with Q5_K;
+//! - Q6_K: every matrix Q6_K;
+//! - Q3_K_M: `attn_v` Q5_K in the first two layers and Q4_K after, `ffn_down` Q5_K in the first
+//!   sixteenth of the layers and Q4_K after, `attn_output` Q4_K, the others Q3_K;
+//! - Q2_K: `attn_v` Q4_K (Q3_K with fewer than four query heads per key/value head),
+//!   `ffn_down` and `attn_output` Q3_K, the others Q2_K;
 //! - F16: every matrix F16, as llama.cpp's converter writes it.
 //!
 //! Norm weights are F32 near 1, biases F32 of spread 0.02, matrices of spread 0.02 (see
@@ -212,10 +217,18 @@ impl ShapeSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[allow(non_camel_case_types)]
 pub enum SynthType {
+    #[value(name = "Q2_K")]
+    Q2_K,
+    #[value(name = "Q3_K_M")]
+    Q3_K_M,
     #[value(name = "Q4_0")]
     Q4_0,
     #[value(name = "Q4_K_M")]
     Q4_K_M,
+    #[value(name = "Q5_K_M")]
+    Q5_K_M,
+    #[value(name = "Q6_K")]
+    Q6_K,
     #[value(name = "Q8_0")]
     Q8_0,
     #[value(name = "F16")]
@@ -249,8 +262,12 @@ pub fn use_more_bits(layer: usize, n_layer: usize) -> bool {
 impl SynthType {
     pub fn name(self) -> &'static str {
         match self {
+            SynthType::Q2_K => "Q2_K",
+            SynthType::Q3_K_M => "Q3_K_M",
             SynthType::Q4_0 => "Q4_0",
             SynthType::Q4_K_M => "Q4_K_M",
+            SynthType::Q5_K_M => "Q5_K_M",
+            SynthType::Q6_K => "Q6_K",
             SynthType::Q8_0 => "Q8_0",
             SynthType::F16 => "F16",
         }
@@ -259,32 +276,54 @@ impl SynthType {
     /// llama.cpp's `llama_ftype` number, for `general.file_type`.
     pub fn file_type(self) -> u32 {
         match self {
+            SynthType::Q2_K => 10,
+            SynthType::Q3_K_M => 12,
             SynthType::Q4_0 => 2,
             SynthType::Q4_K_M => 15,
+            SynthType::Q5_K_M => 17,
+            SynthType::Q6_K => 18,
             SynthType::Q8_0 => 7,
             SynthType::F16 => 1,
         }
     }
 
     /// The type llama-quantize gives matrix `m` of layer `layer` (of `n_layer`); `tied` when the
-    /// token embeddings are also the output head.
-    pub fn matrix_type(self, m: Matrix, layer: usize, n_layer: usize, tied: bool) -> GgmlType {
+    /// token embeddings are also the output head; `gqa` query heads per key/value head.
+    pub fn matrix_type(
+        self,
+        m: Matrix,
+        layer: usize,
+        n_layer: usize,
+        tied: bool,
+        gqa: usize,
+    ) -> GgmlType {
         use GgmlType::*;
         let head = m == Matrix::Output || (tied && m == Matrix::TokenEmbd);
+        let attn_v = matches!(m, Matrix::AttnV | Matrix::AttnKvB);
+        let more = use_more_bits(layer, n_layer);
         match self {
             SynthType::F16 => F16,
             SynthType::Q8_0 => Q8_0,
-            SynthType::Q4_0 if head => Q6_K,
+            _ if head => Q6_K,
             SynthType::Q4_0 => Q4_0,
-            SynthType::Q4_K_M if head => Q6_K,
-            SynthType::Q4_K_M => match m {
-                Matrix::AttnV | Matrix::AttnKvB | Matrix::FfnDown
-                    if use_more_bits(layer, n_layer) =>
-                {
-                    Q6_K
-                }
-                _ => Q4_K,
+            SynthType::Q6_K => Q6_K,
+            SynthType::Q2_K => match m {
+                _ if attn_v && gqa >= 4 => Q4_K,
+                _ if attn_v => Q3_K,
+                Matrix::FfnDown | Matrix::AttnOutput => Q3_K,
+                _ => Q2_K,
             },
+            SynthType::Q3_K_M => match m {
+                _ if attn_v && layer < 2 => Q5_K,
+                _ if attn_v => Q4_K,
+                Matrix::FfnDown if layer < n_layer / 16 => Q5_K,
+                Matrix::FfnDown | Matrix::AttnOutput => Q4_K,
+                _ => Q3_K,
+            },
+            SynthType::Q4_K_M if (attn_v || m == Matrix::FfnDown) && more => Q6_K,
+            SynthType::Q4_K_M => Q4_K,
+            SynthType::Q5_K_M if (attn_v || m == Matrix::FfnDown) && more => Q6_K,
+            SynthType::Q5_K_M => Q5_K,
         }
     }
 }
@@ -325,7 +364,7 @@ pub fn tensor_table(spec: &ShapeSpec, ty: SynthType) -> Result<Vec<SynthTensor>>
     let (e, ff, n) = (spec.n_embd, spec.n_ff, spec.n_layer);
     let (q, kv) = spec.q_kv();
     let matrix = |name: &str, m: Matrix, layer: usize, k: usize, rows: usize| {
-        let t = ty.matrix_type(m, layer, n, spec.tied);
+        let t = ty.matrix_type(m, layer, n, spec.tied, spec.n_head / spec.n_head_kv.max(1));
         SynthTensor::new(name, &[k, rows], t, Fill::Weights)
     };
     let vector =

@@ -12,6 +12,12 @@
 //!   (E[(q - 7.5)²] = 21.25, E[sc²] = 3101.5).
 //! - Q6_K: random 6-bit quants; 8-bit scales ±(16..32) with random signs (E[(q - 32)²] = 341.5,
 //!   E[sc²] = 573.5).
+//! - Q5_K: as Q4_K with random 5-bit quants and `dmin = 15.5 d` (E[(q - 15.5)²] = 85.25).
+//! - Q3_K: random 3-bit quants (q in -4..4, E[q²] = 5.5); 6-bit scales ±(16..32) with random
+//!   signs, which also cancel the -0.5 mean of q.
+//! - Q2_K: random 2-bit quants; 4-bit scales uniform in 8..16, mins equal to the scales and
+//!   `dmin = 1.5 d`, so each 16-element group is `d·sc·(q - 1.5)` (E[(q - 1.5)²] = 1.25,
+//!   E[sc²] = 137.5).
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -19,12 +25,15 @@ use crate::quant::blocks::*;
 use crate::rng::SplitMix64;
 
 /// The types [`fill_random`] makes.
-pub const RANDOM_TYPES: [GgmlType; 6] = [
+pub const RANDOM_TYPES: [GgmlType; 9] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
@@ -93,6 +102,43 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
                 rng.fill_bytes(&mut b.qh);
             }
         }
+        GgmlType::Q5_K => {
+            let d = std / (85.25f32.sqrt() * 3101.5f32.sqrt());
+            for b in as_blocks_mut::<BlockQ5K>(out)? {
+                let r = rng.next_u64();
+                let sc: [u8; 8] = std::array::from_fn(|j| 48 + ((r >> (4 * j)) & 15) as u8);
+                b.scales = pack_k4_scales_mins(&sc, &sc);
+                b.d = F16Le::from_f32(jitter(r) * d);
+                b.dmin = F16Le::from_f32(15.5 * b.d.to_f32());
+                rng.fill_bytes(&mut b.qh);
+                rng.fill_bytes(&mut b.qs);
+            }
+        }
+        GgmlType::Q3_K => {
+            let d = std / (5.5f32.sqrt() * 573.5f32.sqrt());
+            for b in as_blocks_mut::<BlockQ3K>(out)? {
+                let (r, signs) = (rng.next_u64(), rng.next_u64());
+                let sc: [i8; 16] = std::array::from_fn(|j| {
+                    let s = 16 + ((r >> (4 * j)) & 15) as i8;
+                    if signs >> j & 1 == 0 { s } else { -s }
+                });
+                b.scales = pack_q3_scales(&sc);
+                b.d = F16Le::from_f32(jitter(signs) * d);
+                rng.fill_bytes(&mut b.hmask);
+                rng.fill_bytes(&mut b.qs);
+            }
+        }
+        GgmlType::Q2_K => {
+            let d = std / (1.25f32.sqrt() * 137.5f32.sqrt());
+            for b in as_blocks_mut::<BlockQ2K>(out)? {
+                let r = rng.next_u64();
+                // Scale and min alike, 8..16, in the low and high nibble.
+                b.scales = std::array::from_fn(|j| (8 + ((r >> (3 * j)) & 7) as u8) * 0x11);
+                b.d = F16Le::from_f32(jitter(r) * d);
+                b.dmin = F16Le::from_f32(1.5 * b.d.to_f32());
+                rng.fill_bytes(&mut b.qs);
+            }
+        }
         _ => {
             return Err(Error::UnsupportedType(format!(
                 "{ty} for random weights (made: {})",
@@ -101,6 +147,19 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         }
     }
     Ok(())
+}
+
+/// Q3_K's sixteen scales (-32..32) in its 12 bytes: scale j is stored as `j + 32` (six bits),
+/// its low four in the low (j < 8) or high nibble of byte j % 8, its top two at bits
+/// `2 (j / 4)` of byte `8 + j % 4` (the inverse of `kquants::q3_scales`).
+fn pack_q3_scales(sc: &[i8; 16]) -> [u8; 12] {
+    let mut raw = [0u8; 12];
+    for (j, &s) in sc.iter().enumerate() {
+        let v = (s + 32) as u8;
+        raw[j % 8] |= (v & 15) << (4 * (j / 8));
+        raw[8 + j % 4] |= (v >> 4) << (2 * (j / 4));
+    }
+    raw
 }
 
 /// A factor uniform in [0.9, 1.1) from the top 24 bits of `r`.
@@ -167,6 +226,15 @@ mod tests {
         let scales: Vec<i8> = blocks.iter().flat_map(|x| x.scales).collect();
         assert!(scales.iter().all(|s| (16..32).contains(&s.unsigned_abs())));
         assert!(scales.iter().any(|&s| s < 0) && scales.iter().any(|&s| s > 0));
+        let mut bytes = vec![0u8; 4 * 110];
+        fill_random(GgmlType::Q3_K, 0.02, &mut rng, &mut bytes).unwrap();
+        let scales: Vec<i8> = as_blocks::<BlockQ3K>(&bytes)
+            .unwrap()
+            .iter()
+            .flat_map(|x| crate::kernels::cpu::kquants::q3_scales(&x.scales))
+            .collect();
+        assert!(scales.iter().all(|s| (16..32).contains(&s.unsigned_abs())));
+        assert!(scales.iter().any(|&s| s < 0) && scales.iter().any(|&s| s > 0));
     }
 
     #[test]
@@ -178,8 +246,8 @@ mod tests {
         };
         assert_eq!(fill(3), fill(3));
         assert_ne!(fill(3), fill(4));
-        let e = fill_random(GgmlType::Q5_K, 1.0, &mut SplitMix64::new(0), &mut [0; 176]);
-        assert!(e.unwrap_err().to_string().contains("Q5_K"));
+        let e = fill_random(GgmlType::Q5_0, 1.0, &mut SplitMix64::new(0), &mut [0; 22]);
+        assert!(e.unwrap_err().to_string().contains("Q5_0"));
         let e = fill_random(GgmlType::Q4_0, 1.0, &mut SplitMix64::new(0), &mut [0; 17]);
         assert!(e.unwrap_err().to_string().contains("17 bytes"));
     }
