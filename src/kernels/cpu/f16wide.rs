@@ -1,11 +1,12 @@
-//! F16 prefill on AVX-512 CPUs. The f16 activations are widened to f32 once per operator, laid out
+//! F16 and BF16 prefill on AVX-512 CPUs. The half-precision activations are widened to f32 once
+//! per operator (both types' products are exact in f32, so the tiles are the same), laid out
 //! in the order the tile reads them, and each panel of weight rows is widened once per block of
 //! tokens into a buffer that stays in L2, so the tile's inner loop is loads and FMAs only; every
 //! row of a panel runs against one group of eight tokens before the next group (the group's
 //! activations and output lines stay in L1), and while a panel's tiles run, the next panel's
 //! weight rows are prefetched a cache line per step.
 //!
-//! Every output is computed as `avx2::vec_dot_f16` computes it (`scalar::dot_wide`'s order): lane
+//! Every output is computed as `avx2::vec_dot_f16` (`vec_dot_bf16`) computes it (`scalar::dot_wide`'s order): lane
 //! (c, l) of four 8-lane FMA chains takes the elements `i % 32 == 8c + l` as `fma(w, a, acc)`,
 //! then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then the `k % 32` tail elements by FMA in
 //! order. The chains are independent, so the tile runs them one after the other: a 512-bit
@@ -24,7 +25,8 @@ use std::ops::Range;
 use crate::kernels::cpu::matmul::{Out, QuantizedActs};
 use crate::kernels::cpu::spare::Spared;
 use crate::kernels::cpu::{LinePrefetch, pool};
-use crate::quant::blocks::f16_bits_to_f32;
+use crate::quant::GgmlType;
+use crate::quant::blocks::{bf16_to_f32, f16_bits_to_f32};
 
 /// Sixteen f32 lanes, aligned as a 512-bit register.
 #[derive(Clone, Copy)]
@@ -49,33 +51,38 @@ const MAX_PAIRS: usize = 4;
 /// weights too often, larger ones leave L3).
 const TOKEN_BLOCK_BYTES: usize = 4 << 20;
 
-/// f16 activations widened to f32, two tokens (a pair) at a time: `[pair][chain][step]` of
+/// F16 or BF16 activations widened to f32, two tokens (a pair) at a time: `[pair][chain][step]` of
 /// [`Lanes16`], where entry (c, s) holds elements 32s + 8c..32s + 8c + 8 of token 2q (lanes
 /// 0..8) and of token 2q + 1 (lanes 8..16). A token after the last whole pair and elements after
 /// the last whole step are not widened.
 pub struct WideActs {
+    /// F16 or BF16: the activations' type, and the weights' these tiles take.
+    ty: GgmlType,
     data: Spared<Lanes16>,
     steps: usize,
     n_pairs: usize,
 }
 
 impl WideActs {
-    /// Widens F16 activations when the AVX-512 tiles will use them (`None` otherwise: another
-    /// type, another instruction set, or fewer than four tokens).
+    /// Widens F16 or BF16 activations when the AVX-512 tiles will use them (`None` otherwise:
+    /// another type, another instruction set, or fewer than four tokens).
     pub fn new(acts: &QuantizedActs) -> Option<WideActs> {
         use crate::kernels::cpu::{Isa, isa};
-        use crate::quant::GgmlType;
-        if acts.ty != GgmlType::F16 || acts.n_tok < 4 || isa() != Isa::Avx512 {
+        if !half(acts.ty) || acts.n_tok < 4 || isa() != Isa::Avx512 {
             return None;
         }
         Some(Self::widen(acts))
     }
 
-    /// Widens the whole pairs of `acts` (F16, on a CPU with AVX-512).
+    /// The weights' type these activations go with (F16 or BF16).
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Widens the whole pairs of `acts` (F16 or BF16, on a CPU with AVX-512).
     fn widen(acts: &QuantizedActs) -> WideActs {
-        assert!(
-            acts.ty == crate::quant::GgmlType::F16 && crate::kernels::cpu::Isa::Avx512.supported()
-        );
+        assert!(half(acts.ty) && crate::kernels::cpu::Isa::Avx512.supported());
+        let bf16 = acts.ty == GgmlType::BF16;
         let steps = acts.k / 32;
         let n_pairs = acts.n_tok / 2;
         let per_pair = steps * 4;
@@ -91,13 +98,21 @@ impl WideActs {
                 // disjoint across tasks.
                 let dst =
                     unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
+                let rows = [acts.row(2 * q), acts.row(2 * q + 1)];
                 // SAFETY: this CPU has AVX-512 (asserted above).
-                unsafe { widen_pair([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
+                unsafe {
+                    if bf16 {
+                        widen_pair::<true>(rows, dst)
+                    } else {
+                        widen_pair::<false>(rows, dst)
+                    }
+                };
             }
         });
         // SAFETY: `widen_pair` wrote all of each pair's entries (every chain and step).
         let data = unsafe { room.filled() };
         WideActs {
+            ty: acts.ty,
             data,
             steps,
             n_pairs,
@@ -120,7 +135,23 @@ struct SharedLanes(*mut MaybeUninit<Lanes16>);
 // SAFETY: tasks write disjoint ranges of the buffer, which outlives the parallel loop.
 unsafe impl Sync for SharedLanes {}
 
-/// Eight f16 values from element i of a row of f16 bytes.
+/// Whether the tiles take weights (and activations) of type `ty`.
+fn half(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F16 | GgmlType::BF16)
+}
+
+/// Sixteen f16 (`BF`: bf16) values widened exactly to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn widen16<const BF: bool>(v: __m256i) -> __m512 {
+    if BF {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+    } else {
+        _mm512_cvtph_ps(v)
+    }
+}
+
+/// Eight half-precision values from element i of a row of 2-byte values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn load8(b: &[u8], i: usize) -> __m128i {
@@ -129,7 +160,7 @@ unsafe fn load8(b: &[u8], i: usize) -> __m128i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [MaybeUninit<Lanes16>]) {
+unsafe fn widen_pair<const BF: bool>(rows: [&[u8]; 2], dst: &mut [MaybeUninit<Lanes16>]) {
     let steps = dst.len() / 4;
     assert!(rows.iter().all(|r| r.len() >= 64 * steps));
     for c in 0..4 {
@@ -139,15 +170,19 @@ unsafe fn widen_pair(rows: [&[u8]; 2], dst: &mut [MaybeUninit<Lanes16>]) {
                 _mm256_castsi128_si256(load8(rows[0], i)),
                 load8(rows[1], i),
             );
-            _mm512_store_ps(dst[c * steps + s].as_mut_ptr().cast(), _mm512_cvtph_ps(two));
+            _mm512_store_ps(dst[c * steps + s].as_mut_ptr().cast(), widen16::<BF>(two));
         }
     }
 }
 
-/// Widens `R` weight rows (f16 bytes) into `dst` as `[row][chain][step]` of [`Lanes8`]: entry
+/// Widens `R` weight rows (f16, `BF`: bf16 bytes) into `dst` as `[row][chain][step]` of [`Lanes8`]: entry
 /// (r, c, s) holds row r's elements 32s + 8c..32s + 8c + 8.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) {
+unsafe fn widen_rows<const R: usize, const BF: bool>(
+    rows: [&[u8]; R],
+    steps: usize,
+    dst: &mut [Lanes8],
+) {
     assert!(dst.len() >= R * 4 * steps && rows.iter().all(|r| r.len() >= 64 * steps));
     let d = dst.as_mut_ptr().cast::<f32>();
     for (r, row) in rows.iter().enumerate() {
@@ -155,8 +190,7 @@ unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [
         for s in 0..steps {
             for h in 0..2 {
                 // Elements 32s + 16h..32s + 16h + 16: chains 2h and 2h + 1.
-                let x =
-                    _mm512_cvtph_ps(_mm256_loadu_si256(row.as_ptr().add(64 * s + 32 * h).cast()));
+                let x = widen16::<BF>(_mm256_loadu_si256(row.as_ptr().add(64 * s + 32 * h).cast()));
                 let lo = _mm512_castps512_ps256(x);
                 let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
                 _mm256_store_ps(base.add(8 * ((2 * h) * steps + s)), lo);
@@ -233,11 +267,18 @@ unsafe fn reduce_pair(s: &[__m512]) -> __m512 {
     )
 }
 
-fn elem(b: &[u8], i: usize) -> f32 {
-    f16_bits_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+/// Element i of a row of F16 (or BF16) bytes.
+fn elem(ty: GgmlType, b: &[u8], i: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[2 * i], b[2 * i + 1]]);
+    if ty == GgmlType::BF16 {
+        bf16_to_f32(bits)
+    } else {
+        f16_bits_to_f32(bits)
+    }
 }
 
-/// Rows `rows` of an F16 weight (`row(r)`: its bytes) against the tokens `wide` covers, written
+/// Rows `rows` of an F16 or BF16 weight (`wide.ty()`; `row(r)`: its bytes) against the tokens
+/// `wide` covers, written
 /// through `out`: token blocks of about [`TOKEN_BLOCK_BYTES`], panels of about
 /// [`PANEL_BYTES`] of widened weights.
 pub(crate) fn run_rows<'w>(
@@ -330,18 +371,28 @@ struct Panel<'a, 'w> {
 impl Panel<'_, '_> {
     /// Widens the panel's rows into `wbuf`, six at a time (then the rest).
     fn widen(&self, wbuf: &mut [Lanes8]) {
+        if self.wide.ty == GgmlType::BF16 {
+            self.widen_as::<true>(wbuf)
+        } else {
+            self.widen_as::<false>(wbuf)
+        }
+    }
+
+    /// [`Panel::widen`] from f16 (`BF`: bf16) rows.
+    fn widen_as<const BF: bool>(&self, wbuf: &mut [Lanes8]) {
         let per_row = 4 * self.wide.steps;
+        let steps = self.wide.steps;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let dst = &mut wbuf[b * MAX_ROWS * per_row..];
             // SAFETY (all): `WideActs::new` is `Some` only on CPUs with AVX-512.
             unsafe {
                 match *w {
-                    [a, b, c, d, e, f] => widen_rows([a, b, c, d, e, f], self.wide.steps, dst),
-                    [a, b, c, d, e] => widen_rows([a, b, c, d, e], self.wide.steps, dst),
-                    [a, b, c, d] => widen_rows([a, b, c, d], self.wide.steps, dst),
-                    [a, b, c] => widen_rows([a, b, c], self.wide.steps, dst),
-                    [a, b] => widen_rows([a, b], self.wide.steps, dst),
-                    _ => widen_rows([w[0]], self.wide.steps, dst),
+                    [a, b, c, d, e, f] => widen_rows::<6, BF>([a, b, c, d, e, f], steps, dst),
+                    [a, b, c, d, e] => widen_rows::<5, BF>([a, b, c, d, e], steps, dst),
+                    [a, b, c, d] => widen_rows::<4, BF>([a, b, c, d], steps, dst),
+                    [a, b, c] => widen_rows::<3, BF>([a, b, c], steps, dst),
+                    [a, b] => widen_rows::<2, BF>([a, b], steps, dst),
+                    _ => widen_rows::<1, BF>([w[0]], steps, dst),
                 }
             }
         }
@@ -399,7 +450,7 @@ impl Panel<'_, '_> {
         pf: &mut LinePrefetch,
         out: &Out,
     ) {
-        let steps = self.wide.steps;
+        let (steps, ty) = (self.wide.steps, self.wide.ty);
         let full = 32 * steps;
         let a = std::array::from_fn(|p| self.wide.pair(q + p));
         // SAFETY: as in `widen`.
@@ -416,7 +467,7 @@ impl Panel<'_, '_> {
                     for (i, w) in w.iter().enumerate() {
                         let mut x = lanes[8 * j + i];
                         for e in full..self.acts.k {
-                            x = elem(w, e).mul_add(elem(a, e), x);
+                            x = elem(ty, w, e).mul_add(elem(ty, a, e), x);
                         }
                         // SAFETY: t + j < n_tok and r + i < the weight's rows (`Out`'s contract).
                         unsafe { out.write(t + j, r + i, x) };
@@ -438,23 +489,27 @@ mod tests {
 
     /// Every (token, row) over several token blocks, with row blocks of one to six, tiles of one
     /// to four token pairs, an odd token left to the caller and a
-    /// `k % 32` tail, equals the single-row F16 dot bit for bit.
+    /// `k % 32` tail, equals the single-row F16 (BF16) dot bit for bit.
     #[test]
     fn tiles_equal_single_row_dots() {
         if !Isa::Avx512.supported() {
             return;
         }
         let val = |i: usize, o: f32| 0.1 + 2.0 * (i as f32 * 0.37 + o).cos();
-        for (k, n_tok) in [(96, 23), (104, 12), (64 + 13, 8)] {
+        let cases = [(96, 23), (104, 12), (64 + 13, 8)];
+        for ((k, n_tok), ty) in cases
+            .into_iter()
+            .flat_map(|c| [(c, GgmlType::F16), (c, GgmlType::BF16)])
+        {
             let n = 12;
-            let rb = GgmlType::F16.row_bytes(k).unwrap();
+            let rb = ty.row_bytes(k).unwrap();
             let mut w = vec![0u8; rb * n];
             for (r, dst) in w.chunks_mut(rb).enumerate() {
                 let src: Vec<f32> = (0..k).map(|i| val(r * k + i, 0.0)).collect();
-                quantize_row(GgmlType::F16, &src, dst).unwrap();
+                quantize_row(ty, &src, dst).unwrap();
             }
             let x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
-            let acts = QuantizedActs::new(GgmlType::F16, &x, k).unwrap();
+            let acts = QuantizedActs::new(ty, &x, k).unwrap();
             let wide = WideActs::widen(&acts);
             assert_eq!(wide.n_tok(), n_tok / 2 * 2);
             // Row ranges ending in blocks of five, four, six, three, two and one rows; pairs per
@@ -487,18 +542,17 @@ mod tests {
                 );
                 for t in 0..wide.n_tok() {
                     for r in rows.clone() {
-                        // SAFETY: the CPU has AVX2 (it has AVX-512).
-                        let want = unsafe {
-                            crate::kernels::cpu::avx2::vec_dot_f16(
-                                &w[r * rb..(r + 1) * rb],
-                                acts.row(t),
-                                k,
-                            )
+                        let dot = if ty == GgmlType::BF16 {
+                            crate::kernels::cpu::avx2::vec_dot_bf16
+                        } else {
+                            crate::kernels::cpu::avx2::vec_dot_f16
                         };
+                        // SAFETY: the CPU has AVX2 (it has AVX-512).
+                        let want = unsafe { dot(&w[r * rb..(r + 1) * rb], acts.row(t), k) };
                         assert_eq!(
                             got[t * n + r].to_bits(),
                             want.to_bits(),
-                            "k={k} token {t} row {r}: {} vs {want}",
+                            "{ty} k={k} token {t} row {r}: {} vs {want}",
                             got[t * n + r]
                         );
                     }

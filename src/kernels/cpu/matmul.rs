@@ -2,7 +2,7 @@
 //! operator to the weight type's dot-product format, then rows are split over the thread pool.
 //! Prefill on AVX-512 CPUs runs Q4_0 and the K-quants through `kwide`'s sixteen-row panels, and
 //! lays the activations out once more for the tiles of `qwide` (the other 32-element formats) and
-//! `f16wide` (F16); other CPUs use the register tiles of `tile`.
+//! `f16wide` (F16, BF16); other CPUs use the register tiles of `tile`.
 
 use crate::error::{Error, Result};
 use crate::kernels::cpu::pool;
@@ -549,7 +549,7 @@ impl<'a> RowJob<'a> {
             let row = |r| self.row(r);
             let out = self.out();
             let done = match prepared {
-                Prepared::F16(w) if self.w.ty == GgmlType::F16 => {
+                Prepared::F16(w) if self.w.ty == w.ty() => {
                     super::f16wide::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
                 }
