@@ -59,6 +59,11 @@ pub struct WideActs {
     /// F16 or BF16: the activations' type, and the weights' these tiles take.
     ty: GgmlType,
     data: Spared<Lanes16>,
+    /// BF16 on a CPU with AVX512-BF16, every value within [`dp_exact`]'s range: the pairs again
+    /// as bf16 pairs of steps (`[pair][chain][step pair]`: entry (c, t) holds, in 32-bit lane l
+    /// of each token's half, element `32 (2t) + 8c + l` in the high 16 bits and `32 (2t + 1) +
+    /// 8c + l` (0 past the last step) in the low), for `vdpbf16ps`.
+    dp: Option<Spared<Lanes16>>,
     steps: usize,
     n_pairs: usize,
 }
@@ -111,12 +116,47 @@ impl WideActs {
         });
         // SAFETY: `widen_pair` wrote all of each pair's entries (every chain and step).
         let data = unsafe { room.filled() };
+        let dp = if bf16 && dp_supported() {
+            Self::dp_pairs(acts, steps, n_pairs)
+        } else {
+            None
+        };
         WideActs {
             ty: acts.ty,
             data,
+            dp,
             steps,
             n_pairs,
         }
+    }
+
+    /// The whole pairs of BF16 `acts` as bf16 pairs of steps ([`WideActs::dp`]), or `None` when
+    /// a value is outside [`dp_exact`]'s range.
+    fn dp_pairs(acts: &QuantizedActs, steps: usize, n_pairs: usize) -> Option<Spared<Lanes16>> {
+        thread_local! {
+            static SPARE: Cell<Vec<Lanes16>> = const { Cell::new(Vec::new()) };
+        }
+        let per_pair = steps.div_ceil(2) * 4;
+        let mut room = Spared::room(&SPARE, n_pairs * per_pair);
+        let out = SharedLanes(room.uninit().as_mut_ptr());
+        let bad = std::sync::atomic::AtomicBool::new(false);
+        pool::global().for_chunks(n_pairs, 16, |pairs| {
+            let out = &out;
+            for q in pairs {
+                // SAFETY: pair q owns entries q * per_pair..(q + 1) * per_pair of the room,
+                // disjoint across tasks.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
+                // SAFETY: `dp_supported` checked AVX512-BF16 (and `widen` AVX-512).
+                let ok = unsafe { dp_pair([acts.row(2 * q), acts.row(2 * q + 1)], steps, dst) };
+                if !ok {
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        // SAFETY: `dp_pair` wrote all of each pair's entries (every chain and step pair).
+        let data = unsafe { room.filled() };
+        (!bad.into_inner()).then_some(data)
     }
 
     /// Tokens the tiles cover: 0..2 * n_pairs.
@@ -127,6 +167,12 @@ impl WideActs {
     fn pair(&self, q: usize) -> &[Lanes16] {
         let n = self.steps * 4;
         &self.data[q * n..(q + 1) * n]
+    }
+
+    /// Pair q in the bf16 pairs' layout (when there is one).
+    fn pair_dp(&self, q: usize) -> &[Lanes16] {
+        let n = self.steps.div_ceil(2) * 4;
+        &self.dp.as_ref().expect("bf16 pairs")[q * n..(q + 1) * n]
     }
 }
 
@@ -200,6 +246,159 @@ unsafe fn widen_rows<const R: usize, const BF: bool>(
     }
 }
 
+/// Whether this CPU runs BF16 tiles on `vdpbf16ps` (AVX512-BF16), unless `OATO_CPU_BF16DP=0`.
+fn dp_supported() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+            && crate::kernels::cpu::matmul::env_on("OATO_CPU_BF16DP")
+    })
+}
+
+/// Lanes of sixteen bf16 values `v` that are not zero and not within `2^-56 <= |x| < inf` (as
+/// a mask). `vdpbf16ps` treats subnormal inputs and results as zero where an FMA does not; with
+/// every input zero or at least `2^-56` in size, each product is a multiple of `2^-126` and so
+/// is every sum along a chain, which is then zero or normal: the instruction's two rounded
+/// additions per lane are then exactly the FMA chain's two steps (NaN and infinity are left to
+/// the FMAs too).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dp_outside(v: __m256i) -> __mmask16 {
+    let m = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+    let tiny = _mm256_cmplt_epu16_mask(
+        _mm256_sub_epi16(m, _mm256_set1_epi16(1)),
+        _mm256_set1_epi16(71 * 128 - 1),
+    );
+    tiny | _mm256_cmpge_epu16_mask(m, _mm256_set1_epi16(255 * 128))
+}
+
+/// Eight 32-bit lanes of bf16 step pairs from eight elements `a` (step 2t, the high halves) and
+/// `b` (step 2t + 1, the low halves).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn step_pairs(a: __m128i, b: __m128i) -> __m256i {
+    _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_unpacklo_epi16(b, a)),
+        _mm_unpackhi_epi16(b, a),
+    )
+}
+
+/// Eight bf16 values from element i of a row, or zeros at and past element `end`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load8_or_zero(b: &[u8], i: usize, end: usize) -> __m128i {
+    if i < end {
+        load8(b, i)
+    } else {
+        _mm_setzero_si128()
+    }
+}
+
+/// Two tokens' bf16 rows as step pairs ([`WideActs::dp`]) into `dst`; false when a value is
+/// outside [`dp_outside`]'s range (`dst` is then written but not to be used).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dp_pair(rows: [&[u8]; 2], steps: usize, dst: &mut [MaybeUninit<Lanes16>]) -> bool {
+    let tsteps = steps.div_ceil(2);
+    let full = 32 * steps;
+    assert!(dst.len() >= 4 * tsteps && rows.iter().all(|r| r.len() >= 2 * full));
+    let mut bad: __mmask16 = 0;
+    for c in 0..4 {
+        for t in 0..tsteps {
+            let (i, j) = (64 * t + 8 * c, 64 * t + 32 + 8 * c);
+            let half = |r: &[u8]| {
+                let (a, b) = (load8(r, i), load8_or_zero(r, j, full));
+                (
+                    step_pairs(a, b),
+                    _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b),
+                )
+            };
+            let ((p0, v0), (p1, v1)) = (half(rows[0]), half(rows[1]));
+            bad |= dp_outside(v0) | dp_outside(v1);
+            let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(p0), p1);
+            _mm512_store_si512(dst[c * tsteps + t].as_mut_ptr().cast(), z);
+        }
+    }
+    bad == 0
+}
+
+/// `R` bf16 weight rows into `dst` as step pairs, `[row][chain][step pair]` of [`Lanes8`]
+/// (entry (r, c, t): lane l holds row r's elements `32 (2t) + 8c + l` high and `32 (2t + 1) +
+/// 8c + l` low); false when a value is outside [`dp_outside`]'s range.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dp_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) -> bool {
+    let tsteps = steps.div_ceil(2);
+    let full = 32 * steps;
+    assert!(dst.len() >= R * 4 * tsteps && rows.iter().all(|r| r.len() >= 2 * full));
+    let d = dst.as_mut_ptr().cast::<__m256i>();
+    let mut bad: __mmask16 = 0;
+    for (r, row) in rows.iter().enumerate() {
+        for c in 0..4 {
+            for t in 0..tsteps {
+                let a = load8(row, 64 * t + 8 * c);
+                let b = load8_or_zero(row, 64 * t + 32 + 8 * c, full);
+                bad |= dp_outside(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b));
+                _mm256_store_si256(d.add((r * 4 + c) * tsteps + t), step_pairs(a, b));
+            }
+        }
+    }
+    bad == 0
+}
+
+/// The four chains' accumulators of a tile (`$chain(c, pf)`, `[pair][row]`) combined as they
+/// come, `(c0 + c1) + (c2 + c3)` (so no zeroed array of all four is needed), then reduced to one
+/// register per pair ([`reduce_pair`]). A macro, so that it compiles inside each tile's own
+/// target features.
+macro_rules! combine_chains {
+    ($chain:ident, $pf:ident) => {{
+        let add = |a: [[__m512; R]; P], b: [[__m512; R]; P]| -> [[__m512; R]; P] {
+            std::array::from_fn(|p| std::array::from_fn(|r| _mm512_add_ps(a[p][r], b[p][r])))
+        };
+        let (c0, c1) = ($chain(0, $pf), $chain(1, $pf));
+        let s01 = add(c0, c1);
+        let (c2, c3) = ($chain(2, $pf), $chain(3, $pf));
+        let sum = add(s01, add(c2, c3));
+        std::array::from_fn(|p| reduce_pair(&sum[p]))
+    }};
+}
+
+/// [`tile`] on bf16 step pairs (`w` as [`dp_rows`] lays them out, `a` as [`WideActs::dp`]) over
+/// `tsteps` step pairs: one `vdpbf16ps` per (row, pair) and two steps, each lane adding its
+/// high product then its low one, rounded after each as the FMA chain is.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")]
+unsafe fn tile_dp<const R: usize, const P: usize>(
+    w: &[Lanes8],
+    a: [&[Lanes16]; P],
+    tsteps: usize,
+    pf: &mut LinePrefetch,
+) -> [__m512; P] {
+    assert!(w.len() >= R * 4 * tsteps && a.iter().all(|a| a.len() >= 4 * tsteps));
+    let wp = w.as_ptr().cast::<f32>();
+    let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
+    let chain = |c: usize, pf: &mut LinePrefetch| {
+        let mut acc = [[_mm512_setzero_ps(); R]; P];
+        for t in 0..tsteps {
+            let i = c * tsteps + t;
+            // SAFETY (all loads): i < 4 * tsteps, inside `a` and `w` (checked above).
+            let y: [__m512bh; P] = std::array::from_fn(|p| {
+                std::mem::transmute::<__m512, __m512bh>(_mm512_load_ps(ap[p].add(16 * i)))
+            });
+            #[allow(clippy::needless_range_loop)]
+            for r in 0..R {
+                let w8 = _mm256_load_pd(wp.add(8 * (r * 4 * tsteps + i)).cast());
+                let wz = std::mem::transmute::<__m512d, __m512bh>(_mm512_broadcast_f64x4(w8));
+                for p in 0..P {
+                    acc[p][r] = _mm512_dpbf16_ps(acc[p][r], wz, y[p]);
+                }
+            }
+            pf.step();
+            pf.step();
+        }
+        acc
+    };
+    combine_chains!(chain, pf)
+}
+
 /// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against `P` widened pairs
 /// (`a`), over `steps` whole 32-element steps; the lanes reduced to one sum per (row, token) by
 /// [`reduce_pair`]: lane `8j + i` of `out[p]` is row i against token 2p + j of the pairs.
@@ -214,8 +413,7 @@ unsafe fn tile<const R: usize, const P: usize>(
     assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
-    // One chain of all the tile's (row, pair) accumulators; the chains' results are combined as
-    // they come, `(c0 + c1) + (c2 + c3)`, so no zeroed array of all four is needed.
+    // One chain of all the tile's (row, pair) accumulators.
     let chain = |c: usize, pf: &mut LinePrefetch| {
         let mut acc = [[_mm512_setzero_ps(); R]; P];
         for s in 0..steps {
@@ -235,14 +433,7 @@ unsafe fn tile<const R: usize, const P: usize>(
         }
         acc
     };
-    let add = |a: [[__m512; R]; P], b: [[__m512; R]; P]| -> [[__m512; R]; P] {
-        std::array::from_fn(|p| std::array::from_fn(|r| _mm512_add_ps(a[p][r], b[p][r])))
-    };
-    let (c0, c1) = (chain(0, pf), chain(1, pf));
-    let s01 = add(c0, c1);
-    let (c2, c3) = (chain(2, pf), chain(3, pf));
-    let sum = add(s01, add(c2, c3));
-    std::array::from_fn(|p| reduce_pair(&sum[p]))
+    combine_chains!(chain, pf)
 }
 
 /// Each of up to eight rows' lanes (`s[i]`: row i's eight lanes of token 0 in lanes 0..8, of token
@@ -350,8 +541,8 @@ fn run_blocks<'w>(
                     rows: panel.clone(),
                     raw: panel.clone().map(&row).collect(),
                 };
-                b.widen(wbuf);
-                b.run(&pairs, wbuf, &mut pf, &out);
+                let dp = b.widen(wbuf);
+                b.run(&pairs, wbuf, dp, &mut pf, &out);
                 r = panel.end;
             }
             q0 = pairs.end;
@@ -369,13 +560,42 @@ struct Panel<'a, 'w> {
 }
 
 impl Panel<'_, '_> {
-    /// Widens the panel's rows into `wbuf`, six at a time (then the rest).
-    fn widen(&self, wbuf: &mut [Lanes8]) {
+    /// Widens the panel's rows into `wbuf`, six at a time (then the rest); or, BF16 rows against
+    /// activations that have step pairs ([`WideActs::dp`]), lays them out as step pairs and
+    /// returns true when every value allows it ([`dp_outside`]).
+    fn widen(&self, wbuf: &mut [Lanes8]) -> bool {
+        if self.wide.dp.is_some() && self.dp_rows(wbuf) {
+            return true;
+        }
         if self.wide.ty == GgmlType::BF16 {
             self.widen_as::<true>(wbuf)
         } else {
             self.widen_as::<false>(wbuf)
         }
+        false
+    }
+
+    /// The panel's rows as bf16 step pairs into `wbuf`, six at a time; false when a value is
+    /// outside [`dp_outside`]'s range.
+    fn dp_rows(&self, wbuf: &mut [Lanes8]) -> bool {
+        let steps = self.wide.steps;
+        let per_row = 4 * steps.div_ceil(2);
+        let mut ok = true;
+        for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
+            let dst = &mut wbuf[b * MAX_ROWS * per_row..];
+            // SAFETY (all): the step pairs exist only on CPUs with AVX512-BF16 (`dp_supported`).
+            ok &= unsafe {
+                match *w {
+                    [a, b, c, d, e, f] => dp_rows::<6>([a, b, c, d, e, f], steps, dst),
+                    [a, b, c, d, e] => dp_rows::<5>([a, b, c, d, e], steps, dst),
+                    [a, b, c, d] => dp_rows::<4>([a, b, c, d], steps, dst),
+                    [a, b, c] => dp_rows::<3>([a, b, c], steps, dst),
+                    [a, b] => dp_rows::<2>([a, b], steps, dst),
+                    _ => dp_rows::<1>([w[0]], steps, dst),
+                }
+            };
+        }
+        ok
     }
 
     /// [`Panel::widen`] from f16 (`BF`: bf16) rows.
@@ -400,35 +620,54 @@ impl Panel<'_, '_> {
 
     /// The panel's rows (widened in `wbuf`) against pairs `pairs`, four pairs at a time (then
     /// the rest).
-    fn run(&self, pairs: &Range<usize>, wbuf: &[Lanes8], pf: &mut LinePrefetch, out: &Out) {
+    fn run(
+        &self,
+        pairs: &Range<usize>,
+        wbuf: &[Lanes8],
+        dp: bool,
+        pf: &mut LinePrefetch,
+        out: &Out,
+    ) {
         let mut q = pairs.start;
         while q < pairs.end {
             let n = (pairs.end - q).min(MAX_PAIRS);
             match n {
-                4 => self.group::<4>(wbuf, q, pf, out),
-                3 => self.group::<3>(wbuf, q, pf, out),
-                2 => self.group::<2>(wbuf, q, pf, out),
-                _ => self.group::<1>(wbuf, q, pf, out),
+                4 => self.group::<4>(wbuf, dp, q, pf, out),
+                3 => self.group::<3>(wbuf, dp, q, pf, out),
+                2 => self.group::<2>(wbuf, dp, q, pf, out),
+                _ => self.group::<1>(wbuf, dp, q, pf, out),
             }
             q += n;
         }
     }
 
-    /// Every row block of the panel against pairs `q..q + P`.
-    fn group<const P: usize>(&self, wbuf: &[Lanes8], q: usize, pf: &mut LinePrefetch, out: &Out) {
-        let per_block = MAX_ROWS * 4 * self.wide.steps;
+    /// Every row block of the panel against pairs `q..q + P` (`dp`: `wbuf` holds step pairs).
+    fn group<const P: usize>(
+        &self,
+        wbuf: &[Lanes8],
+        dp: bool,
+        q: usize,
+        pf: &mut LinePrefetch,
+        out: &Out,
+    ) {
+        let steps = if dp {
+            self.wide.steps.div_ceil(2)
+        } else {
+            self.wide.steps
+        };
+        let per_block = MAX_ROWS * 4 * steps;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let wb = &wbuf[b * per_block..];
             let r = self.rows.start + b * MAX_ROWS;
             // SAFETY: `WideActs::new` is `Some` only on CPUs with AVX-512.
             unsafe {
                 match w.len() {
-                    6 => self.tile::<6, P>(w, wb, r, q, pf, out),
-                    5 => self.tile::<5, P>(w, wb, r, q, pf, out),
-                    4 => self.tile::<4, P>(w, wb, r, q, pf, out),
-                    3 => self.tile::<3, P>(w, wb, r, q, pf, out),
-                    2 => self.tile::<2, P>(w, wb, r, q, pf, out),
-                    _ => self.tile::<1, P>(w, wb, r, q, pf, out),
+                    6 => self.tile::<6, P>(w, wb, dp, r, q, pf, out),
+                    5 => self.tile::<5, P>(w, wb, dp, r, q, pf, out),
+                    4 => self.tile::<4, P>(w, wb, dp, r, q, pf, out),
+                    3 => self.tile::<3, P>(w, wb, dp, r, q, pf, out),
+                    2 => self.tile::<2, P>(w, wb, dp, r, q, pf, out),
+                    _ => self.tile::<1, P>(w, wb, dp, r, q, pf, out),
                 }
             }
         }
@@ -441,10 +680,12 @@ impl Panel<'_, '_> {
     /// # Safety
     /// The CPU has AVX-512 (the panels' callers check it).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile<const R: usize, const P: usize>(
         &self,
         w: &[&[u8]],
         wbuf: &[Lanes8],
+        dp: bool,
         r: usize,
         q: usize,
         pf: &mut LinePrefetch,
@@ -452,9 +693,14 @@ impl Panel<'_, '_> {
     ) {
         let (steps, ty) = (self.wide.steps, self.wide.ty);
         let full = 32 * steps;
-        let a = std::array::from_fn(|p| self.wide.pair(q + p));
-        // SAFETY: as in `widen`.
-        let sums = unsafe { tile::<R, P>(wbuf, a, steps, pf) };
+        // SAFETY: as in `widen`; step pairs only on CPUs with AVX512-BF16 (`dp_supported`).
+        let sums = if dp {
+            let a = std::array::from_fn(|p| self.wide.pair_dp(q + p));
+            unsafe { tile_dp::<R, P>(wbuf, a, steps.div_ceil(2), pf) }
+        } else {
+            let a = std::array::from_fn(|p| self.wide.pair(q + p));
+            unsafe { tile::<R, P>(wbuf, a, steps, pf) }
+        };
         for (p, v) in sums.iter().enumerate() {
             let t = 2 * (q + p);
             if full < self.acts.k {
@@ -495,23 +741,43 @@ mod tests {
         if !Isa::Avx512.supported() {
             return;
         }
-        let val = |i: usize, o: f32| 0.1 + 2.0 * (i as f32 * 0.37 + o).cos();
-        let cases = [(96, 23), (104, 12), (64 + 13, 8)];
-        for ((k, n_tok), ty) in cases
-            .into_iter()
-            .flat_map(|c| [(c, GgmlType::F16), (c, GgmlType::BF16)])
-        {
+        // Magnitudes spread over 2^-8..2^8, so that the chains' sums round (with values of one
+        // size, eight-bit products add up exactly and any order gives the same bits).
+        let val = |i: usize, o: f32| {
+            (0.1 + 2.0 * (i as f32 * 0.37 + o).cos()) * (1u32 << (i * 7 % 17)) as f32 / 256.0
+        };
+        // (k, tokens, a value of 1e-30: none, in weight row 7, in the activations). BF16 on a
+        // CPU with AVX512-BF16 takes `vdpbf16ps` unless a value is that small: in a weight row
+        // that panel falls back to the FMAs, in the activations the whole operator.
+        let cases = [
+            (96, 23, 0),
+            (104, 12, 0),
+            (64 + 13, 8, 0),
+            (32 * 9 + 5, 10, 0),
+            (256, 8, 1),
+            (256, 8, 2),
+        ];
+        let types = [GgmlType::F16, GgmlType::BF16];
+        for ((k, n_tok, tiny), ty) in cases.into_iter().flat_map(|c| types.map(|t| (c, t))) {
             let n = 12;
             let rb = ty.row_bytes(k).unwrap();
             let mut w = vec![0u8; rb * n];
             for (r, dst) in w.chunks_mut(rb).enumerate() {
-                let src: Vec<f32> = (0..k).map(|i| val(r * k + i, 0.0)).collect();
+                let mut src: Vec<f32> = (0..k).map(|i| val(r * k + i, 0.0)).collect();
+                if tiny == 1 && r == 7 {
+                    src[40] = 1e-30;
+                }
                 quantize_row(ty, &src, dst).unwrap();
             }
-            let x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
+            let mut x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
+            if tiny == 2 {
+                x[k + 3] = 1e-30;
+            }
             let acts = QuantizedActs::new(ty, &x, k).unwrap();
             let wide = WideActs::widen(&acts);
             assert_eq!(wide.n_tok(), n_tok / 2 * 2);
+            let dp = ty == GgmlType::BF16 && dp_supported() && tiny != 2;
+            assert_eq!(wide.dp.is_some(), dp, "{ty} k={k}");
             // Row ranges ending in blocks of five, four, six, three, two and one rows; pairs per
             // token block from one to all, so tiles of one to four pairs.
             let ranges = [
