@@ -394,6 +394,7 @@ fn every_type_and_both_architectures_give_finite_spread_logits() {
             SynthType::Q6_K,
             SynthType::Q8_0,
             SynthType::F16,
+            SynthType::BF16,
         ] {
             let what = format!("{shape:?} {ty:?}");
             let path = dir.join(format!("{shape:?}-{ty:?}.gguf"));

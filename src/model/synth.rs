@@ -15,7 +15,7 @@
 //!   sixteenth of the layers and Q4_K after, `attn_output` Q4_K, the others Q3_K;
 //! - Q2_K: `attn_v` Q4_K (Q3_K with fewer than four query heads per key/value head),
 //!   `ffn_down` and `attn_output` Q3_K, the others Q2_K;
-//! - F16: every matrix F16, as llama.cpp's converter writes it.
+//! - F16, BF16: every matrix F16 (BF16), as llama.cpp's converter writes it.
 //!
 //! Norm weights are F32 near 1, biases F32 of spread 0.02, matrices of spread 0.02 (see
 //! [`crate::quant::random`]): activations stay finite through 64 layers.
@@ -233,6 +233,8 @@ pub enum SynthType {
     Q8_0,
     #[value(name = "F16")]
     F16,
+    #[value(name = "BF16")]
+    BF16,
 }
 
 /// What a matrix is for, as far as llama-quantize's type choice goes.
@@ -270,6 +272,7 @@ impl SynthType {
             SynthType::Q6_K => "Q6_K",
             SynthType::Q8_0 => "Q8_0",
             SynthType::F16 => "F16",
+            SynthType::BF16 => "BF16",
         }
     }
 
@@ -284,6 +287,7 @@ impl SynthType {
             SynthType::Q6_K => 18,
             SynthType::Q8_0 => 7,
             SynthType::F16 => 1,
+            SynthType::BF16 => 32,
         }
     }
 
@@ -303,6 +307,7 @@ impl SynthType {
         let more = use_more_bits(layer, n_layer);
         match self {
             SynthType::F16 => F16,
+            SynthType::BF16 => BF16,
             SynthType::Q8_0 => Q8_0,
             _ if head => Q6_K,
             SynthType::Q4_0 => Q4_0,

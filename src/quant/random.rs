@@ -3,7 +3,7 @@
 //! are made and quantised, so billions of weights take seconds.
 //!
 //! Per type, with j a per-block jitter uniform in [0.9, 1.1) (it adds 0.17% to the spread):
-//! - F32, F16: uniform in [-σ√3, σ√3).
+//! - F32, F16, BF16: uniform in [-σ√3, σ√3).
 //! - Q4_0: random nibbles, `d = ±jσ / √21.5` (E[(q - 8)²] = 21.5). The sign is random, as ggml's own
 //!   `d` takes the sign of the block's largest value; it also cancels the -0.5 mean of `q - 8`.
 //! - Q8_0: random bytes, `d = jσ / √5461.5` (E[q²] = 5461.5; the mean, -0.5 d, is 0.7% of σ).
@@ -25,9 +25,10 @@ use crate::quant::blocks::*;
 use crate::rng::SplitMix64;
 
 /// The types [`fill_random`] makes.
-pub const RANDOM_TYPES: [GgmlType; 9] = [
+pub const RANDOM_TYPES: [GgmlType; 10] = [
     GgmlType::F32,
     GgmlType::F16,
+    GgmlType::BF16,
     GgmlType::Q4_0,
     GgmlType::Q8_0,
     GgmlType::Q2_K,
@@ -58,6 +59,11 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         GgmlType::F16 => {
             for c in out.as_chunks_mut::<2>().0 {
                 *c = F16Le::from_f32(uniform(rng)).0;
+            }
+        }
+        GgmlType::BF16 => {
+            for c in out.as_chunks_mut::<2>().0 {
+                *c = f32_to_bf16(uniform(rng)).to_le_bytes();
             }
         }
         GgmlType::Q4_0 => {
