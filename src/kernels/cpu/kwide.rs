@@ -1,4 +1,4 @@
-//! Prefill for Q4_0 and the K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
+//! Prefill for Q4_0 and the K-quants (Q2_K..Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
 //! interleaved so that one 512-bit register holds the same four elements of all sixteen rows.
 //!
 //! Once per block of sixteen rows every super-block is unpacked into a [`Panel`] (unsigned byte
@@ -11,12 +11,13 @@
 //!
 //! ```text
 //! sumf = fma(d_y * d_x, isum as f32, sumf)
-//! sumf = fma(-(d_y * dmin_x), imin as f32, sumf)     (Q4_K, Q5_K)
+//! sumf = fma(-(d_y * dmin_x), imin as f32, sumf)     (Q2_K, Q4_K, Q5_K)
 //! ```
 //!
 //! The integers are exact whatever their grouping (see `kquants`): Q6_K's quants enter as
 //! `u = q + 32` (0..64), and `Σ_g sc_g Σ (u - 32) y = Σ_g sc_g Σ u y - 32 Σ_g sc_g bsum_g`, the
-//! second sum from the activation's group sums with `-32 sc_g` as the i16 correction.
+//! second sum from the activation's group sums with `-32 sc_g` as the i16 correction; Q3_K's
+//! likewise as `u = q + 4` (0..8) with `-4 sc_g`.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -48,8 +49,8 @@ const ZERO: Lanes = Lanes([0; 16]);
 
 /// One super-block of sixteen rows. `q[e]`: lane r holds row r's elements `4e..4e + 4` as
 /// unsigned bytes; `sc[j]`: lane r, row r's scale of group j (`G` elements); `pc[p]`: lane r,
-/// row r's corrections of the 16-element groups 2p and 2p + 1 as two i16 (mins for Q4_K / Q5_K,
-/// `-32 sc` for Q6_K); `d`, `dmin` the rows' super-block scales.
+/// row r's corrections of the 16-element groups 2p and 2p + 1 as two i16 (mins for Q2_K, Q4_K
+/// and Q5_K, `-4 sc` for Q3_K, `-32 sc` for Q6_K); `d`, `dmin` the rows' super-block scales.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Panel {
@@ -178,7 +179,7 @@ fn run_blocks<'w>(
     run_k_panels(acts, ty, rows, block_tokens, put, unpack)
 }
 
-/// [`run_rows`] for Q4_K or Q6_K weights in `repack`'s interleaved layout (`packed`, the whole
+/// [`run_rows`] for K-quant weights in `repack`'s interleaved layout (`packed`, the whole
 /// matrix): rows `rows`, in whole groups of sixteen.
 pub(crate) fn run_interleaved(
     acts: &QuantizedActs,

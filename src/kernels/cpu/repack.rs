@@ -9,9 +9,9 @@
 //! sumf = fma(d_x * d_y, isum as f32, sumf)        (block order)
 //! ```
 //!
-//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. Q4_K and Q6_K likewise with
-//! `kquants`' integer sums and canonical step (`tokens_q4_k`, `tokens_q6_k`). The four-row
-//! kernels these replace (`avx512::rows_q4_0`, `rows_k4`, `rows_q6_k`) spend most of their time
+//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`. The K-quants likewise with
+//! `kquants`' integer sums and canonical step (`tokens_q2_k` .. `tokens_q6_k`). The four-row
+//! kernels these replace (`avx512::rows_q4_0`, `rows_k4`, `rows_q6_k`, ...) spend most of their time
 //! summing lanes across registers, which Zen 4's shuffle port bounds at about 20–30 GB/s of
 //! weights per core; llama.cpp repacks Q4_0 and Q4_K for the same reason.
 //!
