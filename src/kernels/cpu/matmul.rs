@@ -404,7 +404,10 @@ impl<'a> RowJob<'a> {
         // Out of cache, 2 EPYC threads (`examples/matmul_dram`), GB/s of weights, repack's
         // kernels / the panels: Q6_K 2048 x 8192 at 16, 24, 32, 64, 512 tokens 7.3 / 7.0,
         // 5.0 / 5.0, 3.1 / 4.2, 1.7 / 2.7, 0.23 / 0.36; Q4_K 8192 x 2048 at 32, 64, 128, 512
-        // 3.8 / 3.7, 2.1 / 2.1, 0.95 / 1.08, 0.23 / 0.29.
+        // 3.8 / 3.7, 2.1 / 2.1, 0.95 / 1.08, 0.23 / 0.29; 2048 x 8192 at 32 / 48 / 64 tokens,
+        // Q2_K 2.40 / 2.28, 1.57 / 1.59, 1.12 / 1.22; Q3_K 2.54 / 3.10, 1.70 / 2.19, 1.17 /
+        // 1.64; Q5_K 4.23 / 4.92, 2.71 / 3.46, 2.06 / 2.65 (at 24 tokens the token kernels
+        // against the panels on the file's layout: Q3_K 3.23 / 2.68, Q5_K 5.41 / 5.35).
         let min = match self.w.ty {
             GgmlType::Q6_K => 24,
             GgmlType::Q4_K => 64,
