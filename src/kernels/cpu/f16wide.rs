@@ -6,14 +6,21 @@
 //! activations and output lines stay in L1), and while a panel's tiles run, the next panel's
 //! weight rows are prefetched a cache line per step.
 //!
-//! Every output is computed as `avx2::vec_dot_f16` (`vec_dot_bf16`) computes it (`scalar::dot_wide`'s order): lane
-//! (c, l) of four 8-lane FMA chains takes the elements `i % 32 == 8c + l` as `fma(w, a, acc)`,
-//! then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then the `k % 32` tail elements by FMA in
-//! order. The chains are independent, so the tile runs them one after the other: a 512-bit
-//! register holds two tokens' 8 lanes of one chain, and one chain of six rows x eight tokens is
-//! 24 accumulators, each weight load feeding four FMAs and each activation load six. The lane
-//! sums of a tile are taken across registers with `hsum8`'s pairings ([`reduce_pair`]) and stored
-//! six rows at a time. Tiled and single-row results are bit-identical.
+//! Every output is computed as `avx2::vec_dot_f16` (`vec_dot_bf16`) computes it
+//! (`scalar::dot_wide`'s order): lane (c, l) of four 8-lane FMA chains takes the elements
+//! `i % 32 == 8c + l` as `fma(w, a, acc)`, then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then
+//! the `k % 32` tail elements by FMA in order. The chains are independent, so the tile runs them
+//! one after the other: a 512-bit register holds two tokens' 8 lanes of one chain, and one chain
+//! of six rows x eight tokens is 24 accumulators, each weight load feeding four FMAs and each
+//! activation load six. The lane sums of a tile are taken across registers with `hsum8`'s
+//! pairings ([`reduce_pair`]) and stored six rows at a time. Tiled and single-row results are
+//! bit-identical.
+//!
+//! BF16 on CPUs with AVX512-BF16 runs the same chains two steps per instruction: weights and
+//! activations laid out as bf16 pairs of consecutive steps of each lane ([`WideActs::dp`],
+//! [`dp_rows`]), `vdpbf16ps` adds the first step's product and rounds, then the second's, as the
+//! chain's two FMAs do, wherever its flushing of subnormals cannot act ([`dp_outside`]; panels and
+//! operators with other values take the f32 tiles).
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
