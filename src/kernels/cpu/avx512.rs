@@ -436,7 +436,7 @@ pub(crate) unsafe fn q2_quants(x: &BlockQ2K) -> [__m512i; 4] {
 }
 
 /// Four Q2_K rows against one Q8_K row, bit-identical per row with [`vec_dot_q2_k_q8_k`], as
-/// [`rows_k4`].
+/// `rows_k4`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q2_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     rows_k::<_, _, true>(w, a, |x| q2_unpack(x), |u, y| q2_sums(u, y), |u| u.d)
