@@ -1096,7 +1096,12 @@ mod kernels {
                 for plane in 0..4 {
                     let g = 4 * h + plane;
                     prefetch_part(p, ahead, Q2_WORDS, g, 8);
-                    let z = q2_quants(&v, g);
+                    // The plane's bits left in place (`4^plane q`, at most 192) and the sums
+                    // shifted back once per group and token: exact, as they are multiples of
+                    // `4^plane`; |sum| <= 16 * 192 * 128.
+                    let keep = _mm512_set1_epi8((3 << (2 * plane)) as i8);
+                    let z: [__m512i; 8] = std::array::from_fn(|c| _mm512_and_si512(v[c], keep));
+                    let back = _mm_cvtsi32_si128(2 * plane as i32);
                     for half in 0..2 {
                         let j = 2 * g + half;
                         for (tk, is) in isum.iter_mut().enumerate() {
@@ -1106,6 +1111,7 @@ mod kernels {
                             for i in 0..4 {
                                 acc = dpbusd_bcst(acc, z[4 * half + i], yq.add(4 * i).cast());
                             }
+                            let acc = _mm512_sra_epi32(acc, back);
                             *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(acc, sc[j]));
                         }
                     }
