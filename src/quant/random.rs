@@ -98,11 +98,8 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         GgmlType::Q6_K => {
             let d = std / (341.5f32.sqrt() * 573.5f32.sqrt());
             for b in as_blocks_mut::<BlockQ6K>(out)? {
-                let (r, signs) = (rng.next_u64(), rng.next_u64());
-                b.scales = std::array::from_fn(|j| {
-                    let s = 16 + ((r >> (4 * j)) & 15) as i8;
-                    if signs >> j & 1 == 0 { s } else { -s }
-                });
+                let (scales, signs) = signed_scales(rng);
+                b.scales = scales;
                 b.d = F16Le::from_f32(jitter(signs) * d);
                 rng.fill_bytes(&mut b.ql);
                 rng.fill_bytes(&mut b.qh);
@@ -123,11 +120,7 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         GgmlType::Q3_K => {
             let d = std / (5.5f32.sqrt() * 573.5f32.sqrt());
             for b in as_blocks_mut::<BlockQ3K>(out)? {
-                let (r, signs) = (rng.next_u64(), rng.next_u64());
-                let sc: [i8; 16] = std::array::from_fn(|j| {
-                    let s = 16 + ((r >> (4 * j)) & 15) as i8;
-                    if signs >> j & 1 == 0 { s } else { -s }
-                });
+                let (sc, signs) = signed_scales(rng);
                 b.scales = pack_q3_scales(&sc);
                 b.d = F16Le::from_f32(jitter(signs) * d);
                 rng.fill_bytes(&mut b.hmask);
@@ -153,6 +146,17 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         }
     }
     Ok(())
+}
+
+/// Sixteen scales ±(16..32) with random signs (Q6_K's and Q3_K's), and the random word the
+/// signs came from (its top bits then jitter the block's `d`).
+fn signed_scales(rng: &mut SplitMix64) -> ([i8; 16], u64) {
+    let (r, signs) = (rng.next_u64(), rng.next_u64());
+    let sc = std::array::from_fn(|j| {
+        let s = 16 + ((r >> (4 * j)) & 15) as i8;
+        if signs >> j & 1 == 0 { s } else { -s }
+    });
+    (sc, signs)
 }
 
 /// Q3_K's sixteen scales (-32..32) in its 12 bytes: scale j is stored as `j + 32` (six bits),

@@ -486,19 +486,10 @@ unsafe fn rows_k<B: Block, U, const MINS: bool>(
     avx2::lanes4(sumf)
 }
 
-/// One Q3_K super-block unpacked: quarter u's quants as unsigned bytes `q + 4` (0..8) and
-/// scales, the sixteen group scales as i16, and `d`.
-#[derive(Clone, Copy)]
-struct Q3Block {
-    z: [__m512i; 4],
-    scales: [__m512i; 4],
-    groups: __m256i,
-    d: f32,
-}
-
+/// One Q3_K super-block unpacked ([`OffsetBlock`], quants `q + 4`, 0..8).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q3_unpack(x: &BlockQ3K) -> Q3Block {
+unsafe fn q3_unpack(x: &BlockQ3K) -> OffsetBlock {
     let (m2, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
     let groups = _mm256_cvtepi8_epi16(q3_scales(&x.scales));
     let g512 = groups512(groups);
@@ -516,7 +507,7 @@ unsafe fn q3_unpack(x: &BlockQ3K) -> Q3Block {
             z[u] = _mm512_mask_add_epi8(low, set, low, four);
         }
     }
-    Q3Block {
+    OffsetBlock {
         z,
         scales: std::array::from_fn(|u| quarter_scales(g512, u)),
         groups,
@@ -541,27 +532,11 @@ unsafe fn q3_scales(raw: &[u8; 12]) -> __m128i {
     _mm_sub_epi8(words, _mm_set1_epi8(32))
 }
 
-/// `isum` of one unpacked Q3_K super-block against `y` in eight i32 lanes (exact):
-/// `Σ sc·(q + 4)·y − 4 Σ_g sc_g·bsum_g`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q3_isum(x: &Q3Block, y: &BlockQ8K) -> __m256i {
-    let mut acc = _mm512_setzero_si512();
-    for u in 0..4 {
-        let prod = _mm512_maddubs_epi16(x.z[u], y_quarter(y, u));
-        acc = _mm512_dpwssd_epi32(acc, prod, x.scales[u]);
-    }
-    let off = _mm256_madd_epi16(x.groups, avx2::load_bsums(y));
-    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<2>(off))
-}
-
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn vec_dot_q3_k_q8_k(xs: &[BlockQ3K], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let u = q3_unpack(x);
-        let sums = avx2::hsum_i32_pair(q3_isum(&u, y), _mm256_setzero_si256());
-        sumf = avx2::finish(sumf, y.d.get(), u.d, sums);
+        sumf = offset_step::<2>(sumf, &q3_unpack(x), y);
     }
     sumf
 }
@@ -577,7 +552,7 @@ pub(crate) unsafe fn q3_quants(x: &BlockQ3K) -> [__m512i; 4] {
 /// [`rows_q6_k`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q3_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let sums = |u: &Q3Block, y: &BlockQ8K| (q3_isum(u, y), _mm256_setzero_si256());
+    let sums = |u: &OffsetBlock, y: &BlockQ8K| (offset_isum::<2>(u, y), _mm256_setzero_si256());
     rows_k::<_, _, false>(w, a, |x| q3_unpack(x), sums, |u| _mm_set_ss(u.d))
 }
 
@@ -824,10 +799,11 @@ pub unsafe fn vec_dot_q5_k_q8_k(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
     k4_dot(xs, ys)
 }
 
-/// One Q6_K super-block unpacked: quarter u's quants as unsigned bytes `q + 32` (0..64) and
-/// scales, the sixteen group scales as i16, and `d`.
+/// One Q6_K or Q3_K super-block unpacked, its quants entering offset by `2^S` (Q6_K: `q + 32`,
+/// 0..64; Q3_K: `q + 4`, 0..8): quarter u's quants as unsigned bytes and scales, the sixteen
+/// group scales as i16, and `d`.
 #[derive(Clone, Copy)]
-struct Q6Block {
+struct OffsetBlock {
     z: [__m512i; 4],
     scales: [__m512i; 4],
     groups: __m256i,
@@ -836,7 +812,7 @@ struct Q6Block {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_unpack(x: &BlockQ6K) -> Q6Block {
+unsafe fn q6_unpack(x: &BlockQ6K) -> OffsetBlock {
     let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     // qh bits 2k..2k + 2 to bits 4..6: left 4 / 2 for k = 0 / 1, right 0 / 2 for k = 2 / 3
     // (16-bit shifts: the 0x30 mask drops what crosses from the neighbouring byte)
@@ -857,7 +833,7 @@ unsafe fn q6_unpack(x: &BlockQ6K) -> Q6Block {
             _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30),
         );
     }
-    Q6Block {
+    OffsetBlock {
         z,
         scales: std::array::from_fn(|u| quarter_scales(g512, u)),
         groups,
@@ -865,33 +841,33 @@ unsafe fn q6_unpack(x: &BlockQ6K) -> Q6Block {
     }
 }
 
-/// `isum` of one unpacked Q6_K super-block against `y` in eight i32 lanes (exact):
-/// `Σ sc·(q + 32)·y − 32 Σ_g sc_g·bsum_g`. The pair sums `(q + 32)·y` stay within i16
-/// (|·| ≤ 2·63·128).
+/// `isum` of one unpacked Q6_K (`S` = 5) or Q3_K (`S` = 2) super-block against `y` in eight
+/// i32 lanes (exact): `Σ sc·(q + 2^S)·y − 2^S Σ_g sc_g·bsum_g`. The pair sums `(q + 2^S)·y`
+/// stay within i16 (|·| ≤ 2·63·128).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_isum(x: &Q6Block, y: &BlockQ8K) -> __m256i {
+unsafe fn offset_isum<const S: i32>(x: &OffsetBlock, y: &BlockQ8K) -> __m256i {
     let mut acc = _mm512_setzero_si512();
     for u in 0..4 {
         let prod = _mm512_maddubs_epi16(x.z[u], y_quarter(y, u));
         acc = _mm512_dpwssd_epi32(acc, prod, x.scales[u]);
     }
     let off = _mm256_madd_epi16(x.groups, avx2::load_bsums(y));
-    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<5>(off))
+    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<S>(off))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_step(sumf: f32, x: &Q6Block, y: &BlockQ8K) -> f32 {
-    let sums = avx2::hsum_i32_pair(q6_isum(x, y), _mm256_setzero_si256());
+unsafe fn offset_step<const S: i32>(sumf: f32, x: &OffsetBlock, y: &BlockQ8K) -> f32 {
+    let sums = avx2::hsum_i32_pair(offset_isum::<S>(x, y), _mm256_setzero_si256());
     avx2::finish(sumf, y.d.get(), x.d, sums)
 }
 
-/// [`q6_step`] for four tokens, their `sumf` in the lanes of `sumf`.
+/// [`offset_step`] for four Q6_K tokens, their `sumf` in the lanes of `sumf`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_step4(sumf: __m128, x: &Q6Block, ys: [&BlockQ8K; 4]) -> __m128 {
-    let isum = avx2::sum4_i32(std::array::from_fn(|t| q6_isum(x, ys[t])));
+unsafe fn q6_step4(sumf: __m128, x: &OffsetBlock, ys: [&BlockQ8K; 4]) -> __m128 {
+    let isum = avx2::sum4_i32(std::array::from_fn(|t| offset_isum::<5>(x, ys[t])));
     let d_y = d_y4(ys);
     _mm_fmadd_ps(
         _mm_mul_ps(d_y, _mm_set1_ps(x.d)),
@@ -904,16 +880,16 @@ unsafe fn q6_step4(sumf: __m128, x: &Q6Block, ys: [&BlockQ8K; 4]) -> __m128 {
 pub unsafe fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        sumf = q6_step(sumf, &q6_unpack(x), y);
+        sumf = offset_step::<5>(sumf, &q6_unpack(x), y);
     }
     sumf
 }
 
 /// Four Q6_K rows against one Q8_K row, bit-identical per row with [`vec_dot_q6_k_q8_k`]: the
-/// same exact `isum` per super-block, [`q6_step`]'s float step lane by lane.
+/// same exact `isum` per super-block, [`offset_step`]'s float step lane by lane.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q6_k(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let sums = |u: &Q6Block, y: &BlockQ8K| (q6_isum(u, y), _mm256_setzero_si256());
+    let sums = |u: &OffsetBlock, y: &BlockQ8K| (offset_isum::<5>(u, y), _mm256_setzero_si256());
     rows_k::<_, _, false>(w, a, |x| q6_unpack(x), sums, |u| _mm_set_ss(u.d))
 }
 
@@ -927,7 +903,7 @@ pub unsafe fn q6_k_tile<const R: usize, const T: usize>(
         w,
         a,
         |x: &BlockQ6K| q6_unpack(x),
-        |s, u, y| q6_step(s, u, y),
+        |s, u, y| offset_step::<5>(s, u, y),
         |s, u, ys| q6_step4(s, u, ys),
     )
 }

@@ -17,8 +17,9 @@ type Panels = ();
 
 /// Activations laid out once per operator for the AVX-512 prefill tiles.
 enum Prepared {
+    /// F16 or BF16 activations widened for `f16wide`'s tiles.
     #[cfg(target_arch = "x86_64")]
-    F16(super::f16wide::WideActs),
+    Half(super::f16wide::WideActs),
     #[cfg(target_arch = "x86_64")]
     Q8(super::qwide::PairActs),
 }
@@ -31,7 +32,7 @@ impl Prepared {
         #[cfg(target_arch = "x86_64")]
         {
             if let Some(w) = super::f16wide::WideActs::new(acts) {
-                return Some(Prepared::F16(w));
+                return Some(Prepared::Half(w));
             }
             let mut wty = wty;
             if !wty.any(super::qwide::supports) {
@@ -552,7 +553,7 @@ impl<'a> RowJob<'a> {
             let row = |r| self.row(r);
             let out = self.out();
             let done = match prepared {
-                Prepared::F16(w) if self.w.ty == w.ty() => {
+                Prepared::Half(w) if self.w.ty == w.ty() => {
                     super::f16wide::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
                 }

@@ -675,7 +675,7 @@ mod kernels {
             q6_block(q.map(|g| g.add(b * Q6_GROUP_BLOCK)), ahead, [yb], &mut isum);
             let d_y = _mm512_set1_ps(yb.d.get());
             for ((&g, [is]), acc) in q.iter().zip(isum).zip(sumf.iter_mut()) {
-                let dx = q6_dx(g, nb, b);
+                let dx = d_after(g, nb, Q6_GROUP_BLOCK, b);
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(is), *acc);
             }
         }
@@ -791,23 +791,11 @@ mod kernels {
             }
             for tk in 0..NT {
                 let y = ys.get_unchecked(t + tk).get_unchecked(b);
-                // The mins' Σ_j m_j B_j, two groups per `vpdpwssd`.
-                let mut imin = _mm512_setzero_si512();
-                for (k, &pair) in min_pairs
-                    .get_unchecked((t + tk) * part.stride + b)
-                    .iter()
-                    .enumerate()
-                {
-                    imin = _mm512_dpwssd_epi32(imin, h.mp[k], _mm512_set1_epi32(pair));
-                }
+                let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
                 // isum16 is a multiple of sixteen: the shift is exact. |isum16| <= 4 groups *
                 // 63 * 32 * 240 * 128 < 2^31.
                 let is = _mm512_add_epi32(isum[tk], _mm512_srai_epi32::<4>(isum16[tk]));
-                let d_y = _mm512_set1_ps(y.d.get());
-                let acc =
-                    _mm512_fmadd_ps(_mm512_mul_ps(d_y, h.d), _mm512_cvtepi32_ps(is), sumf[tk]);
-                sumf[tk] =
-                    _mm512_fnmadd_ps(_mm512_mul_ps(d_y, h.dmin), _mm512_cvtepi32_ps(imin), acc);
+                sumf[tk] = k4_step(sumf[tk], is, &h, y, pairs);
             }
         }
         for (j, acc) in sumf.into_iter().enumerate() {
@@ -863,22 +851,8 @@ mod kernels {
             }
             for tk in 0..NT {
                 let y = ys.get_unchecked(t + tk).get_unchecked(b);
-                let mut imin = _mm512_setzero_si512();
-                for (k, &pair) in min_pairs
-                    .get_unchecked((t + tk) * part.stride + b)
-                    .iter()
-                    .enumerate()
-                {
-                    imin = _mm512_dpwssd_epi32(imin, h.mp[k], _mm512_set1_epi32(pair));
-                }
-                let d_y = _mm512_set1_ps(y.d.get());
-                let acc = _mm512_fmadd_ps(
-                    _mm512_mul_ps(d_y, h.d),
-                    _mm512_cvtepi32_ps(isum[tk]),
-                    sumf[tk],
-                );
-                sumf[tk] =
-                    _mm512_fnmadd_ps(_mm512_mul_ps(d_y, h.dmin), _mm512_cvtepi32_ps(imin), acc);
+                let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
+                sumf[tk] = k4_step(sumf[tk], isum[tk], &h, y, pairs);
             }
         }
         for (j, acc) in sumf.into_iter().enumerate() {
@@ -944,6 +918,28 @@ mod kernels {
             _mm512_shuffle_epi8(mw[k / 2], idx)
         });
         (std::array::from_fn(|j| lane_byte(scw[j / 4], j % 4)), pairs)
+    }
+
+    /// `kquants`' step of one Q4_K / Q5_K super-block onto the sixteen rows' `sumf` for one
+    /// token's block `y`: the mins' `Σ_j m_j B_j` from the activation's 32-element sums paired
+    /// as the head's (`pairs`, two groups per `vpdpwssd`), then
+    /// `sumf = fma(d_y * d_x, isum, sumf); sumf = fma(-(d_y * dmin_x), imin, sumf)` lane by lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn k4_step(
+        sumf: __m512,
+        isum: __m512i,
+        h: &crate::kernels::cpu::kwide::K4Head,
+        y: &BlockQ8K,
+        pairs: &[i32; 4],
+    ) -> __m512 {
+        let mut imin = _mm512_setzero_si512();
+        for (k, &pair) in pairs.iter().enumerate() {
+            imin = _mm512_dpwssd_epi32(imin, h.mp[k], _mm512_set1_epi32(pair));
+        }
+        let d_y = _mm512_set1_ps(y.d.get());
+        let acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, h.d), _mm512_cvtepi32_ps(isum), sumf);
+        _mm512_fnmadd_ps(_mm512_mul_ps(d_y, h.dmin), _mm512_cvtepi32_ps(imin), acc)
     }
 
     /// Every 32-bit lane of `v` shifted left by `n` bits (right by `-n` when `n` is negative).
@@ -1026,7 +1022,7 @@ mod kernels {
                     }
                 }
             }
-            let dx = scales_d(q, nb, Q3_GROUP_BLOCK, b);
+            let dx = d_after(q, nb, Q3_GROUP_BLOCK, b);
             for (tk, acc) in sumf.iter_mut().enumerate() {
                 let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(isum[tk]), *acc);
@@ -1055,13 +1051,6 @@ mod kernels {
         ];
         let thirty_two = _mm512_set1_epi32(32);
         std::array::from_fn(|j| _mm512_sub_epi32(lane_byte(words[j / 4], j % 4), thirty_two))
-    }
-
-    /// The sixteen rows' `d` of block b of the group at `q` (`nb` blocks of `block` bytes
-    /// each, the `d`s after them), widened.
-    #[inline(always)]
-    unsafe fn scales_d(q: *const u8, nb: usize, block: usize, b: usize) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(q.add(nb * block + b * SCALES).cast()))
     }
 
     /// Tokens `t..t + NT` against one Q2_K group. Per super-block, per 32-element group g, each
@@ -1164,7 +1153,7 @@ mod kernels {
         let nb = part.nb;
         for b in 0..nb {
             let p = q.add(b * Q6_GROUP_BLOCK);
-            let dx = q6_dx(q, nb, b);
+            let dx = d_after(q, nb, Q6_GROUP_BLOCK, b);
             let yb: [&BlockQ8K; NT] =
                 std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
             let mut isum = [[_mm512_setzero_si512(); NT]; 1];
@@ -1184,18 +1173,17 @@ mod kernels {
         }
     }
 
-    /// The sixteen rows' `d` of block b of the Q6_K group at `q` (`nb` blocks), widened; every
-    /// other block, the next group's `d` asked into L2 (they lie past that group's blocks, off
+    /// The sixteen rows' `d` of block b of the group at `q` (`nb` blocks of `block` bytes, the
+    /// `d`s after them: Q6_K, Q3_K), widened; every other block, the next group's `d` asked into L2 (they lie past that group's blocks, off
     /// the stream the hardware prefetcher follows; the group's own were asked for during the
     /// group before), whatever the quants' prefetch distance (none by default on AMD). The
     /// Llama-3.2-1B head (Q6_K 2048 x 128256, 2 EPYC threads, one group at a time) read
     /// 0.80-0.94 of the plain read without these and 0.95-0.98 with them.
     #[inline(always)]
-    unsafe fn q6_dx(q: *const u8, nb: usize, b: usize) -> __m512 {
-        use super::Q6_GROUP_BLOCK;
-        let d = q.add(nb * Q6_GROUP_BLOCK);
+    unsafe fn d_after(q: *const u8, nb: usize, block: usize, b: usize) -> __m512 {
+        let d = q.add(nb * block);
         if b.is_multiple_of(2) {
-            let next = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
+            let next = b * SCALES + nb * (block + SCALES);
             _mm_prefetch::<_MM_HINT_T1>(d.wrapping_add(next).cast());
         }
         _mm512_cvtph_ps(_mm256_loadu_si256(d.add(b * SCALES).cast()))
