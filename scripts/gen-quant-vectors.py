@@ -46,7 +46,8 @@ SEED = 20240521
 # still lists Q8_1 as 40 bytes (f32 d and s), while ggml's block_q8_1 holds two f16 (36 bytes).
 BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24),
          T.Q8_0: (32, 34), T.Q8_1: (32, 36), T.Q2_K: (256, 84), T.Q3_K: (256, 110),
-         T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210), T.Q8_K: (256, 292)}
+         T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210), T.Q8_K: (256, 292),
+         T.IQ4_NL: (32, 18), T.IQ4_XS: (256, 136)}
 
 
 SUBNORMAL_F16 = np.array([0x37, 0x02], dtype=np.uint8)  # f16 bits 0x0237, about 3.4e-5
@@ -74,7 +75,7 @@ def raw_blocks(qtype, n_blocks, rng):
         vals = random_scales(rng, n_blocks, lo, hi, signed)
         b[:, offset:offset + 2] = f16_bytes(vals).reshape(n_blocks, 2)
 
-    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0):
+    if qtype in (T.Q4_0, T.Q5_0, T.Q8_0, T.IQ4_NL, T.IQ4_XS):
         put_f16(0, -3, 0)
     elif qtype in (T.Q4_1, T.Q5_1):
         put_f16(0, -3, -1)  # d
@@ -259,6 +260,20 @@ def main():
         cases.append({"op": "quantize", "type": qtype.name, "n": n, "input": "quant-input.f32",
                       "expected": f"quant-{qtype.name}.bin", "source": source,
                       "note": "cos pattern, scaled gaussians, edge cases"})
+
+    # The i-quants, from their own seeded stream (added later: the cases above keep their bytes).
+    rng_iq = np.random.default_rng(SEED + 1)
+    for qtype in (T.IQ4_NL, T.IQ4_XS):
+        block_size, _ = BLOCK[qtype]
+        n_blocks = 8 if block_size == 32 else 3
+        raw = raw_blocks(qtype, n_blocks, rng_iq)
+        expected, source = dequant_expected(qtype, raw)
+        assert expected.dtype == np.float32 and np.isfinite(expected).all(), qtype.name
+        write(f"dequant-{qtype.name}.bin", raw)
+        write(f"dequant-{qtype.name}.f32", expected.astype("<f4"))
+        cases.append({"op": "dequantize", "type": qtype.name, "n": n_blocks * block_size,
+                      "input": f"dequant-{qtype.name}.bin", "expected": f"dequant-{qtype.name}.f32",
+                      "source": source, "note": "random blocks, sane scales, last scale subnormal"})
 
     manifest = {"generator": "scripts/gen-quant-vectors.py",
                 "gguf_version": getattr(gguf, "__version__", None) or _gguf_version(),

@@ -292,6 +292,8 @@ fn llama_ftype_name(ftype: u64) -> Option<&'static str> {
         17 => "Q5_K - Medium",
         18 => "Q6_K",
         21 => "Q2_K - Small",
+        25 => "IQ4_NL - 4.5 bpw",
+        30 => "IQ4_XS - 4.25 bpw",
         32 => "BF16",
         _ => return None,
     })
@@ -338,6 +340,8 @@ fn ftype_name(f: &GgufFile) -> String {
         Q4_K => 15,
         Q5_K => 17,
         Q6_K => 18,
+        IQ4_NL => 25,
+        IQ4_XS => 30,
         _ => 0,
     };
     format!(

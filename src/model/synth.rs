@@ -229,6 +229,10 @@ pub enum SynthType {
     Q5_K_M,
     #[value(name = "Q6_K")]
     Q6_K,
+    #[value(name = "IQ4_NL")]
+    IQ4_NL,
+    #[value(name = "IQ4_XS")]
+    IQ4_XS,
     #[value(name = "Q8_0")]
     Q8_0,
     #[value(name = "F16")]
@@ -270,6 +274,8 @@ impl SynthType {
             SynthType::Q4_K_M => "Q4_K_M",
             SynthType::Q5_K_M => "Q5_K_M",
             SynthType::Q6_K => "Q6_K",
+            SynthType::IQ4_NL => "IQ4_NL",
+            SynthType::IQ4_XS => "IQ4_XS",
             SynthType::Q8_0 => "Q8_0",
             SynthType::F16 => "F16",
             SynthType::BF16 => "BF16",
@@ -285,6 +291,8 @@ impl SynthType {
             SynthType::Q4_K_M => 15,
             SynthType::Q5_K_M => 17,
             SynthType::Q6_K => 18,
+            SynthType::IQ4_NL => 25,
+            SynthType::IQ4_XS => 30,
             SynthType::Q8_0 => 7,
             SynthType::F16 => 1,
             SynthType::BF16 => 32,
@@ -329,6 +337,13 @@ impl SynthType {
             SynthType::Q4_K_M => Q4_K,
             SynthType::Q5_K_M if (attn_v || m == Matrix::FfnDown) && more => Q6_K,
             SynthType::Q5_K_M => Q5_K,
+            // Without an importance matrix, as `oato synth` has none.
+            SynthType::IQ4_NL | SynthType::IQ4_XS => match m {
+                _ if attn_v && gqa >= 4 => Q5_K,
+                Matrix::FfnDown if layer < n_layer / 8 => Q5_K,
+                _ if self == SynthType::IQ4_NL => IQ4_NL,
+                _ => IQ4_XS,
+            },
         }
     }
 }

@@ -274,6 +274,44 @@ pub struct BlockQ8K {
 }
 const _: () = assert!(size_of::<BlockQ8K>() == 292);
 
+/// The sixteen values of the non-linear 4-bit formats (ggml's `kvalues_iq4nl`): a quant `q` in
+/// 0..16 stands for `IQ4_VALUES[q]`, in -127..=113.
+pub const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// Block of 32 weights `x = d * IQ4_VALUES[q]`, q in 0..16, nibbles as Q4_0's.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockIQ4NL {
+    pub d: F16Le,         // delta
+    pub qs: [u8; QK / 2], // element j in the low nibble of qs[j], j+16 in the high
+}
+const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
+
+/// Super-block of 256 weights in 8 groups of 32: `x = d * (ls - 32) * IQ4_VALUES[q]`, ls the
+/// group's 6-bit scale (low 4 bits from `scales_l`, high 2 from `scales_h`); group j's 32 quants
+/// in `qs[16j..16j + 16]` as a Q4_0 block's.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockIQ4XS {
+    pub d: F16Le,                  // super-block scale
+    pub scales_h: [u8; 2],         // bits 2j..2j + 2: group j's scale, high 2 bits
+    pub scales_l: [u8; QK_K / 64], // nibble j % 2 of byte j / 2: group j's scale, low 4 bits
+    pub qs: [u8; QK_K / 2],        // quants, 4 bits
+}
+const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
+
+impl BlockIQ4XS {
+    /// Group `j`'s scale `ls - 32`, in -32..32.
+    #[inline(always)]
+    pub fn scale(&self, j: usize) -> i32 {
+        let lo = (self.scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
+        let hi = (u16::from_le_bytes(self.scales_h) >> (2 * j)) & 3;
+        (lo as i32 | (hi as i32) << 4) - 32
+    }
+}
+
 macro_rules! impl_block {
     ($($block:ty => $ty:ident),* $(,)?) => {$(
         const _: () = assert!(align_of::<$block>() == 1);
@@ -290,6 +328,7 @@ impl_block!(
     BlockQ4_0 => Q4_0, BlockQ4_1 => Q4_1, BlockQ5_0 => Q5_0, BlockQ5_1 => Q5_1,
     BlockQ8_0 => Q8_0, BlockQ8_1 => Q8_1, BlockQ2K => Q2_K, BlockQ3K => Q3_K,
     BlockQ4K => Q4_K, BlockQ5K => Q5_K, BlockQ6K => Q6_K, BlockQ8K => Q8_K,
+    BlockIQ4NL => IQ4_NL, BlockIQ4XS => IQ4_XS,
 );
 
 /// View `bytes` as blocks in place; an error when the length is not a whole number of blocks.

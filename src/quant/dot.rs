@@ -24,7 +24,20 @@ pub fn has_vec_dot(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_NL
+            | IQ4_XS
     )
 }
 
@@ -62,6 +75,8 @@ pub fn vec_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         Q4_K => vec_dot_q4_k_q8_k(take(w, nb), take(a, nb)),
         Q5_K => vec_dot_q5_k_q8_k(take(w, nb), take(a, nb)),
         Q6_K => vec_dot_q6_k_q8_k(take(w, nb), take(a, nb)),
+        IQ4_NL => vec_dot_iq4_nl_q8_0(take(w, nb), take(a, nb)),
+        IQ4_XS => vec_dot_iq4_xs_q8_k(take(w, nb), take(a, nb)),
         Q8_1 | Q8_K | I8 | I16 | I32 | I64 | F64 => {
             panic!("vec_dot: no dot product for {wty} weights (check has_vec_dot first)")
         }
@@ -150,6 +165,39 @@ pub fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
             sumi1 += v1 * y.qs[j + QK / 2] as i32;
         }
         sumf += (sumi0 + sumi1) as f32 * x.d.to_f32() * y.d.to_f32();
+    }
+    sumf
+}
+
+/// `sumf += (d_y * d_x) * (sumi0 + sumi1)` per block, the quants through [`IQ4_VALUES`].
+pub fn vec_dot_iq4_nl_q8_0(xs: &[BlockIQ4NL], ys: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let d = y.d.to_f32() * x.d.to_f32();
+        let (mut sumi0, mut sumi1) = (0i32, 0i32);
+        for j in 0..QK / 2 {
+            sumi0 += y.qs[j] as i32 * IQ4_VALUES[(x.qs[j] & 0x0F) as usize] as i32;
+            sumi1 += y.qs[j + QK / 2] as i32 * IQ4_VALUES[(x.qs[j] >> 4) as usize] as i32;
+        }
+        sumf += d * (sumi0 + sumi1) as f32;
+    }
+    sumf
+}
+
+/// Per group j of 32: `sumf += (d_x * d_y * (ls_j - 32)) * sumi_j`, groups in order.
+pub fn vec_dot_iq4_xs_q8_k(xs: &[BlockIQ4XS], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let d4d8 = x.d.to_f32() * y.d.get();
+        for j in 0..QK_K / QK {
+            let (qs, q8) = (&x.qs[16 * j..16 * j + 16], &y.qs[QK * j..QK * j + QK]);
+            let (mut sumi0, mut sumi1) = (0i32, 0i32);
+            for l in 0..QK / 2 {
+                sumi0 += q8[l] as i32 * IQ4_VALUES[(qs[l] & 0x0F) as usize] as i32;
+                sumi1 += q8[l + QK / 2] as i32 * IQ4_VALUES[(qs[l] >> 4) as usize] as i32;
+            }
+            sumf += (d4d8 * x.scale(j) as f32) * (sumi0 + sumi1) as f32;
+        }
     }
     sumf
 }

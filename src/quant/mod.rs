@@ -18,9 +18,9 @@ pub mod testdata;
 mod tests;
 
 pub use blocks::{
-    Block, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
-    BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, F16Le, F32Le, I16Le, as_blocks, as_blocks_mut,
-    blocks_as_bytes,
+    Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, F16Le, F32Le, I16Le, as_blocks,
+    as_blocks_mut, blocks_as_bytes,
 };
 pub use dequantize::dequantize_row;
 pub use dot::{has_vec_dot, vec_dot, vec_dot_checked, vec_dot_f32_ref};

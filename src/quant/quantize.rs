@@ -24,7 +24,7 @@ use crate::quant::blocks::*;
 /// `ty.row_bytes(src.len())` bytes.
 ///
 /// Handles F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K. The K-quant weight
-/// formats (Q2_K..Q6_K) are read-only here and give `Error::UnsupportedType`, as do the others.
+/// formats (Q2_K..Q6_K) and the i-quants (IQ4_NL, IQ4_XS) are read-only here and give `Error::UnsupportedType`, as do the others.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     use GgmlType::*;
     check_output(ty, src.len(), dst.len())?;
@@ -51,9 +51,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         Q8_0 => each_block(src, dst, quantize_block_q8_0),
         Q8_1 => each_block(src, dst, quantize_block_q8_1),
         Q8_K => each_block(src, dst, quantize_block_q8_k),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => {
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS => {
             return Err(Error::UnsupportedType(format!(
-                "quantising to {ty} is not implemented (oato reads K-quant weights, it does not make them)"
+                "quantising to {ty} is not implemented (oato reads K-quant and i-quant weights, it does not make them)"
             )));
         }
         I8 | I16 | I32 | I64 | F64 => {

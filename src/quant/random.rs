@@ -18,6 +18,10 @@
 //! - Q2_K: random 2-bit quants; 4-bit scales uniform in 8..16, mins equal to the scales and
 //!   `dmin = 1.5 d`, so each 16-element group is `d·sc·(q - 1.5)` (E[(q - 1.5)²] = 1.25,
 //!   E[sc²] = 137.5).
+//! - IQ4_NL: random nibbles, `d = ±jσ / √4548` (E[v²] = 4548 over the sixteen values); the random
+//!   sign cancels their -5.875 mean, as Q4_0's.
+//! - IQ4_XS: random nibbles; the eight 6-bit scales `ls - 32` = ±(16..32) with random signs
+//!   (E[sc²] = 573.5), which cancel the values' mean.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -25,7 +29,7 @@ use crate::quant::blocks::*;
 use crate::rng::SplitMix64;
 
 /// The types [`fill_random`] makes.
-pub const RANDOM_TYPES: [GgmlType; 10] = [
+pub const RANDOM_TYPES: [GgmlType; 12] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -36,6 +40,8 @@ pub const RANDOM_TYPES: [GgmlType; 10] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// Fills `out`, a whole number of `ty` blocks, with random weights of standard deviation `std`
@@ -135,6 +141,30 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
                 b.scales = std::array::from_fn(|j| (8 + ((r >> (3 * j)) & 7) as u8) * 0x11);
                 b.d = F16Le::from_f32(jitter(r) * d);
                 b.dmin = F16Le::from_f32(1.5 * b.d.to_f32());
+                rng.fill_bytes(&mut b.qs);
+            }
+        }
+        GgmlType::IQ4_NL => {
+            let d = std / 4548f32.sqrt();
+            for b in as_blocks_mut::<BlockIQ4NL>(out)? {
+                let r = rng.next_u64();
+                let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
+                b.d = F16Le::from_f32(sign * jitter(r) * d);
+                rng.fill_bytes(&mut b.qs);
+            }
+        }
+        GgmlType::IQ4_XS => {
+            let d = std / (4548f32.sqrt() * 573.5f32.sqrt());
+            for b in as_blocks_mut::<BlockIQ4XS>(out)? {
+                let (sc, signs) = signed_scales(rng);
+                let (mut lo, mut hi) = ([0u8; 4], 0u16);
+                for (j, &s) in sc[..8].iter().enumerate() {
+                    let v = (s + 32) as u8;
+                    lo[j / 2] |= (v & 15) << (4 * (j % 2));
+                    hi |= ((v >> 4) as u16) << (2 * j);
+                }
+                (b.scales_l, b.scales_h) = (lo, hi.to_le_bytes());
+                b.d = F16Le::from_f32(jitter(signs) * d);
                 rng.fill_bytes(&mut b.qs);
             }
         }
@@ -242,6 +272,15 @@ mod tests {
             .unwrap()
             .iter()
             .flat_map(|x| crate::kernels::cpu::kquants::q3_scales(&x.scales))
+            .collect();
+        assert!(scales.iter().all(|s| (16..32).contains(&s.unsigned_abs())));
+        assert!(scales.iter().any(|&s| s < 0) && scales.iter().any(|&s| s > 0));
+        let mut bytes = vec![0u8; 4 * 136];
+        fill_random(GgmlType::IQ4_XS, 0.02, &mut rng, &mut bytes).unwrap();
+        let blocks = as_blocks::<BlockIQ4XS>(&bytes).unwrap();
+        let scales: Vec<i32> = blocks
+            .iter()
+            .flat_map(|x| (0..8).map(|j| x.scale(j)))
             .collect();
         assert!(scales.iter().all(|s| (16..32).contains(&s.unsigned_abs())));
         assert!(scales.iter().any(|&s| s < 0) && scales.iter().any(|&s| s > 0));

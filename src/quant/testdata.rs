@@ -26,15 +26,18 @@ impl Rng {
     }
 }
 
-pub const K_TYPES: [GgmlType; 5] = [
+/// The weight types dotted with Q8_K activations: the K-quants and IQ4_XS.
+pub const K_TYPES: [GgmlType; 6] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
 ];
 
-/// A row of `n` elements of K-quant `ty`: random bytes, then finite super-block scales.
+/// A row of `n` elements of `ty`, a K-quant or an i-quant (the types oato does not quantise to):
+/// random bytes, then finite (super-)block scales.
 pub fn random_k_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut w = rng.bytes(ty.row_bytes(n).unwrap());
     macro_rules! fix {
@@ -59,7 +62,9 @@ pub fn random_k_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
             x.dmin = rng.scale(false)
         }),
         GgmlType::Q6_K => fix!(BlockQ6K, |x| x.d = rng.scale(true)),
-        _ => panic!("random_k_row: {ty} is not a K-quant"),
+        GgmlType::IQ4_XS => fix!(BlockIQ4XS, |x| x.d = rng.scale(true)),
+        GgmlType::IQ4_NL => fix!(BlockIQ4NL, |x| x.d = rng.scale(true)),
+        _ => panic!("random_k_row: {ty} is not a K-quant or an i-quant"),
     }
     w
 }

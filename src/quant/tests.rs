@@ -15,10 +15,10 @@ fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     random_k_row(ty, n, rng)
 }
 
-const WEIGHT_TYPES: [GgmlType; 13] = {
+const WEIGHT_TYPES: [GgmlType; 15] = {
     use GgmlType::*;
     [
-        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
     ]
 };
 

@@ -1,5 +1,5 @@
 //! The engine's canonical arithmetic for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights dotted
-//! with Q8_K activations), in plain Rust; `avx2` and `avx512` reproduce it bit for bit.
+//! with Q8_K activations, and IQ4_XS, whose super-blocks have the same shape), in plain Rust; `avx2` and `avx512` reproduce it bit for bit.
 //!
 //! Per 256-element super-block two integers are computed EXACTLY in i32, so their grouping is free
 //! (integer addition is associative) and every variant may sum them in its own lane order:
@@ -257,6 +257,29 @@ pub fn vec_dot_q6_k_q8_k(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     sumf
 }
 
+/// IQ4_XS: group j of 32 is `qs[16j..16j + 16]`'s low then high nibbles through [`IQ4_VALUES`],
+/// with scale `ls_j - 32`; as Q3_K and Q6_K, no mins. (|isum| ≤ 256 · 32 · 127 · 128 = 1.3e8.)
+pub fn vec_dot_iq4_xs_q8_k(xs: &[BlockIQ4XS], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let mut q = [0i8; QK_K];
+        for (q32, qs) in q
+            .as_chunks_mut::<32>()
+            .0
+            .iter_mut()
+            .zip(x.qs.as_chunks::<16>().0)
+        {
+            for l in 0..16 {
+                q32[l] = IQ4_VALUES[(qs[l] & 0x0F) as usize];
+                q32[l + 16] = IQ4_VALUES[(qs[l] >> 4) as usize];
+            }
+        }
+        let isum = grouped_isum::<32>(&q, &y.qs, |j| x.scale(j));
+        sumf = add_scaled(sumf, y.d.get(), x.d.to_f32(), isum);
+    }
+    sumf
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +295,7 @@ mod tests {
             GgmlType::Q4_K => vec_dot_q4_k_q8_k(as_blocks(w).unwrap(), ys),
             GgmlType::Q5_K => vec_dot_q5_k_q8_k(as_blocks(w).unwrap(), ys),
             GgmlType::Q6_K => vec_dot_q6_k_q8_k(as_blocks(w).unwrap(), ys),
+            GgmlType::IQ4_XS => vec_dot_iq4_xs_q8_k(as_blocks(w).unwrap(), ys),
             _ => unreachable!(),
         }
     }

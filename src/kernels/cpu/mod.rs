@@ -267,7 +267,7 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
-/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0 or a K-quant), each block's f16
+/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0, a K-quant, IQ4_NL or IQ4_XS), each block's f16
 /// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
 /// overflows to inf. For F16, each element `scale(rng)` times a uniform in -1..1. Tests and the
 /// out-of-cache experiments (`examples/matmul_dram`, `examples/decode_mix`) make their weights
@@ -286,7 +286,7 @@ pub fn random_blocks(
         return;
     }
     let scales: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q6_K => &[208],
         GgmlType::Q3_K => &[108],
         GgmlType::Q2_K => &[80, 82],
@@ -365,6 +365,8 @@ fn scalar_dot(wty: GgmlType) -> DotFn {
         GgmlType::Q4_K => |w, a, _| kquants::vec_dot_q4_k_q8_k(blocks(w), blocks(a)),
         GgmlType::Q5_K => |w, a, _| kquants::vec_dot_q5_k_q8_k(blocks(w), blocks(a)),
         GgmlType::Q6_K => |w, a, _| kquants::vec_dot_q6_k_q8_k(blocks(w), blocks(a)),
+        GgmlType::IQ4_NL => |w, a, _| scalar::vec_dot_iq4_nl_q8_0(blocks(w), blocks(a)),
+        GgmlType::IQ4_XS => |w, a, _| kquants::vec_dot_iq4_xs_q8_k(blocks(w), blocks(a)),
         _ => |_, _, _| f32::NAN,
     }
 }
@@ -669,6 +671,7 @@ mod tests {
             GgmlType::Q4_K => copy!(BlockQ4K, d, dmin),
             GgmlType::Q5_K => copy!(BlockQ5K, d, dmin),
             GgmlType::Q6_K => copy!(BlockQ6K, d),
+            GgmlType::IQ4_XS => copy!(BlockIQ4XS, d),
             _ => unreachable!(),
         }
         w
