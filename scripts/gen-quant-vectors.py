@@ -216,10 +216,7 @@ def main():
         with open(os.path.join(args.out, name), "wb") as f:
             f.write(np.ascontiguousarray(data).tobytes())
 
-    # Dequantisation of raw blocks.
-    block_types = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
-                   T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
-    for qtype in block_types:
+    def dequant_case(qtype, rng):
         block_size, _ = BLOCK[qtype]
         n_blocks = 8 if block_size == 32 else 3
         raw = raw_blocks(qtype, n_blocks, rng)
@@ -230,6 +227,12 @@ def main():
         cases.append({"op": "dequantize", "type": qtype.name, "n": n_blocks * block_size,
                       "input": f"dequant-{qtype.name}.bin", "expected": f"dequant-{qtype.name}.f32",
                       "source": source, "note": "random blocks, sane scales, last scale subnormal"})
+
+    # Dequantisation of raw blocks.
+    block_types = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q8_1,
+                   T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
+    for qtype in block_types:
+        dequant_case(qtype, rng)
     for qtype in (T.F32, T.F16, T.BF16):
         n = 512
         raw = random_plain_bits(qtype, n, rng)
@@ -264,16 +267,7 @@ def main():
     # The i-quants, from their own seeded stream (added later: the cases above keep their bytes).
     rng_iq = np.random.default_rng(SEED + 1)
     for qtype in (T.IQ4_NL, T.IQ4_XS):
-        block_size, _ = BLOCK[qtype]
-        n_blocks = 8 if block_size == 32 else 3
-        raw = raw_blocks(qtype, n_blocks, rng_iq)
-        expected, source = dequant_expected(qtype, raw)
-        assert expected.dtype == np.float32 and np.isfinite(expected).all(), qtype.name
-        write(f"dequant-{qtype.name}.bin", raw)
-        write(f"dequant-{qtype.name}.f32", expected.astype("<f4"))
-        cases.append({"op": "dequantize", "type": qtype.name, "n": n_blocks * block_size,
-                      "input": f"dequant-{qtype.name}.bin", "expected": f"dequant-{qtype.name}.f32",
-                      "source": source, "note": "random blocks, sane scales, last scale subnormal"})
+        dequant_case(qtype, rng_iq)
 
     manifest = {"generator": "scripts/gen-quant-vectors.py",
                 "gguf_version": getattr(gguf, "__version__", None) or _gguf_version(),

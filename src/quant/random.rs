@@ -72,8 +72,10 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
                 *c = f32_to_bf16(uniform(rng)).to_le_bytes();
             }
         }
-        GgmlType::Q4_0 => {
-            let d = std / 21.5f32.sqrt();
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
+            // One 18-byte layout: an f16 `d`, then sixteen bytes of nibbles.
+            let square = if ty == GgmlType::Q4_0 { 21.5f32 } else { 4548.0 };
+            let d = std / square.sqrt();
             for b in as_blocks_mut::<BlockQ4_0>(out)? {
                 let r = rng.next_u64();
                 let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
@@ -141,15 +143,6 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
                 b.scales = std::array::from_fn(|j| (8 + ((r >> (3 * j)) & 7) as u8) * 0x11);
                 b.d = F16Le::from_f32(jitter(r) * d);
                 b.dmin = F16Le::from_f32(1.5 * b.d.to_f32());
-                rng.fill_bytes(&mut b.qs);
-            }
-        }
-        GgmlType::IQ4_NL => {
-            let d = std / 4548f32.sqrt();
-            for b in as_blocks_mut::<BlockIQ4NL>(out)? {
-                let r = rng.next_u64();
-                let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
-                b.d = F16Le::from_f32(sign * jitter(r) * d);
                 rng.fill_bytes(&mut b.qs);
             }
         }
