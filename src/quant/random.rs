@@ -74,7 +74,11 @@ pub fn fill_random(ty: GgmlType, std: f32, rng: &mut SplitMix64, out: &mut [u8])
         }
         GgmlType::Q4_0 | GgmlType::IQ4_NL => {
             // One 18-byte layout: an f16 `d`, then sixteen bytes of nibbles.
-            let square = if ty == GgmlType::Q4_0 { 21.5f32 } else { 4548.0 };
+            let square = if ty == GgmlType::Q4_0 {
+                21.5f32
+            } else {
+                4548.0
+            };
             let d = std / square.sqrt();
             for b in as_blocks_mut::<BlockQ4_0>(out)? {
                 let r = rng.next_u64();

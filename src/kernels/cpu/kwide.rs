@@ -143,7 +143,8 @@ fn run_blocks<'w>(
         acts.ty
     );
     assert!(crate::kernels::cpu::Isa::Avx512.supported());
-    if ty == GgmlType::Q4_0 {
+    if matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL) {
+        let nl = ty == GgmlType::IQ4_NL;
         let nb = acts.k / QK;
         let nsum = &extra.nsum;
         assert_eq!(
@@ -154,11 +155,17 @@ fn run_blocks<'w>(
         let unpack = |r: usize, p: &mut [Q4Panel]| {
             let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
             // SAFETY: AVX-512 is present (asserted above).
-            unsafe { unpack_q4_0(&w, p) }
+            unsafe { unpack_q4_0(&w, p, nl) }
         };
         let block = |p: &[Q4Panel], toks: Range<usize>, acc: &mut [[f32; ROWS]]| {
             // SAFETY: as above; the activation rows hold `nb` blocks (QuantizedActs).
-            unsafe { run_block_q4_0(p, acts, nsum, toks, acc) }
+            unsafe {
+                if nl {
+                    run_block_q4_0::<true>(p, acts, nsum, toks, acc)
+                } else {
+                    run_block_q4_0::<false>(p, acts, nsum, toks, acc)
+                }
+            }
         };
         return drive(
             acts.n_tok,
@@ -189,7 +196,9 @@ pub(crate) fn run_interleaved(
     put: impl Fn(usize, usize, f32),
 ) {
     assert!(
-        supports(ty) && ty != GgmlType::Q4_0 && acts.ty == ty.vec_dot_type(),
+        supports(ty)
+            && !matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL)
+            && acts.ty == ty.vec_dot_type(),
         "kwide::run_interleaved on {ty} weights with {} activations",
         acts.ty
     );
@@ -229,6 +238,7 @@ fn run_k_panels(
         unsafe {
             match ty {
                 GgmlType::Q3_K | GgmlType::Q6_K => run_block::<16, false>(p, acts, toks, acc),
+                GgmlType::IQ4_XS => run_block::<32, false>(p, acts, toks, acc),
                 GgmlType::Q2_K => run_block::<16, true>(p, acts, toks, acc),
                 _ => run_block::<32, true>(p, acts, toks, acc),
             }
@@ -296,6 +306,7 @@ unsafe fn unpack_plain(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel])
                 GgmlType::Q4_K => avx512::k4_quants(&blocks::<BlockQ4K>(row)[b]),
                 GgmlType::Q5_K => avx512::k4_quants(&blocks::<BlockQ5K>(row)[b]),
                 GgmlType::Q6_K => avx512::q6_quants(&blocks::<BlockQ6K>(row)[b]),
+                GgmlType::IQ4_XS => iq4_xs_quants(&blocks::<BlockIQ4XS>(row)[b]),
                 other => unreachable!("kwide unpack of {other}"),
             };
             natural[4 * r..4 * r + 4].copy_from_slice(&z);
@@ -318,6 +329,7 @@ unsafe fn unpack_plain(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel])
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 fill_k4(p, [words(0), words(4), words(8), words(12)]);
             }
+            GgmlType::IQ4_XS => fill_iq4_xs(p, words(0), words(4)),
             GgmlType::Q6_K => {
                 // Sixteen i8 scales at 192; d at 208, the top half of the word at 206.
                 let d = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(words(206)));
@@ -353,8 +365,9 @@ unsafe fn unpack_plain(ty: GgmlType, rows: &[&[u8]; ROWS], panels: &mut [Panel])
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
     use crate::kernels::cpu::repack::{
-        K4_WORDS, Q2_WORDS, Q3_GROUP_BLOCK, Q5_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, SCALES, q2_head,
-        q2_quants, q3_lane_scales, q3_quants, q3_slot, q5_quants, q6_quants, q6_word, q6_words,
+        IQ4_XS_WORDS, K4_WORDS, Q2_WORDS, Q3_GROUP_BLOCK, Q5_WORDS, Q6_GROUP_BLOCK, Q6_WORDS,
+        SCALES, q2_head, q2_quants, q3_lane_scales, q3_quants, q3_slot, q5_quants, q6_quants,
+        q6_word, q6_words,
     };
     let nb = panels.len();
     let (stride, d_after) = match ty {
@@ -363,6 +376,7 @@ unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
         GgmlType::Q4_K => (ROWS * 4 * K4_WORDS, false),
         GgmlType::Q5_K => (ROWS * 4 * Q5_WORDS, false),
         GgmlType::Q6_K => (Q6_GROUP_BLOCK, true),
+        GgmlType::IQ4_XS => (ROWS * 4 * IQ4_XS_WORDS, false),
         other => unreachable!("kwide: no interleaved {other}"),
     };
     assert!(group.len() >= nb * stride + if d_after { nb * SCALES } else { 0 });
@@ -395,6 +409,20 @@ unsafe fn unpack_interleaved(ty: GgmlType, group: &[u8], panels: &mut [Panel]) {
                 let sc = q3_lane_scales([word(24), word(25), word(26)]);
                 fill_lanes(p, sc, offset_pairs::<2>(&sc));
                 _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d_after(b)));
+                continue;
+            }
+            GgmlType::IQ4_XS => {
+                use crate::kernels::cpu::repack::{iq4_bytes, iq4_table};
+                let (table, low) = (iq4_table(), _mm512_set1_epi8(0x0F));
+                // Word 2 + 4j + c: elements 32j + 4c.. (low nibbles) and 32j + 16 + 4c.. (high).
+                for j in 0..8 {
+                    for c in 0..4 {
+                        let v = word(2 + 4 * j + c);
+                        store(&mut p.q[8 * j + c], iq4_bytes(v, false, table, low));
+                        store(&mut p.q[8 * j + 4 + c], iq4_bytes(v, true, table, low));
+                    }
+                }
+                fill_iq4_xs(p, word(0), word(1));
                 continue;
             }
             GgmlType::Q5_K => {
@@ -499,6 +527,39 @@ unsafe fn fill_q6(p: &mut Panel, sw: [__m512i; 4], d: __m256i) {
     _mm512_store_ps(p.d.as_mut_ptr(), _mm512_cvtph_ps(d));
     let sc: [__m512i; 16] = std::array::from_fn(|j| signed_byte(sw[j / 4], j % 4));
     fill_lanes(p, sc, offset_pairs::<5>(&sc));
+}
+
+/// An IQ4_XS panel's scales (`ls_j - 32`, groups of 32), corrections (`-128 sc_j` for both
+/// 16-element halves of group j: its quants enter as `v + 128`) and `d`, from the sixteen rows'
+/// first word (`d`, `scales_h`) and second (`scales_l`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fill_iq4_xs(p: &mut Panel, head: __m512i, scales_l: __m512i) {
+    _mm512_store_ps(
+        p.d.as_mut_ptr(),
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)),
+    );
+    for j in 0..8 {
+        let sc = crate::kernels::cpu::repack::iq4_xs_scale(head, scales_l, j);
+        store(&mut p.sc[j], sc);
+        // -128 sc (within i16) in both halves.
+        let c = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sc));
+        let c = _mm512_and_si512(c, _mm512_set1_epi32(0xFFFF));
+        store(&mut p.pc[j], _mm512_or_si512(c, _mm512_slli_epi32::<16>(c)));
+    }
+}
+
+/// An IQ4_XS super-block's 256 quants as `IQ4_VALUES + 128` in element order (four quarters).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn iq4_xs_quants(x: &BlockIQ4XS) -> [__m512i; 4] {
+    use crate::kernels::cpu::avx2::nibbles32;
+    let table = crate::kernels::cpu::repack::iq4_table();
+    std::array::from_fn(|u| {
+        let half = |h: usize| nibbles32(x.qs[32 * u + 16 * h..][..16].try_into().unwrap());
+        let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(0)), half(1));
+        _mm512_shuffle_epi8(table, v)
+    })
 }
 
 /// The corrections `-2^S sc_j` of the types whose quants enter offset by `2^S` (Q3_K: 4, Q6_K:
@@ -762,8 +823,9 @@ const Q4_EMPTY: Q4Panel = Q4Panel {
 
 /// Unpacks sixteen Q4_0 rows' blocks into `panels`, two blocks per transpose.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel]) {
+unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel], nl: bool) {
     use crate::kernels::cpu::avx2::nibbles32;
+    let table = crate::kernels::cpu::repack::iq4_table();
     let xs: [&[BlockQ4_0]; ROWS] = rows.map(blocks::<BlockQ4_0>);
     let nb = panels.len();
     for b in (0..nb).step_by(2) {
@@ -777,7 +839,10 @@ unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel]) {
             };
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
         });
-        let t = transpose16(natural);
+        let mut t = transpose16(natural);
+        if nl {
+            t = t.map(|v| _mm512_shuffle_epi8(table, v));
+        }
         for (i, p) in panels[b..(b + 2).min(nb)].iter_mut().enumerate() {
             for (e, q) in p.q.iter_mut().enumerate() {
                 store(q, t[8 * i + e]);
@@ -792,7 +857,7 @@ unsafe fn unpack_q4_0(rows: &[&[u8]; ROWS], panels: &mut [Q4Panel]) {
 /// Tokens `toks` of `acts` against every block of `panels`, eight tokens at a time with their
 /// sums in registers across the blocks; `acc[t - toks.start]` gets token t's sixteen sums.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn run_block_q4_0(
+unsafe fn run_block_q4_0<const NL: bool>(
     panels: &[Q4Panel],
     acts: &QuantizedActs,
     nsum: &[i32],
@@ -806,7 +871,7 @@ unsafe fn run_block_q4_0(
         if t + GROUP_TOKENS <= toks.end {
             let ys = std::array::from_fn(|i| blocks::<BlockQ8_0>(acts.row(t + i)));
             let ns = std::array::from_fn(|i| &nsum[(t + i) * nb..][..nb]);
-            q4_0_tokens::<GROUP_TOKENS>(
+            q4_0_tokens::<GROUP_TOKENS, NL>(
                 panels,
                 ys,
                 ns,
@@ -816,17 +881,18 @@ unsafe fn run_block_q4_0(
         } else {
             let ys = [blocks::<BlockQ8_0>(acts.row(t))];
             let ns = [&nsum[t * nb..][..nb]];
-            q4_0_tokens::<1>(panels, ys, ns, (&mut a[..1]).try_into().unwrap());
+            q4_0_tokens::<1, NL>(panels, ys, ns, (&mut a[..1]).try_into().unwrap());
             t += 1;
         }
     }
 }
 
 /// `NT` tokens against every block of `panels`: per block and token, the exact `isum` of each
-/// row from `-8 Σy` and eight `vpdpbusd`, then `sumf = fma(d_x * d_y, isum, sumf)`.
+/// row from `-8 Σy` and eight `vpdpbusd`, then `sumf = fma(d_x * d_y, isum, sumf)`. `NL`
+/// (IQ4_NL): the panel's quants are `IQ4_VALUES + 128`, from `-128 Σy`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_0_tokens<const NT: usize>(
+unsafe fn q4_0_tokens<const NT: usize, const NL: bool>(
     panels: &[Q4Panel],
     ys: [&[BlockQ8_0]; NT],
     nsum: [&[i32]; NT],
@@ -839,7 +905,8 @@ unsafe fn q4_0_tokens<const NT: usize>(
         let d_x = _mm512_load_ps(p.d.as_ptr());
         for t in 0..NT {
             let y = &ys[t][b];
-            let mut s = _mm512_set1_epi32(nsum[t][b]);
+            let ns = if NL { 16 * nsum[t][b] } else { nsum[t][b] };
+            let mut s = _mm512_set1_epi32(ns);
             for (e, &we) in w.iter().enumerate() {
                 let word = std::ptr::read_unaligned(y.qs.as_ptr().add(4 * e).cast::<i32>());
                 s = _mm512_dpbusd_epi32(s, we, _mm512_set1_epi32(word));
@@ -871,15 +938,17 @@ mod tests {
         let mut rng = SplitMix64::new(11);
         for ty in [
             GgmlType::Q4_0,
+            GgmlType::IQ4_NL,
             GgmlType::Q2_K,
             GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::IQ4_XS,
         ] {
             let n = 37;
-            // Q4_0: 25 blocks, the last panel's transpose half empty.
-            let k = if ty == GgmlType::Q4_0 { 800 } else { 768 };
+            // Q4_0, IQ4_NL: 25 blocks, the last panel's transpose half empty.
+            let k = if ty.block_size() == 32 { 800 } else { 768 };
             let rb = ty.row_bytes(k).unwrap();
             let w = super::super::random_rows(ty, k, n, &mut rng);
             for n_tok in [1, 9, 21] {

@@ -1038,6 +1038,16 @@ mod interleaved_tests {
         }
     }
 
+    /// As for Q4_0, the i-quants: IQ4_NL (Q4_0's layout, its quants through a table), IQ4_XS
+    /// (the K-quants' word layout, signed 6-bit scales).
+    #[test]
+    fn interleaved_i_quants_equal_rows() {
+        interleaved_equals_rows(GgmlType::IQ4_NL, 352, 160);
+        interleaved_equals_rows(GgmlType::IQ4_NL, repack::SLAB + 64, 160);
+        interleaved_equals_rows(GgmlType::IQ4_XS, 768, 160);
+        interleaved_equals_rows(GgmlType::IQ4_XS, repack::SLAB + 512, 160);
+    }
+
     fn interleaved_equals_rows(ty: GgmlType, k: usize, n_rows: usize) {
         // Ten groups (160 rows): decode reads Q6_K two side by side (from separate parts of a
         // task's groups), the rest one at a time.

@@ -124,6 +124,8 @@ pub fn interleaves(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Q4_0
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS
             | GgmlType::Q2_K
             | GgmlType::Q3_K
             | GgmlType::Q4_K
@@ -339,7 +341,8 @@ fn check(ty: GgmlType, len: usize, k: usize, n: usize) -> Result<usize> {
 #[inline]
 fn pieces(ty: GgmlType, nb: usize, b: usize, r: usize, mut f: impl FnMut(usize, usize, usize)) {
     match ty {
-        GgmlType::Q4_0 => {
+        // IQ4_NL's blocks are Q4_0's bytes (`d`, then sixteen of nibbles).
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
             f(b * BLOCK, q4_0_scales(nb, b) + 2 * r, 2);
             for c in 0..4 {
                 f(b * BLOCK + 2 + 4 * c, q4_0_quants(b) + 64 * c + 4 * r, 4);
@@ -389,6 +392,9 @@ pub(crate) const Q5_WORDS: usize = 44;
 
 /// 32-bit words in a Q2_K block (84 bytes): four of scales, sixteen of `qs`, `d` and `dmin`.
 pub(crate) const Q2_WORDS: usize = 21;
+
+/// 32-bit words in an IQ4_XS block (136 bytes): `d` and `scales_h`, `scales_l`, 32 of `qs`.
+pub(crate) const IQ4_XS_WORDS: usize = 34;
 
 /// Bytes of one Q3_K block.
 const Q3_BLOCK: usize = 110;
@@ -456,8 +462,8 @@ use kernels::hint_is_nta;
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::{
-    q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words,
-    run_rows, signed_byte,
+    iq4_bytes, iq4_table, iq4_xs_scale, q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants,
+    q6_quants, q6_word, q6_words, run_rows, signed_byte,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -527,28 +533,34 @@ mod kernels {
         // every token's rows) and are written (and read back from the second slab) by this
         // task only.
         match ty {
-            GgmlType::Q4_0 => {
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => {
                 assert_eq!(
                     extra.nsum.len(),
                     n_tok * nb,
                     "repack: -8Σy of other activations"
                 );
+                let kernels: [Q4Fn; 3] = if ty == GgmlType::Q4_0 {
+                    [tokens::<1, false>, tokens::<2, false>, tokens::<4, false>]
+                } else {
+                    [tokens::<1, true>, tokens::<2, true>, tokens::<4, true>]
+                };
                 // Decode too: whole groups one at a time, each one forward stream.
                 for (sl, part, packed) in slabs() {
                     let ys = tokens_blocks::<BlockQ8_0>(acts, &sl);
                     let nsum = &extra.nsum[sl.b0..];
                     each_group(rows.clone(), sl.group, packed, |g, r0, mask| {
                         by_fours(n_tok, |t, nt| unsafe {
-                            match nt {
-                                4 => tokens::<4>(g, part, &ys, nsum, t, out, r0, mask),
-                                2 => tokens::<2>(g, part, &ys, nsum, t, out, r0, mask),
-                                _ => tokens::<1>(g, part, &ys, nsum, t, out, r0, mask),
-                            }
+                            kernels[nt.ilog2() as usize](g, part, &ys, nsum, t, out, r0, mask)
                         })
                     });
                 }
             }
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => {
                 assert_eq!(
                     extra.min_pairs.len(),
                     n_tok * nb,
@@ -560,6 +572,9 @@ mod kernels {
                     GgmlType::Q3_K => [tokens_q3_k::<1>, tokens_q3_k::<2>, tokens_q3_k::<4>],
                     GgmlType::Q4_K => [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>],
                     GgmlType::Q5_K => [tokens_q5_k::<1>, tokens_q5_k::<2>, tokens_q5_k::<4>],
+                    GgmlType::IQ4_XS => {
+                        [tokens_iq4_xs::<1>, tokens_iq4_xs::<2>, tokens_iq4_xs::<4>]
+                    }
                     _ => [tokens_q6_k::<1>, tokens_q6_k::<2>, tokens_q6_k::<4>],
                 };
                 for (sl, part, packed) in slabs() {
@@ -684,6 +699,9 @@ mod kernels {
         }
     }
 
+    /// A Q4_0 / IQ4_NL kernel for a number of tokens ([`tokens`]).
+    type Q4Fn = unsafe fn(&[u8], Part, &[&[BlockQ8_0]], &[i32], usize, &Out, usize, __mmask16);
+
     /// A K-quant kernel for a number of tokens ([`tokens_q4_k`], [`tokens_q6_k`]).
     type KFn = unsafe fn(&[u8], Part, &[&[BlockQ8K]], &[[i32; 4]], usize, &Out, usize, __mmask16);
 
@@ -798,9 +816,114 @@ mod kernels {
                 sumf[tk] = k4_step(sumf[tk], is, &h, y, pairs);
             }
         }
+        store_all(out, sumf, t, r0, mask);
+    }
+
+    /// Tokens `t..t + NT` against one IQ4_XS group (34 words a block: `d` and `scales_h`,
+    /// `scales_l`, then group j's sixteen quant bytes in words `2 + 4j..`). Per super-block the
+    /// rows' scales `ls_j - 32` lane by lane; per 32-element group j, the low and high nibbles
+    /// of its four words through the table (`IQ4_VALUES + 128`), eight `vpdpbusd` from the
+    /// token's `-128 B_j` (`B_j` its 32-element sum) give each row's exact `Σ v y`, times the
+    /// rows' scale j (`vpmulld`): `kquants`' `isum` (|isum| <= 8 * 32 * 127 * 128 * 32, far
+    /// below 2^31). The float step is its canonical one lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf)`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tokens_iq4_xs<const NT: usize>(
+        group: &[u8],
+        part: Part,
+        ys: &[&[BlockQ8K]],
+        _min_pairs: &[[i32; 4]],
+        t: usize,
+        out: &Out,
+        r0: usize,
+        mask: __mmask16,
+    ) {
+        use super::IQ4_XS_WORDS;
+        let low = _mm512_set1_epi8(0x0F);
+        let table = iq4_table();
+        let ahead = prefetch_ahead();
+        let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
+        for b in 0..part.nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * IQ4_XS_WORDS);
+            let word = |w: usize| _mm512_loadu_si512(p.add(64 * w).cast());
+            let (head, scales_l) = (word(0), word(1));
+            // The tokens' -128 B_j, eight to a token.
+            let nb128: [[i32; 8]; NT] = std::array::from_fn(|tk| {
+                let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                std::mem::transmute(_mm256_madd_epi16(bs, _mm256_set1_epi16(-128)))
+            });
+            let mut isum = [_mm512_setzero_si512(); NT];
+            #[allow(clippy::needless_range_loop)]
+            for j in 0..8 {
+                prefetch_part(p, ahead, IQ4_XS_WORDS, j, 8);
+                let sc = iq4_xs_scale(head, scales_l, j);
+                let v: [__m512i; 4] = std::array::from_fn(|c| word(2 + 4 * j + c));
+                let w: [__m512i; 8] =
+                    std::array::from_fn(|e| iq4_bytes(v[e % 4], e >= 4, table, low));
+                for (tk, is) in isum.iter_mut().enumerate() {
+                    let yq = ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr();
+                    let yq = yq.add(32 * j);
+                    let mut s0 = _mm512_set1_epi32(nb128[tk][j]);
+                    let mut s1 = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        s0 = dpbusd_bcst(s0, w[c], yq.add(4 * c).cast());
+                        s1 = dpbusd_bcst(s1, w[4 + c], yq.add(16 + 4 * c).cast());
+                    }
+                    *is = _mm512_add_epi32(*is, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                }
+            }
+            let d_x = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+            scaled_step(&mut sumf, d_x, &isum, ys, t, b);
+        }
+        store_all(out, sumf, t, r0, mask);
+    }
+
+    /// `kquants`' float step of super-block `b` for tokens `t..t + NT` (no mins), lane by lane:
+    /// `sumf = fma(d_y * d_x, isum, sumf)`.
+    #[inline(always)]
+    unsafe fn scaled_step<const NT: usize>(
+        sumf: &mut [__m512; NT],
+        d_x: __m512,
+        isum: &[__m512i; NT],
+        ys: &[&[BlockQ8K]],
+        t: usize,
+        b: usize,
+    ) {
+        for (tk, acc) in sumf.iter_mut().enumerate() {
+            let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, d_x), _mm512_cvtepi32_ps(isum[tk]), *acc);
+        }
+    }
+
+    /// Tokens `t..t + NT`'s sums stored to rows `r0..r0 + 16` (lanes in `mask`).
+    #[inline(always)]
+    unsafe fn store_all<const NT: usize>(
+        out: &Out,
+        sumf: [__m512; NT],
+        t: usize,
+        r0: usize,
+        mask: __mmask16,
+    ) {
         for (j, acc) in sumf.into_iter().enumerate() {
             out.write16(t + j, r0, mask, acc);
         }
+    }
+
+    /// Sixteen IQ4_XS rows' scale `ls_j - 32` of group j, lane r for row r, from the block's
+    /// first word (`scales_h` in its top 16 bits) and its second (`scales_l`, nibble j at bit
+    /// 4j).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn iq4_xs_scale(head: __m512i, scales_l: __m512i, j: usize) -> __m512i {
+        let lo = _mm512_and_si512(shift_bits(scales_l, -4 * j as i32), _mm512_set1_epi32(0x0F));
+        let hi = _mm512_and_si512(
+            shift_bits(head, -(12 + 2 * j as i32)),
+            _mm512_set1_epi32(0x30),
+        );
+        _mm512_sub_epi32(_mm512_or_si512(lo, hi), _mm512_set1_epi32(32))
     }
 
     /// Tokens `t..t + NT` against one Q5_K group: as [`tokens_q4_k`], each 32-element group's
@@ -855,9 +978,7 @@ mod kernels {
                 sumf[tk] = k4_step(sumf[tk], isum[tk], &h, y, pairs);
             }
         }
-        for (j, acc) in sumf.into_iter().enumerate() {
-            out.write16(t + j, r0, mask, acc);
-        }
+        store_all(out, sumf, t, r0, mask);
     }
 
     /// The quants (0..32) of 32-element group j of sixteen Q5_K rows, four elements a register
@@ -1023,14 +1144,9 @@ mod kernels {
                 }
             }
             let dx = d_after(q, nb, Q3_GROUP_BLOCK, b);
-            for (tk, acc) in sumf.iter_mut().enumerate() {
-                let d_y = _mm512_set1_ps(ys.get_unchecked(t + tk).get_unchecked(b).d.get());
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(d_y, dx), _mm512_cvtepi32_ps(isum[tk]), *acc);
-            }
+            scaled_step(&mut sumf, dx, &isum, ys, t, b);
         }
-        for (j, acc) in sumf.into_iter().enumerate() {
-            out.write16(t + j, r0, mask, acc);
-        }
+        store_all(out, sumf, t, r0, mask);
     }
 
     /// The sixteen rows' sixteen Q3_K scales (-32..32, lane r: row r) from the block's three
@@ -1122,9 +1238,7 @@ mod kernels {
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(d_y, dmin), _mm512_cvtepi32_ps(imin), s);
             }
         }
-        for (j, acc) in sumf.into_iter().enumerate() {
-            out.write16(t + j, r0, mask, acc);
-        }
+        store_all(out, sumf, t, r0, mask);
     }
 
     /// Tokens `t..t + NT` against one Q6_K group. Per super-block, each 32-bit word of `ql`
@@ -1168,9 +1282,7 @@ mod kernels {
                 );
             }
         }
-        for (j, acc) in sumf.into_iter().enumerate() {
-            out.write16(t + j, r0, mask, acc);
-        }
+        store_all(out, sumf, t, r0, mask);
     }
 
     /// The sixteen rows' `d` of block b of the group at `q` (`nb` blocks of `block` bytes, the
@@ -1479,10 +1591,15 @@ mod kernels {
     /// One Q4_0 block of a group, its quants at `p`: the sixteen rows' low nibbles (the block's
     /// elements `4e..4e + 4` in word e < 4), then their high nibbles left in place, sixteen
     /// times the quants `16 + 4e..` (word 4 + e; [`isum`] divides their sum by sixteen): one
-    /// `vpandd` a register, where shifting them down took two.
+    /// `vpandd` a register, where shifting them down took two. `NL` (IQ4_NL): both halves
+    /// through [`iq4_bytes`]' table (`IQ4_VALUES + 128`), the high nibbles shifted down first.
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8, low: __m512i) -> [__m512i; 8] {
+    unsafe fn nibbles<const NL: bool>(p: *const u8, low: __m512i) -> [__m512i; 8] {
         let v: [__m512i; 4] = std::array::from_fn(|c| _mm512_loadu_si512(p.add(64 * c).cast()));
+        if NL {
+            let table = iq4_table();
+            return std::array::from_fn(|e| iq4_bytes(v[e % 4], e >= 4, table, low));
+        }
         let high = _mm512_set1_epi8(0xF0u8 as i8);
         std::array::from_fn(|e| {
             if e < 4 {
@@ -1493,28 +1610,61 @@ mod kernels {
         })
     }
 
+    /// The sixteen bytes `IQ4_VALUES[q] + 128` (1..242) in every 128-bit lane: IQ4_NL's and
+    /// IQ4_XS's quants as unsigned bytes for `vpdpbusd`, `Σ (v + 128) y - 128 Σ y` being the
+    /// exact `Σ v y`.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4_table() -> __m512i {
+        let t: [u8; 16] = crate::quant::blocks::IQ4_VALUES.map(|v| (v as i16 + 128) as u8);
+        _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr().cast()))
+    }
+
+    /// The low (or, `high`, the high) nibbles of every byte of `v` through `table`
+    /// ([`iq4_table`]); `low` is `0x0F` in every byte.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4_bytes(
+        v: __m512i,
+        high: bool,
+        table: __m512i,
+        low: __m512i,
+    ) -> __m512i {
+        let q = if high { _mm512_srli_epi16::<4>(v) } else { v };
+        _mm512_shuffle_epi8(table, _mm512_and_si512(q, low))
+    }
+
     /// The sixteen rows' exact `isum` of one block: `ns` (the token block's `-8 Σy`) plus four
     /// `vpdpbusd` of the low nibbles `w[..4]` with `word(e)`, the token's quant bytes
     /// `4e..4e + 4`, plus a sixteenth of four `vpdpbusd` of the high nibbles in place (`w[4..]`,
     /// sixteen times the quants; every product a multiple of sixteen, so the shift is exact,
-    /// and `|sum| <= 16 * 240 * 128 < 2^31`). The integers are exact in any order.
+    /// and `|sum| <= 16 * 240 * 128 < 2^31`). `NL` (IQ4_NL): the quants are `v + 128` in both
+    /// halves, from `16 ns` (`-128 Σy`), with no shift (`|sum| <= 32 * 242 * 128 < 2^31`). The
+    /// integers are exact in any order.
     #[inline(always)]
-    unsafe fn isum(w: &[__m512i; 8], ns: __m512i, word: impl Fn(usize) -> __m512i) -> __m512i {
-        let mut s0 = ns;
+    unsafe fn isum<const NL: bool>(
+        w: &[__m512i; 8],
+        ns: __m512i,
+        word: impl Fn(usize) -> __m512i,
+    ) -> __m512i {
+        let mut s0 = if NL { _mm512_slli_epi32::<4>(ns) } else { ns };
         let mut s1 = _mm512_setzero_si512();
         for e in 0..4 {
             s0 = _mm512_dpbusd_epi32(s0, w[e], word(e));
             s1 = _mm512_dpbusd_epi32(s1, w[4 + e], word(4 + e));
         }
-        _mm512_add_epi32(s0, _mm512_srai_epi32::<4>(s1))
+        if NL {
+            _mm512_add_epi32(s0, s1)
+        } else {
+            _mm512_add_epi32(s0, _mm512_srai_epi32::<4>(s1))
+        }
     }
 
-    /// Tokens `t..t + NT` against one group: the sixteen rows' sums of each token, stored to
-    /// rows `r0..r0 + 16` (lanes in `mask`) of its output row.
+    /// Tokens `t..t + NT` against one Q4_0 group (`NL`: IQ4_NL, the same layout): the sixteen
+    /// rows' sums of each token, stored to rows `r0..r0 + 16` (lanes in `mask`) of its output
+    /// row.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn tokens<const NT: usize>(
+    unsafe fn tokens<const NT: usize, const NL: bool>(
         group: &[u8],
         part: Part,
         ys: &[&[BlockQ8_0]],
@@ -1533,14 +1683,14 @@ mod kernels {
             let p = q.add(super::q4_0_quants(b));
             let d = q.add(super::q4_0_scales(nb, b));
             prefetch_q4_0(p, b, ahead);
-            let w = nibbles(p, low);
+            let w = nibbles::<NL>(p, low);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
             for (j, acc) in sumf.iter_mut().enumerate() {
                 let y = ys.get_unchecked(t + j).get_unchecked(b);
                 let yq = y.qs.as_ptr();
                 let word =
                     |e: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()));
-                let s = isum(
+                let s = isum::<NL>(
                     &w,
                     _mm512_set1_epi32(*nsum.get_unchecked((t + j) * part.stride + b)),
                     word,
@@ -1552,9 +1702,7 @@ mod kernels {
                 *acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *acc);
             }
         }
-        for (j, acc) in sumf.into_iter().enumerate() {
-            out.write16(t + j, r0, mask, acc);
-        }
+        store_all(out, sumf, t, r0, mask);
     }
 }
 
@@ -1608,6 +1756,8 @@ mod tests {
             (GgmlType::Q2_K, SLAB + 512),
             (GgmlType::Q3_K, SLAB + 768),
             (GgmlType::Q5_K, SLAB + 256),
+            (GgmlType::IQ4_NL, SLAB + 96),
+            (GgmlType::IQ4_XS, SLAB + 512),
         ] {
             let n = 32;
             let mut rng = crate::rng::SplitMix64::new(5);
