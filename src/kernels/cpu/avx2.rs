@@ -292,6 +292,65 @@ pub(crate) use block_kernels;
 
 block_kernels!("avx2,fma,f16c", dot_us8, dot_ss8);
 
+/// 32 IQ4 quants (nibbles as [`nibbles32`] orders them) as their signed values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_values32(qs: &[u8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(IQ4_VALUES.as_ptr().cast());
+    _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(qs))
+}
+
+/// Eight i32 lanes of `Σ v y` over 32 signed bytes each, by 16-bit products (exact for every
+/// byte, -128 included, where `maddubs` with signs would not be).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_wide16(v: __m256i, y: __m256i) -> __m256i {
+    let w = |a: __m256i, i| {
+        let half = if i == 0 {
+            _mm256_castsi256_si128(a)
+        } else {
+            _mm256_extracti128_si256::<1>(a)
+        };
+        _mm256_cvtepi8_epi16(half)
+    };
+    _mm256_add_epi32(
+        _mm256_madd_epi16(w(v, 0), w(y, 0)),
+        _mm256_madd_epi16(w(v, 1), w(y, 1)),
+    )
+}
+
+/// IQ4_NL in Q4_0's order (`scalar`): one exact integer per block, one FMA chain.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq4_nl_q8_0(xs: &[BlockIQ4NL], ys: &[BlockQ8_0]) -> f32 {
+    let mut sumf = 0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let d = scale_product(x.d, y.d);
+        let isum = hsum_i32(dot_wide16(iq4_values32(&x.qs), load32(&y.qs)));
+        sumf = d.mul_add(isum as f32, sumf);
+    }
+    sumf
+}
+
+/// IQ4_XS in `kquants`' order: per super-block the exact `isum = Σ_j sc_j Σ v y` in eight
+/// lanes, then its one FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq4_xs_q8_k(xs: &[BlockIQ4XS], ys: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let mut acc = _mm256_setzero_si256();
+        for (j, qs) in x.qs.as_chunks::<16>().0.iter().enumerate() {
+            let yv = _mm256_loadu_si256(y.qs[32 * j..].as_ptr().cast());
+            let lanes = dot_wide16(iq4_values32(qs), yv);
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_mullo_epi32(lanes, _mm256_set1_epi32(x.scale(j))),
+            );
+        }
+        sumf = super::kquants::add_scaled(sumf, y.d.get(), x.d.to_f32(), hsum_i32(acc));
+    }
+    sumf
+}
+
 /// Plain-float dot in the 4 x 8 lane order of `scalar::dot_wide`; `load(i)` widens 8 elements.
 /// `$rows`: the same for four rows against one activation row (decode, [`rows_fn`]), each row's
 /// FMAs and sums in that order (so the same bits), the activations read from L1 for the four.

@@ -392,6 +392,12 @@ macro_rules! simd_dots {
                 GgmlType::Q4_K => |w, a, _| unsafe { $m::vec_dot_q4_k_q8_k(blocks(w), blocks(a)) },
                 GgmlType::Q5_K => |w, a, _| unsafe { $m::vec_dot_q5_k_q8_k(blocks(w), blocks(a)) },
                 GgmlType::Q6_K => |w, a, _| unsafe { $m::vec_dot_q6_k_q8_k(blocks(w), blocks(a)) },
+                GgmlType::IQ4_NL => {
+                    |w, a, _| unsafe { avx2::vec_dot_iq4_nl_q8_0(blocks(w), blocks(a)) }
+                }
+                GgmlType::IQ4_XS => {
+                    |w, a, _| unsafe { avx2::vec_dot_iq4_xs_q8_k(blocks(w), blocks(a)) }
+                }
                 other => scalar_dot(other),
             }
         }
@@ -602,6 +608,38 @@ mod tests {
                         err < 1e-6,
                         "{wty} n={n}: {scalar} vs reference {reference} (normalised {err:e})"
                     );
+                }
+            }
+        }
+    }
+
+    /// IQ4_NL (random blocks: oato has no quantiser for it): every variant gives the scalar
+    /// result's bits, against patterned Q8_0 activations and against every quant byte at -128
+    /// and 127.
+    #[test]
+    fn iq4_nl_every_variant_is_bit_identical_to_scalar() {
+        use crate::quant::testdata::*;
+        let mut rng = Rng(0x0001_A40F_5EED);
+        for n in [32usize, 64, 32 * 37] {
+            let w = random_k_row(GgmlType::IQ4_NL, n, &mut rng);
+            let mut a = vec![0u8; GgmlType::Q8_0.row_bytes(n).unwrap()];
+            quantize_row(GgmlType::Q8_0, &pattern(n, 1.7), &mut a).unwrap();
+            let mut acts = vec![a.clone()];
+            for fill in [-128i8, 127] {
+                let mut e = a.clone();
+                for y in crate::quant::as_blocks_mut::<crate::quant::BlockQ8_0>(&mut e).unwrap() {
+                    y.qs = [fill; 32];
+                }
+                acts.push(e);
+            }
+            for a in &acts {
+                // SAFETY: dot_fn checks support.
+                let scalar = unsafe { dot_fn(Isa::Scalar, GgmlType::IQ4_NL)(&w, a, n) };
+                assert!(scalar.is_finite() && scalar != 0.0, "n={n}: {scalar}");
+                for isa in Isa::all_supported() {
+                    // SAFETY: as above.
+                    let got = unsafe { dot_fn(isa, GgmlType::IQ4_NL)(&w, a, n) };
+                    assert_eq!(got.to_bits(), scalar.to_bits(), "n={n} {}", isa.name());
                 }
             }
         }
