@@ -107,6 +107,7 @@ fn dequantize_row_matches_the_gguf_package() {
     use GgmlType::*;
     for ty in [
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+        IQ4_NL, IQ4_XS,
     ] {
         assert!(
             seen.contains(&ty),
@@ -121,7 +122,9 @@ fn field_at(ty: GgmlType, off: usize) -> &'static str {
     use GgmlType::*;
     match (ty, off) {
         (F32 | F16 | BF16, _) => "value",
-        (Q4_0 | Q5_0 | Q8_0, 0..2) | (Q4_1 | Q5_1 | Q8_1, 0..2) => "d",
+        (Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS, 0..2) | (Q4_1 | Q5_1 | Q8_1, 0..2) => "d",
+        (IQ4_XS, 2..4) => "scales_h",
+        (IQ4_XS, 4..8) => "scales_l",
         (Q4_1 | Q5_1, 2..4) => "m",
         (Q8_1, 2..4) => "s",
         (Q5_0, 2..6) | (Q5_1, 4..8) => "qh",

@@ -120,6 +120,19 @@ fn quantised_types_mix_as_llama_quantize_mixes_them() {
     assert_eq!(layers_of(&t, ".attn_v.weight", GgmlType::Q4_K).len(), 16);
     assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q3_K).len(), 16);
     assert_eq!(layers_of(&t, ".attn_q.weight", GgmlType::Q2_K).len(), 16);
+    // IQ4_XS, IQ4_NL without an importance matrix: attn_v Q5_K (4 query heads per key/value
+    // head), ffn_down Q5_K in the first eighth of the layers, Q6_K head.
+    for (ty, g) in [
+        (SynthType::IQ4_XS, GgmlType::IQ4_XS),
+        (SynthType::IQ4_NL, GgmlType::IQ4_NL),
+    ] {
+        let t = table(SynthShape::Llama3_2_1B, ty);
+        assert_eq!(layers_of(&t, ".attn_v.weight", GgmlType::Q5_K).len(), 16);
+        assert_eq!(layers_of(&t, ".ffn_down.weight", GgmlType::Q5_K), [0, 1]);
+        assert_eq!(layers_of(&t, ".ffn_down.weight", g).len(), 14);
+        assert_eq!(layers_of(&t, ".attn_q.weight", g).len(), 16);
+        assert_eq!(find(&t, "token_embd.weight").ty, GgmlType::Q6_K);
+    }
     // Q6_K: every matrix.
     let t = table(SynthShape::Llama3_8B, SynthType::Q6_K);
     assert!(
@@ -395,6 +408,8 @@ fn every_type_and_both_architectures_give_finite_spread_logits() {
             SynthType::Q8_0,
             SynthType::F16,
             SynthType::BF16,
+            SynthType::IQ4_NL,
+            SynthType::IQ4_XS,
         ] {
             let what = format!("{shape:?} {ty:?}");
             let path = dir.join(format!("{shape:?}-{ty:?}.gguf"));
