@@ -408,11 +408,13 @@ impl<'a> RowJob<'a> {
         // 3.8 / 3.7, 2.1 / 2.1, 0.95 / 1.08, 0.23 / 0.29; 2048 x 8192 at 32 / 48 / 64 tokens,
         // Q2_K 2.40 / 2.28, 1.57 / 1.59, 1.12 / 1.22; Q3_K 2.54 / 3.10, 1.70 / 2.19, 1.17 /
         // 1.64; Q5_K 4.23 / 4.92, 2.71 / 3.46, 2.06 / 2.65 (at 24 tokens the token kernels
-        // against the panels on the file's layout: Q3_K 3.23 / 2.68, Q5_K 5.41 / 5.35).
+        // against the panels on the file's layout: Q3_K 3.23 / 2.68, Q5_K 5.41 / 5.35);
+        // IQ4_XS 2048 x 8192 at 32 / 64 tokens 1.80 / 2.07-2.12, 0.87-0.95 / 1.16-1.18 (two
+        // alternated rounds, the machine loaded by a build).
         let min = match self.w.ty {
             GgmlType::Q6_K => 24,
             GgmlType::Q4_K => 64,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q5_K => 32,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS => 32,
             _ => return false,
         };
         self.kwide && n_tok >= min
