@@ -24,12 +24,12 @@ fn cpu_selftest_passes_every_operator_and_type() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let (n, ok) = cases(&stdout);
-    // 13 weight types x 5 batch sizes, a shared-input pair, and the other operators.
-    assert!(n >= 79, "only {n} cases:\n{stdout}");
+    // 15 weight types x 5 batch sizes, a shared-input pair, and the other operators.
+    assert!(n >= 89, "only {n} cases:\n{stdout}");
     assert_eq!(ok, n, "{stdout}");
     for ty in [
-        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16",
-        "BF16", "F32",
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+        "IQ4_XS", "F16", "BF16", "F32",
     ] {
         assert!(
             stdout.contains(&format!("matmul     {ty} ")),

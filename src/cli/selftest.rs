@@ -44,7 +44,7 @@ pub struct SelftestArgs {
     pub threads: usize,
 }
 
-const WEIGHT_TYPES: [GgmlType; 13] = [
+const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -58,6 +58,8 @@ const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 pub fn run(a: SelftestArgs) -> Result<()> {
@@ -210,14 +212,21 @@ fn get(be: &dyn Backend, t: &Tensor, n: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-/// `n` rows of `k` patterned weights in `ty` (random blocks with sane scales for K-quants).
+/// `n` rows of `k` patterned weights in `ty` (random blocks with sane scales for the K-quants
+/// and i-quants, which oato does not quantise to).
 fn weight_bytes(ty: GgmlType, k: usize, n: usize, seed: u64) -> Result<Vec<u8>> {
     let mut rng = Rng(seed | 1);
     let mut out = Vec::with_capacity(ty.row_bytes(k)? * n);
     for r in 0..n {
         let row = if matches!(
             ty,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+            GgmlType::Q2_K
+                | GgmlType::Q3_K
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
         ) {
             random_k_row(ty, k, &mut rng)
         } else {

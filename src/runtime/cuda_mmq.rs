@@ -192,6 +192,9 @@ mod tests {
         assert_eq!(c.get(GgmlType::Q8_0, 4096, 4096, 64).unwrap(), None);
         assert_eq!(c.get(q, 14336, 4096, 64).unwrap(), None);
         assert!(has_mmq(GgmlType::Q5_K) && !has_mmq(GgmlType::Q3_K));
+        // IQ4_NL / IQ4_XS prefill always dequantises (no int8 GEMM kernels for them).
+        assert!(!has_mmq(GgmlType::IQ4_NL) && !has_mmq(GgmlType::IQ4_XS));
+        assert_eq!(mmq_kernel_of(GgmlType::IQ4_XS, 4096, 64, 132), None);
     }
 
     #[test]

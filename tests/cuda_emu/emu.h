@@ -17,11 +17,11 @@
 //   __syncthreads lines, a __syncthreads after some threads have returned, a shuffle whose warp
 //   has returned lanes, or lanes of a warp in different shuffle kinds or widths, are reported as
 //   errors, as is a deadlock. Only full-warp masks are supported.
-// - Integer intrinsics (__dp4a, __vsub4, ...) are exact. The _rn float intrinsics are IEEE
-//   operations the compiler cannot fuse (an empty asm keeps each rounding); other float code is
-//   compiled with -ffp-contract=fast (and -mfma where the CPU has FMA), as nvcc fuses a * b + c by
-//   default. During a launch the CPU flushes f32 denormals to zero (MXCSR FTZ/DAZ), as
-//   --use_fast_math's -ftz=true does on the GPU.
+// - Integer intrinsics (__dp4a, __vsub4, __byte_perm, ...) are exact. The _rn float intrinsics
+//   are IEEE operations the compiler cannot fuse (an empty asm keeps each rounding); other float
+//   code is compiled with -ffp-contract=fast (and -mfma where the CPU has FMA), as nvcc fuses
+//   a * b + c by default. During a launch the CPU flushes f32 denormals to zero (MXCSR
+//   FTZ/DAZ), as --use_fast_math's -ftz=true does on the GPU.
 // - The build aborts on a misaligned access (-fsanitize=alignment): the GPU faults on any load
 //   or store not aligned to its size, a CPU does not.
 //
@@ -150,6 +150,17 @@ inline unsigned __vsub4(unsigned a, unsigned b) {
 inline unsigned __vadd4(unsigned a, unsigned b) {
     unsigned r = 0;
     for (int i = 0; i < 4; ++i) r |= (((a >> (8 * i)) + (b >> (8 * i))) & 0xFFu) << (8 * i);
+    return r;
+}
+
+// Byte i of the result: byte (s >> 4i) & 7 of the eight bytes of (y << 32) | x. Bit 3 of each
+// selector nibble and the upper 16 bits of s are ignored, as CUDA documents __byte_perm.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long b = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) {
+        r |= (unsigned)((b >> (8 * ((s >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+    }
     return r;
 }
 

@@ -143,7 +143,8 @@ def check_round_q8_f16(g):
 
 
 # ---------------------------------------------------------------------------------------------
-# dequant.cu: y == f16(dequantize_row(w)) bit for bit
+# dequant.cu: y == f16(dequantize_row(w)) bit for bit (IQ4_XS too: gguf-py, like dequantize.rs,
+# forms d * (ls - 32) in f32 before multiplying by the value)
 
 
 def dequant(kernel, wbytes, n, w_off, y_off_elems, grid, block=256):
@@ -229,6 +230,8 @@ def check_f16_conversions(g, kernel):
 # remains is f32 rounding of the per-block scale products and of the sums over up to ~150 blocks
 # per lane and the warp (~1e-7 relative in practice; 1e-5 leaves room for another summation
 # order and the GPU's fused multiply-adds, and still catches a wrong bit, scale or block).
+# IQ4_NL / IQ4_XS look their nibbles' values up exactly (byte permutes), so the same holds for
+# them: IQ4_NL as Q4_0 (one scale product per 16 elements), IQ4_XS as Q3_K / Q6_K (per group).
 
 
 def check_mmvq(g, t):

@@ -4,7 +4,8 @@
 // - Fixed-width integer names (NVRTC has no <cstdint>).
 // - The ggml block layouts, byte for byte as src/quant/blocks.rs declares them, each size checked.
 // - Loads of 32-bit words from block fields that are only 2-byte aligned.
-// - Warp reductions, and the unpacking of the packed K-quant scales.
+// - Warp reductions, the unpacking of the packed K-quant and IQ4_XS scales, and the lookup of
+//   IQ4_NL / IQ4_XS quants' values.
 //
 // Alignment. GGUF packs blocks at their type size (18, 20, 22, ... bytes) after a 32-byte aligned
 // tensor start, so a block starts on a 2-byte boundary only (every block holds an f16, and every
@@ -142,8 +143,26 @@ struct block_q6_K {
 };
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K is 210 bytes");
 
+// 32 weights x = d * IQ4_VALUES[q], q in 0..16 (iq4_values4).
+struct block_iq4_nl {
+    __half d;        // delta
+    u8 qs[QK / 2];   // nibbles, as block_q4_0
+};
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl is 18 bytes");
+
+// 256 weights in 8 groups of 32: x = d * (ls - 32) * IQ4_VALUES[q], q in 0..16, ls group j's
+// 6-bit scale (iq4xs_scale). Group j's quants are qs[16j..16j + 16], laid out as a block_q4_0's.
+struct block_iq4_xs {
+    __half d;               // super-block scale
+    u16 scales_h;           // bits 2j..2j + 2: group j's scale, high 2 bits (little-endian)
+    u8 scales_l[QK_K / 64]; // nibble j % 2 of byte j / 2: group j's scale, low 4 bits
+    u8 qs[QK_K / 2];        // quants, 4 bits
+};
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs is 136 bytes");
+
 static_assert(alignof(block_q4_0) == 2 && alignof(block_q8_1) == 2 && alignof(block_q2_K) == 2 &&
-              alignof(block_q3_K) == 2 && alignof(block_q6_K) == 2,
+              alignof(block_q3_K) == 2 && alignof(block_q6_K) == 2 &&
+              alignof(block_iq4_nl) == 2 && alignof(block_iq4_xs) == 2,
               "blocks are 2-byte aligned so that arrays of them have the GGUF stride");
 
 // ---------------------------------------------------------------------------------------------
@@ -276,6 +295,36 @@ __device__ __forceinline__ void q5_words(u32 v, u32 qh, int e, u32& lo, u32& hi)
 // signed int8 lanes for __dp4a, e.g. 0..15 - 8.
 __device__ __forceinline__ int bytes_sub(u32 a, u32 b) {
     return (int)__vsub4(a, b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The non-linear 4-bit values of IQ4_NL / IQ4_XS (src/quant/blocks.rs IQ4_VALUES, ggml's
+// kvalues_iq4nl): quant q in 0..16 stands for the int8 IQ4_VALUES[q], in -127..113.
+
+// Four int8 values as the bytes of a little-endian word, a first.
+__host__ __device__ constexpr u32 i8x4(int a, int b, int c, int d) {
+    return (u32)(u8)a | (u32)(u8)b << 8 | (u32)(u8)c << 16 | (u32)(u8)d << 24;
+}
+constexpr u32 IQ4_W0 = i8x4(-127, -104, -83, -65), IQ4_W1 = i8x4(-49, -35, -22, -10);
+constexpr u32 IQ4_W2 = i8x4(1, 13, 25, 38), IQ4_W3 = i8x4(53, 69, 89, 113);
+
+// The values of four quants: byte i of n holds q_i (0..16, so n's high nibbles are 0); byte i of
+// the result is the int8 IQ4_VALUES[q_i]. __byte_perm picks bytes by 3-bit indices (bits 0..2 of
+// each of the selector's four low nibbles; bit 3 and the upper 16 bits are ignored), so the q_i
+// packed into one selector look q_i & 7 up among values 0..8 and among values 8..16, and a third
+// permute takes byte i from the second where bit 3 of q_i is set. Exact: a lookup, no arithmetic.
+__device__ __forceinline__ u32 iq4_values4(u32 n) {
+    const u32 sel = __byte_perm(n | (n >> 4), 0, 0x0020);     // nibble i of the low half: q_i
+    const u32 lo = __byte_perm(IQ4_W0, IQ4_W1, sel);           // IQ4_VALUES[q_i & 7]
+    const u32 hi = __byte_perm(IQ4_W2, IQ4_W3, sel);           // IQ4_VALUES[8 + (q_i & 7)]
+    return __byte_perm(lo, hi, 0x3210u | ((sel >> 1) & 0x4444u)); // byte i + 4 where q_i >= 8
+}
+
+// IQ4_XS group j's (0..8) scale ls - 32, in -32..32, from the block's scales_h and its scales_l
+// read as a little-endian word: the low 4 bits are nibble j of scales_l, the high 2 bits are
+// bits 2j..2j + 2 of scales_h.
+__device__ __forceinline__ int iq4xs_scale(u32 scales_h, u32 scales_l, int j) {
+    return (int)(((scales_l >> (4 * j)) & 15u) | (((scales_h >> (2 * j)) & 3u) << 4)) - 32;
 }
 
 // ---------------------------------------------------------------------------------------------

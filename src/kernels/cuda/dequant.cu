@@ -8,8 +8,8 @@
 // launch (every dequant_*_f16): grid (min(ceil(n_elems / 256 / 8), 65535), 1, 1),
 // block (256, 1, 1), no dynamic shared memory; any grid works (grid-stride loop). The per-thread
 // unit is 8 consecutive output elements (ELEMS = 8): one 16-byte store when y is 16-byte aligned.
-// For the quantised types n_elems is a whole number of blocks (32, or 256 for K-quants); a
-// partial trailing block is not written. w needs only 2-byte alignment.
+// For the quantised types n_elems is a whole number of blocks (32, or 256 for K-quants and
+// IQ4_XS); a partial trailing block is not written. w needs only 2-byte alignment.
 
 #include "common.cuh"
 
@@ -59,17 +59,23 @@ __device__ __forceinline__ u32 byte8(u32 a, u32 b, int j) {
 // 32-element blocks: 4 units per block; unit j holds elements 8j..8j + 8, the low nibbles of
 // qs[8j..8j + 8] for j < 2 and the high nibbles of qs[8(j - 2)..] for j >= 2.
 
+// Those 8 nibbles of unit j of the 16 bytes qs, one in each byte of (a0, a1).
+__device__ __forceinline__ void nibbles8(const u8* qs, int j, u32& a0, u32& a1) {
+    ld8(qs + 8 * (j & 1), a0, a1);
+    const int sh = j < 2 ? 0 : 4;
+    a0 = (a0 >> sh) & 0x0F0F0F0Fu;
+    a1 = (a1 >> sh) & 0x0F0F0F0Fu;
+}
+
 // y = (q - 8) * d
 struct dq_q4_0 {
     __device__ void operator()(const u8* w, i64 u, float* v) const {
         const block_q4_0* b = (const block_q4_0*)w + (u >> 2);
-        const int j = (int)(u & 3);
         u32 a0, a1;
-        ld8(b->qs + 8 * (j & 1), a0, a1);
-        const int sh = j < 2 ? 0 : 4;
+        nibbles8(b->qs, (int)(u & 3), a0, a1);
         const float d = f16f(b->d);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = (float)((int)((byte8(a0, a1, e) >> sh) & 0x0F) - 8) * d;
+        for (int e = 0; e < 8; ++e) v[e] = (float)((int)byte8(a0, a1, e) - 8) * d;
     }
 };
 
@@ -77,15 +83,11 @@ struct dq_q4_0 {
 struct dq_q4_1 {
     __device__ void operator()(const u8* w, i64 u, float* v) const {
         const block_q4_1* b = (const block_q4_1*)w + (u >> 2);
-        const int j = (int)(u & 3);
         u32 a0, a1;
-        ld8(b->qs + 8 * (j & 1), a0, a1);
-        const int sh = j < 2 ? 0 : 4;
+        nibbles8(b->qs, (int)(u & 3), a0, a1);
         const float d = f16f(b->d), m = f16f(b->m);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            v[e] = __fadd_rn(__fmul_rn((float)((byte8(a0, a1, e) >> sh) & 0x0F), d), m);
-        }
+        for (int e = 0; e < 8; ++e) v[e] = __fadd_rn(__fmul_rn((float)byte8(a0, a1, e), d), m);
     }
 };
 
@@ -95,13 +97,12 @@ struct dq_q5_0 {
         const block_q5_0* b = (const block_q5_0*)w + (u >> 2);
         const int j = (int)(u & 3);
         u32 a0, a1;
-        ld8(b->qs + 8 * (j & 1), a0, a1);
+        nibbles8(b->qs, j, a0, a1);
         const u32 qh = ld_u32_a2(b->qh) >> (8 * j);
-        const int sh = j < 2 ? 0 : 4;
         const float d = f16f(b->d);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const int q = (int)(((byte8(a0, a1, e) >> sh) & 0x0F) | (((qh >> e) & 1) << 4));
+            const int q = (int)(byte8(a0, a1, e) | (((qh >> e) & 1) << 4));
             v[e] = (float)(q - 16) * d;
         }
     }
@@ -113,15 +114,32 @@ struct dq_q5_1 {
         const block_q5_1* b = (const block_q5_1*)w + (u >> 2);
         const int j = (int)(u & 3);
         u32 a0, a1;
-        ld8(b->qs + 8 * (j & 1), a0, a1);
+        nibbles8(b->qs, j, a0, a1);
         const u32 qh = ld_u32_a2(b->qh) >> (8 * j);
-        const int sh = j < 2 ? 0 : 4;
         const float d = f16f(b->d), m = f16f(b->m);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const u32 q = ((byte8(a0, a1, e) >> sh) & 0x0F) | (((qh >> e) & 1) << 4);
+            const u32 q = byte8(a0, a1, e) | (((qh >> e) & 1) << 4);
             v[e] = __fadd_rn(__fmul_rn((float)q, d), m);
         }
+    }
+};
+
+// IQ4_NL / IQ4_XS: y = d * IQ4_VALUES[q] for the 8 quants of unit j (nibbles8) of a 32-element
+// group's 16 qs bytes; one f32 product, as dequantize.rs. d is the block's delta (IQ4_XS: the
+// group's d * (ls - 32)).
+__device__ __forceinline__ void dq_iq4_unit(const u8* qs, int j, float d, float* v) {
+    u32 a0, a1;
+    nibbles8(qs, j, a0, a1);
+    const u32 q0 = iq4_values4(a0), q1 = iq4_values4(a1);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = d * (float)(int)(i8)byte8(q0, q1, e);
+}
+
+struct dq_iq4_nl {
+    __device__ void operator()(const u8* w, i64 u, float* v) const {
+        const block_iq4_nl* b = (const block_iq4_nl*)w + (u >> 2);
+        dq_iq4_unit(b->qs, (int)(u & 3), f16f(b->d), v);
     }
 };
 
@@ -240,6 +258,19 @@ struct dq_q6_K {
     }
 };
 
+// IQ4_XS, 32 units per super-block as for the K-quants: unit u holds elements e0..e0 + 8
+// (e0 = 8 (u % 32)) of group g = e0 / 32, unit (e0 % 32) / 8 of its 16 qs bytes qs[16g..]
+// (IQ4_NL's layout). dl = d * (ls - 32) first (exact: an f16 times a 6-bit integer), then
+// y = dl * IQ4_VALUES[q], as dequantize.rs.
+struct dq_iq4_xs {
+    __device__ void operator()(const u8* w, i64 u, float* v) const {
+        const block_iq4_xs* b = (const block_iq4_xs*)w + (u >> 5);
+        const int e0 = 8 * (int)(u & 31), g = e0 >> 5;
+        const float dl = f16f(b->d) * (float)iq4xs_scale(b->scales_h, ld_u32_a2(b->scales_l), g);
+        dq_iq4_unit(b->qs + 16 * g, (e0 & 31) >> 3, dl, v);
+    }
+};
+
 // launch: grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256, 1, 1); see the top.
 #define DEQUANT_KERNEL(name, F)                                                                \
     extern "C" __global__ void name(const void* __restrict__ w, __half* __restrict__ y,        \
@@ -257,6 +288,8 @@ DEQUANT_KERNEL(dequant_q3_K_f16, dq_q3_K)
 DEQUANT_KERNEL(dequant_q4_K_f16, dq_q4_K)
 DEQUANT_KERNEL(dequant_q5_K_f16, dq_q5_K)
 DEQUANT_KERNEL(dequant_q6_K_f16, dq_q6_K)
+DEQUANT_KERNEL(dequant_iq4_nl_f16, dq_iq4_nl)
+DEQUANT_KERNEL(dequant_iq4_xs_f16, dq_iq4_xs)
 
 // launch: grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256, 1, 1); unit 8 elements
 // (one 16-byte load and store when w and y are 16-byte aligned), then any n_elems % 8 tail.

@@ -6,13 +6,14 @@
 // (x: n_tok rows of k / 32 blocks) and use __dp4a on 32-bit words of packed quants: exact i32
 // sums per (sub-)block, then one f32 scale step per block as in src/quant/dot.rs. Unsigned
 // quants are re-centred per byte (__vsub4) where the format has an offset (Q4_0, Q5_0, Q3_K,
-// Q6_K), so those sums are exact; Q4_1 / Q5_1 add m * s with the activation block's s, as ggml
-// and dot.rs do; Q2_K / Q4_K / Q5_K take their mins term from exact activation sums (__dp4a with
-// 0x01010101) rather than the f16 s. Float weights (mmv_*w) take f32 activations directly.
+// Q6_K), so those sums are exact; IQ4_NL / IQ4_XS turn each nibble into its int8 value by byte
+// permutes (iq4_values4), exact too; Q4_1 / Q5_1 add m * s with the activation block's s, as
+// ggml and dot.rs do; Q2_K / Q4_K / Q5_K take their mins term from exact activation sums (__dp4a
+// with 0x01010101) rather than the f16 s. Float weights (mmv_*w) take f32 activations directly.
 //
 // Memory path (quantised kernels). A thread block is 4 warps, one weight row each, all for one
 // token. The row is walked in chunks of T::chunk elements (2048 for the 32-element formats, 4096
-// for K-quants: 1.1 to 3.4 KB of weights per warp); per chunk
+// for K-quants and IQ4_XS: 1.1 to 3.4 KB of weights per warp); per chunk
 //   1. the 128 threads copy the token's Q8_1 blocks of the chunk into shared memory (coalesced
 //      32-bit loads, shared by the 4 rows), split into int8 quants and (d, s) as float2;
 //   2. each warp copies its row's weight bytes of the chunk into its own shared buffer with
@@ -25,10 +26,10 @@
 //
 // Alignment: the weight pointer needs 2-byte alignment only (any GGUF tensor start and any
 // cudaMalloc pointer have it). When w is 16-byte (4-byte) aligned, formats whose block size is
-// a multiple of 16 (Q4_K, Q5_K) (of 4: Q4_1, Q5_1, Q2_K) read their blocks with 16-byte (4-byte)
-// shared loads; the choice is made once per thread block. x (Q8_1) must be 4-byte aligned, as
-// quantize_q8_1's output in a cudaMalloc buffer is. The float kernels use 16-byte loads when w,
-// x and k allow, scalar loads otherwise.
+// a multiple of 16 (Q4_K, Q5_K) (of 4: Q4_1, Q5_1, Q2_K, IQ4_XS) read their blocks with 16-byte
+// (4-byte) shared loads; the choice is made once per thread block. x (Q8_1) must be 4-byte
+// aligned, as quantize_q8_1's output in a cudaMalloc buffer is. The float kernels use 16-byte
+// loads when w, x and k allow, scalar loads otherwise.
 
 #include "common.cuh"
 
@@ -75,22 +76,47 @@ __device__ __forceinline__ int4 act4(const i8* aq, int i) {
 // the weight block at b (shared memory) with the staged activations of the block's elements:
 // aq their int8 quants, ads[j] the (d, s) of their j-th 32-element Q8_1 block.
 
-// Q4_0, 2 units per block: unit p holds qs[8p..8p + 8], i.e. elements 8p..8p + 8 (low nibbles)
-// and 16 + 8p..16 + 8p + 8 (high nibbles). Fields: d @0, qs @2.
-struct mmvq_q4_0_t {
+// Q4_0-layout half-groups. The exact integer dot product of half h of a 32-element group whose
+// quants are Q4_0's nibbles, qs[8h..8h + 8] held as words v0, v1 (elements 8h..8h + 8 in their
+// low nibbles, 16 + 8h..16 + 8h + 8 in their high ones), with the group's activation quants aq,
+// added to sumi. M::map turns four nibbles (one per byte, 0..16) into the four int8 (or, for
+// Q4_1, unsigned) factors __dp4a takes.
+template <class M>
+__device__ __forceinline__ int nib_half_dot(u32 v0, u32 v1, const i8* aq, int h, int sumi) {
+    const int2 lo = act2(aq, 2 * h), hi = act2(aq, 4 + 2 * h);
+    sumi = __dp4a((int)M::map(v0 & 0x0F0F0F0Fu), lo.x, sumi);
+    sumi = __dp4a((int)M::map(v1 & 0x0F0F0F0Fu), lo.y, sumi);
+    sumi = __dp4a((int)M::map((v0 >> 4) & 0x0F0F0F0Fu), hi.x, sumi);
+    sumi = __dp4a((int)M::map((v1 >> 4) & 0x0F0F0F0Fu), hi.y, sumi);
+    return sumi;
+}
+
+struct nib_minus8 { // Q4_0: q - 8
+    static __device__ __forceinline__ u32 map(u32 q) { return (u32)bytes_sub(q, 0x08080808u); }
+};
+struct nib_plain { // Q4_1: q (its min term is added apart)
+    static __device__ __forceinline__ u32 map(u32 q) { return q; }
+};
+struct nib_iq4 { // IQ4_NL, IQ4_XS: IQ4_VALUES[q]
+    static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
+};
+
+// Q4_0 (M = nib_minus8) and IQ4_NL (M = nib_iq4), 2 units per block: unit p holds qs[8p..8p + 8],
+// i.e. elements 8p..8p + 8 (low nibbles) and 16 + 8p..16 + 8p + 8 (high nibbles). Fields: d @0,
+// qs @2. Per unit the exact i32 sum, then (d * d_a) * sum in f32.
+template <class M>
+struct mmvq_d4_t {
     enum : int { qk = QK, bytes = 18, upb = 2, al_max = 2, chunk = 2048 };
     template <int AL>
     static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
                                                 int p) {
-        const u32 v0 = ld_u32_a2(b + 2 + 8 * p), v1 = ld_u32_a2(b + 6 + 8 * p);
-        const int2 lo = act2(aq, 2 * p), hi = act2(aq, 4 + 2 * p);
-        int sumi = __dp4a(bytes_sub(v0 & 0x0F0F0F0Fu, 0x08080808u), lo.x, 0);
-        sumi = __dp4a(bytes_sub(v1 & 0x0F0F0F0Fu, 0x08080808u), lo.y, sumi);
-        sumi = __dp4a(bytes_sub((v0 >> 4) & 0x0F0F0F0Fu, 0x08080808u), hi.x, sumi);
-        sumi = __dp4a(bytes_sub((v1 >> 4) & 0x0F0F0F0Fu, 0x08080808u), hi.y, sumi);
+        const int sumi = nib_half_dot<M>(ld_u32_a2(b + 2 + 8 * p), ld_u32_a2(b + 6 + 8 * p), aq,
+                                         p, 0);
         return f16_at(b) * ads[0].x * (float)sumi;
     }
 };
+typedef mmvq_d4_t<nib_minus8> mmvq_q4_0_t;
+typedef mmvq_d4_t<nib_iq4> mmvq_iq4_nl_t;
 
 // Q4_1, units as Q4_0; unit 0 also adds m * s. Fields: d @0, m @2, qs @4.
 struct mmvq_q4_1_t {
@@ -98,12 +124,8 @@ struct mmvq_q4_1_t {
     template <int AL>
     static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
                                                 int p) {
-        const u32 v0 = lds_u32<AL>(b + 4 + 8 * p), v1 = lds_u32<AL>(b + 8 + 8 * p);
-        const int2 lo = act2(aq, 2 * p), hi = act2(aq, 4 + 2 * p);
-        int sumi = __dp4a((int)(v0 & 0x0F0F0F0Fu), lo.x, 0);
-        sumi = __dp4a((int)(v1 & 0x0F0F0F0Fu), lo.y, sumi);
-        sumi = __dp4a((int)((v0 >> 4) & 0x0F0F0F0Fu), hi.x, sumi);
-        sumi = __dp4a((int)((v1 >> 4) & 0x0F0F0F0Fu), hi.y, sumi);
+        const int sumi = nib_half_dot<nib_plain>(lds_u32<AL>(b + 4 + 8 * p),
+                                                 lds_u32<AL>(b + 8 + 8 * p), aq, p, 0);
         const float2 dm = f16x2_at<AL>(b);
         const float2 ds = ads[0];
         const float r = dm.x * ds.x * (float)sumi;
@@ -332,6 +354,27 @@ struct mmvq_q6_K_t {
     }
 };
 
+// IQ4_XS, 8 units per super-block: unit p is group p, qs[16p..16p + 16] (an IQ4_NL block's
+// quants: both halves of nib_half_dot), activation block p, scale ls_p - 32 (iq4xs_scale).
+// Fields: d @0, scales_h @2, scales_l @4, qs @8. Per unit the exact i32 sum, then the exact i32
+// (ls_p - 32) * sum (|.| <= 32 * 32 * 127 * 128 < 2^24), then d * (d_a * that) in f32: Q3_K's and
+// Q6_K's order, one group per unit.
+struct mmvq_iq4_xs_t {
+    enum : int { qk = QK_K, bytes = 136, upb = 8, al_max = 4, chunk = 4096 };
+    template <int AL>
+    static __device__ __forceinline__ float dot(const u8* b, const i8* aq, const float2* ads,
+                                                int p) {
+        const u32 head = lds_u32<AL>(b); // d | scales_h << 16
+        const u8* q = b + 8 + 16 * p;
+        const i8* a = aq + 32 * p;
+        int sumi = nib_half_dot<nib_iq4>(lds_u32<AL>(q), lds_u32<AL>(q + 4), a, 0, 0);
+        sumi = nib_half_dot<nib_iq4>(lds_u32<AL>(q + 8), lds_u32<AL>(q + 12), a, 1, sumi);
+        const int sc = iq4xs_scale(head >> 16, lds_u32<AL>(b + 4), p);
+        const float d = __half2float(__ushort_as_half((u16)(head & 0xFFFFu)));
+        return d * (ads[p].x * (float)(sc * sumi));
+    }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Staging and the row loop shared by all quantised formats.
 
@@ -444,7 +487,7 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
 // dynamic shared memory (static: the staged activations, 2.5 KB or 5 KB, plus 4 x a chunk's
 // weight bytes; 7.2 KB for Q4_0 up to 18.2 KB for Q6_K).
 // w: n rows of k / block_size blocks; x: [n_tok, k / 32] block_q8_1; y: [n_tok, n] f32.
-// k is a multiple of the block size (32, or 256 for K-quants).
+// k is a multiple of the block size (32, or 256 for K-quants and IQ4_XS).
 #define MMVQ_KERNEL(name, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                           \
         name(const void* __restrict__ w, const block_q8_1* __restrict__ x, float* __restrict__ y, \
@@ -462,6 +505,8 @@ MMVQ_KERNEL(mmvq_q3_K, mmvq_q3_K_t)
 MMVQ_KERNEL(mmvq_q4_K, mmvq_q4_K_t)
 MMVQ_KERNEL(mmvq_q5_K, mmvq_q5_K_t)
 MMVQ_KERNEL(mmvq_q6_K, mmvq_q6_K_t)
+MMVQ_KERNEL(mmvq_iq4_nl, mmvq_iq4_nl_t)
+MMVQ_KERNEL(mmvq_iq4_xs, mmvq_iq4_xs_t)
 
 // ---------------------------------------------------------------------------------------------
 // Direct variant (mmvq_direct_<type>): no shared memory, no barriers, every token per weight load.
@@ -545,6 +590,8 @@ MMVQ_DIRECT_KERNEL(mmvq_direct_q3_K, mmvq_q3_K_t)
 MMVQ_DIRECT_KERNEL(mmvq_direct_q4_K, mmvq_q4_K_t)
 MMVQ_DIRECT_KERNEL(mmvq_direct_q5_K, mmvq_q5_K_t)
 MMVQ_DIRECT_KERNEL(mmvq_direct_q6_K, mmvq_q6_K_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_iq4_nl, mmvq_iq4_nl_t)
+MMVQ_DIRECT_KERNEL(mmvq_direct_iq4_xs, mmvq_iq4_xs_t)
 
 // ---------------------------------------------------------------------------------------------
 // Float weights with f32 activations: products in f32, summed in f32 per lane, then the warp.
