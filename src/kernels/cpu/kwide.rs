@@ -1,4 +1,4 @@
-//! Prefill for Q4_0 and the K-quants (Q2_K..Q6_K) on AVX-512 CPUs: sixteen weight rows at a time,
+//! Prefill for Q4_0, the K-quants (Q2_K..Q6_K), IQ4_NL and IQ4_XS on AVX-512 CPUs: sixteen weight rows at a time,
 //! interleaved so that one 512-bit register holds the same four elements of all sixteen rows.
 //!
 //! Once per block of sixteen rows every super-block is unpacked into a [`Panel`] (unsigned byte
@@ -17,7 +17,8 @@
 //! The integers are exact whatever their grouping (see `kquants`): Q6_K's quants enter as
 //! `u = q + 32` (0..64), and `Σ_g sc_g Σ (u - 32) y = Σ_g sc_g Σ u y - 32 Σ_g sc_g bsum_g`, the
 //! second sum from the activation's group sums with `-32 sc_g` as the i16 correction; Q3_K's
-//! likewise as `u = q + 4` (0..8) with `-4 sc_g`.
+//! likewise as `u = q + 4` (0..8) with `-4 sc_g`; IQ4_XS's values as `u = v + 128` (1..242,
+//! through a byte table) with `-128 sc_g`, and IQ4_NL as Q4_0 with the same table, from `-128 Σy`.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 

@@ -1,4 +1,4 @@
-//! Q4_0 and K-quant (Q2_K..Q6_K) weights kept by the CPU in a layout of its own, rows interleaved by sixteen
+//! Q4_0, K-quant (Q2_K..Q6_K) and IQ4_NL / IQ4_XS weights kept by the CPU in a layout of its own, rows interleaved by sixteen
 //! (AVX-512 CPUs): one 512-bit register holds four quant bytes of each of sixteen rows, lane r
 //! being row r. A dot product then needs no sum across lanes. Q4_0: per block and token, eight
 //! `vpdpbusd` of the unpacked nibbles with the token's four bytes broadcast, started from the
@@ -30,8 +30,9 @@
 //! `hmask`, then `qs`), lane r, and the sixteen rows' `d` (f16) follow all the group's blocks.
 //! Q6_K: block b takes `3328` bytes, its 52 words (32 of `ql`, 16 of `qh`, four
 //! of scales) at `64 q6_slot(w)` (the order the kernels read them), lane r, and the sixteen
-//! rows' `d` (f16) follow all the group's blocks. A group takes the bytes of its sixteen rows,
-//! so the repacked matrix has the file's size.
+//! rows' `d` (f16) follow all the group's blocks. IQ4_NL: Q4_0's layout (its blocks are Q4_0's
+//! bytes); IQ4_XS: 34 words a block (`d` and `scales_h`, `scales_l`, 32 of quants) as Q4_K's.
+//! A group takes the bytes of its sixteen rows, so the repacked matrix has the file's size.
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
