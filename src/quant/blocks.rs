@@ -302,7 +302,23 @@ pub struct BlockIQ4XS {
 }
 const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
 
+/// Sixteen bytes of IQ4 nibbles as their 32 values in element order: the low nibbles of `qs`,
+/// then the high ones (an IQ4_NL block, or one 32-element group of an IQ4_XS super-block).
+#[inline(always)]
+pub fn iq4_values(qs: &[u8; QK / 2]) -> [i8; QK] {
+    std::array::from_fn(|e| {
+        let b = qs[e % (QK / 2)];
+        IQ4_VALUES[(if e < QK / 2 { b & 0x0F } else { b >> 4 }) as usize]
+    })
+}
+
 impl BlockIQ4XS {
+    /// Group `j`'s sixteen quant bytes.
+    #[inline(always)]
+    pub fn group(&self, j: usize) -> &[u8; QK / 2] {
+        &self.qs.as_chunks::<{ QK / 2 }>().0[j]
+    }
+
     /// Group `j`'s scale `ls - 32`, in -32..32.
     #[inline(always)]
     pub fn scale(&self, j: usize) -> i32 {

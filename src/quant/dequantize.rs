@@ -11,7 +11,8 @@ use crate::quant::blocks::*;
 /// Dequantise one row: `src` holds `dst.len()` elements of type `ty`.
 ///
 /// Handles F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-/// Q8_K, IQ4_NL and IQ4_XS. Errors, never panics, when `dst.len()` is not a whole number of blocks, when `src` is
+/// Q8_K, IQ4_NL and IQ4_XS. Errors, never panics, when `dst.len()` is not a whole number of
+/// blocks, when `src` is
 /// not exactly that many blocks, or when the type is not one of these.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     use GgmlType::*;
@@ -267,9 +268,8 @@ pub fn dequantize_block_q8_k(x: &BlockQ8K, y: &mut [f32; QK_K]) {
 /// `y = d * IQ4_VALUES[q]`.
 pub fn dequantize_block_iq4_nl(x: &BlockIQ4NL, y: &mut [f32; QK]) {
     let d = x.d.to_f32();
-    for j in 0..QK / 2 {
-        y[j] = d * IQ4_VALUES[(x.qs[j] & 0x0F) as usize] as f32;
-        y[j + QK / 2] = d * IQ4_VALUES[(x.qs[j] >> 4) as usize] as f32;
+    for (y, v) in y.iter_mut().zip(iq4_values(&x.qs)) {
+        *y = d * v as f32;
     }
 }
 
@@ -278,10 +278,8 @@ pub fn dequantize_block_iq4_xs(x: &BlockIQ4XS, y: &mut [f32; QK_K]) {
     let d = x.d.to_f32();
     for (j, y) in y.as_chunks_mut::<QK>().0.iter_mut().enumerate() {
         let dl = d * x.scale(j) as f32;
-        let qs = &x.qs[16 * j..16 * j + 16];
-        for l in 0..QK / 2 {
-            y[l] = dl * IQ4_VALUES[(qs[l] & 0x0F) as usize] as f32;
-            y[l + QK / 2] = dl * IQ4_VALUES[(qs[l] >> 4) as usize] as f32;
+        for (y, v) in y.iter_mut().zip(iq4_values(x.group(j))) {
+            *y = dl * v as f32;
         }
     }
 }

@@ -169,17 +169,22 @@ pub fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
     sumf
 }
 
-/// `sumf += (d_y * d_x) * (sumi0 + sumi1)` per block, the quants through [`IQ4_VALUES`].
+/// The exact `Σ v·y` of 32 IQ4 values (as [`iq4_values`] spreads them) against 32 activations
+/// (ggml's `sumi1 + sumi2`: integers, so in any order).
+fn iq4_sumi(qs: &[u8; QK / 2], y: &[i8; QK]) -> i32 {
+    iq4_values(qs)
+        .iter()
+        .zip(y)
+        .map(|(&v, &y)| v as i32 * y as i32)
+        .sum()
+}
+
+/// `sumf += (d_y * d_x) * sumi` per block, the quants through [`IQ4_VALUES`].
 pub fn vec_dot_iq4_nl_q8_0(xs: &[BlockIQ4NL], ys: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
         let d = y.d.to_f32() * x.d.to_f32();
-        let (mut sumi0, mut sumi1) = (0i32, 0i32);
-        for j in 0..QK / 2 {
-            sumi0 += y.qs[j] as i32 * IQ4_VALUES[(x.qs[j] & 0x0F) as usize] as i32;
-            sumi1 += y.qs[j + QK / 2] as i32 * IQ4_VALUES[(x.qs[j] >> 4) as usize] as i32;
-        }
-        sumf += d * (sumi0 + sumi1) as f32;
+        sumf += d * iq4_sumi(&x.qs, &y.qs) as f32;
     }
     sumf
 }
@@ -189,14 +194,8 @@ pub fn vec_dot_iq4_xs_q8_k(xs: &[BlockIQ4XS], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
         let d4d8 = x.d.to_f32() * y.d.get();
-        for j in 0..QK_K / QK {
-            let (qs, q8) = (&x.qs[16 * j..16 * j + 16], &y.qs[QK * j..QK * j + QK]);
-            let (mut sumi0, mut sumi1) = (0i32, 0i32);
-            for l in 0..QK / 2 {
-                sumi0 += q8[l] as i32 * IQ4_VALUES[(qs[l] & 0x0F) as usize] as i32;
-                sumi1 += q8[l + QK / 2] as i32 * IQ4_VALUES[(qs[l] >> 4) as usize] as i32;
-            }
-            sumf += (d4d8 * x.scale(j) as f32) * (sumi0 + sumi1) as f32;
+        for (j, q8) in y.qs.as_chunks::<QK>().0.iter().enumerate() {
+            sumf += (d4d8 * x.scale(j) as f32) * iq4_sumi(x.group(j), q8) as f32;
         }
     }
     sumf

@@ -24,7 +24,8 @@ use crate::quant::blocks::*;
 /// `ty.row_bytes(src.len())` bytes.
 ///
 /// Handles F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q8_K. The K-quant weight
-/// formats (Q2_K..Q6_K) and the i-quants (IQ4_NL, IQ4_XS) are read-only here and give `Error::UnsupportedType`, as do the others.
+/// formats (Q2_K..Q6_K) and the i-quants (IQ4_NL, IQ4_XS) are read-only here and give
+/// `Error::UnsupportedType`, as do the others.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     use GgmlType::*;
     check_output(ty, src.len(), dst.len())?;

@@ -1,5 +1,6 @@
 //! The engine's canonical arithmetic for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights dotted
-//! with Q8_K activations, and IQ4_XS, whose super-blocks have the same shape), in plain Rust; `avx2` and `avx512` reproduce it bit for bit.
+//! with Q8_K activations, and IQ4_XS, whose super-blocks have the same shape), in plain Rust;
+//! `avx2` and `avx512` reproduce it bit for bit.
 //!
 //! Per 256-element super-block two integers are computed EXACTLY in i32, so their grouping is free
 //! (integer addition is associative) and every variant may sum them in its own lane order:
@@ -263,16 +264,8 @@ pub fn vec_dot_iq4_xs_q8_k(xs: &[BlockIQ4XS], ys: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
         let mut q = [0i8; QK_K];
-        for (q32, qs) in q
-            .as_chunks_mut::<32>()
-            .0
-            .iter_mut()
-            .zip(x.qs.as_chunks::<16>().0)
-        {
-            for l in 0..16 {
-                q32[l] = IQ4_VALUES[(qs[l] & 0x0F) as usize];
-                q32[l + 16] = IQ4_VALUES[(qs[l] >> 4) as usize];
-            }
+        for (j, q32) in q.as_chunks_mut::<32>().0.iter_mut().enumerate() {
+            *q32 = iq4_values(x.group(j));
         }
         let isum = grouped_isum::<32>(&q, &y.qs, |j| x.scale(j));
         sumf = add_scaled(sumf, y.d.get(), x.d.to_f32(), isum);

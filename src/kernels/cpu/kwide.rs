@@ -557,7 +557,7 @@ unsafe fn iq4_xs_quants(x: &BlockIQ4XS) -> [__m512i; 4] {
     use crate::kernels::cpu::avx2::nibbles32;
     let table = crate::kernels::cpu::repack::iq4_table();
     std::array::from_fn(|u| {
-        let half = |h: usize| nibbles32(x.qs[32 * u + 16 * h..][..16].try_into().unwrap());
+        let half = |h: usize| nibbles32(x.group(2 * u + h));
         let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(0)), half(1));
         _mm512_shuffle_epi8(table, v)
     })

@@ -267,7 +267,8 @@ pub(crate) fn common_blocks<A, B>(xs: &[&[A]], ys: &[&[B]]) -> usize {
     lens.min().unwrap_or(0)
 }
 
-/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0, a K-quant, IQ4_NL or IQ4_XS), each block's f16
+/// Random quants in `w` (whole blocks of `ty`: Q4_0, Q8_0, a K-quant, IQ4_NL or IQ4_XS), each
+/// block's f16
 /// scales (d, and the K-quants' dmin) set to `scale(rng)`: small finite values, so that no sum
 /// overflows to inf. For F16, each element `scale(rng)` times a uniform in -1..1. Tests and the
 /// out-of-cache experiments (`examples/matmul_dram`, `examples/decode_mix`) make their weights

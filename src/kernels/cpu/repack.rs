@@ -1593,12 +1593,11 @@ mod kernels {
     /// elements `4e..4e + 4` in word e < 4), then their high nibbles left in place, sixteen
     /// times the quants `16 + 4e..` (word 4 + e; [`isum`] divides their sum by sixteen): one
     /// `vpandd` a register, where shifting them down took two. `NL` (IQ4_NL): both halves
-    /// through [`iq4_bytes`]' table (`IQ4_VALUES + 128`), the high nibbles shifted down first.
+    /// through `table` ([`iq4_table`]: `IQ4_VALUES + 128`), the high nibbles shifted down first.
     #[inline(always)]
-    unsafe fn nibbles<const NL: bool>(p: *const u8, low: __m512i) -> [__m512i; 8] {
+    unsafe fn nibbles<const NL: bool>(p: *const u8, low: __m512i, table: __m512i) -> [__m512i; 8] {
         let v: [__m512i; 4] = std::array::from_fn(|c| _mm512_loadu_si512(p.add(64 * c).cast()));
         if NL {
-            let table = iq4_table();
             return std::array::from_fn(|e| iq4_bytes(v[e % 4], e >= 4, table, low));
         }
         let high = _mm512_set1_epi8(0xF0u8 as i8);
@@ -1675,7 +1674,7 @@ mod kernels {
         r0: usize,
         mask: __mmask16,
     ) {
-        let low = _mm512_set1_epi8(0x0F);
+        let (low, table) = (_mm512_set1_epi8(0x0F), iq4_table());
         let q = group.as_ptr();
         let mut sumf: [__m512; NT] = std::array::from_fn(|j| start(out, part, t + j, r0, mask));
         let ahead = prefetch_ahead();
@@ -1684,7 +1683,7 @@ mod kernels {
             let p = q.add(super::q4_0_quants(b));
             let d = q.add(super::q4_0_scales(nb, b));
             prefetch_q4_0(p, b, ahead);
-            let w = nibbles::<NL>(p, low);
+            let w = nibbles::<NL>(p, low, table);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(d.cast()));
             for (j, acc) in sumf.iter_mut().enumerate() {
                 let y = ys.get_unchecked(t + j).get_unchecked(b);

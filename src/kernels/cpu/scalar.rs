@@ -5,7 +5,8 @@
 //! lanes are summed pairwise at the end (`(l0+l4 + l2+l6) + (l1+l5 + l3+l7)`), then the
 //! `m_x * s_y` terms of Q4_1/Q5_1, summed in block order, are added.
 //!
-//! Q4_0 (and IQ4_NL, the same with its quants through a table) sums each block's 32 products exactly into one integer and runs one FMA chain over
+//! Q4_0 (and IQ4_NL, the same with its quants through a table) sums each block's 32 products
+//! exactly into one integer and runs one FMA chain over
 //! the blocks, `sumf = fma(d_x * d_y, isum as f32, sumf)` from `sumf = 0`, as the K-quants do:
 //! with one float step per block instead of eight, its prefill panels (`kwide`, AVX-512; sixteen
 //! rows per register) do one conversion and one FMA per sixteen rows and 32 elements. (Until
@@ -87,11 +88,12 @@ pub fn vec_dot_q4_0_q8_0(xs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
 pub fn vec_dot_iq4_nl_q8_0(xs: &[BlockIQ4NL], ys: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let mut isum = 0i32;
-        for j in 0..QK / 2 {
-            isum += IQ4_VALUES[(x.qs[j] & 0x0F) as usize] as i32 * y.qs[j] as i32;
-            isum += IQ4_VALUES[(x.qs[j] >> 4) as usize] as i32 * y.qs[j + QK / 2] as i32;
-        }
+        let q = iq4_values(&x.qs);
+        let isum: i32 = q
+            .iter()
+            .zip(&y.qs)
+            .map(|(&q, &y)| q as i32 * y as i32)
+            .sum();
         sumf = (x.d.to_f32() * y.d.to_f32()).mul_add(isum as f32, sumf);
     }
     sumf
