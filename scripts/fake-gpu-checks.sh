@@ -5,7 +5,8 @@
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
 # placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
-# on a "GPU" this slow). Then MiniCPM3 (latent attention) on a tiny synthetic file: its greedy ids on
+# on a "GPU" this slow); the mixed placement also with the activations staged rather than in
+# page-locked memory (OATO_CUDA_HOST_PINNED=0). Then MiniCPM3 (latent attention) on a tiny synthetic file: its greedy ids on
 # the stand-in GPU, whole and under layer-split and flexgen, equal the CPU's. The all-GPU run goes twice: as configured by default, and with
 # OATO_CUDA_MMVQ=direct and OATO_CUDA_ATTN_SPLIT=1 (the direct matrix-vector kernels, and split
 # decode attention, which the short prompts would not choose on their own). Only the first
@@ -85,6 +86,20 @@ p["policy"] = "oato"  # the schema knows no "hand-made"; the executor does not r
 json.dump(p, open(sys.argv[2], "w"))
 PY
 golden --placement "$W/mixed.json"
+step "the mixed placement, activations staged (OATO_CUDA_HOST_PINNED=0)"
+OATO_CUDA_HOST_PINNED=0 golden --placement "$W/mixed.json"
+step "the CPU's activation buffers in page-locked memory: more host allocations with them than without"
+host_allocs() {
+    env "$@" OATO_FAKE_CUDA_LOG=1 scripts/fake-gpu.sh "$OATO" run models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        -p "The capital of France is" -n 2 --temp 0 --ignore-eos -c 256 --placement "$W/mixed.json" \
+        2>&1 >/dev/null | grep -c '^fake-cuda: cuMemHostAlloc' || true
+}
+direct=$(host_allocs) staged=$(host_allocs OATO_CUDA_HOST_PINNED=0)
+if [ "$direct" -le "$staged" ]; then
+    echo "FAIL page-locked activation buffers: $direct host allocations with them, $staged without" >&2
+    exit 1
+fi
+echo "OK   page-locked activation buffers: $direct host allocations with them, $staged without"
 step "CUDA graphs: the mixed placement (several GPU segments per token)"
 graphs_check "mixed placement" --placement "$W/mixed.json"
 step "prefill streaming (layer-split's CPU weights copied to the GPU for the prompt batch)"

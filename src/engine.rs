@@ -43,7 +43,8 @@ pub enum DeviceChoice {
 /// `OATO_TEST_DEVICE=<bytes>` stands a CPU-backed test device of that size in for the GPU, so
 /// the placement pipeline can be exercised on machines without one.
 pub fn open_backends(dev: DeviceChoice) -> Result<(Vec<Arc<dyn Backend>>, usize)> {
-    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let host = Arc::new(CpuBackend::new());
+    let cpu: Arc<dyn Backend> = host.clone();
     if dev != DeviceChoice::Cpu
         && let Some(v) = std::env::var_os("OATO_TEST_DEVICE")
     {
@@ -52,7 +53,11 @@ pub fn open_backends(dev: DeviceChoice) -> Result<(Vec<Arc<dyn Backend>>, usize)
                 "OATO_TEST_DEVICE={v:?}: give the test device's size in bytes"
             ))
         })?;
-        return Ok((vec![cpu, Arc::new(TestDevice::new(bytes))], 1));
+        let test = Arc::new(TestDevice::new(bytes));
+        if let Some(m) = test.host_memory() {
+            host.use_host_memory(m);
+        }
+        return Ok((vec![cpu, test], 1));
     }
     let want_gpu = match dev {
         DeviceChoice::Cpu => false,
@@ -72,7 +77,14 @@ pub fn open_backends(dev: DeviceChoice) -> Result<(Vec<Arc<dyn Backend>>, usize)
         return Ok((vec![cpu], 0));
     }
     match CudaBackend::new(0) {
-        Ok(g) => Ok((vec![cpu, Arc::new(g)], 1)),
+        Ok(g) => {
+            // The CPU's activation buffers in the GPU's page-locked memory: crossings are one
+            // DMA each (DESIGN.md rule 8).
+            if let Some(m) = g.host_memory() {
+                host.use_host_memory(m);
+            }
+            Ok((vec![cpu, Arc::new(g)], 1))
+        }
         Err(e) if dev == DeviceChoice::Auto => {
             eprintln!("oato: GPU unusable ({e}); running on the CPU");
             Ok((vec![cpu], 0))

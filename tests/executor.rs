@@ -43,10 +43,14 @@ fn assert_copies_are_the_plans(
     );
 }
 
+/// The CPU's activation buffers come from the device's host memory, as `open_backends` sets
+/// them up: the device checks that the executor leaves the bytes a `write` took from there
+/// unchanged until it has waited for the device to read them (`host_reads_done`).
 fn cpu_and_test_device() -> (Vec<Arc<dyn Backend>>, Arc<TestDevice>) {
-    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let dev = Arc::new(TestDevice::new(1 << 30));
-    (vec![cpu, dev.clone()], dev)
+    let cpu = CpuBackend::new();
+    assert!(cpu.use_host_memory(dev.host_memory().unwrap()));
+    (vec![Arc::new(cpu), dev.clone()], dev)
 }
 
 #[test]

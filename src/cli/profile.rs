@@ -89,8 +89,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             Some(p) if p > 0.0 => format!(" ({:.0}% of a pinned copy's {p:.1})", 100.0 * got / p),
             _ => String::new(),
         };
+        let act = l.act_h2d_gbps.map_or(String::new(), |a| {
+            format!(", activations {a:.1} GB/s{}", of(a, l.pinned_h2d_gbps))
+        });
         eprintln!(
-            "link: host→device {:.1} GB/s{}, device→host {:.1} GB/s{}, latency {:.1} us, \
+            "link: host→device {:.1} GB/s{}{act}, device→host {:.1} GB/s{}, latency {:.1} us, \
              crossing {} us",
             l.h2d_gbps,
             of(l.h2d_gbps, l.pinned_h2d_gbps),

@@ -16,7 +16,9 @@ use oato::profiler::{median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::DeviceKind;
-use oato::runtime::backend::{AttnCall, Backend, Category, ColCopy, DType, Tensor, Weight};
+use oato::runtime::backend::{
+    AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
+};
 use oato::runtime::cuda_backend::{
     flash_prefill, missing_kernels, mmvq_direct, set_flash_prefill, set_mmvq_direct,
 };
@@ -899,7 +901,9 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
 }
 
 /// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a
-/// bulk size (wall time, median of 9), beside a plain pinned copy's GB/s.
+/// bulk size (wall time, median of 9), from and into ordinary host memory (staged) and the
+/// device's page-locked memory for the CPU's activation buffers (direct, rule 8), beside a plain
+/// pinned copy's GB/s.
 fn link_perf(be: &dyn Backend) -> Result<()> {
     if be.kind() != oato::runtime::backend::DeviceKind::Gpu {
         return Ok(());
@@ -908,19 +912,34 @@ fn link_perf(be: &dyn Backend) -> Result<()> {
     if let Some((h, d)) = pinned {
         println!("pinned copy 64 MiB: host→device {h:.1} GB/s, device→host {d:.1} GB/s");
     }
+    let mem = be.host_memory();
     for n in [4096usize, 256 << 10, 16 << 20] {
-        let host = pattern(n, 0.0);
-        let mut back = vec![0f32; n];
         let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
-        let w = wall_median_us(be, 9, &mut || be.write(&mut t, 0, &host))?;
-        let r = wall_median_us(be, 9, &mut || be.read(&t, 0, &mut back))?;
         let gb = |us: f64| (n * 4) as f64 / us / 1e3;
-        println!(
-            "activation copy {} KiB: write {w:.1} us ({:.1} GB/s), read {r:.1} us ({:.1} GB/s)",
-            n * 4 / 1024,
-            gb(w),
-            gb(r)
-        );
+        let mut time = |how: &str, host: &mut [f32]| -> Result<()> {
+            host.copy_from_slice(&pattern(n, 0.0));
+            let w = wall_median_us(be, 9, &mut || {
+                be.write(&mut t, 0, host)?;
+                be.host_reads_done()
+            })?;
+            let r = wall_median_us(be, 9, &mut || be.read(&t, 0, host))?;
+            println!(
+                "activation copy {} KiB, {how}: write {w:.1} us ({:.1} GB/s), read {r:.1} us \
+                 ({:.1} GB/s)",
+                n * 4 / 1024,
+                gb(w),
+                gb(r)
+            );
+            Ok(())
+        };
+        time("staged", &mut vec![0f32; n])?;
+        match mem.as_ref().and_then(|m| HostBuf::new(m, n)) {
+            Some(mut b) => time("direct", &mut b)?,
+            None => println!(
+                "activation copy {} KiB, direct: no page-locked memory",
+                n * 4 / 1024
+            ),
+        }
     }
     Ok(())
 }

@@ -404,7 +404,8 @@ fn time_non_target(
 
 /// The link as the executor uses it (DESIGN.md rule 8 and 4): `h2d_gbps`, uploads of the
 /// model's largest weights through `load_weight` (the registered memory map, or staging), when a
-/// model is given, else of an activation buffer; `d2h_gbps`, activation reads (64 MiB, less on
+/// model is given, else of an activation buffer; `act_h2d_gbps` and `d2h_gbps`, activation copies
+/// from and into a CPU activation buffer through the executor's transfer path (64 MiB, less on
 /// a small device); `latency_us`, a 4-byte copy; `pinned_*`, a plain pinned copy (the
 /// hardware's figure); `crossing_us`, one decode-sized activation crossing through the
 /// executor's own transfer path (half of a GPU→CPU→GPU round trip).
@@ -423,20 +424,27 @@ pub fn measure_link(
         )));
     }
     let n = (16 << 20).min(free / 16); // f32 elements
-    let host = pattern(n, 0.0);
-    let mut back = vec![0f32; n];
     let mut t = gpu.alloc(DType::F32, n, Category::Workspace)?;
+    // An activation buffer of the CPU's, as the executor has them (in the device's page-locked
+    // memory where it gives some), and the executor's transfer path both ways.
+    let mut c = cpu.alloc(DType::F32, n, Category::Workspace)?;
+    if let Some(h) = cpu.host_f32_mut(&mut c) {
+        h.copy_from_slice(&pattern(n, 0.0));
+    }
+    let mut staging = Vec::new();
     let wall = |f: &mut dyn FnMut() -> Result<()>| Ok(wall_median_us(gpu, 5, f)? / 1e6);
     let bytes = (n * 4) as f64;
+    let act_h2d = wall(&mut || {
+        transfer(cpu, &c, gpu, &mut t, n, &mut staging)?;
+        gpu.host_reads_done()
+    })?;
+    let d2h = wall(&mut || transfer(gpu, &t, cpu, &mut c, n, &mut staging))?;
+    drop(c);
     let h2d_gbps = match model {
         Some(m) => weight_upload_gbps(gpu, m, free / 4)?,
         None => None,
     };
-    let h2d_gbps = match h2d_gbps {
-        Some(g) => g,
-        None => bytes / wall(&mut || gpu.write(&mut t, 0, &host))? / 1e9,
-    };
-    let d2h = wall(&mut || gpu.read(&t, 0, &mut back))?;
+    let h2d_gbps = h2d_gbps.unwrap_or(bytes / act_h2d / 1e9);
     let mut one = [0f32; 1];
     let lat_w = wall(&mut || gpu.write(&mut t, 0, &one))?;
     let lat_r = wall(&mut || gpu.read(&t, 0, &mut one))?;
@@ -449,6 +457,7 @@ pub fn measure_link(
         pinned_h2d_gbps: pinned.map(|p| p.0),
         pinned_d2h_gbps: pinned.map(|p| p.1),
         crossing_us: Some(crossing_us),
+        act_h2d_gbps: Some(bytes / act_h2d / 1e9),
     })
 }
 

@@ -77,7 +77,7 @@ pub struct GpuInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinkInfo {
     /// Weight uploads through the executor's own path (from the registered memory map, or
-    /// staged), and activation reads back.
+    /// staged), and activation reads back into the CPU's activation buffers.
     pub h2d_gbps: f64,
     pub d2h_gbps: f64,
     pub latency_us: f64,
@@ -90,6 +90,20 @@ pub struct LinkInfo {
     /// through the executor's own path, in microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crossing_us: Option<f64>,
+    /// Extra: activation copies host→device through the executor's own path (from the CPU's
+    /// activation buffers); crossings cost this direction at this rate. Absent in older
+    /// profiles: `h2d_gbps` stands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act_h2d_gbps: Option<f64>,
+}
+
+impl LinkInfo {
+    /// GB/s of an activation crossing host→device.
+    pub fn act_h2d(&self) -> f64 {
+        self.act_h2d_gbps
+            .filter(|g| g.is_finite() && *g > 0.0)
+            .unwrap_or(self.h2d_gbps)
+    }
 }
 
 /// One target operator and its median times in microseconds, by batch size (keys are the batch

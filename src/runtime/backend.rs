@@ -3,6 +3,7 @@
 //! (`cpu_backend`), CUDA another (`cuda_backend`); the executor moves activations between them.
 
 use std::any::Any;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -341,9 +342,88 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// Host memory this device reaches by DMA (page-locked and known to it), for the CPU's
+    /// activation buffers: a copy between such a buffer and the device is one DMA, no staging
+    /// copy (DESIGN.md rule 8). `None` (the default) where copies need no such thing.
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        None
+    }
+    /// Waits until the device has read the host memory that earlier `write`s took from its
+    /// [`Backend::host_memory`]: a `write` from there returns before the DMA has run, so the
+    /// host must not change those bytes before this. The default has nothing to wait for.
+    fn host_reads_done(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<()>;
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>>;
+}
+
+/// Page-locked host memory handed out by a device backend (its [`Backend::host_memory`]).
+pub trait HostMemory: Send + Sync {
+    /// `bytes` bytes (page-aligned, at least 4-byte aligned), or `None` when the device cannot
+    /// give them (the caller then uses ordinary memory).
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>>;
+    /// Gives back memory from `alloc` once the device has finished every copy that uses it.
+    ///
+    /// # Safety
+    /// `ptr` came from this `alloc` with the same `bytes`, and is not used afterwards.
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
+}
+
+/// `len` f32 elements in a [`HostMemory`], zeroed when made; given back on drop.
+pub struct HostBuf {
+    ptr: NonNull<f32>,
+    len: usize,
+    mem: Arc<dyn HostMemory>,
+}
+
+// SAFETY: the buffer owns its elements (no other handle to them exists), as a Vec<f32> would;
+// `HostMemory` is Send + Sync.
+unsafe impl Send for HostBuf {}
+unsafe impl Sync for HostBuf {}
+
+impl HostBuf {
+    /// `len` zeroed elements from `mem`, or `None` when it has none to give.
+    pub fn new(mem: &Arc<dyn HostMemory>, len: usize) -> Option<HostBuf> {
+        let bytes = len.checked_mul(4)?.max(4);
+        let ptr = mem.alloc(bytes)?.cast::<f32>();
+        if !ptr.as_ptr().is_aligned() {
+            // SAFETY: from `alloc` with these bytes, not used again.
+            unsafe { mem.free(ptr.cast(), bytes) };
+            return None;
+        }
+        // SAFETY: `bytes` writable bytes at `ptr`, aligned for f32; all zero bits is 0.0.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        Some(HostBuf {
+            ptr,
+            len,
+            mem: mem.clone(),
+        })
+    }
+}
+
+impl std::ops::Deref for HostBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `len` initialised elements owned by this buffer.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for HostBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `mem` with this size in `new`, dropped once.
+        unsafe { self.mem.free(self.ptr.cast(), (self.len * 4).max(4)) };
+    }
 }
 
 /// The common `k` of matrices that share one input, after checking that there is one output per

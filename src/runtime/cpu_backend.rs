@@ -2,7 +2,7 @@
 //! view of the GGUF file's map, or copies in the backend's arena (interleaved Q4_0 and Q4_K, or as the
 //! file asks); tensors are host vectors.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use half::f16;
@@ -15,9 +15,9 @@ use crate::kernels::cpu::{isa, ops, pool, repack};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::{GgmlType, dequantize_row};
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, Ledger, MemInfo, Reservation,
-    Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k,
-    storage, storage_mut, weight_storage,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, HostBuf, HostMemory, Ledger, MemInfo,
+    Reservation, Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes,
+    next_backend_id, shared_k, storage, storage_mut, weight_storage,
 };
 
 /// Elementwise operators split their work in pieces of this many elements.
@@ -27,6 +27,8 @@ const ELEMENT_CHUNK: usize = 1024;
 pub(crate) enum HostVec {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// f32 elements in a device's page-locked memory (an activation buffer that crosses the link).
+    Pinned(HostBuf),
 }
 
 struct CpuTensor {
@@ -78,6 +80,9 @@ pub struct CpuBackend {
     arena: repack::Arena,
     /// Whether memory ran short for an interleaved copy (said once).
     short: std::sync::atomic::AtomicBool,
+    /// Where f32 workspace tensors (activations) come from when a device gave its page-locked
+    /// memory ([`CpuBackend::use_host_memory`]).
+    host_memory: OnceLock<Arc<dyn HostMemory>>,
 }
 
 impl Default for CpuBackend {
@@ -93,13 +98,23 @@ impl CpuBackend {
             ledger: Arc::default(),
             arena: repack::Arena::default(),
             short: Default::default(),
+            host_memory: OnceLock::new(),
         }
+    }
+
+    /// Takes the activation buffers (f32 workspace tensors) allocated from now on from `mem`, a
+    /// device's page-locked memory, so that copies between them and that device need no staging
+    /// (DESIGN.md rule 8). Falls back to ordinary memory where `mem` has none. Set once; `false`
+    /// if another memory was set before.
+    pub fn use_host_memory(&self, mem: Arc<dyn HostMemory>) -> bool {
+        self.host_memory.set(mem).is_ok()
     }
 
     fn f32s<'a>(&self, t: &'a Tensor, need: usize, what: &str) -> Result<&'a [f32]> {
         check_tensor(t, self.id, need, what)?;
         match &storage::<CpuTensor>(t, what)?.v {
             HostVec::F32(v) => Ok(&v[..need]),
+            HostVec::Pinned(v) => Ok(&v[..need]),
             HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
         }
     }
@@ -108,6 +123,7 @@ impl CpuBackend {
         check_tensor(t, self.id, need, what)?;
         match &mut storage_mut::<CpuTensor>(t, what)?.v {
             HostVec::F32(v) => Ok(&mut v[..need]),
+            HostVec::Pinned(v) => Ok(&mut v[..need]),
             HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
         }
     }
@@ -116,7 +132,9 @@ impl CpuBackend {
         check_tensor(t, self.id, 0, what)?;
         match &mut storage_mut::<CpuTensor>(t, what)?.v {
             HostVec::F16(v) => Ok(v),
-            HostVec::F32(_) => Err(Error::Msg(format!("{what}: f32 tensor where f16 expected"))),
+            HostVec::F32(_) | HostVec::Pinned(_) => {
+                Err(Error::Msg(format!("{what}: f32 tensor where f16 expected")))
+            }
         }
     }
 
@@ -216,9 +234,14 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize, cat: Category) -> Result<Tensor> {
-        let v = match dtype {
-            DType::F32 => HostVec::F32(vec![0.0; len]),
-            DType::F16 => HostVec::F16(vec![f16::ZERO; len]),
+        let pinned = match (dtype, cat, self.host_memory.get()) {
+            (DType::F32, Category::Workspace, Some(mem)) => HostBuf::new(mem, len),
+            _ => None,
+        };
+        let v = match (dtype, pinned) {
+            (_, Some(b)) => HostVec::Pinned(b),
+            (DType::F32, None) => HostVec::F32(vec![0.0; len]),
+            (DType::F16, None) => HostVec::F16(vec![f16::ZERO; len]),
         };
         Ok(Tensor {
             device: self.id,
@@ -309,6 +332,7 @@ impl Backend for CpuBackend {
     fn host_f32<'a>(&self, t: &'a Tensor) -> Option<&'a [f32]> {
         match &t.data.downcast_ref::<CpuTensor>()?.v {
             HostVec::F32(v) if t.device == self.id => Some(v),
+            HostVec::Pinned(v) if t.device == self.id => Some(v),
             _ => None,
         }
     }
@@ -317,6 +341,7 @@ impl Backend for CpuBackend {
         let id = t.device;
         match &mut t.data.downcast_mut::<CpuTensor>()?.v {
             HostVec::F32(v) if id == self.id => Some(v),
+            HostVec::Pinned(v) if id == self.id => Some(v),
             _ => None,
         }
     }
@@ -438,7 +463,9 @@ impl Backend for CpuBackend {
         // The two caches are distinct tensors, so these borrows do not overlap.
         let vc: &[f16] = match &storage::<CpuTensor>(cache_v, "v cache")?.v {
             HostVec::F16(v) => v,
-            HostVec::F32(_) => return Err(Error::Msg("v cache: f32 tensor".into())),
+            HostVec::F32(_) | HostVec::Pinned(_) => {
+                return Err(Error::Msg("v cache: f32 tensor".into()));
+            }
         };
         let out = self.f32s_mut(out, n * qd, "attention output")?;
         attention(s, q, kc, vc, call.pos0, out);

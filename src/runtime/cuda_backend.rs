@@ -23,11 +23,12 @@ use crate::kernels::cuda::{self as kc, SOURCES};
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, Ledger, MemInfo, Reservation,
-    Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes, next_backend_id, shared_k,
-    storage, weight_storage,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, HostMemory, Ledger, MemInfo,
+    Reservation, Stopwatch, Tensor, Usage, Weight, check_tensor, check_weight_bytes,
+    next_backend_id, shared_k, storage, weight_storage,
 };
 use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
+use crate::runtime::cuda_host::{HostRegistrations, PageLocked, Pinned, par_copy};
 use crate::runtime::cuda_mmq::{
     MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mmq_kernel_of, mmq_mode, mmq_mode_from_env,
 };
@@ -47,16 +48,12 @@ const ATTN_CHUNK_MAX: usize = 256;
 /// Size of each of the two pinned staging buffers (the path for host memory the driver could not
 /// register).
 const PINNED_BYTES: usize = 32 << 20;
-/// Host copies into pinned staging at least this large are split over threads.
-const PAR_COPY_BYTES: usize = 256 << 10;
-/// Bytes per task of a threaded host copy.
-const PAR_COPY_CHUNK: usize = 128 << 10;
 
 /// Chunk of a device-to-host read: small enough that the copy out of one pinned buffer overlaps
 /// the DMA into the other, large enough that the per-chunk wait is a small part.
 const DOWNLOAD_CHUNK: usize = 8 << 20;
 
-fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
+pub(crate) fn drv(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Msg(format!("CUDA {what}: {e:?}"))
 }
 
@@ -124,116 +121,6 @@ impl Drop for BlasHandle {
     }
 }
 
-/// Page-locked host memory with an event marking the last copy that used it.
-struct Pinned {
-    ptr: *mut u8,
-    len: usize,
-    event: CudaEvent,
-}
-
-// SAFETY: the buffer is owned by this struct and only used under the backend's mutex.
-unsafe impl Send for Pinned {}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = self.event.synchronize();
-        // SAFETY: `ptr` came from malloc_host and is freed once.
-        unsafe {
-            let _ = cudarc::driver::result::free_host(self.ptr.cast());
-        }
-    }
-}
-
-impl Pinned {
-    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
-        // SAFETY: a fresh page-locked allocation of `len` bytes.
-        let ptr = unsafe { cudarc::driver::result::malloc_host(len, 0) }
-            .map_err(drv("pinned allocation"))?;
-        Ok(Pinned {
-            ptr: ptr.cast(),
-            len,
-            event: ctx.new_event(None).map_err(drv("event"))?,
-        })
-    }
-
-    /// The buffer, once the copies that used it have finished.
-    fn slice(&mut self) -> Result<&mut [u8]> {
-        self.event.synchronize().map_err(drv("event wait"))?;
-        // SAFETY: `ptr` holds `len` bytes owned by this struct and no copy is in flight.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
-    }
-}
-
-/// Host memory ranges registered with the driver (the model's memory map), so weights are copied
-/// from them by DMA with no staging copy (DESIGN.md rule 8). Each keeps its file alive; dropped
-/// after the device has finished every copy.
-struct HostRegistrations {
-    ctx: Arc<CudaContext>,
-    files: Vec<(Arc<GgufFile>, bool)>,
-}
-
-impl HostRegistrations {
-    /// Whether `file`'s mapping is registered, trying once per file
-    /// (`OATO_CUDA_REGISTER=0` turns registration off, for tests of the staged path).
-    fn ensure(&mut self, file: &Arc<GgufFile>) -> bool {
-        if let Some((_, ok)) = self.files.iter().find(|(f, _)| Arc::ptr_eq(f, file)) {
-            return *ok;
-        }
-        let bytes = file.bytes();
-        let off = std::env::var("OATO_CUDA_REGISTER").is_ok_and(|v| v == "0");
-        let ok = !off
-            && !bytes.is_empty()
-            // SAFETY: the range is the file's live read-only mapping, kept alive by the Arc
-            // stored next to it until it is unregistered in `drop`.
-            && unsafe {
-                cudarc::driver::sys::cuMemHostRegister_v2(
-                    bytes.as_ptr() as *mut c_void,
-                    bytes.len(),
-                    cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY,
-                )
-            } == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
-        self.files.push((file.clone(), ok));
-        ok
-    }
-}
-
-impl Drop for HostRegistrations {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        let _ = self.ctx.synchronize();
-        for (f, ok) in &self.files {
-            if *ok {
-                // SAFETY: registered in `ensure`, unregistered once, after the device is idle.
-                unsafe {
-                    cudarc::driver::sys::cuMemHostUnregister(f.bytes().as_ptr() as *mut c_void);
-                }
-            }
-        }
-    }
-}
-
-/// `dst.copy_from_slice(src)`, over the CPU pool's threads when it is large (pageable memory to
-/// or from pinned staging: one core copies well below the link's speed). The pool's workers are
-/// awake between a forward call's operators, so this costs no thread start.
-fn par_copy(dst: &mut [u8], src: &[u8]) {
-    if src.len() < PAR_COPY_BYTES {
-        dst.copy_from_slice(src);
-        return;
-    }
-    struct Out(*mut u8);
-    // SAFETY: the chunks below write disjoint ranges of `dst`, which outlives the loop.
-    unsafe impl Sync for Out {}
-    let out = Out(dst.as_mut_ptr());
-    let n = src.len().min(dst.len());
-    crate::kernels::cpu::pool::global().for_chunks(n, PAR_COPY_CHUNK, |r| {
-        let out = &out;
-        // SAFETY: `r` lies inside both slices and no other chunk writes it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src[r.clone()].as_ptr(), out.0.add(r.start), r.len())
-        };
-    });
-}
-
 /// Device scratch space reused across calls, grown on demand.
 #[derive(Default)]
 struct Scratch {
@@ -252,6 +139,10 @@ struct Scratch {
     /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
     /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
     q8_holds: Option<(u64, usize)>,
+    /// Recorded after the last direct copy between the device and page-locked activation
+    /// memory (`PageLocked`), and whether a host-to-device one may not have run yet.
+    direct: Option<CudaEvent>,
+    direct_pending: bool,
 }
 
 struct CudaTensor {
@@ -293,6 +184,8 @@ pub struct CudaBackend {
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<Scratch>,
     host: Mutex<HostRegistrations>,
+    /// Page-locked memory for the CPU's activation buffers (DESIGN.md rule 8).
+    page_locked: Arc<PageLocked>,
     /// Kernel compilation (or cache loading) at start-up, excluded from every measurement.
     pub compile_ms: f64,
     pub kernels_from_cache: usize,
@@ -740,9 +633,10 @@ impl CudaBackend {
                 ..Default::default()
             }),
             host: Mutex::new(HostRegistrations {
-                ctx: host_ctx,
+                ctx: host_ctx.clone(),
                 files: Vec::new(),
             }),
+            page_locked: Arc::new(PageLocked::new(host_ctx)),
             compile_ms,
             kernels_from_cache: from_cache,
         })
@@ -837,6 +731,49 @@ impl CudaBackend {
             }
             .map_err(drv("host to device copy"))?;
             p.event.record(stream).map_err(drv("event record"))?;
+        }
+        Ok(())
+    }
+
+    /// `src` (page-locked activation memory of `page_locked`) to device address `dst` by one DMA
+    /// queued on the compute stream. It returns before the DMA has run: `host_reads_done` waits.
+    fn write_direct(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.launcher.flush()?;
+        let mut s = self.scratch()?;
+        // SAFETY: `dst..dst + src.len()` lies inside the destination allocation; `src` is
+        // page-locked and its owner does not change or free it before `host_reads_done` (the
+        // executor's `settle`; `PageLocked::free` synchronises).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.cu_stream()) }
+            .map_err(drv("host to device copy"))?;
+        self.record_direct(&mut s)?;
+        s.direct_pending = true;
+        Ok(())
+    }
+
+    /// Device address `src` to `dst` (page-locked activation memory) by one DMA, complete on
+    /// return (and so is every direct write before it: same stream).
+    fn read_direct(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.launcher.flush()?;
+        let mut s = self.scratch()?;
+        // SAFETY: `src..src + dst.len()` lies inside the source allocation; `dst` is page-locked
+        // and is not touched before the event recorded next has fired (waited for below).
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
+            .map_err(drv("device to host copy"))?;
+        self.record_direct(&mut s)?;
+        if let Some(e) = &s.direct {
+            e.synchronize().map_err(drv("event wait"))?;
+        }
+        s.direct_pending = false;
+        Ok(())
+    }
+
+    /// Records `s.direct` (made on first use) on the compute stream.
+    fn record_direct(&self, s: &mut Scratch) -> Result<()> {
+        if s.direct.is_none() {
+            s.direct = Some(self.ctx.new_event(None).map_err(drv("event"))?);
+        }
+        if let Some(e) = &s.direct {
+            e.record(&self.stream).map_err(drv("event record"))?;
         }
         Ok(())
     }
@@ -1314,6 +1251,9 @@ impl Backend for CudaBackend {
         let p = self.f32ptr(dst, at + src.len(), "write")? + (at * 4) as u64;
         // SAFETY: f32 has no padding; viewing it as bytes is sound.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len() * 4) };
+        if self.page_locked.holds(bytes.as_ptr(), bytes.len()) {
+            return self.write_direct(p, bytes);
+        }
         self.upload(p, bytes)
     }
 
@@ -1323,7 +1263,29 @@ impl Backend for CudaBackend {
         // SAFETY: every byte pattern is a valid f32.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4) };
+        if self.page_locked.holds(bytes.as_ptr(), bytes.len()) {
+            return self.read_direct(p, bytes);
+        }
         self.download(p, bytes)
+    }
+
+    /// Page-locked memory for the CPU's activation buffers, unless `OATO_CUDA_HOST_PINNED=0`
+    /// (activations then cross through the staging buffers, as before rule 8's direct path).
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        let off = std::env::var("OATO_CUDA_HOST_PINNED").is_ok_and(|v| v == "0");
+        (!off).then(|| self.page_locked.clone() as Arc<dyn HostMemory>)
+    }
+
+    fn host_reads_done(&self) -> Result<()> {
+        let mut s = self.scratch()?;
+        if s.direct_pending {
+            if let Some(e) = &s.direct {
+                self.bind()?;
+                e.synchronize().map_err(drv("event wait"))?;
+            }
+            s.direct_pending = false;
+        }
+        Ok(())
     }
 
     fn matmul(

@@ -174,6 +174,10 @@ struct Value {
     width: usize,
     per: Vec<Option<Tensor>>,
     valid: Vec<bool>,
+    /// For each backend's copy, the backends (a bit each) that may still be reading it by DMA: a
+    /// `write` from host memory returns before the device has read it (rule 8), so that copy is
+    /// not written again before [`Backend::host_reads_done`] of each.
+    lent: Vec<u64>,
 }
 
 /// What crossed between backends.
@@ -196,6 +200,7 @@ impl Value {
             width,
             per: (0..n_dev).map(|_| None).collect(),
             valid: vec![false; n_dev],
+            lent: vec![0; n_dev],
         }
     }
 
@@ -230,7 +235,11 @@ impl Value {
         let (Some(a), Some(b)) = (a, b) else {
             return Err(Error::Msg("executor: missing activation buffer".into()));
         };
+        settle(&mut self.lent[dev], cx.bes)?;
         transfer(&*cx.bes[src], a, &*cx.bes[dev], b, n, cx.staging)?;
+        if cx.bes[src].host_f32(a).is_some() {
+            self.lent[src] |= 1 << dev;
+        }
         cx.stats.copies += 1;
         cx.stats.bytes += n * 4;
         self.valid[dev] = true;
@@ -247,8 +256,9 @@ impl Value {
     }
 
     /// A buffer on `dev` for the value's new contents; copies elsewhere become stale.
-    fn out(&mut self, dev: usize, rows: usize, be: &dyn Backend) -> Result<&mut Tensor> {
-        self.alloc(dev, rows, be)?;
+    fn out(&mut self, dev: usize, rows: usize, bes: &[Arc<dyn Backend>]) -> Result<&mut Tensor> {
+        settle(&mut self.lent[dev], bes)?;
+        self.alloc(dev, rows, &*bes[dev])?;
         self.valid.fill(false);
         self.valid[dev] = true;
         self.per[dev]
@@ -259,8 +269,19 @@ impl Value {
     /// The value on `dev`, to be changed in place.
     fn modify(&mut self, dev: usize, rows: usize, cx: &mut Ctx) -> Result<&mut Tensor> {
         self.need(dev, rows, cx)?;
-        self.out(dev, rows, &*cx.bes[dev])
+        self.out(dev, rows, cx.bes)
     }
+}
+
+/// Waits for each backend in `lent` (a bit each) to finish its DMA reads of host memory, then
+/// clears it.
+fn settle(lent: &mut u64, bes: &[Arc<dyn Backend>]) -> Result<()> {
+    while *lent != 0 {
+        let d = lent.trailing_zeros() as usize;
+        bes[d].host_reads_done()?;
+        *lent &= !(1 << d);
+    }
+    Ok(())
 }
 
 /// A target weight on the backend the map names: resident for the session, or (streamed) copied
@@ -811,7 +832,7 @@ impl<'m> Session<'m> {
         let bes = self.backends.clone();
         {
             let x = &mut self.vals[Val::X.index()];
-            let xt = x.out(cpu, n, &*bes[cpu])?;
+            let xt = x.out(cpu, n, &bes)?;
             bes[cpu].embed_rows(&self.embd, tokens, xt)?;
             let s = self.model.hp.scales.embd;
             if s != 1.0 {
@@ -904,7 +925,7 @@ impl<'m> Session<'m> {
             for &r in &s.reads {
                 let src = &mut self.vals[r.index()];
                 src.need(d, n, &mut cx)?;
-                let dst = self.seq_vals[r.index()].out(d, m, be)?;
+                let dst = self.seq_vals[r.index()].out(d, m, &bes)?;
                 copy_rows(be, src.get(d)?, row0, dst, 0, (m, src.width))?;
             }
             std::mem::swap(&mut self.vals, &mut self.seq_vals);
@@ -921,7 +942,7 @@ impl<'m> Session<'m> {
             let dst = if s.reads.contains(&w) {
                 dst.modify(d, n, &mut cx)?
             } else {
-                dst.out(d, n, be)?
+                dst.out(d, n, &bes)?
             };
             copy_rows(
                 be,
@@ -1027,7 +1048,7 @@ impl<'m> Session<'m> {
                 let x = vals[input.index()].get(*pd)?;
                 let mut ys = Vec::with_capacity(outs.len());
                 for (v, val) in outs.iter_mut() {
-                    ys.push(val.out(*pd, rows(*v), pbe)?);
+                    ys.push(val.out(*pd, rows(*v), bes)?);
                 }
                 let res = pbe.matmul(&weights, x, r, &mut ys);
                 drop(ys);
@@ -1048,7 +1069,7 @@ impl<'m> Session<'m> {
             let y = if in_place {
                 out.modify(d, rows(w), &mut cx)?
             } else {
-                out.out(d, rows(w), be)?
+                out.out(d, rows(w), bes)?
             };
             let get = |v: Val| vals[v.index()].get(d);
             match (&s.op, layer) {

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cpu_backend;
 pub mod cuda_backend;
 pub mod cuda_graphs;
+pub mod cuda_host;
 pub mod cuda_mmq;
 pub mod forward;
 pub mod generate;

@@ -1,18 +1,21 @@
 //! A CPU-backed stand-in for a GPU, for tests of the placement pipeline on machines without one:
 //! it has its own buffers (its own backend id, so tensors cannot silently mix with the CPU's),
 //! reports itself as a GPU, moves data only through `write`/`read` as a GPU does, counts the
-//! matmuls it runs per weight, and reports the memory size it is given.
+//! matmuls it runs per weight, and reports the memory size it is given. Like a GPU it hands the
+//! CPU backend host memory for its activation buffers, and it checks what a real device's DMA
+//! needs of that memory: bytes a `write` took from it stay unchanged until `host_reads_done`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, MemInfo, Stopwatch, Tensor, Usage,
-    Weight,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, HostMemory, MemInfo, Stopwatch,
+    Tensor, Usage, Weight,
 };
 use crate::runtime::cpu_backend::CpuBackend;
 
@@ -23,6 +26,84 @@ pub struct TestDevice {
     matmuls: Mutex<HashMap<String, usize>>,
     /// Streamed-weight copies made, by weight name.
     prefetches: Mutex<HashMap<String, usize>>,
+    host: Arc<TestHostMemory>,
+}
+
+/// Heap memory standing in for a GPU's page-locked memory, with the live allocations and the
+/// bytes `write`s took from them that a real device might not have read yet ("lent").
+#[derive(Default)]
+pub struct TestHostMemory {
+    ranges: Mutex<BTreeMap<usize, usize>>,
+    /// Each lent range: its address and its elements when the `write` took them.
+    lent: Mutex<Vec<(usize, Vec<f32>)>>,
+}
+
+impl TestHostMemory {
+    fn holds(&self, ptr: *const u8, bytes: usize) -> bool {
+        let a = ptr as usize;
+        self.ranges.lock().is_ok_and(|r| {
+            r.range(..=a)
+                .next_back()
+                .is_some_and(|(&s, &n)| a + bytes <= s + n)
+        })
+    }
+
+    /// An error if a lent range changed since its `write` (the host wrote it before
+    /// `host_reads_done`: a real device's DMA could have read the new bytes). `release` also
+    /// forgets the ranges.
+    fn check(&self, release: bool) -> Result<()> {
+        let mut lent = self
+            .lent
+            .lock()
+            .map_err(|_| Error::Msg("test device: lock".into()))?;
+        for (addr, was) in lent.iter() {
+            // SAFETY: the range lies in a live allocation: `free` drops the lent ranges inside
+            // the memory it frees (after checking them) before giving it back.
+            let now = unsafe { std::slice::from_raw_parts(*addr as *const f32, was.len()) };
+            if now.iter().zip(was).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(Error::Msg(format!(
+                    "test device: host memory at {addr:#x} ({} floats) changed before the \
+                     device had read it (no host_reads_done in between)",
+                    was.len()
+                )));
+            }
+        }
+        if release {
+            lent.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Alignment of the test device's host allocations (a page, as page-locked memory has).
+const HOST_ALIGN: usize = 4096;
+
+impl HostMemory for TestHostMemory {
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), HOST_ALIGN).ok()?;
+        // SAFETY: a non-zero size.
+        let p = NonNull::new(unsafe { std::alloc::alloc(layout) })?;
+        self.ranges.lock().ok()?.insert(p.as_ptr() as usize, bytes);
+        Some(p)
+    }
+
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+        let start = ptr.as_ptr() as usize;
+        // A device's free waits for its DMA, so the lent bytes inside are checked, then forgotten.
+        if let Err(e) = self.check(false) {
+            eprintln!("{e}");
+        }
+        if let Ok(mut lent) = self.lent.lock() {
+            lent.retain(|(a, _)| *a < start || *a >= start + bytes);
+        }
+        if let Ok(mut r) = self.ranges.lock() {
+            r.remove(&start);
+        }
+        if let Ok(layout) = std::alloc::Layout::from_size_align(bytes.max(1), HOST_ALIGN) {
+            // SAFETY: allocated in `alloc` with this layout (the caller's contract).
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        }
+    }
 }
 
 impl TestDevice {
@@ -33,6 +114,7 @@ impl TestDevice {
             total: total_bytes,
             matmuls: Mutex::default(),
             prefetches: Mutex::default(),
+            host: Arc::default(),
         }
     }
 
@@ -93,7 +175,19 @@ impl Backend for TestDevice {
         self.load_weight(file, w)
     }
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
+        self.host.check(false)?;
+        if self.host.holds(src.as_ptr().cast(), src.len() * 4)
+            && let Ok(mut lent) = self.host.lent.lock()
+        {
+            lent.push((src.as_ptr() as usize, src.to_vec()));
+        }
         self.inner.write(dst, at, src)
+    }
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        Some(self.host.clone())
+    }
+    fn host_reads_done(&self) -> Result<()> {
+        self.host.check(true)
     }
     /// A plain host copy stands in for the pinned-memory copy of a real device.
     fn pinned_copy_gbps(&self, bytes: usize) -> Result<Option<(f64, f64)>> {
@@ -106,6 +200,8 @@ impl Backend for TestDevice {
         Ok(Some((g, g)))
     }
     fn read(&self, src: &Tensor, at: usize, dst: &mut [f32]) -> Result<()> {
+        // Like a GPU's, a read is ordered after the writes before it: they have run.
+        self.host.check(true)?;
         self.inner.read(src, at, dst)
     }
     fn matmul(
@@ -115,6 +211,7 @@ impl Backend for TestDevice {
         n_tok: usize,
         ys: &mut [&mut Tensor],
     ) -> Result<()> {
+        self.host.check(false)?;
         if let Ok(mut m) = self.matmuls.lock() {
             for w in ws {
                 *m.entry(w.name.clone()).or_default() += 1;
@@ -180,9 +277,49 @@ impl Backend for TestDevice {
         self.inner.embed_rows(table, ids, out)
     }
     fn synchronize(&self) -> Result<()> {
-        Ok(())
+        self.host.check(true)
     }
     fn stopwatch(&self) -> Result<Box<dyn Stopwatch + '_>> {
         self.inner.stopwatch()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::backend::HostBuf;
+
+    /// Host bytes a `write` took from the device's host memory may change only after
+    /// `host_reads_done`; a change before is an error at the device's next call, and freeing
+    /// the memory forgets it.
+    #[test]
+    fn lent_host_memory_must_not_change_before_the_device_has_read_it() {
+        let dev = TestDevice::new(1 << 20);
+        let mem = dev.host_memory().unwrap();
+        let mut t = dev.alloc(DType::F32, 8, Category::Workspace).unwrap();
+        let mut h = HostBuf::new(&mem, 8).unwrap();
+        assert!(h.iter().all(|&v| v == 0.0));
+        h[3] = 1.5;
+        dev.write(&mut t, 0, &h).unwrap();
+        dev.host_reads_done().unwrap();
+        h[3] = 2.5; // after the wait: fine
+        dev.write(&mut t, 0, &h).unwrap();
+        h[4] = 7.0; // before the wait: the next call says so
+        let e = dev.synchronize().unwrap_err().to_string();
+        assert!(e.contains("changed before the device had read it"), "{e}");
+        // Ordinary memory is copied at once and never lent.
+        let dev = TestDevice::new(1 << 20);
+        let mut t = dev.alloc(DType::F32, 8, Category::Workspace).unwrap();
+        let mut plain = vec![1.0f32; 8];
+        dev.write(&mut t, 0, &plain).unwrap();
+        plain[0] = 3.0;
+        dev.synchronize().unwrap();
+        // A read is ordered after the writes before it, as on a GPU's stream: they have run.
+        let mut h = HostBuf::new(&dev.host_memory().unwrap(), 8).unwrap();
+        dev.write(&mut t, 0, &h).unwrap();
+        let mut back = [0f32; 8];
+        dev.read(&t, 0, &mut back).unwrap();
+        h[0] = 4.0;
+        dev.synchronize().unwrap();
     }
 }

@@ -164,7 +164,7 @@ impl CostModel {
                     .crossing_us
                     .filter(|c| c.is_finite() && *c >= 0.0)
                     .unwrap_or(l.latency_us),
-                h2d_gbps: l.h2d_gbps,
+                h2d_gbps: l.act_h2d(),
                 d2h_gbps: l.d2h_gbps,
             });
         let widths = profile_widths(profile);
@@ -649,7 +649,7 @@ impl CostModel {
             return PerPass::default();
         };
         let gbps = match direction {
-            Direction::HostToDevice => link.h2d_gbps,
+            Direction::HostToDevice => link.act_h2d(),
             Direction::DeviceToHost => link.d2h_gbps,
         };
         let one =

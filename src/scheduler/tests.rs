@@ -117,6 +117,7 @@ fn profile(ops: &[TestOp]) -> Profile {
             pinned_h2d_gbps: None,
             pinned_d2h_gbps: None,
             crossing_us: None,
+            act_h2d_gbps: None,
         }),
         batches: vec![1, 64],
         operators: ops.iter().map(TestOp::entry).collect(),
@@ -171,6 +172,7 @@ fn benefit_is_time_saved_per_mib_with_the_link_correction() {
         pinned_h2d_gbps: None,
         pinned_d2h_gbps: None,
         crossing_us: None,
+        act_h2d_gbps: None,
     });
     let req = PlanRequest::new(Policy::OatoPaper, Budget::Percent(100.0));
     let p = plan(&prof, &req).unwrap();

@@ -435,6 +435,7 @@ API(cuMemFreeAsync)(CUdeviceptr p, void* stream) {
 
 API(cuMemHostAlloc)(void** p, size_t n, unsigned flags) {
     LOCK;
+    logf("cuMemHostAlloc %zu", n);
     void* m = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
     if (!m) return OUT_OF_MEMORY;
     memset(m, 0xFF, n);
@@ -494,7 +495,7 @@ API(cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void* src, size_t n, void* stre
 API(cuMemcpyDtoHAsync_v2)(void* dst, CUdeviceptr src, size_t n, void* stream) {
     LOCK;
     STICKY;
-    logf("cuMemcpyDtoHAsync %zu bytes from 0x%llx", n, src);
+    logf("cuMemcpyDtoHAsync %zu bytes from 0x%llx (%s)", n, src, is_pinned(dst, n) ? "pinned" : "pageable");
     if (!dev_range(src, n)) {
         return fault(INVALID_VALUE, "device-to-host copy of %zu bytes from 0x%llx is outside every allocation", n, src);
     }
