@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (A lease is now 15 minutes of device time: experiments/gpu-lease.sh spends one in priority order.
+# This script and gpu-hybrid.sh remain the pieces for longer sessions.)
 # Everything a borrowed GPU machine should run, in one command (it has no Rust toolchain and no
 # network): the GPU selftest and its --perf table (with prefill attention tiled and per token,
 # kernel launches one by one against a CUDA graph, and quantised prefill GEMMs by the int8 kernels

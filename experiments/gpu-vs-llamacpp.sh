@@ -16,7 +16,8 @@
 #
 # Env: OATO_BIN (target/release/oato), MODEL (/tmp/m/llama3-8b-q4_0.gguf; made with `oato synth`
 #      when missing), LLAMA_BIN (default: the build script's bin directory), REPS (3), THREADS
-#      (nproc), OUT, RAW_DIR (default: a temporary folder), PROMPTS (64,512), GENS (32,128).
+#      (nproc), OUT, RAW_DIR (default: a temporary folder), PROMPTS (64,512), GENS (32,128),
+#      VARIANTS (the oato variants above to run, by name; default all eight).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 oato=${OATO_BIN:-target/release/oato}
@@ -44,7 +45,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in default mmvq-direct attn-split-off fuse-off graphs-off flash-prefill-off mmq-on mmq-off; do
+for variant in ${VARIANTS:-default mmvq-direct attn-split-off fuse-off graphs-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     mmvq-direct) env=(OATO_CUDA_MMVQ=direct) ;;
@@ -54,6 +55,7 @@ for variant in default mmvq-direct attn-split-off fuse-off graphs-off flash-pref
     flash-prefill-off) env=(OATO_CUDA_FLASH_PREFILL=0) ;;
     mmq-on) env=(OATO_CUDA_MMQ=1) ;;
     mmq-off) env=(OATO_CUDA_MMQ=0) ;;
+    *) echo "error: unknown variant $variant in VARIANTS" >&2; exit 2 ;;
   esac
   echo "== oato bench --device gpu ($variant)" >&2
   env "${env[@]}" "$oato" bench "$model" --device gpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" \

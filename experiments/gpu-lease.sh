@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# The open issues' GPU work for one 15-minute device lease (a start of a minute or more counts), in
+# priority order, in back-to-back `run` calls (the machine goes back 30 s after a call; at most
+# 64 MiB travel a call, the working tree included, so the 94 MiB test model and llama.cpp's CUDA
+# build travel in parts).
+#
+#   here:    experiments/gpu-lease.sh prep
+#            builds target/release/oato and packs it, with the llama.cpp CUDA peer prebuilt here
+#            when present (.carry/llamacpp-cuda-bin.tar.xz from experiments/prebuild-llamacpp-cuda.sh:
+#            about 70 minutes on 2 cores, 42 MB packed; start it early), into .carry/lease-bin.tar;
+#            splits the test model into .carry/q41.partIofN so each call stays under 64 MiB; prints
+#            the calls to make, each "experiments/gpu-lease.sh next" with its carry list, 600 s.
+#   there:   experiments/gpu-lease.sh next      (once per call, in the order prep prints)
+#
+# Every call stashes what it carried under /tmp/lease (kept while the machine stays warm), then
+# runs the stages not yet done, in this order, for as long as its clock allows:
+#   on the 8B synth file (LLaMA3-8B shape Q4_0, P=64, G=32, all cores): selftest --device gpu
+#   (every operator and type against the references: the GPU code written since the last GPU
+#   session has never run on a GPU), synth, profile (link: weight uploads, activation copies both
+#   ways against a pinned copy, crossing), the placement sweep (oato, oato-paper, layer-split at
+#   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
+#   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
+#   OATO_CUDA_MMVQ=direct), selftest --perf (kernel bandwidths, copies staged and direct);
+#   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
+#   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
+#   llama.cpp (issue 13).
+# Without the prebuilt peer, the first call builds llama.cpp on the device (~5 min) before the
+# llama.cpp stages.
+#
+# Each stage has an estimate; one that would pass DEADLINE seconds (default 540, under the
+# device's 600 s a call) since the call began waits for a later call, and one still running at
+# the deadline is killed with its children; $RES/lease.log has each stage's time and fate.
+# Results: $RES (default /tmp/lease/res) come back after every call as $OUT/lease.tgz (the later
+# call's holds the earlier's); commit them under results/.
+# Env: DEADLINE, REPS (2), THREADS (nproc), RES, SYNTH_ARGS (the big file's `oato synth` flags,
+#      default "--shape llama3-8b --type Q4_0 --seed 42"), PEER (1; 0 skips llama.cpp).
+# A dry run without a GPU (the CPU-backed test device for the GPU, a 2-layer file, no peer):
+#   prep, then for each call: OATO_TEST_DEVICE=4000000000 PEER=0 \
+#       SYNTH_ARGS="--shape llama3.2-1b --type Q4_0 --layers 2" experiments/gpu-lease.sh next
+set -euo pipefail
+self=$(realpath "$0")
+cd "$(dirname "$0")/.."
+LEASE=/tmp/lease
+RES=${RES:-$LEASE/res}
+DEADLINE=${DEADLINE:-540}
+REPS=${REPS:-2}
+THREADS=${THREADS:-$(nproc)}
+MODEL8=$LEASE/llama3-8b-q4_0.gguf
+TEST=$LEASE/SmolLM2-135M-Instruct.Q4_1.gguf
+TEST_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+LIMIT=$((64 << 20))
+
+prep() {
+    cargo build --release --quiet
+    scripts/fetch-models.sh >&2
+    mkdir -p .carry
+    local pk=$LEASE.pack
+    rm -rf "$pk"
+    mkdir -p "$pk/lease-bin"
+    xz -c target/release/oato > "$pk/lease-bin/oato.xz"
+    if [ -f .carry/llamacpp-cuda-bin.tar.xz ]; then
+        cp .carry/llamacpp-cuda-bin.tar.xz "$pk/lease-bin/"
+    else
+        echo "note: no .carry/llamacpp-cuda-bin.tar.xz: call a builds llama.cpp on the device" >&2
+        [ -f .carry/llamacpp-src.tar.xz ] || scripts/make-llamacpp-tarball.sh >&2
+        cp .carry/llamacpp-src.tar.xz "$pk/lease-bin/"
+    fi
+    tar -cf .carry/lease-bin.tar -C "$pk" lease-bin
+    rm -rf "$pk"
+    # What travels besides the carried files: tracked and untracked-not-ignored files.
+    local tree bins model first
+    tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null \
+        | awk '{s += $1} END {print s}')
+    bins=$(stat -c %s .carry/lease-bin.tar)
+    model=$(stat -c %s models/SmolLM2-135M-Instruct.Q4_1.gguf)
+    first=$((LIMIT - tree - bins - (1 << 20)))
+    if [ $((LIMIT - tree - bins)) -le 0 ]; then
+        echo "error: the tree ($tree B) and binaries ($bins B) do not fit one call of 64 MiB" >&2
+        exit 1
+    fi
+    [ "$first" -gt 0 ] || first=0
+    rm -f .carry/q41.part*
+    local rest=$((LIMIT - tree - (1 << 20))) sizes=() left=$((model - first)) i=0 n at=0
+    [ "$first" -gt 0 ] && sizes+=("$first") || sizes+=(0)
+    while [ "$left" -gt 0 ]; do
+        local take=$((left < rest ? left : rest))
+        sizes+=("$take")
+        left=$((left - take))
+    done
+    n=${#sizes[@]}
+    [ "${sizes[0]}" -gt 0 ] || n=$((n - 1))
+    echo "tree $tree B, .carry/lease-bin.tar $bins B, model $model B in $n parts" >&2
+    local calls=()
+    for sz in "${sizes[@]}"; do
+        local carry=()
+        [ ${#calls[@]} -eq 0 ] && carry+=('".carry/lease-bin.tar"')
+        if [ "$sz" -gt 0 ]; then
+            i=$((i + 1))
+            dd if=models/SmolLM2-135M-Instruct.Q4_1.gguf of=".carry/q41.part${i}of$n" bs=1M \
+                iflag=skip_bytes,count_bytes skip="$at" count="$sz" status=none
+            at=$((at + sz))
+            carry+=("\".carry/q41.part${i}of$n\"")
+        fi
+        calls+=("run(carry=[$(IFS=,; echo "${carry[*]}" | sed 's/,/, /g')], timeout_s=600, command=\"experiments/gpu-lease.sh next\")")
+    done
+    local k=0
+    for c in "${calls[@]}"; do
+        k=$((k + 1))
+        echo "call $k: $c" >&2
+    done
+    echo "(each at once after the one before; then give_back; results: lease.tgz after each call)" >&2
+}
+
+t0=$SECONDS
+log() { echo "$(date -u +%H:%M:%S) [$((SECONDS - t0)) s] $*" | tee -a "$RES/lease.log" >&2; }
+# stage NAME ESTIMATE_S FUNCTION ARGS...: runs it (in a process of its own, killed with its
+# children at the deadline) unless its estimate would pass the deadline; marks it done.
+stage() {
+    local name=$1 est=$2 s=$SECONDS left rc=0
+    shift 2
+    if [ -f "$RES/done.$name" ]; then return 0; fi
+    left=$((DEADLINE - SECONDS + t0))
+    if [ "$est" -gt "$left" ]; then
+        log "SKIP  $name (needs ~$est s, $left s left)"
+        return 0
+    fi
+    log "start $name (~$est s)"
+    timeout -k 5 "$left" "$self" run-stage "$@" > "$RES/$name.log" 2>&1 || rc=$?
+    touch "$RES/done.$name"
+    case $rc in
+    0) log "ok    $name ($((SECONDS - s)) s)" ;;
+    124 | 137) log "KILLED $name at the deadline ($((SECONDS - s)) s)" ;;
+    *) log "FAIL  $name ($((SECONDS - s)) s, exit $rc): $(tail -n 2 "$RES/$name.log" | tr '\n' ' ')" ;;
+    esac
+}
+header() {
+    echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)," \
+        "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ), oato $("$OATO" --version), $THREADS threads"
+}
+
+OATO=$LEASE/lease-bin/oato
+LLAMA=$LEASE/lease-bin/llama-cuda-bin
+export OATO_CACHE_DIR=$LEASE/cache
+
+# The stages.
+s_selftest() { header; "$OATO" selftest --device gpu; }
+s_synth() {
+    # shellcheck disable=SC2086  # flags
+    "$OATO" synth ${SYNTH_ARGS:---shape llama3-8b --type Q4_0 --seed 42} -o "$MODEL8.tmp" && mv "$MODEL8.tmp" "$MODEL8"
+}
+s_profile() { header; "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b.json"; }
+s_sweep() {
+    for pol in oato oato-paper layer-split; do
+        for b in 25% 50% 75%; do
+            "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget "$b" --policy "$pol" \
+                -o "$RES/plan-$pol-${b%\%}.json" > "$RES/plan-$pol-${b%\%}.txt" 2>&1 || true
+        done
+    done
+    OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b" PLAIN="" THREADS=$THREADS \
+        POLICIES="oato oato-paper layer-split" REPS=$REPS experiments/placement-sweep.sh
+    { header; cat "$RES/placement-sweep-8b.md"; } > "$RES/placement-sweep-8b.header.md"
+}
+s_build_peer() { # only without the prebuilt peer
+    JOBS=16 PREFIX=$LEASE/llamacpp TARBALL=$LEASE/lease-bin/llamacpp-src.tar.xz experiments/build-llamacpp-cuda.sh
+    rm -rf "$LLAMA" && mkdir -p "$LLAMA" && cp -a "$LEASE"/llamacpp/llama.cpp/build/bin/. "$LLAMA/"
+    : > "$LLAMA/RUN-ENV.sh"
+}
+peer_env() { # shellcheck disable=SC1091
+    . "$LLAMA/RUN-ENV.sh"
+}
+s_peer_hybrid() {
+    peer_env
+    MODEL=$MODEL8 LLAMA_BIN=$LLAMA RES=$RES THREADS=$THREADS REPS=$REPS NOPO=0 \
+        experiments/hybrid-vs-llamacpp.sh
+}
+s_kernels() {
+    peer_env
+    OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default graphs-off mmvq-direct" \
+        experiments/gpu-vs-llamacpp.sh
+}
+s_perf() { header; "$OATO" selftest --device gpu --perf; }
+golden() { # name, oato run flags...
+    local name=$1
+    shift
+    python3 experiments/golden_check.py --oato "$OATO" --model "$TEST" --out "$RES/golden-$name.json" -- "$@"
+}
+s_golden_gpu() { golden gpu --device gpu; }
+s_golden_graphs_off() { OATO_CUDA_GRAPHS=0 golden gpu-graphs-off --device gpu; }
+s_golden_hybrid() { # policy, budget
+    golden "$1-${2%\%}" --vram-budget "$2" --policy "$1"
+}
+s_cpu_xeon() {
+    peer_env
+    OATO_BIN=$OATO MODEL=$MODEL8 RES=$RES LLAMA_BIN=$LLAMA CPU_THREADS="8 16" ROUNDS=1 experiments/gpu-hybrid.sh cpu
+}
+peer_ready() { [ "${PEER:-1}" = 1 ] && [ -x "$LLAMA/llama-bench" ]; }
+stages_8b() {
+    stage selftest 90 s_selftest
+    stage synth 90 s_synth
+    if [ "${PEER:-1}" = 1 ] && ! peer_ready && [ -f "$LEASE/lease-bin/llamacpp-src.tar.xz" ]; then
+        stage build_peer 320 s_build_peer
+    fi
+    [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
+    stage profile 90 s_profile
+    [ -f "$RES/profile-8b.json" ] && stage sweep 200 s_sweep
+    if peer_ready; then
+        stage peer_hybrid 90 s_peer_hybrid
+        stage kernels 120 s_kernels
+    fi
+    stage perf 90 s_perf
+}
+stages_golden() {
+    stage golden_gpu 40 s_golden_gpu
+    stage golden_oato_50 40 s_golden_hybrid oato 50%
+    stage golden_layer_split_25 30 s_golden_hybrid layer-split 25%
+    stage golden_graphs_off 40 s_golden_graphs_off
+    stage golden_oato_paper_75 30 s_golden_hybrid oato-paper 75%
+    stage golden_flexgen_50 30 s_golden_hybrid flexgen 50%
+    local pb
+    for pb in "oato 25%" "oato 75%" "layer-split 50%" "layer-split 75%" "oato-paper 25%" "oato-paper 50%"; do
+        set -- $pb
+        stage "golden_${1//-/_}_${2%\%}" 30 s_golden_hybrid "$1" "$2"
+    done
+}
+# Stashes what this call carried; assembles the test model once every part is here.
+stash() {
+    if [ -f .carry/lease-bin.tar ] && [ ! -x "$OATO" ]; then
+        tar -xf .carry/lease-bin.tar -C "$LEASE"
+        xz -dc "$LEASE/lease-bin/oato.xz" > "$OATO.tmp" && chmod +x "$OATO.tmp" && mv "$OATO.tmp" "$OATO"
+        if [ -f "$LEASE/lease-bin/llamacpp-cuda-bin.tar.xz" ]; then
+            tar -xJf "$LEASE/lease-bin/llamacpp-cuda-bin.tar.xz" -C "$LEASE/lease-bin"
+        fi
+    fi
+    local p n
+    for p in .carry/q41.part*of*; do
+        [ -f "$p" ] && cp "$p" "$LEASE/"
+    done
+    [ -f "$TEST" ] && return 0
+    n=$(find "$LEASE" -maxdepth 1 -name 'q41.part*of*' | head -1 | sed 's/.*of\([0-9]*\)$/\1/')
+    [ -n "$n" ] || return 0
+    for i in $(seq "$n"); do [ -f "$LEASE/q41.part${i}of$n" ] || return 0; done
+    for i in $(seq "$n"); do cat "$LEASE/q41.part${i}of$n"; done > "$TEST.tmp"
+    echo "$TEST_SHA  $TEST.tmp" | sha256sum -c --status || { log "the reassembled test model's sha256 differs"; return 1; }
+    mv "$TEST.tmp" "$TEST"
+    log "test model assembled from $n parts"
+}
+
+case ${1:-} in
+prep) prep ;;
+run-stage)
+    shift
+    unset OUT # the scripts a stage runs would put archives of their own there
+    "$@"
+    ;;
+next)
+    mkdir -p "$LEASE" "$RES"
+    log "call on $(hostname)"
+    stash
+    [ -x "$OATO" ] || { log "error: $OATO missing (the first call, carrying .carry/lease-bin.tar, did not run on this machine)"; exit 1; }
+    stages_8b
+    [ -f "$TEST" ] && stages_golden
+    [ -f "$MODEL8" ] && peer_ready && stage cpu_xeon 240 s_cpu_xeon
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then tar czf "$OUT/lease.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; fi
+    ;;
+*)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
