@@ -73,22 +73,21 @@ prep() {
         | awk '{s += $1} END {print s}')
     bins=$(stat -c %s .carry/lease-bin.tar)
     model=$(stat -c %s models/SmolLM2-135M-Instruct.Q4_1.gguf)
-    first=$((LIMIT - tree - bins - (1 << 20)))
     if [ $((LIMIT - tree - bins)) -le 0 ]; then
         echo "error: the tree ($tree B) and binaries ($bins B) do not fit one call of 64 MiB" >&2
         exit 1
     fi
-    [ "$first" -gt 0 ] || first=0
-    rm -f .carry/q41.part*
-    local rest=$((LIMIT - tree - (1 << 20))) sizes=() left=$((model - first)) i=0 n at=0
-    [ "$first" -gt 0 ] && sizes+=("$first") || sizes+=(0)
+    # Bytes of the model each call carries: the first beside the binaries (maybe none), the
+    # others as much as a call takes.
+    first=$((LIMIT - tree - bins - (1 << 20)))
+    first=$((first < 0 ? 0 : first < model ? first : model))
+    local rest=$((LIMIT - tree - (1 << 20))) sizes=("$first") left=$((model - first)) i=0 at=0 n=0
     while [ "$left" -gt 0 ]; do
-        local take=$((left < rest ? left : rest))
-        sizes+=("$take")
-        left=$((left - take))
+        sizes+=("$((left < rest ? left : rest))")
+        left=$((left - ${sizes[-1]}))
     done
-    n=${#sizes[@]}
-    [ "${sizes[0]}" -gt 0 ] || n=$((n - 1))
+    for sz in "${sizes[@]}"; do n=$((n + (sz > 0))); done
+    rm -f .carry/q41.part*
     echo "tree $tree B, .carry/lease-bin.tar $bins B, model $model B in $n parts" >&2
     local calls=()
     for sz in "${sizes[@]}"; do

@@ -372,6 +372,35 @@ pub trait HostMemory: Send + Sync {
     unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
 }
 
+/// The live allocations of a [`HostMemory`] (start address to length in bytes), so its device
+/// can tell a host slice inside one from ordinary memory.
+#[derive(Default)]
+pub struct HostRanges(std::sync::Mutex<std::collections::BTreeMap<usize, usize>>);
+
+impl HostRanges {
+    pub fn insert(&self, ptr: NonNull<u8>, bytes: usize) {
+        if let Ok(mut r) = self.0.lock() {
+            r.insert(ptr.as_ptr() as usize, bytes);
+        }
+    }
+
+    pub fn remove(&self, ptr: NonNull<u8>) {
+        if let Ok(mut r) = self.0.lock() {
+            r.remove(&(ptr.as_ptr() as usize));
+        }
+    }
+
+    /// Whether `bytes` bytes at `ptr` lie inside one allocation.
+    pub fn holds(&self, ptr: *const u8, bytes: usize) -> bool {
+        let a = ptr as usize;
+        self.0.lock().is_ok_and(|r| {
+            r.range(..=a)
+                .next_back()
+                .is_some_and(|(&s, &n)| a.checked_add(bytes).is_some_and(|e| e <= s + n))
+        })
+    }
+}
+
 /// `len` f32 elements in a [`HostMemory`], zeroed when made; given back on drop.
 pub struct HostBuf {
     ptr: NonNull<f32>,
@@ -387,7 +416,8 @@ unsafe impl Sync for HostBuf {}
 impl HostBuf {
     /// `len` zeroed elements from `mem`, or `None` when it has none to give.
     pub fn new(mem: &Arc<dyn HostMemory>, len: usize) -> Option<HostBuf> {
-        let bytes = len.checked_mul(4)?.max(4);
+        len.checked_mul(4)?;
+        let bytes = Self::bytes(len);
         let ptr = mem.alloc(bytes)?.cast::<f32>();
         if !ptr.as_ptr().is_aligned() {
             // SAFETY: from `alloc` with these bytes, not used again.
@@ -401,6 +431,11 @@ impl HostBuf {
             len,
             mem: mem.clone(),
         })
+    }
+
+    /// What `len` elements take from the memory (at least one element's worth).
+    fn bytes(len: usize) -> usize {
+        (len * 4).max(4)
     }
 }
 
@@ -422,7 +457,7 @@ impl std::ops::DerefMut for HostBuf {
 impl Drop for HostBuf {
     fn drop(&mut self) {
         // SAFETY: allocated by `mem` with this size in `new`, dropped once.
-        unsafe { self.mem.free(self.ptr.cast(), (self.len * 4).max(4)) };
+        unsafe { self.mem.free(self.ptr.cast(), Self::bytes(self.len)) };
     }
 }
 

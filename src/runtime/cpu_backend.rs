@@ -31,6 +31,25 @@ pub(crate) enum HostVec {
     Pinned(HostBuf),
 }
 
+impl HostVec {
+    /// The f32 elements, wherever they live; `None` for f16.
+    fn f32s(&self) -> Option<&[f32]> {
+        match self {
+            HostVec::F32(v) => Some(v),
+            HostVec::Pinned(v) => Some(v),
+            HostVec::F16(_) => None,
+        }
+    }
+
+    fn f32s_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            HostVec::F32(v) => Some(v),
+            HostVec::Pinned(v) => Some(v),
+            HostVec::F16(_) => None,
+        }
+    }
+}
+
 struct CpuTensor {
     v: HostVec,
     _res: Reservation,
@@ -112,20 +131,16 @@ impl CpuBackend {
 
     fn f32s<'a>(&self, t: &'a Tensor, need: usize, what: &str) -> Result<&'a [f32]> {
         check_tensor(t, self.id, need, what)?;
-        match &storage::<CpuTensor>(t, what)?.v {
-            HostVec::F32(v) => Ok(&v[..need]),
-            HostVec::Pinned(v) => Ok(&v[..need]),
-            HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
-        }
+        let v = storage::<CpuTensor>(t, what)?.v.f32s();
+        v.map(|v| &v[..need])
+            .ok_or_else(|| Error::Msg(format!("{what}: f16 tensor where f32 expected")))
     }
 
     fn f32s_mut<'a>(&self, t: &'a mut Tensor, need: usize, what: &str) -> Result<&'a mut [f32]> {
         check_tensor(t, self.id, need, what)?;
-        match &mut storage_mut::<CpuTensor>(t, what)?.v {
-            HostVec::F32(v) => Ok(&mut v[..need]),
-            HostVec::Pinned(v) => Ok(&mut v[..need]),
-            HostVec::F16(_) => Err(Error::Msg(format!("{what}: f16 tensor where f32 expected"))),
-        }
+        let v = storage_mut::<CpuTensor>(t, what)?.v.f32s_mut();
+        v.map(|v| &mut v[..need])
+            .ok_or_else(|| Error::Msg(format!("{what}: f16 tensor where f32 expected")))
     }
 
     fn f16s_mut<'a>(&self, t: &'a mut Tensor, what: &str) -> Result<&'a mut Vec<f16>> {
@@ -330,20 +345,17 @@ impl Backend for CpuBackend {
     }
 
     fn host_f32<'a>(&self, t: &'a Tensor) -> Option<&'a [f32]> {
-        match &t.data.downcast_ref::<CpuTensor>()?.v {
-            HostVec::F32(v) if t.device == self.id => Some(v),
-            HostVec::Pinned(v) if t.device == self.id => Some(v),
-            _ => None,
+        if t.device != self.id {
+            return None;
         }
+        t.data.downcast_ref::<CpuTensor>()?.v.f32s()
     }
 
     fn host_f32_mut<'a>(&self, t: &'a mut Tensor) -> Option<&'a mut [f32]> {
-        let id = t.device;
-        match &mut t.data.downcast_mut::<CpuTensor>()?.v {
-            HostVec::F32(v) if id == self.id => Some(v),
-            HostVec::Pinned(v) if id == self.id => Some(v),
-            _ => None,
+        if t.device != self.id {
+            return None;
         }
+        t.data.downcast_mut::<CpuTensor>()?.v.f32s_mut()
     }
 
     fn matmul(

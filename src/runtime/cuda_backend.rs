@@ -139,10 +139,13 @@ struct Scratch {
     /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
     /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
     q8_holds: Option<(u64, usize)>,
-    /// Recorded after the last direct copy between the device and page-locked activation
-    /// memory (`PageLocked`), and whether a host-to-device one may not have run yet.
-    direct: Option<CudaEvent>,
-    direct_pending: bool,
+}
+
+/// Recorded after the last direct copy between the device and page-locked activation memory
+/// (`PageLocked`), and whether a host-to-device one may not have run yet.
+struct DirectCopies {
+    event: CudaEvent,
+    pending: bool,
 }
 
 struct CudaTensor {
@@ -186,6 +189,7 @@ pub struct CudaBackend {
     host: Mutex<HostRegistrations>,
     /// Page-locked memory for the CPU's activation buffers (DESIGN.md rule 8).
     page_locked: Arc<PageLocked>,
+    direct: Mutex<DirectCopies>,
     /// Kernel compilation (or cache loading) at start-up, excluded from every measurement.
     pub compile_ms: f64,
     pub kernels_from_cache: usize,
@@ -613,6 +617,7 @@ impl CudaBackend {
             Pinned::new(&ctx, PINNED_BYTES)?,
         ];
         let host_ctx = ctx.clone();
+        let ctx_event = ctx.new_event(None).map_err(drv("event"))?;
         let launcher = Launcher::new(ctx.clone(), stream.cu_stream());
         Ok(CudaBackend {
             id: next_backend_id(),
@@ -637,6 +642,10 @@ impl CudaBackend {
                 files: Vec::new(),
             }),
             page_locked: Arc::new(PageLocked::new(host_ctx)),
+            direct: Mutex::new(DirectCopies {
+                event: ctx_event,
+                pending: false,
+            }),
             compile_ms,
             kernels_from_cache: from_cache,
         })
@@ -739,14 +748,14 @@ impl CudaBackend {
     /// queued on the compute stream. It returns before the DMA has run: `host_reads_done` waits.
     fn write_direct(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.launcher.flush()?;
-        let mut s = self.scratch()?;
+        let mut d = self.direct()?;
         // SAFETY: `dst..dst + src.len()` lies inside the destination allocation; `src` is
         // page-locked and its owner does not change or free it before `host_reads_done` (the
         // executor's `settle`; `PageLocked::free` synchronises).
         unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.cu_stream()) }
             .map_err(drv("host to device copy"))?;
-        self.record_direct(&mut s)?;
-        s.direct_pending = true;
+        d.event.record(&self.stream).map_err(drv("event record"))?;
+        d.pending = true;
         Ok(())
     }
 
@@ -754,28 +763,21 @@ impl CudaBackend {
     /// return (and so is every direct write before it: same stream).
     fn read_direct(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         self.launcher.flush()?;
-        let mut s = self.scratch()?;
+        let mut d = self.direct()?;
         // SAFETY: `src..src + dst.len()` lies inside the source allocation; `dst` is page-locked
         // and is not touched before the event recorded next has fired (waited for below).
         unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.cu_stream()) }
             .map_err(drv("device to host copy"))?;
-        self.record_direct(&mut s)?;
-        if let Some(e) = &s.direct {
-            e.synchronize().map_err(drv("event wait"))?;
-        }
-        s.direct_pending = false;
+        d.event.record(&self.stream).map_err(drv("event record"))?;
+        d.event.synchronize().map_err(drv("event wait"))?;
+        d.pending = false;
         Ok(())
     }
 
-    /// Records `s.direct` (made on first use) on the compute stream.
-    fn record_direct(&self, s: &mut Scratch) -> Result<()> {
-        if s.direct.is_none() {
-            s.direct = Some(self.ctx.new_event(None).map_err(drv("event"))?);
-        }
-        if let Some(e) = &s.direct {
-            e.record(&self.stream).map_err(drv("event record"))?;
-        }
-        Ok(())
+    fn direct(&self) -> Result<MutexGuard<'_, DirectCopies>> {
+        self.direct
+            .lock()
+            .map_err(|_| Error::Msg("CUDA direct copies: lock poisoned".into()))
     }
 
     /// Device address `src` to host bytes, complete on return. Large reads go in chunks through
@@ -1251,7 +1253,7 @@ impl Backend for CudaBackend {
         let p = self.f32ptr(dst, at + src.len(), "write")? + (at * 4) as u64;
         // SAFETY: f32 has no padding; viewing it as bytes is sound.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), src.len() * 4) };
-        if self.page_locked.holds(bytes.as_ptr(), bytes.len()) {
+        if self.page_locked.ranges.holds(bytes.as_ptr(), bytes.len()) {
             return self.write_direct(p, bytes);
         }
         self.upload(p, bytes)
@@ -1263,7 +1265,7 @@ impl Backend for CudaBackend {
         // SAFETY: every byte pattern is a valid f32.
         let bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4) };
-        if self.page_locked.holds(bytes.as_ptr(), bytes.len()) {
+        if self.page_locked.ranges.holds(bytes.as_ptr(), bytes.len()) {
             return self.read_direct(p, bytes);
         }
         self.download(p, bytes)
@@ -1277,13 +1279,11 @@ impl Backend for CudaBackend {
     }
 
     fn host_reads_done(&self) -> Result<()> {
-        let mut s = self.scratch()?;
-        if s.direct_pending {
-            if let Some(e) = &s.direct {
-                self.bind()?;
-                e.synchronize().map_err(drv("event wait"))?;
-            }
-            s.direct_pending = false;
+        let mut d = self.direct()?;
+        if d.pending {
+            self.bind()?;
+            d.event.synchronize().map_err(drv("event wait"))?;
+            d.pending = false;
         }
         Ok(())
     }

@@ -3,16 +3,15 @@
 //! handed to the CPU backend (activations cross by one DMA, no staging copy: DESIGN.md rule 8),
 //! and the threaded host copy into and out of staging.
 
-use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaEvent};
 
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::runtime::backend::HostMemory;
+use crate::runtime::backend::{HostMemory, HostRanges};
 use crate::runtime::cuda_backend::drv;
 
 /// Host copies into pinned staging at least this large are split over threads.
@@ -135,27 +134,15 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
 /// so the CUDA backend copies between them and the device directly.
 pub(crate) struct PageLocked {
     ctx: Arc<CudaContext>,
-    /// Live allocations: start address to length in bytes.
-    ranges: Mutex<BTreeMap<usize, usize>>,
+    pub(crate) ranges: HostRanges,
 }
 
 impl PageLocked {
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Self {
         PageLocked {
             ctx,
-            ranges: Mutex::default(),
+            ranges: HostRanges::default(),
         }
-    }
-
-    /// Whether `bytes` bytes at `ptr` lie inside one allocation of this memory.
-    pub(crate) fn holds(&self, ptr: *const u8, bytes: usize) -> bool {
-        let a = ptr as usize;
-        let Ok(r) = self.ranges.lock() else {
-            return false;
-        };
-        r.range(..=a)
-            .next_back()
-            .is_some_and(|(&s, &n)| a.checked_add(bytes).is_some_and(|e| e <= s + n))
     }
 }
 
@@ -165,14 +152,12 @@ impl HostMemory for PageLocked {
         // SAFETY: a fresh page-locked allocation of `bytes` bytes.
         let p = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }.ok()?;
         let p = NonNull::new(p.cast::<u8>())?;
-        self.ranges.lock().ok()?.insert(p.as_ptr() as usize, bytes);
+        self.ranges.insert(p, bytes);
         Some(p)
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
-        if let Ok(mut r) = self.ranges.lock() {
-            r.remove(&(ptr.as_ptr() as usize));
-        }
+        self.ranges.remove(ptr);
         let _ = self.ctx.bind_to_thread();
         // The device may still be reading it (a `write` returns before its DMA has run).
         let _ = self.ctx.synchronize();

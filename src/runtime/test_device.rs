@@ -5,7 +5,7 @@
 //! CPU backend host memory for its activation buffers, and it checks what a real device's DMA
 //! needs of that memory: bytes a `write` took from it stay unchanged until `host_reads_done`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
@@ -14,8 +14,8 @@ use crate::gguf::GgufFile;
 use crate::model::{RopeParams, WeightRef};
 use crate::quant::GgmlType;
 use crate::runtime::backend::{
-    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, HostMemory, MemInfo, Stopwatch,
-    Tensor, Usage, Weight,
+    AttnCall, Backend, Category, ColCopy, DType, DeviceKind, HostMemory, HostRanges, MemInfo,
+    Stopwatch, Tensor, Usage, Weight,
 };
 use crate::runtime::cpu_backend::CpuBackend;
 
@@ -33,21 +33,12 @@ pub struct TestDevice {
 /// bytes `write`s took from them that a real device might not have read yet ("lent").
 #[derive(Default)]
 pub struct TestHostMemory {
-    ranges: Mutex<BTreeMap<usize, usize>>,
+    ranges: HostRanges,
     /// Each lent range: its address and its elements when the `write` took them.
     lent: Mutex<Vec<(usize, Vec<f32>)>>,
 }
 
 impl TestHostMemory {
-    fn holds(&self, ptr: *const u8, bytes: usize) -> bool {
-        let a = ptr as usize;
-        self.ranges.lock().is_ok_and(|r| {
-            r.range(..=a)
-                .next_back()
-                .is_some_and(|(&s, &n)| a + bytes <= s + n)
-        })
-    }
-
     /// An error if a lent range changed since its `write` (the host wrote it before
     /// `host_reads_done`: a real device's DMA could have read the new bytes). `release` also
     /// forgets the ranges.
@@ -83,7 +74,7 @@ impl HostMemory for TestHostMemory {
         let layout = std::alloc::Layout::from_size_align(bytes.max(1), HOST_ALIGN).ok()?;
         // SAFETY: a non-zero size.
         let p = NonNull::new(unsafe { std::alloc::alloc(layout) })?;
-        self.ranges.lock().ok()?.insert(p.as_ptr() as usize, bytes);
+        self.ranges.insert(p, bytes);
         Some(p)
     }
 
@@ -96,9 +87,7 @@ impl HostMemory for TestHostMemory {
         if let Ok(mut lent) = self.lent.lock() {
             lent.retain(|(a, _)| *a < start || *a >= start + bytes);
         }
-        if let Ok(mut r) = self.ranges.lock() {
-            r.remove(&start);
-        }
+        self.ranges.remove(ptr);
         if let Ok(layout) = std::alloc::Layout::from_size_align(bytes.max(1), HOST_ALIGN) {
             // SAFETY: allocated in `alloc` with this layout (the caller's contract).
             unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
@@ -176,7 +165,7 @@ impl Backend for TestDevice {
     }
     fn write(&self, dst: &mut Tensor, at: usize, src: &[f32]) -> Result<()> {
         self.host.check(false)?;
-        if self.host.holds(src.as_ptr().cast(), src.len() * 4)
+        if self.host.ranges.holds(src.as_ptr().cast(), src.len() * 4)
             && let Ok(mut lent) = self.host.lent.lock()
         {
             lent.push((src.as_ptr() as usize, src.to_vec()));
