@@ -203,8 +203,8 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
 }
 
 /// A Q4_0 model gives the same perplexity, to the last digit, with its weights interleaved for
-/// the AVX-512 kernels (the default there), in the file's layout (`OATO_CPU_REPACK=0`), mapped
-/// and read in; and the same greedy ids on the CPU and a placed test device (which keeps the
+/// the AVX-512 or AVX2 kernels (the default there), in the file's layout (`OATO_CPU_REPACK=0`),
+/// mapped and read in, under AVX2 and the scalar kernels; and the same greedy ids on the CPU and a placed test device (which keeps the
 /// file's layout).
 #[test]
 fn q4_0_interleaved_or_not_gives_the_same_numbers() {
@@ -250,6 +250,7 @@ fn interleaved_or_not(ty: &str) {
         (&["--mmap"][..], &[][..]),
         (&["--no-mmap"][..], &[][..]),
         (&["--mmap"][..], &[("OATO_CPU_ISA", "avx2")][..]),
+        (&[][..], &[("OATO_CPU_ISA", "scalar")][..]),
     ] {
         assert_eq!(ppl(extra, env)["ppl"], base["ppl"], "{extra:?} {env:?}");
     }

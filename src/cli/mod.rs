@@ -47,10 +47,10 @@ pub struct LoadArgs {
     /// Read the whole model into memory backed by huge pages instead of mapping the file, as
     /// llama.cpp's --no-mmap: more memory and a slower start. By default the file is mapped and,
     /// when it takes at most half of the available memory, the CPU copies only the weights it
-    /// runs into huge pages (Q4_0 interleaved for the AVX-512 kernels in any case)
+    /// runs into huge pages (Q4_0 interleaved for the AVX-512 and AVX2 kernels in any case)
     #[arg(long = "no-mmap", conflicts_with = "mmap")]
     pub no_mmap: bool,
-    /// Map the model file and read the CPU's weights from the map (Q4_0 weights the AVX-512
+    /// Map the model file and read the CPU's weights from the map (Q4_0 weights the AVX-512 or AVX2
     /// kernels interleave are still copies)
     #[arg(long)]
     pub mmap: bool,

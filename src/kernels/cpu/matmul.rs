@@ -424,8 +424,9 @@ impl<'a> RowJob<'a> {
         self.w.layout == Layout::Interleaved
     }
 
-    /// Rows `rows` of an interleaved matrix: by `repack`'s kernels under AVX-512 (`panels`
-    /// holding what they need of the activations), else row by row through the file's layout.
+    /// Rows `rows` of an interleaved matrix: by `repack`'s kernels where the kernels in use read
+    /// this type interleaved (`panels` holding what they need of the activations), else row by
+    /// row through the file's layout.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn run_interleaved(
         &self,
@@ -434,7 +435,7 @@ impl<'a> RowJob<'a> {
         rows: std::ops::Range<usize>,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(p) = panels.filter(|_| isa() == super::Isa::Avx512) {
+        if let Some(p) = panels.filter(|_| super::repack::kernels_for(self.w.ty, isa())) {
             if self.interleaved_panels(acts.n_tok) {
                 // Whole groups; a group's rows outside `rows` are another task's.
                 let whole = rows.start / super::repack::ROWS * super::repack::ROWS

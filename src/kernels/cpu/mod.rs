@@ -24,6 +24,8 @@ pub mod pool;
 #[cfg(target_arch = "x86_64")]
 pub mod qwide;
 pub mod repack;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod repack_avx2;
 pub mod scalar;
 mod spare;
 #[cfg(target_arch = "x86_64")]

@@ -44,7 +44,7 @@ pub const ROWS: usize = 16;
 const BLOCK: usize = 18;
 
 /// Bytes of one block's quants for the group.
-const QUANTS: usize = 256;
+pub(crate) const QUANTS: usize = 256;
 
 /// Bytes of one block's scales for the group.
 pub(crate) const SCALES: usize = 32;
@@ -94,30 +94,40 @@ impl Slab {
 
 /// Where Q4_0 block b's quants start in a group of `nb` blocks.
 #[inline(always)]
-const fn q4_0_quants(b: usize) -> usize {
+pub(crate) const fn q4_0_quants(b: usize) -> usize {
     b / 2 * 2 * (QUANTS + SCALES) + b % 2 * QUANTS
 }
 
 /// Where Q4_0 block b's scales start in a group of `nb` blocks (after the pair's quants; a last
 /// unpaired block's right after its quants).
 #[inline(always)]
-const fn q4_0_scales(nb: usize, b: usize) -> usize {
+pub(crate) const fn q4_0_scales(nb: usize, b: usize) -> usize {
     let pair = b / 2 * 2;
     let n = if nb - pair < 2 { nb - pair } else { 2 };
     pair * (QUANTS + SCALES) + n * QUANTS + b % 2 * SCALES
 }
 
-/// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: Q4_0,
-/// or a K-quant with whole groups of rows, on a CPU running the AVX-512 kernels, unless
+/// Whether the CPU keeps a weight of type `ty`, `n` rows of `k`, in the interleaved layout: whole
+/// groups of rows of a type the kernels in use read interleaved ([`kernels_for`]), unless
 /// `OATO_CPU_REPACK=0`.
 pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
-    interleaves(ty)
+    kernels_for(ty, super::isa())
         && n > 0
         && n.is_multiple_of(ROWS)
         && k > 0
         && k.is_multiple_of(ty.block_size())
-        && super::isa() == super::Isa::Avx512
         && enabled()
+}
+
+/// Whether `isa`'s kernels read weights of type `ty` in the interleaved layout: AVX-512's every
+/// type that [`interleaves`], AVX2's Q4_0 (`repack_avx2`). Under other kernels an interleaved
+/// matrix is read back row by row into the file's layout.
+pub fn kernels_for(ty: GgmlType, isa: super::Isa) -> bool {
+    match isa {
+        super::Isa::Avx512 => interleaves(ty),
+        super::Isa::Avx2 => ty == GgmlType::Q4_0,
+        super::Isa::Scalar => false,
+    }
 }
 
 /// Whether the interleaved layout and its kernels exist for weights of type `ty`.
@@ -463,8 +473,8 @@ use kernels::hint_is_nta;
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::{
-    iq4_bytes, iq4_table, iq4_xs_scale, q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants,
-    q6_quants, q6_word, q6_words, run_rows, signed_byte,
+    Part, iq4_bytes, iq4_table, iq4_xs_scale, prefetch_ahead, prefetch_q4_0, q2_head, q2_quants,
+    q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words, run_rows, signed_byte,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -484,7 +494,7 @@ mod kernels {
     /// Rows `rows` of the interleaved matrix `packed` (type `ty`, rows of `acts.k`) against
     /// every token of `acts` (its `vec_dot_type`), into `out`; `extra` is made from `acts`. A
     /// group only partly inside `rows` is computed whole and only its rows inside are written.
-    /// AVX-512 CPUs only.
+    /// Only where the kernels in use read `ty` interleaved ([`super::kernels_for`]).
     pub(crate) fn run_rows(
         ty: GgmlType,
         acts: &QuantizedActs,
@@ -493,7 +503,11 @@ mod kernels {
         rows: Range<usize>,
         out: &Out,
     ) {
-        assert!(crate::kernels::cpu::Isa::Avx512.supported());
+        let isa = crate::kernels::cpu::isa();
+        assert!(
+            isa.supported() && super::kernels_for(ty, isa),
+            "repack: {ty} under {isa:?}"
+        );
         assert_eq!(
             acts.ty,
             ty.vec_dot_type(),
@@ -527,7 +541,8 @@ mod kernels {
                 .map(|t| &blocks::<B>(acts.row(t))[sl.b0..sl.b0 + sl.nb])
                 .collect()
         }
-        // SAFETY (the kernels below): AVX-512 is present (asserted); each group holds
+        // SAFETY (the kernels below): the ISA they are compiled for is present (asserted:
+        // AVX-512, or AVX2 for Q4_0's `repack_avx2` kernels); each group holds
         // `part.nb` blocks, every token's blocks from the slab's first as many (and the sums
         // from there of each token's `nb`; asserted); rows r0 + lo..r0 + hi of every token are
         // inside the output (the caller's contract: `rows` inside the matrix, `out` holding
@@ -540,10 +555,19 @@ mod kernels {
                     n_tok * nb,
                     "repack: -8Σy of other activations"
                 );
-                let kernels: [Q4Fn; 3] = if ty == GgmlType::Q4_0 {
-                    [tokens::<1, false>, tokens::<2, false>, tokens::<4, false>]
-                } else {
-                    [tokens::<1, true>, tokens::<2, true>, tokens::<4, true>]
+                use crate::kernels::cpu::repack_avx2;
+                let kernels: [Q4Fn; 3] = match (ty, isa) {
+                    (GgmlType::Q4_0, crate::kernels::cpu::Isa::Avx512) => {
+                        [tokens::<1, false>, tokens::<2, false>, tokens::<4, false>]
+                    }
+                    // Both halves of a group per pass for one and two tokens, one half per pass
+                    // for four.
+                    (GgmlType::Q4_0, _) => [
+                        repack_avx2::tokens::<1, 2>,
+                        repack_avx2::tokens::<2, 2>,
+                        repack_avx2::tokens::<4, 1>,
+                    ],
+                    _ => [tokens::<1, true>, tokens::<2, true>, tokens::<4, true>],
                 };
                 // Decode too: whole groups one at a time, each one forward stream.
                 for (sl, part, packed) in slabs() {
@@ -611,10 +635,10 @@ mod kernels {
     /// slab's first block) go from token to token; `acc`: whether the outputs start from what
     /// the slab before left in them (else from zero).
     #[derive(Clone, Copy)]
-    struct Part {
-        nb: usize,
-        stride: usize,
-        acc: bool,
+    pub(crate) struct Part {
+        pub(crate) nb: usize,
+        pub(crate) stride: usize,
+        pub(crate) acc: bool,
     }
 
     /// The sums a kernel starts from for token `t`'s rows `r0..r0 + 16` (lanes in `mask`):
@@ -1480,7 +1504,7 @@ mod kernels {
     /// How far ahead of the quants the interleaved kernels prefetch, and how: taken once per
     /// kernel call ([`prefetch_ahead`]), not per line.
     #[derive(Clone, Copy)]
-    struct Ahead {
+    pub(crate) struct Ahead {
         /// Bytes past the current block (0: no prefetch).
         bytes: usize,
         /// The non-temporal hint (AMD's short distance) rather than T1 (Intel's 16 KiB).
@@ -1530,7 +1554,7 @@ mod kernels {
     /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
     /// distance then follows the hint), so that Intel's choice can be measured
     /// (`experiments/gpu-hybrid.sh cpu-prefetch`).
-    fn prefetch_ahead() -> Ahead {
+    pub(crate) fn prefetch_ahead() -> Ahead {
         static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         static HINT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let nta = *HINT.get_or_init(|| {
@@ -1582,7 +1606,7 @@ mod kernels {
     /// group's end they are the next group's (or outside the matrix, where a prefetch does
     /// nothing).
     #[inline(always)]
-    unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: Ahead) {
+    pub(crate) unsafe fn prefetch_q4_0(p: *const u8, b: usize, ahead: Ahead) {
         prefetch_part(p, ahead, QUANTS / 64, 0, 1);
         if ahead.bytes > 0 && b % 2 == 1 {
             ahead.line(p.wrapping_add(ahead.bytes + QUANTS));

@@ -1,0 +1,136 @@
+//! Q4_0 weights in [`repack`](super::repack)'s interleaved layout on CPUs with AVX2 but no
+//! AVX-512. The layout is the AVX-512 kernels' (sixteen rows a group, chunk c of a block holding
+//! in 32-bit lane r the quant bytes `4c..4c + 4` of row r); here each 64-byte chunk is two 256-bit
+//! halves, rows 0..8 and 8..16, so lane r of a half is again one row and no sum crosses lanes.
+//! Per block, token and half, eight `vpmaddubsw` of the unsigned nibbles (0..15) against the
+//! token's four bytes broadcast, added as 16-bit integers (each at most `8 · 2 · 15 · 128 =
+//! 30720`, so exact), one `vpmaddwd` with ones into 32 bits and the block's `-8 Σy` give each row's
+//! exact `isum`; the float step is the single-row kernel's, lane by lane,
+//!
+//! ```text
+//! sumf = fma(d_x * d_y, isum as f32, sumf)        (block order)
+//! ```
+//!
+//! so every output has the bits of `scalar::vec_dot_q4_0_q8_0`, as the AVX-512 kernels'. The
+//! file-layout kernels this replaces on AVX2 (`tile::avx2::q4_0`, `avx2::rows_q4_0`) sum lanes
+//! across registers for every output; llama.cpp repacks Q4_0 on AVX2 as well.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+
+use std::arch::x86_64::*;
+
+use super::matmul::Out;
+use super::repack::{Part, QUANTS, prefetch_ahead, prefetch_q4_0, q4_0_quants, q4_0_scales};
+use crate::quant::blocks::BlockQ8_0;
+
+/// Tokens `t..t + NT` against one Q4_0 group: the sixteen rows' sums of each token, stored to
+/// rows `r0..r0 + 16` (bits of `mask`) of its output row. `H` halves (of eight rows) per pass
+/// over the group's blocks: both at once for few tokens, one at a time for four (whose sixteen
+/// accumulators would not fit the sixteen registers beside the weights).
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `group` holds `part.nb` blocks of sixteen rows in the
+/// interleaved layout; every token `t..t + NT` of `ys` holds that many blocks and `nsum` their
+/// `-8 Σy` at `(t + j) * part.stride + b`; rows `r0..r0 + 16` of those tokens inside `mask` are in
+/// `out` and written by this task only.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tokens<const NT: usize, const H: usize>(
+    group: &[u8],
+    part: Part,
+    ys: &[&[BlockQ8_0]],
+    nsum: &[i32],
+    t: usize,
+    out: &Out,
+    r0: usize,
+    mask: u16,
+) {
+    debug_assert!(group.len() >= part.nb * (QUANTS + super::repack::SCALES));
+    let q = group.as_ptr();
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let ahead = prefetch_ahead();
+    let nb = part.nb;
+    for h0 in (0..2).step_by(H) {
+        let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
+        if masks.iter().all(|&m| m == 0) {
+            continue;
+        }
+        let mut sumf: [[__m256; H]; NT] = std::array::from_fn(|j| {
+            std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
+        });
+        for b in 0..nb {
+            let p = q.add(q4_0_quants(b));
+            let d = q.add(q4_0_scales(nb, b));
+            if h0 == 0 {
+                prefetch_q4_0(p, b, ahead);
+            }
+            for i in 0..H {
+                let half = p.add(32 * (h0 + i));
+                // The eight rows' `d` (f16) to f32.
+                let dx = _mm256_cvtph_ps(_mm_loadu_si128(d.add(16 * (h0 + i)).cast()));
+                let mut s16 = [_mm256_setzero_si256(); NT];
+                for c in 0..4 {
+                    let v = _mm256_loadu_si256(half.add(64 * c).cast());
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    for (j, s) in s16.iter_mut().enumerate() {
+                        let yq = ys.get_unchecked(t + j).get_unchecked(b).qs.as_ptr();
+                        let word = |e: usize| {
+                            _mm256_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()))
+                        };
+                        let pl = _mm256_maddubs_epi16(lo, word(c));
+                        let ph = _mm256_maddubs_epi16(hi, word(4 + c));
+                        *s = _mm256_add_epi16(*s, _mm256_add_epi16(pl, ph));
+                    }
+                }
+                for (j, acc) in sumf.iter_mut().enumerate() {
+                    let y = ys.get_unchecked(t + j).get_unchecked(b);
+                    let ns = _mm256_set1_epi32(*nsum.get_unchecked((t + j) * part.stride + b));
+                    let isum = _mm256_add_epi32(_mm256_madd_epi16(s16[j], ones), ns);
+                    let dd = _mm256_mul_ps(dx, _mm256_set1_ps(super::avx2::h2f(y.d)));
+                    acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc[i]);
+                }
+            }
+        }
+        for (j, acc) in sumf.iter().enumerate() {
+            for i in 0..H {
+                write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
+            }
+        }
+    }
+}
+
+/// Lanes i of a 256-bit mask: all ones where bit i of `bits` is set.
+#[inline(always)]
+unsafe fn lanes(bits: u8) -> __m256i {
+    let each = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits as i32), each), each)
+}
+
+/// The sums a kernel starts from for token t's rows `r..r + 8` (bits of `bits`): zero, or
+/// (`part.acc`) what the slab before stored there.
+#[inline(always)]
+unsafe fn start(out: &Out, part: Part, t: usize, r: usize, bits: u8) -> __m256 {
+    if !part.acc || bits == 0 {
+        return _mm256_setzero_ps();
+    }
+    let p = out.out.0.add(t * out.stride + r);
+    if bits == 0xFF {
+        _mm256_loadu_ps(p)
+    } else {
+        _mm256_maskload_ps(p, lanes(bits))
+    }
+}
+
+/// Token t's rows `r..r + 8`, the lanes in `bits` of `v`, stored.
+#[inline(always)]
+unsafe fn write8(out: &Out, t: usize, r: usize, bits: u8, v: __m256) {
+    let p = out.out.0.add(t * out.stride + r);
+    match bits {
+        0 => {}
+        0xFF => _mm256_storeu_ps(p, v),
+        _ => _mm256_maskstore_ps(p, lanes(bits), v),
+    }
+}
