@@ -120,12 +120,12 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
 }
 
 /// Whether `isa`'s kernels read weights of type `ty` in the interleaved layout: AVX-512's every
-/// type that [`interleaves`], AVX2's Q4_0 (`repack_avx2`). Under other kernels an interleaved
+/// type that [`interleaves`], AVX2's Q4_0 and Q4_K (`repack_avx2`). Under other kernels an interleaved
 /// matrix is read back row by row into the file's layout.
 pub fn kernels_for(ty: GgmlType, isa: super::Isa) -> bool {
     match isa {
         super::Isa::Avx512 => interleaves(ty),
-        super::Isa::Avx2 => ty == GgmlType::Q4_0,
+        super::Isa::Avx2 => matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K),
         super::Isa::Scalar => false,
     }
 }
@@ -473,8 +473,9 @@ use kernels::hint_is_nta;
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::{
-    Part, iq4_bytes, iq4_table, iq4_xs_scale, prefetch_ahead, prefetch_q4_0, q2_head, q2_quants,
-    q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words, run_rows, signed_byte,
+    Part, iq4_bytes, iq4_table, iq4_xs_scale, prefetch_ahead, prefetch_part, prefetch_q4_0,
+    q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words,
+    run_rows, signed_byte,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -542,7 +543,7 @@ mod kernels {
                 .collect()
         }
         // SAFETY (the kernels below): the ISA they are compiled for is present (asserted:
-        // AVX-512, or AVX2 for Q4_0's `repack_avx2` kernels); each group holds
+        // AVX-512, or AVX2 for the `repack_avx2` kernels); each group holds
         // `part.nb` blocks, every token's blocks from the slab's first as many (and the sums
         // from there of each token's `nb`; asserted); rows r0 + lo..r0 + hi of every token are
         // inside the output (the caller's contract: `rows` inside the matrix, `out` holding
@@ -592,7 +593,14 @@ mod kernels {
                     "repack: sums of other activations"
                 );
                 // One, two and four tokens at a time.
+                use crate::kernels::cpu::repack_avx2;
+                let avx2 = isa != crate::kernels::cpu::Isa::Avx512;
                 let kernels: [KFn; 3] = match ty {
+                    GgmlType::Q4_K if avx2 => [
+                        repack_avx2::tokens_q4_k::<1, 2>,
+                        repack_avx2::tokens_q4_k::<2, 2>,
+                        repack_avx2::tokens_q4_k::<4, 1>,
+                    ],
                     GgmlType::Q2_K => [tokens_q2_k::<1>, tokens_q2_k::<2>, tokens_q2_k::<4>],
                     GgmlType::Q3_K => [tokens_q3_k::<1>, tokens_q3_k::<2>, tokens_q3_k::<4>],
                     GgmlType::Q4_K => [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>],
@@ -1493,7 +1501,13 @@ mod kernels {
     /// (Q6_K 2048 x 128256, `examples/matmul_dram`) read 12.5 GB/s with its 52 lines asked at
     /// once, 16.7 in four parts, 22.4 in sixteen.
     #[inline(always)]
-    unsafe fn prefetch_part(p: *const u8, ahead: Ahead, lines: usize, part: usize, parts: usize) {
+    pub(crate) unsafe fn prefetch_part(
+        p: *const u8,
+        ahead: Ahead,
+        lines: usize,
+        part: usize,
+        parts: usize,
+    ) {
         if ahead.bytes > 0 {
             for c in part * lines / parts..(part + 1) * lines / parts {
                 ahead.line(p.wrapping_add(ahead.bytes + 64 * c));

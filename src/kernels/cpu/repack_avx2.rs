@@ -20,8 +20,11 @@
 use std::arch::x86_64::*;
 
 use super::matmul::Out;
-use super::repack::{Part, QUANTS, prefetch_ahead, prefetch_q4_0, q4_0_quants, q4_0_scales};
-use crate::quant::blocks::BlockQ8_0;
+use super::repack::{
+    K4_WORDS, Part, QUANTS, ROWS, prefetch_ahead, prefetch_part, prefetch_q4_0, q4_0_quants,
+    q4_0_scales,
+};
+use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
 /// Tokens `t..t + NT` against one Q4_0 group: the sixteen rows' sums of each token, stored to
 /// rows `r0..r0 + 16` (bits of `mask`) of its output row. `H` halves (of eight rows) per pass
@@ -99,6 +102,169 @@ pub(crate) unsafe fn tokens<const NT: usize, const H: usize>(
                 write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
             }
         }
+    }
+}
+
+/// Tokens `t..t + NT` against one Q4_K group, as [`tokens`] for Q4_0: per super-block and half,
+/// the eight rows' head ([`k4_head`]); per 32-element group j, eight `vpmaddubsw` of the nibbles
+/// (low for even j, high for odd, shifted down; a pair of groups from the same bytes) against the token's four bytes broadcast, added as
+/// 16-bit integers (each at most `30720`), and one `vpmaddwd` with the rows' scale j in both
+/// 16-bit halves of each lane gives `sc_j Σ q y` exactly; the mins' `Σ_j m_j B_j` by four
+/// `vpmaddwd` of the paired mins against the activation's paired 32-element sums
+/// ([`PanelActs`](super::kwide::PanelActs)). The float step is `kquants`' canonical one, lane by
+/// lane: `sumf = fma(d_y * d_x, isum, sumf); sumf = fma(-(d_y * dmin_x), imin, sumf)`.
+///
+/// # Safety
+/// As for [`tokens`], with Q4_K super-blocks and `min_pairs` for `nsum`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tokens_q4_k<const NT: usize, const H: usize>(
+    group: &[u8],
+    part: Part,
+    ys: &[&[BlockQ8K]],
+    min_pairs: &[[i32; 4]],
+    t: usize,
+    out: &Out,
+    r0: usize,
+    mask: u16,
+) {
+    debug_assert!(group.len() >= part.nb * ROWS * 4 * K4_WORDS);
+    let low = _mm256_set1_epi8(0x0F);
+    let ahead = prefetch_ahead();
+    for h0 in (0..2).step_by(H) {
+        let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
+        if masks.iter().all(|&m| m == 0) {
+            continue;
+        }
+        let mut sumf: [[__m256; H]; NT] = std::array::from_fn(|j| {
+            std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
+        });
+        for b in 0..part.nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * K4_WORDS);
+            for i in 0..H {
+                let half = p.add(32 * (h0 + i));
+                let word = |w: usize| _mm256_loadu_si256(half.add(64 * w).cast());
+                let head = k4_head([word(0), word(1), word(2), word(3)]);
+                let mut isum = [_mm256_setzero_si256(); NT];
+                let yq: [*const i8; NT] =
+                    std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr());
+                // Quant bytes 32 pair..32 pair + 32 of the rows: group 2 pair in their low
+                // nibbles, 2 pair + 1 in their high ones.
+                for pair in 0..4 {
+                    if h0 == 0 && i == 0 {
+                        prefetch_part(p, ahead, K4_WORDS, pair, 4);
+                    }
+                    let mut s_lo = [_mm256_setzero_si256(); NT];
+                    let mut s_hi = [_mm256_setzero_si256(); NT];
+                    for c in 0..8 {
+                        let v = word(4 + 8 * pair + c);
+                        let lo = _mm256_and_si256(v, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                        for tk in 0..NT {
+                            let y = |at: usize| {
+                                _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    yq[tk].add(64 * pair + at + 4 * c).cast(),
+                                ))
+                            };
+                            s_lo[tk] = _mm256_add_epi16(s_lo[tk], _mm256_maddubs_epi16(lo, y(0)));
+                            s_hi[tk] = _mm256_add_epi16(s_hi[tk], _mm256_maddubs_epi16(hi, y(32)));
+                        }
+                    }
+                    for tk in 0..NT {
+                        let l = _mm256_madd_epi16(s_lo[tk], head.sc[2 * pair]);
+                        let h = _mm256_madd_epi16(s_hi[tk], head.sc[2 * pair + 1]);
+                        isum[tk] = _mm256_add_epi32(isum[tk], _mm256_add_epi32(l, h));
+                    }
+                }
+                for (tk, acc) in sumf.iter_mut().enumerate() {
+                    let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                    let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
+                    let mut imin = _mm256_setzero_si256();
+                    for (mp, &pair) in head.mp.iter().zip(pairs) {
+                        imin =
+                            _mm256_add_epi32(imin, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
+                    }
+                    let d_y = _mm256_set1_ps(y.d.get());
+                    let a = _mm256_fmadd_ps(
+                        _mm256_mul_ps(d_y, head.d),
+                        _mm256_cvtepi32_ps(isum[tk]),
+                        acc[i],
+                    );
+                    acc[i] = _mm256_fnmadd_ps(
+                        _mm256_mul_ps(d_y, head.dmin),
+                        _mm256_cvtepi32_ps(imin),
+                        a,
+                    );
+                }
+            }
+        }
+        for (j, acc) in sumf.iter().enumerate() {
+            for i in 0..H {
+                write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
+            }
+        }
+    }
+}
+
+/// A Q4_K super-block's head for eight rows: `d`, `dmin`, per 32-element group j the 6-bit scale
+/// in both 16-bit halves of each lane (for `vpmaddwd` against 16-bit sums), and the mins in 16-bit
+/// pairs `(m0, m2)`, `(m1, m3)`, `(m4, m6)`, `(m5, m7)` (as the activation's sums are paired).
+struct K4Head {
+    d: __m256,
+    dmin: __m256,
+    sc: [__m256i; 8],
+    mp: [__m256i; 4],
+}
+
+/// [`K4Head`] from the block's first four words (lane r: row r's d and dmin, then its twelve bytes
+/// of packed scales and mins, unpacked as `kquants::k4_scales` does, lane by lane).
+#[inline(always)]
+unsafe fn k4_head(words: [__m256i; 4]) -> K4Head {
+    let [head, w0, w1, w2] = words;
+    // The low 16 bits of each lane, as eight f16 converted.
+    let f16s = |v: __m256i| {
+        let v = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+        let packed = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        _mm256_cvtph_ps(packed)
+    };
+    let k = |v: u32| _mm256_set1_epi32(v as i32);
+    let (low6, low4, low2) = (k(0x3F3F_3F3F), k(0x0F0F_0F0F), k(0x0303_0303));
+    let top2 = |w| _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(w), low2));
+    let sc_lo = _mm256_and_si256(w0, low6);
+    let sc_hi = _mm256_or_si256(_mm256_and_si256(w2, low4), top2(w0));
+    let m_lo = _mm256_and_si256(w1, low6);
+    let m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), low4), top2(w1));
+    // Byte i of every lane into both of its 16-bit halves.
+    let spread = |v: __m256i, i: i32| {
+        let idx = _mm256_add_epi8(
+            _mm256_set1_epi32(i | (0x80 << 8) | (i << 16) | (0x80 << 24)),
+            _mm256_setr_epi32(
+                0,
+                0x0404_0404,
+                0x0808_0808,
+                0x0C0C_0C0C,
+                0,
+                0x0404_0404,
+                0x0808_0808,
+                0x0C0C_0C0C,
+            ),
+        );
+        _mm256_shuffle_epi8(v, idx)
+    };
+    K4Head {
+        d: f16s(head),
+        dmin: f16s(_mm256_srli_epi32::<16>(head)),
+        sc: std::array::from_fn(|j| spread(if j < 4 { sc_lo } else { sc_hi }, (j % 4) as i32)),
+        mp: std::array::from_fn(|i| {
+            let m = if i < 2 { m_lo } else { m_hi };
+            let m = if i % 2 == 0 {
+                m
+            } else {
+                _mm256_srli_epi32::<8>(m)
+            };
+            _mm256_and_si256(m, k(0x00FF_00FF))
+        }),
     }
 }
 
