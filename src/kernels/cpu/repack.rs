@@ -120,12 +120,12 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
 }
 
 /// Whether `isa`'s kernels read weights of type `ty` in the interleaved layout: AVX-512's every
-/// type that [`interleaves`], AVX2's Q4_0 and Q4_K (`repack_avx2`). Under other kernels an interleaved
-/// matrix is read back row by row into the file's layout.
+/// type that [`interleaves`], AVX2's Q4_0, Q4_K and Q6_K (`repack_avx2`). Under other kernels an
+/// interleaved matrix is read back row by row into the file's layout.
 pub fn kernels_for(ty: GgmlType, isa: super::Isa) -> bool {
     match isa {
         super::Isa::Avx512 => interleaves(ty),
-        super::Isa::Avx2 => matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K),
+        super::Isa::Avx2 => matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K),
         super::Isa::Scalar => false,
     }
 }
@@ -473,7 +473,7 @@ use kernels::hint_is_nta;
 pub use kernels::set_prefetch_ahead;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::{
-    Part, iq4_bytes, iq4_table, iq4_xs_scale, prefetch_ahead, prefetch_part, prefetch_q4_0,
+    Ahead, Part, iq4_bytes, iq4_table, iq4_xs_scale, prefetch_ahead, prefetch_part, prefetch_q4_0,
     q2_head, q2_quants, q3_lane_scales, q3_quants, q5_quants, q6_quants, q6_word, q6_words,
     run_rows, signed_byte,
 };
@@ -601,6 +601,11 @@ mod kernels {
                         repack_avx2::tokens_q4_k::<2, 2>,
                         repack_avx2::tokens_q4_k::<4, 1>,
                     ],
+                    GgmlType::Q6_K if avx2 => [
+                        repack_avx2::tokens_q6_k::<1, 2>,
+                        repack_avx2::tokens_q6_k::<2, 2>,
+                        repack_avx2::tokens_q6_k::<4, 1>,
+                    ],
                     GgmlType::Q2_K => [tokens_q2_k::<1>, tokens_q2_k::<2>, tokens_q2_k::<4>],
                     GgmlType::Q3_K => [tokens_q3_k::<1>, tokens_q3_k::<2>, tokens_q3_k::<4>],
                     GgmlType::Q4_K => [tokens_q4_k::<1>, tokens_q4_k::<2>, tokens_q4_k::<4>],
@@ -614,7 +619,7 @@ mod kernels {
                     let ys = tokens_blocks::<BlockQ8K>(acts, &sl);
                     let pairs = &extra.min_pairs[sl.b0..];
                     let group = sl.group;
-                    if ty == GgmlType::Q6_K && n_tok == 1 {
+                    if ty == GgmlType::Q6_K && n_tok == 1 && !avx2 {
                         // Decode: whole groups two side by side, the others one at a time.
                         let one = |r: Range<usize>| {
                             each_group(r, group, packed, |g, r0, mask| unsafe {
@@ -1526,6 +1531,12 @@ mod kernels {
     }
 
     impl Ahead {
+        /// No prefetch.
+        pub(crate) const NONE: Ahead = Ahead {
+            bytes: 0,
+            nta: false,
+        };
+
         /// The line at `at` asked for with this hint.
         #[inline(always)]
         unsafe fn line(self, at: *const u8) {
@@ -1565,6 +1576,12 @@ mod kernels {
     /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
     /// threads).
     ///
+    /// AVX2's kernels (`repack_avx2`, AMD without AVX-512) ask 1024 bytes ahead: 2 threads of a
+    /// Zen 3 VM, out of cache, 2048 x 8192 (`examples/matmul_dram`, four rounds, each distance
+    /// its own run, this machine's read rate moving 26-33 GB/s between them), GB/s with 256 /
+    /// 1024 bytes: Q4_0 24.7 / 30.4 (0.94 / 1.02 of the plain read), Q4_K 24.6 / 26.0 (0.82 /
+    /// 0.86), Q6_K 21.0 / 23.2 (0.73 / 0.70; none 16.2, 4096 24.4).
+    ///
     /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
     /// distance then follows the hint), so that Intel's choice can be measured
     /// (`experiments/gpu-hybrid.sh cpu-prefetch`).
@@ -1585,7 +1602,12 @@ mod kernels {
         });
         let bytes = match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => *ENV.get_or_init(|| {
-                let default = if nta { 256 } else { 16 << 10 };
+                let avx512 = crate::kernels::cpu::isa() == crate::kernels::cpu::Isa::Avx512;
+                let default = match (nta, avx512) {
+                    (true, true) => 256,
+                    (true, false) => 1024,
+                    (false, _) => 16 << 10,
+                };
                 crate::kernels::cpu::matmul::env_bytes("OATO_CPU_REPACK_PREFETCH", default)
             }),
             bytes => bytes,

@@ -21,8 +21,8 @@ use std::arch::x86_64::*;
 
 use super::matmul::Out;
 use super::repack::{
-    K4_WORDS, Part, QUANTS, ROWS, prefetch_ahead, prefetch_part, prefetch_q4_0, q4_0_quants,
-    q4_0_scales,
+    Ahead, K4_WORDS, Part, Q6_GROUP_BLOCK, Q6_WORDS, QUANTS, ROWS, SCALES, prefetch_ahead,
+    prefetch_part, prefetch_q4_0, q4_0_quants, q4_0_scales, q6_slot,
 };
 use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
@@ -49,7 +49,7 @@ pub(crate) unsafe fn tokens<const NT: usize, const H: usize>(
     r0: usize,
     mask: u16,
 ) {
-    debug_assert!(group.len() >= part.nb * (QUANTS + super::repack::SCALES));
+    debug_assert!(group.len() >= part.nb * (QUANTS + SCALES));
     let q = group.as_ptr();
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -207,6 +207,203 @@ pub(crate) unsafe fn tokens_q4_k<const NT: usize, const H: usize>(
     }
 }
 
+/// Tokens `t..t + NT` against one Q6_K group, as [`tokens`] for Q4_0: per super-block, half and
+/// 16-element group j, the 6-bit quants (0..63, `q + 32`) put together from `ql` and `qh`, four
+/// `vpmaddubsw` against the token's bytes added in pairs as 16-bit integers (each at most
+/// `2 · 2 · 63 · 128 = 32256`), two `vpmaddwd` with the rows' signed scale j in both 16-bit halves
+/// of each lane; the `-32 Σ_j sc_j B_j` (`B_j` the activation's 16-element sums) by eight
+/// `vpmaddwd` of the rows' scales paired against the sums paired as they lie in the block. The
+/// float step is `kquants`' canonical one: `sumf = fma(d_y * d_x, isum, sumf)`.
+///
+/// # Safety
+/// As for [`tokens`], with Q6_K super-blocks (the rows' `d` after the group's blocks).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tokens_q6_k<const NT: usize, const H: usize>(
+    group: &[u8],
+    part: Part,
+    ys: &[&[BlockQ8K]],
+    _min_pairs: &[[i32; 4]],
+    t: usize,
+    out: &Out,
+    r0: usize,
+    mask: u16,
+) {
+    let nb = part.nb;
+    debug_assert!(group.len() >= nb * (Q6_GROUP_BLOCK + SCALES));
+    let ahead = prefetch_ahead();
+    let q = group.as_ptr();
+    for h0 in (0..2).step_by(H) {
+        let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
+        if masks.iter().all(|&m| m == 0) {
+            continue;
+        }
+        let mut sumf: [[__m256; H]; NT] = std::array::from_fn(|j| {
+            std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
+        });
+        for b in 0..nb {
+            let p = q.add(b * Q6_GROUP_BLOCK);
+            let ds = q.add(nb * Q6_GROUP_BLOCK);
+            let first = h0 == 0;
+            if first && b.is_multiple_of(2) {
+                // The next group's `d`, off the stream the hardware prefetcher follows (as
+                // AVX-512's kernel does).
+                let next = b * SCALES + nb * (Q6_GROUP_BLOCK + SCALES);
+                _mm_prefetch::<_MM_HINT_T1>(ds.wrapping_add(next).cast());
+            }
+            let yb: [&BlockQ8K; NT] =
+                std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b));
+            for i in 0..H {
+                let half = p.add(32 * (h0 + i));
+                let dx =
+                    _mm256_cvtph_ps(_mm_loadu_si128(ds.add(b * SCALES + 16 * (h0 + i)).cast()));
+                let ahead = if first && i == 0 { ahead } else { Ahead::NONE };
+                let mut isum = [_mm256_setzero_si256(); NT];
+                q6_quarter::<0, 0, NT>(p, half, ahead, yb, &mut isum);
+                q6_quarter::<0, 1, NT>(p, half, ahead, yb, &mut isum);
+                q6_quarter::<1, 0, NT>(p, half, ahead, yb, &mut isum);
+                q6_quarter::<1, 1, NT>(p, half, ahead, yb, &mut isum);
+                // The scales' offset: isum - 32 Σ_j sc_j B_j.
+                let sw: [__m256i; 4] = std::array::from_fn(|m| q6_word(half, Q6_WORDS - 4 + m));
+                let pair_lo = pairs16(0);
+                let pair_hi = pairs16(2);
+                for ((y, acc), is) in yb.into_iter().zip(sumf.iter_mut()).zip(isum) {
+                    let bs = y.bsums.as_ptr().cast::<u8>();
+                    let mut corr = _mm256_setzero_si256();
+                    for (m, &w) in sw.iter().enumerate() {
+                        for (k, idx) in [pair_lo, pair_hi].into_iter().enumerate() {
+                            let sc = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, idx));
+                            let b = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                bs.add(4 * (2 * m + k)).cast(),
+                            ));
+                            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sc, b));
+                        }
+                    }
+                    let is = _mm256_sub_epi32(is, _mm256_slli_epi32::<5>(corr));
+                    let d_y = _mm256_set1_ps(y.d.get());
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d_y, dx), _mm256_cvtepi32_ps(is), acc[i]);
+                }
+            }
+        }
+        for (j, acc) in sumf.iter().enumerate() {
+            for i in 0..H {
+                write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
+            }
+        }
+    }
+}
+
+/// A byte shuffle's indices putting bytes `i` and `i + 1` of every 32-bit lane into the high
+/// bytes of its two 16-bit halves (an arithmetic shift right by eight then sign-extends them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pairs16(i: i32) -> __m256i {
+    in_lanes((0x80) | (i << 8) | (0x80 << 16) | ((i + 1) << 24))
+}
+
+/// A byte shuffle's indices that take, in every 32-bit lane, the bytes `idx` names of that lane
+/// (four byte indices 0..4, or 0x80 for a zero byte).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn in_lanes(idx: i32) -> __m256i {
+    let e = _mm256_setr_epi32(
+        0,
+        0x0404_0404,
+        0x0808_0808,
+        0x0C0C_0C0C,
+        0,
+        0x0404_0404,
+        0x0808_0808,
+        0x0C0C_0C0C,
+    );
+    _mm256_add_epi8(_mm256_set1_epi32(idx), e)
+}
+
+/// Word `w` (the file's order) of the eight rows' Q6_K block half at `half` (`q6_slot`), loaded
+/// where the kernel asks for it: as an intrinsic, the compiler merged every load of a word (a
+/// `ql` word serves two groups, a `qh` word four) into one, hoisted them to the block's start and
+/// kept them on the stack (10 against 17 GB/s in cache, 1 thread); an `asm!` load with effects
+/// stays where it is.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_word(half: *const u8, w: usize) -> __m256i {
+    let v: __m256i;
+    // SAFETY: the caller's `half` holds the block's 52 words (64 bytes apart, 32 of them read);
+    // AVX is in this function's features.
+    std::arch::asm!(
+        "vmovdqu {v}, ymmword ptr [{p}]",
+        v = out(ymm_reg) v,
+        p = in(reg) half.add(64 * q6_slot(w)),
+        options(readonly, nostack, preserves_flags),
+    );
+    v
+}
+
+/// The four 16-element groups `j = 8 HH + 2 k + S` (k = 0..4) of the eight rows' Q6_K block half
+/// at `half` (the block's sixteen rows at `p`, for the prefetch) against the tokens' blocks `ys`,
+/// `Σ_j sc_j Σ q y` (quants `q + 32`, 0..63) added to `isum`. Elements `128 HH + 32 k + 16 S +
+/// 4 i..+ 4` are in `ql` word `16 HH + 8 (k % 2) + 4 S + i` (low nibbles for k < 2, high for k >=
+/// 2) with bits `2k..2k + 2` of `qh` word `32 + 8 HH + 4 S + i` above: word by word (i), each
+/// read once for the four groups, the products of two words added in 16 bits per group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_quarter<const HH: usize, const S: usize, const NT: usize>(
+    p: *const u8,
+    half: *const u8,
+    ahead: Ahead,
+    ys: [&BlockQ8K; NT],
+    isum: &mut [__m256i; NT],
+) {
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    // Scale of group k: byte (2k + S) % 4 of word 48 + 2 HH + k / 2, in both 16-bit halves,
+    // sign-extended.
+    let sc: [__m256i; 4] = std::array::from_fn(|k| {
+        let b = ((2 * k + S) % 4) as i32;
+        let w = q6_word(half, Q6_WORDS - 4 + 2 * HH + k / 2);
+        let idx = in_lanes(0x80 | (b << 8) | (0x80 << 16) | (b << 24));
+        _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, idx))
+    });
+    for pair in 0..2 {
+        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * HH + S) + 2 * pair, 16);
+        prefetch_part(p, ahead, Q6_WORDS, 4 * (2 * HH + S) + 2 * pair + 1, 16);
+        let mut s16 = [[_mm256_setzero_si256(); 4]; NT];
+        for i in 2 * pair..2 * pair + 2 {
+            let ql = [
+                q6_word(half, 16 * HH + 4 * S + i),
+                q6_word(half, 16 * HH + 8 + 4 * S + i),
+            ];
+            let qh = q6_word(half, 32 + 8 * HH + 4 * S + i);
+            for k in 0..4 {
+                let lo = if k < 2 {
+                    ql[k % 2]
+                } else {
+                    _mm256_srli_epi32::<4>(ql[k % 2])
+                };
+                let hi = match k {
+                    0 => _mm256_slli_epi32::<4>(qh),
+                    1 => _mm256_slli_epi32::<2>(qh),
+                    2 => qh,
+                    _ => _mm256_srli_epi32::<2>(qh),
+                };
+                let z = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                let j = 8 * HH + 2 * k + S;
+                for (y, s) in ys.into_iter().zip(s16.iter_mut()) {
+                    let yq = y.qs.as_ptr().add(16 * j + 4 * i).cast::<i32>();
+                    let w = _mm256_set1_epi32(yq.read_unaligned());
+                    s[k] = _mm256_add_epi16(s[k], _mm256_maddubs_epi16(z, w));
+                }
+            }
+        }
+        for (s, is) in s16.into_iter().zip(isum.iter_mut()) {
+            for k in 0..4 {
+                *is = _mm256_add_epi32(*is, _mm256_madd_epi16(s[k], sc[k]));
+            }
+        }
+    }
+}
+
 /// A Q4_K super-block's head for eight rows: `d`, `dmin`, per 32-element group j the 6-bit scale
 /// in both 16-bit halves of each lane (for `vpmaddwd` against 16-bit sums), and the mins in 16-bit
 /// pairs `(m0, m2)`, `(m1, m3)`, `(m4, m6)`, `(m5, m7)` (as the activation's sums are paired).
@@ -219,7 +416,8 @@ struct K4Head {
 
 /// [`K4Head`] from the block's first four words (lane r: row r's d and dmin, then its twelve bytes
 /// of packed scales and mins, unpacked as `kquants::k4_scales` does, lane by lane).
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_head(words: [__m256i; 4]) -> K4Head {
     let [head, w0, w1, w2] = words;
     // The low 16 bits of each lane, as eight f16 converted.
@@ -269,7 +467,8 @@ unsafe fn k4_head(words: [__m256i; 4]) -> K4Head {
 }
 
 /// Lanes i of a 256-bit mask: all ones where bit i of `bits` is set.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes(bits: u8) -> __m256i {
     let each = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits as i32), each), each)
@@ -277,7 +476,8 @@ unsafe fn lanes(bits: u8) -> __m256i {
 
 /// The sums a kernel starts from for token t's rows `r..r + 8` (bits of `bits`): zero, or
 /// (`part.acc`) what the slab before stored there.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn start(out: &Out, part: Part, t: usize, r: usize, bits: u8) -> __m256 {
     if !part.acc || bits == 0 {
         return _mm256_setzero_ps();
@@ -291,7 +491,8 @@ unsafe fn start(out: &Out, part: Part, t: usize, r: usize, bits: u8) -> __m256 {
 }
 
 /// Token t's rows `r..r + 8`, the lanes in `bits` of `v`, stored.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn write8(out: &Out, t: usize, r: usize, bits: u8, v: __m256) {
     let p = out.out.0.add(t * out.stride + r);
     match bits {
