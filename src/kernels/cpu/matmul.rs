@@ -15,13 +15,16 @@ type Panels = super::kwide::PanelActs;
 #[cfg(not(target_arch = "x86_64"))]
 type Panels = ();
 
-/// Activations laid out once per operator for the AVX-512 prefill tiles.
+/// Activations laid out once per operator for the prefill tiles (AVX-512's; AVX2's F16 / BF16).
 enum Prepared {
     /// F16 or BF16 activations widened for `f16wide`'s tiles.
     #[cfg(target_arch = "x86_64")]
     Half(super::f16wide::WideActs),
     #[cfg(target_arch = "x86_64")]
     Q8(super::qwide::PairActs),
+    /// F16 or BF16 activations widened for the AVX2 tiles (`f16tile_avx2`).
+    #[cfg(target_arch = "x86_64")]
+    HalfAvx2(super::f16tile_avx2::WideActs),
 }
 
 impl Prepared {
@@ -33,6 +36,9 @@ impl Prepared {
         {
             if let Some(w) = super::f16wide::WideActs::new(acts) {
                 return Some(Prepared::Half(w));
+            }
+            if let Some(w) = super::f16tile_avx2::WideActs::new(acts) {
+                return Some(Prepared::HalfAvx2(w));
             }
             let mut wty = wty;
             if !wty.any(super::qwide::supports) {
@@ -558,6 +564,10 @@ impl<'a> RowJob<'a> {
             let done = match prepared {
                 Prepared::Half(w) if self.w.ty == w.ty() => {
                     super::f16wide::run_rows(w, acts, row, rows.clone(), out);
+                    Some(w.n_tok())
+                }
+                Prepared::HalfAvx2(w) if self.w.ty == w.ty() => {
+                    super::f16tile_avx2::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
                 }
                 Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {

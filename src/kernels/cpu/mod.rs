@@ -14,6 +14,8 @@ pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod f16tile_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod f16wide;
 pub mod kquants;
 #[cfg(target_arch = "x86_64")]
