@@ -45,15 +45,35 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 /// with the same operations).
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if super::isa() == super::Isa::Avx512 {
+    match super::isa() {
         // SAFETY: the CPU has AVX-512 (`isa` picks only supported variants).
-        return unsafe { super::avx512::swiglu_inplace(gate, up) };
+        super::Isa::Avx512 => return unsafe { super::avx512::swiglu_inplace(gate, up) },
+        // SAFETY: the CPU has FMA (AVX2's variant needs it).
+        super::Isa::Avx2 => return unsafe { swiglu_fma(gate, up) },
+        super::Isa::Scalar => {}
     }
     swiglu_scalar(gate, up)
 }
 
 /// [`swiglu_inplace`] one element at a time.
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
+    swiglu_each(gate, up)
+}
+
+/// [`swiglu_scalar`] compiled with FMA, so that [`expf`]'s f64 `mul_add`s are instructions
+/// rather than calls to the library's software `fma` (5% of 135M Q4_0 pp512's samples on an
+/// AVX2 CPU); the same bits, both being exact fused operations.
+///
+/// # Safety
+/// The CPU has FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
+    swiglu_each(gate, up)
+}
+
+#[inline(always)]
+fn swiglu_each(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + expf(-*g)) * u;
     }
@@ -99,6 +119,26 @@ pub fn rope(
 
 /// Softmax in place over `x`: [`expf`]`(x - max)`, summed in f64 in order, times `1 / sum` in f32.
 pub fn softmax(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::isa() != super::Isa::Scalar {
+        // SAFETY: AVX2's and AVX-512's variants need FMA, so the CPU has it.
+        return unsafe { softmax_fma(x) };
+    }
+    softmax_each(x)
+}
+
+/// [`softmax`] compiled with FMA ([`swiglu_fma`]: the same bits, no library calls).
+///
+/// # Safety
+/// The CPU has FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn softmax_fma(x: &mut [f32]) {
+    softmax_each(x)
+}
+
+#[inline(always)]
+fn softmax_each(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for v in x.iter_mut() {
         *v = expf(*v - max);
@@ -165,7 +205,9 @@ pub(crate) const EXPF_SPECIAL_TOP: u32 = 0x42b;
 /// integer k and r in [-1/2, 1/2] with f64 FMAs, `2^(k/32)` from a table, a cubic in r, one
 /// rounding to f32. Softmax uses this instead of the platform's `expf` so that every variant
 /// (and the SIMD one, which does the same operations on eight lanes) gives the same bits on
-/// every platform; on x86-64 glibc they are the bits of `f32::exp`.
+/// every platform; on x86-64 glibc they are the bits of `f32::exp`. Always inlined, so that a
+/// caller compiled with FMA computes its `mul_add`s with the instruction.
+#[inline(always)]
 pub fn expf(x: f32) -> f32 {
     if (x.to_bits() >> 20) & 0x7ff >= EXPF_SPECIAL_TOP {
         return expf_special(x);
