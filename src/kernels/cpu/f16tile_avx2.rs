@@ -74,15 +74,9 @@ impl WideActs {
         // its pages (23% of 1B F16 pp64's samples).
         let mut room = Spared::room(&SPARE, acts.n_tok * 4 * steps);
         for (t, dst) in room.uninit().chunks_exact_mut(4 * steps).enumerate() {
-            let row = acts.row(t);
-            for c in 0..4 {
-                for s in 0..steps {
-                    let at = 32 * s + 8 * c;
-                    // SAFETY: AVX2 and F16C are present (the ISA in use); `at + 8` elements
-                    // are inside the row (s < k / 32).
-                    dst[c * steps + s].write(unsafe { widen8(acts.ty, row, at) });
-                }
-            }
+            widen_row(acts.ty, acts.row(t), steps, |i, v| {
+                dst[i].write(v);
+            });
         }
         // SAFETY: the loop wrote every token's `4 * steps` entries.
         let data = unsafe { room.filled() };
@@ -122,6 +116,19 @@ unsafe fn widen8(ty: GgmlType, row: &[u8], at: usize) -> Lanes8 {
     let mut out = Lanes8([0.0; 8]);
     _mm256_store_ps(out.0.as_mut_ptr(), v);
     out
+}
+
+/// The `steps` whole 32-element steps of an F16 (or BF16) row widened in the tiles' order:
+/// `put(c * steps + s, elements 32 s + 8 c..+ 8)`.
+fn widen_row(ty: GgmlType, row: &[u8], steps: usize, mut put: impl FnMut(usize, Lanes8)) {
+    assert!(row.len() >= 64 * steps && crate::kernels::cpu::Isa::Avx2.supported());
+    for c in 0..4 {
+        for s in 0..steps {
+            // SAFETY: AVX2 and F16C are present (asserted); elements 32 s + 8 c..+ 8 are inside
+            // the row (s < steps, asserted).
+            put(c * steps + s, unsafe { widen8(ty, row, 32 * s + 8 * c) });
+        }
+    }
 }
 
 /// Element i of an F16 (or BF16) row.
@@ -181,13 +188,7 @@ fn run_blocks<'w>(
                 for (i, r) in panel.clone().enumerate() {
                     let src = row(r);
                     let dst = &mut wbuf[i * 4 * steps..][..4 * steps];
-                    for c in 0..4 {
-                        for s in 0..steps {
-                            // SAFETY: AVX2 and F16C are present (asserted); the elements are
-                            // inside the row.
-                            dst[c * steps + s] = unsafe { widen8(wide.ty, src, 32 * s + 8 * c) };
-                        }
-                    }
+                    widen_row(wide.ty, src, steps, |j, v| dst[j] = v);
                 }
                 let put = |t: usize, i: usize, sum: f32| {
                     // The tail elements past the last whole step, by FMA in order.

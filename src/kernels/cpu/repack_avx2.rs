@@ -265,20 +265,19 @@ pub(crate) unsafe fn tokens_q6_k<const NT: usize, const H: usize>(
                 q6_quarter::<1, 0, NT>(p, half, ahead, yb, &mut isum);
                 q6_quarter::<1, 1, NT>(p, half, ahead, yb, &mut isum);
                 // The scales' offset: isum - 32 Σ_j sc_j B_j.
-                let sw: [__m256i; 4] = std::array::from_fn(|m| q6_word(half, Q6_WORDS - 4 + m));
-                let pair_lo = pairs16(0);
-                let pair_hi = pairs16(2);
+                // The rows' scales in signed 16-bit pairs (sc_2i, sc_2i + 1), once for every
+                // token: pair i from byte 2 (i % 2) of scale word i / 2.
+                let sp: [__m256i; 8] = std::array::from_fn(|i| {
+                    let w = q6_word(half, Q6_WORDS - 4 + i / 2);
+                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, pairs16(2 * (i % 2) as i32)))
+                });
                 for ((y, acc), is) in yb.into_iter().zip(sumf.iter_mut()).zip(isum) {
-                    let bs = y.bsums.as_ptr().cast::<u8>();
+                    // The block's 16-element sums, paired as they lie (bsums 2i, 2i + 1).
+                    let bs = y.bsums.as_ptr().cast::<i32>();
                     let mut corr = _mm256_setzero_si256();
-                    for (m, &w) in sw.iter().enumerate() {
-                        for (k, idx) in [pair_lo, pair_hi].into_iter().enumerate() {
-                            let sc = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, idx));
-                            let b = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                bs.add(4 * (2 * m + k)).cast(),
-                            ));
-                            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sc, b));
-                        }
+                    for (i, &sc) in sp.iter().enumerate() {
+                        let b = _mm256_set1_epi32(bs.add(i).read_unaligned());
+                        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sc, b));
                     }
                     let is = _mm256_sub_epi32(is, _mm256_slli_epi32::<5>(corr));
                     let d_y = _mm256_set1_ps(y.d.get());
@@ -435,20 +434,7 @@ unsafe fn k4_head(words: [__m256i; 4]) -> K4Head {
     let m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), low4), top2(w1));
     // Byte i of every lane into both of its 16-bit halves.
     let spread = |v: __m256i, i: i32| {
-        let idx = _mm256_add_epi8(
-            _mm256_set1_epi32(i | (0x80 << 8) | (i << 16) | (0x80 << 24)),
-            _mm256_setr_epi32(
-                0,
-                0x0404_0404,
-                0x0808_0808,
-                0x0C0C_0C0C,
-                0,
-                0x0404_0404,
-                0x0808_0808,
-                0x0C0C_0C0C,
-            ),
-        );
-        _mm256_shuffle_epi8(v, idx)
+        _mm256_shuffle_epi8(v, in_lanes(i | (0x80 << 8) | (i << 16) | (0x80 << 24)))
     };
     K4Head {
         d: f16s(head),
