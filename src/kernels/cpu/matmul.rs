@@ -25,6 +25,9 @@ enum Prepared {
     /// F16 or BF16 activations widened for the AVX2 tiles (`f16tile_avx2`).
     #[cfg(target_arch = "x86_64")]
     HalfAvx2(super::f16tile_avx2::WideActs),
+    /// Q8_0 activations' scales as f32 for the AVX2 tiles of Q8_0 weights (`q8tile_avx2`).
+    #[cfg(target_arch = "x86_64")]
+    Q8Avx2(super::q8tile_avx2::Scales),
 }
 
 impl Prepared {
@@ -40,8 +43,13 @@ impl Prepared {
             if let Some(w) = super::f16tile_avx2::WideActs::new(acts) {
                 return Some(Prepared::HalfAvx2(w));
             }
-            let mut wty = wty;
-            if !wty.any(super::qwide::supports) {
+            let wty: Vec<GgmlType> = wty.collect();
+            if wty.contains(&GgmlType::Q8_0)
+                && let Some(s) = super::q8tile_avx2::Scales::new(acts)
+            {
+                return Some(Prepared::Q8Avx2(s));
+            }
+            if !wty.into_iter().any(super::qwide::supports) {
                 return None;
             }
             if let Some(p) = super::qwide::PairActs::new(acts) {
@@ -569,6 +577,10 @@ impl<'a> RowJob<'a> {
                 Prepared::HalfAvx2(w) if self.w.ty == w.ty() => {
                     super::f16tile_avx2::run_rows(w, acts, row, rows.clone(), out);
                     Some(w.n_tok())
+                }
+                Prepared::Q8Avx2(s) if self.w.ty == GgmlType::Q8_0 => {
+                    super::q8tile_avx2::run_rows(s, acts, row, rows.clone(), out);
+                    Some(s.n_tok())
                 }
                 Prepared::Q8(p) if super::qwide::supports(self.w.ty) => {
                     super::qwide::run_rows(p, self.w.ty, row, rows.clone(), out);

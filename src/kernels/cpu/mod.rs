@@ -24,6 +24,8 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod q8tile_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod qwide;
 pub mod repack;
 #[cfg(target_arch = "x86_64")]
