@@ -78,9 +78,8 @@ impl WideActs {
         let dst = room.uninit();
         let n_tok = acts.n_tok;
         for t in 0..n_tok {
-            // Entry c * steps + s of the token goes to chain c's run of tokens.
-            widen_row(acts.ty, acts.row(t), steps, |i, v| {
-                let (c, s) = (i / steps, i % steps);
+            // Entry (c, s) of the token goes to chain c's run of tokens.
+            widen_row(acts.ty, acts.row(t), steps, |c, s, v| {
                 dst[(c * n_tok + t) * steps + s].write(v);
             });
         }
@@ -128,14 +127,26 @@ unsafe fn widen8(ty: GgmlType, row: &[u8], at: usize) -> Lanes8 {
 }
 
 /// The `steps` whole 32-element steps of an F16 (or BF16) row widened in the tiles' order:
-/// `put(c * steps + s, elements 32 s + 8 c..+ 8)`.
-fn widen_row(ty: GgmlType, row: &[u8], steps: usize, mut put: impl FnMut(usize, Lanes8)) {
+/// `put(c, s, elements 32 s + 8 c..+ 8)`. Safe to call: it checks for AVX2 and F16C.
+fn widen_row(ty: GgmlType, row: &[u8], steps: usize, put: impl FnMut(usize, usize, Lanes8)) {
     assert!(row.len() >= 64 * steps && crate::kernels::cpu::Isa::Avx2.supported());
+    // SAFETY: AVX2 and F16C are present (asserted).
+    unsafe { widen_row_avx2(ty, row, steps, put) }
+}
+
+/// [`widen_row`] compiled for AVX2 and F16C, so that `widen8` and `put` inline into it (called
+/// from code without them, `widen8` stayed a call per eight elements).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_row_avx2(
+    ty: GgmlType,
+    row: &[u8],
+    steps: usize,
+    mut put: impl FnMut(usize, usize, Lanes8),
+) {
     for c in 0..4 {
         for s in 0..steps {
-            // SAFETY: AVX2 and F16C are present (asserted); elements 32 s + 8 c..+ 8 are inside
-            // the row (s < steps, asserted).
-            put(c * steps + s, unsafe { widen8(ty, row, 32 * s + 8 * c) });
+            // Elements 32 s + 8 c..+ 8 are inside the row (s < steps; `widen_row` asserted).
+            put(c, s, widen8(ty, row, 32 * s + 8 * c));
         }
     }
 }
@@ -190,6 +201,7 @@ fn run_blocks<'w>(
             );
         }
         let (wbuf, part) = wbuf.split_at_mut(panel_rows * 4 * steps);
+        let mut psums = vec![0f32; block_tokens.min(wide.n_tok) * panel_rows];
         for t0 in (0..wide.n_tok).step_by(block_tokens) {
             let tokens = t0..(t0 + block_tokens).min(wide.n_tok);
             for r0 in rows.clone().step_by(panel_rows) {
@@ -197,15 +209,17 @@ fn run_blocks<'w>(
                 for (i, r) in panel.clone().enumerate() {
                     let src = row(r);
                     let dst = &mut wbuf[i * 4 * steps..][..4 * steps];
-                    widen_row(wide.ty, src, steps, |j, v| dst[j] = v);
+                    widen_row(wide.ty, src, steps, |c, s, v| dst[c * steps + s] = v);
                 }
                 let put = |t: usize, i: usize, sum: f32| {
                     // The tail elements past the last whole step, by FMA in order.
                     let r = panel.start + i;
-                    let (w, a) = (row(r), acts.row(t));
                     let mut total = sum;
-                    for e in 32 * steps..k {
-                        total = elem(wide.ty, w, e).mul_add(elem(wide.ty, a, e), total);
+                    if 32 * steps < k {
+                        let (w, a) = (row(r), acts.row(t));
+                        for e in 32 * steps..k {
+                            total = elem(wide.ty, w, e).mul_add(elem(wide.ty, a, e), total);
+                        }
                     }
                     // SAFETY: (t, r) is inside the output (every token, rows of this task's
                     // range) and written by this task only.
@@ -227,18 +241,26 @@ fn run_blocks<'w>(
                             group::<1>(w, wide, tokens.clone(), steps, part)
                         }
                     };
-                    // The sums `group` left in `part`, handed out here (a call per output from
-                    // inside the tiles spilled their registers and cleared the upper halves,
-                    // 4% of 1B F16 pp512's samples).
+                    // The sums `group` left in `part`, gathered for the whole panel.
                     let sums = part.as_ptr().cast::<f32>();
-                    for (tl, t) in tokens.clone().enumerate() {
+                    for tl in 0..tokens.len() {
                         for l in 0..nr {
                             // SAFETY: `group` wrote entry (tl, l) of its `[n][nr]` sums, each
                             // a whole `Lanes8` whose first lane is read here.
-                            put(t, i + l, unsafe { *sums.add(8 * (tl * nr + l)) });
+                            psums[tl * panel.len() + i + l] =
+                                unsafe { *sums.add(8 * (tl * nr + l)) };
                         }
                     }
                     i += nr;
+                }
+                // Handed out token by token, each token's panel of rows one run of the output
+                // (group by group, four floats a token, every store reached a line of its own:
+                // 7% of 1B F16 pp512's samples, and before, a call per output from inside the
+                // tiles spilled their registers and cleared the upper halves: 4%).
+                for (tl, t) in tokens.clone().enumerate() {
+                    for (i, &v) in psums[tl * panel.len()..][..panel.len()].iter().enumerate() {
+                        put(t, i, v);
+                    }
                 }
             }
         }
