@@ -239,7 +239,7 @@ mod tests {
         let previous = crate::kernels::cpu::isa();
         crate::kernels::cpu::set_isa(crate::kernels::cpu::Isa::Avx2).unwrap();
         let mut rng = crate::rng::SplitMix64::new(11);
-        for (n, k, n_tok) in [(7, 64, 5), (4, 32, 2), (9, 256, 8), (3, 96, 3)] {
+        for (n, k, n_tok) in [(7, 64, 5), (4, 32, 2), (9, 256, 8), (3, 96, 3), (71, 64, 4)] {
             let rb = GgmlType::Q8_0.row_bytes(k).unwrap();
             let mut w = vec![0u8; rb * n];
             crate::kernels::cpu::random_blocks(GgmlType::Q8_0, &mut w, &mut rng, |r| {
