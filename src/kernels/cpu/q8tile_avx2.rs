@@ -11,10 +11,11 @@
 //! eleven bits), so it may be formed any way: the tokens' f16 scales are converted once per
 //! operator ([`Scales`]), four rows' once per group of rows (a vector `[dx0..dx3, dx0..dx3]` per
 //! block), and per block of a token pair one multiply gives the eight products (a segment of
-//! blocks at a time, before the segment's blocks run), which reach the FMAs as broadcast loads. Converting the scales inside the tile per block took a third of the
-//! time: 1 thread of a Zen 3 VM, in cache, 64 tokens, 2048 x 1024 (`examples/matmul_dram`,
-//! `OATO_DRAM_MIB=4`), GB/s of weights: 4 x 4 tiles 0.37, 4 x 2 with the scales per block 0.54,
-//! the same without any scale work (wrong sums, a bound) 0.80.
+//! blocks at a time, before the segment's blocks run), which reach the FMAs as broadcast loads.
+//! 1 thread of a Zen 3 VM, in cache, 64 tokens, 2048 x 1024 (`examples/matmul_dram`,
+//! `OATO_DRAM_MIB=4`, best of 8 alternated runs), GB/s of weights: the 4 x 4 tiles 0.37-0.38;
+//! 4 x 2 with the scale products formed in the block loop 0.50-0.54; as here 0.59-0.62; the
+//! same loop without any scale work (wrong sums, a bound) 0.76-0.80.
 
 #![allow(unsafe_op_in_unsafe_fn)]
 
