@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 OATO=target/release/oato
 N="${OATO_FAKE_GPU_TOKENS:-8}"
 # Tokens for the CUDA-graph comparisons (each runs the model twice; four tokens still give three
-# replays of a graph built once, and halved the step's time: 94 s of the 645 on a 2-core VM).
+# replays of a graph built once: on a 2-core VM their two steps took 77 + 22 s, at 8 tokens 94 + 31).
 NG="${OATO_FAKE_GPU_GRAPH_TOKENS:-4}"
 P="${OATO_FAKE_GPU_PROMPTS:-1}"
 W=$(mktemp -d)

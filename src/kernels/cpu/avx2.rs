@@ -24,6 +24,11 @@ pub unsafe fn hsum8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// Eight f32 lanes, aligned as a 256-bit register (buffers the AVX2 tiles load and store whole).
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Lanes8(pub(crate) [f32; 8]);
+
 /// An f16 scale to f32 with F16C (exact, as the portable conversion).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

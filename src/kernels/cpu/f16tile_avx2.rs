@@ -23,15 +23,11 @@ use std::ops::Range;
 
 use std::cell::Cell;
 
+use super::avx2::Lanes8;
 use super::matmul::{Out, QuantizedActs};
 use super::spare::Spared;
 use crate::quant::GgmlType;
 use crate::quant::blocks::{bf16_to_f32, f16_bits_to_f32};
-
-/// Eight f32 lanes, aligned as a 256-bit register.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Lanes8([f32; 8]);
 
 /// Rows and tokens per tile: twelve accumulators of the sixteen registers.
 const ROWS: usize = 4;

@@ -34,7 +34,7 @@ impl Prepared {
     /// The layout the AVX-512 tiles take for `acts` against weights of the types `wty`, when
     /// they will run (else `None`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn new(acts: &QuantizedActs, wty: impl Iterator<Item = GgmlType>) -> Option<Prepared> {
+    fn new(acts: &QuantizedActs, wty: impl Iterator<Item = GgmlType> + Clone) -> Option<Prepared> {
         #[cfg(target_arch = "x86_64")]
         {
             if let Some(w) = super::f16wide::WideActs::new(acts) {
@@ -43,13 +43,13 @@ impl Prepared {
             if let Some(w) = super::f16tile_avx2::WideActs::new(acts) {
                 return Some(Prepared::HalfAvx2(w));
             }
-            let wty: Vec<GgmlType> = wty.collect();
-            if wty.contains(&GgmlType::Q8_0)
+            if wty.clone().any(|t| t == GgmlType::Q8_0)
                 && let Some(s) = super::q8tile_avx2::Scales::new(acts)
             {
                 return Some(Prepared::Q8Avx2(s));
             }
-            if !wty.into_iter().any(super::qwide::supports) {
+            let mut wty = wty;
+            if !wty.any(super::qwide::supports) {
                 return None;
             }
             if let Some(p) = super::qwide::PairActs::new(acts) {

@@ -55,9 +55,13 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     swiglu_scalar(gate, up)
 }
 
-/// [`swiglu_inplace`] one element at a time.
+/// [`swiglu_inplace`] one element at a time. Always inlined, so that a caller compiled with FMA
+/// ([`swiglu_fma`], AVX-512's tails) computes [`expf`]'s `mul_add`s with the instruction.
+#[inline(always)]
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
-    swiglu_each(gate, up)
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + expf(-*g)) * u;
+    }
 }
 
 /// [`swiglu_scalar`] compiled with FMA, so that [`expf`]'s f64 `mul_add`s are instructions
@@ -69,14 +73,7 @@ pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
-    swiglu_each(gate, up)
-}
-
-#[inline(always)]
-fn swiglu_each(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + expf(-*g)) * u;
-    }
+    swiglu_scalar(gate, up)
 }
 
 /// Rotary position embedding in place on `x` = [n_tok, n_heads, head_dim], token t at `pos0 + t`,

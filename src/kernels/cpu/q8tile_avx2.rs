@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
+use super::avx2::Lanes8;
 use super::matmul::{Out, QuantizedActs};
 use super::spare::Spared;
 use crate::quant::GgmlType;
@@ -30,11 +31,6 @@ use crate::quant::blocks::{BlockQ8_0, f16_bits_to_f32};
 
 /// Rows per tile.
 const ROWS: usize = 4;
-
-/// Eight f32 lanes, aligned as a 256-bit register.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Lanes8([f32; 8]);
 
 /// The Q8_0 activations' block scales as f32, `[token][block]`, for the tiles.
 pub(crate) struct Scales {

@@ -3,7 +3,7 @@
 //! converted once per `R`. Every output is accumulated exactly as the single-row kernels do (same
 //! per-block FMA chain, same horizontal sum; Q4_0's one chain of block sums), so tiled and
 //! untiled results are bit-identical. Prefill on AVX2 CPUs uses 4 x 4 tiles (then 2 x 4 and 1 x 4
-//! for the rows left; AVX-512 CPUs use `kwide`, `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
+//! for the rows left; Q8_0 takes `q8tile_avx2`'s; AVX-512 CPUs use `kwide`, `qwide` and `f16wide`). Decode uses the single-row kernels, or on AVX-512 CPUs the four-row
 //! kernels of `avx512::rows_fn` for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (rows taken from the four quarters of a task's
 //! range, so the weights stay four long sequential streams).
 
@@ -141,10 +141,6 @@ macro_rules! tiles {
                 )
             }
 
-            #[target_feature(enable = $feat)]
-            pub unsafe fn q8_0<const R: usize, const T: usize>(w: [&[u8]; R], a: [&[u8]; T]) -> [[f32; T]; R] {
-                tile_body!(w, a, BlockQ8_0, BlockQ8_0, |x| (load32(&x.qs), crate::kernels::cpu::avx2::h2f(x.d), 0.0), |_y| 0.0, $ss, false)
-            }
         }
     };
 }
@@ -195,7 +191,6 @@ pub fn tile_fn<const R: usize, const T: usize>(
         GgmlType::Q4_1 => avx2::q4_1::<R, T>,
         GgmlType::Q5_0 => avx2::q5_0::<R, T>,
         GgmlType::Q5_1 => avx2::q5_1::<R, T>,
-        GgmlType::Q8_0 => avx2::q8_0::<R, T>,
         _ => return None,
     };
     Some(f)
