@@ -593,6 +593,10 @@ fn a_split_placement_on_the_test_device_serves() {
             "256",
             "--vram-budget",
             "50%",
+            // By bytes, whatever the profile: the oato policy may place nothing on a noisy
+            // machine, where the CPU-backed device's benefits can all come out negative.
+            "--policy",
+            "layer-split",
             "--plan-prompt-tokens",
             "32",
         ],
