@@ -190,6 +190,19 @@ impl Out<'_> {
         unsafe { self.out.write(t * self.stride + r, v) }
     }
 
+    /// Rows `r..r + v.len()` of token t.
+    ///
+    /// # Safety
+    /// Those outputs must be inside the buffer and written by no other task.
+    #[inline]
+    pub(crate) unsafe fn write_run(&self, t: usize, r: usize, v: &[f32]) {
+        // SAFETY: the caller's contract; `v` is not the output buffer (that one is written
+        // through the shared pointer only).
+        unsafe {
+            std::ptr::copy_nonoverlapping(v.as_ptr(), self.out.0.add(t * self.stride + r), v.len())
+        }
+    }
+
     /// Rows `r..r + R` of tokens t (lanes 0..R of `v`) and t + 1 (lanes 8..8 + R).
     /// Always inlined, into the AVX-512 kernels that call it (compiled for AVX-512 itself, it
     /// stayed a function of its own, called per pair with `v` through memory: 3.7-5.2% of 135M
