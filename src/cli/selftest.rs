@@ -121,38 +121,34 @@ fn compile_only(archs: &[u32]) -> Result<()> {
         .min(jobs.len())
         .max(1);
     let next = std::sync::atomic::AtomicUsize::new(0);
-    /// A compilation's CUBIN (or error) and its milliseconds.
-    type Done = Option<(Result<Vec<u8>>, f64)>;
-    let results: Vec<std::sync::Mutex<Done>> =
-        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
     let wall = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(&(arch, src)) = jobs.get(i) else {
-                        break;
-                    };
-                    let t = Instant::now();
-                    let r = kc::compile(src, arch);
-                    if let Ok(mut slot) = results[i].lock() {
-                        *slot = Some((r, t.elapsed().as_secs_f64() * 1e3));
+    // Each worker's (job, CUBIN or error, milliseconds); a worker's panic reaches this thread
+    // when the scope ends.
+    let mut done: Vec<(usize, Result<Vec<u8>>, f64)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(arch, src)) = jobs.get(i) else {
+                            break mine;
+                        };
+                        let t = Instant::now();
+                        let r = kc::compile(src, arch);
+                        mine.push((i, r, t.elapsed().as_secs_f64() * 1e3));
                     }
-                }
-            });
-        }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     });
+    done.sort_by_key(|d| d.0);
     let mut failures = Vec::new();
-    for (&(arch, src), slot) in jobs.iter().zip(results) {
-        let done = slot.into_inner().ok().flatten();
-        let Some((r, ms)) = done else {
-            failures.push(format!(
-                "{} sm_{arch}: not compiled (a worker failed)",
-                src.name
-            ));
-            continue;
-        };
+    for ((arch, src), (_, r, ms)) in jobs.iter().copied().zip(done) {
         match r {
             Ok(bin) => {
                 let missing = missing_kernels(src.name, &bin);

@@ -275,7 +275,7 @@ impl Backend for TestDevice {
 
 /// How many times faster than its own (the CPU's) work the test device reports its work to
 /// the profiler, as a GPU would be.
-pub const TEST_DEVICE_SPEEDUP: f64 = 4.0;
+const TEST_DEVICE_SPEEDUP: f64 = 4.0;
 
 /// The test device's stopwatch: the CPU's wall clock divided by [`TEST_DEVICE_SPEEDUP`]. At
 /// its real speed (the CPU's), whether a plan put anything on it hung on noise: on a 2-core CI

@@ -201,7 +201,7 @@ pub fn attention(
 /// of a Zen 3 VM, pp512 alternated with the per-head path: 135M Q4_0 462-511 -> 593-594 t/s, F16
 /// 347-401 -> 375-417 (attention 23% of F16's samples -> 14%); 1B Q4_0 95-112 -> 108-110.
 #[cfg(target_arch = "x86_64")]
-pub fn attention_by_threes(
+fn attention_by_threes(
     s: AttnShape,
     q: &[f32],
     k_cache: &[f16],

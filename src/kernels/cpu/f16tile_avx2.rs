@@ -47,17 +47,17 @@ const BLOCK_TOKENS: usize = 240;
 /// tail, taken from `acts` itself). Chain-major, so that a chain's token groups are read as one
 /// stream (token-major, each group of three tokens was three short streams 8 KiB apart at
 /// k = 2048: 1 Zen 3 thread, 2048 x 1024 in cache, 240 tokens, 0.21 against 0.25 GB/s, in f32).
-pub(crate) struct WideActs {
+pub(crate) struct HalfActs {
     ty: GgmlType,
     data: Spared<Half8>,
     steps: usize,
     n_tok: usize,
 }
 
-impl WideActs {
+impl HalfActs {
     /// Lays out F16 or BF16 activations of at least `TOKENS` tokens when the CPU runs the AVX2
     /// kernels (`None` otherwise).
-    pub(crate) fn new(acts: &QuantizedActs) -> Option<WideActs> {
+    pub(crate) fn new(acts: &QuantizedActs) -> Option<HalfActs> {
         use crate::kernels::cpu::{Isa, isa};
         if !matches!(acts.ty, GgmlType::F16 | GgmlType::BF16)
             || acts.n_tok < TOKENS
@@ -83,7 +83,7 @@ impl WideActs {
         }
         // SAFETY: the loop wrote every token's `4 * steps` entries.
         let data = unsafe { room.filled() };
-        Some(WideActs {
+        Some(HalfActs {
             ty: acts.ty,
             data,
             steps,
@@ -149,24 +149,24 @@ fn elem(ty: GgmlType, b: &[u8], i: usize) -> f32 {
     }
 }
 
-/// Rows `rows` of an F16 or BF16 weight (`wide.ty()`; `row(r)`: its bytes) against every token
-/// of `wide`, written through `out`: token blocks of about [`TOKEN_BLOCK_BYTES`], panels of about
+/// Rows `rows` of an F16 or BF16 weight (`half.ty()`; `row(r)`: its bytes) against every token
+/// of `half`, written through `out`: token blocks of [`BLOCK_TOKENS`], panels of about
 /// [`PANEL_BYTES`] of laid-out weights, tiles of four rows x three tokens (then fewer).
 pub(crate) fn run_rows<'w>(
-    wide: &WideActs,
+    half: &HalfActs,
     acts: &QuantizedActs,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
     out: Out,
 ) {
-    let row_bytes = 4 * wide.steps * size_of::<Half8>();
+    let row_bytes = 4 * half.steps * size_of::<Half8>();
     let panel_rows = (PANEL_BYTES / row_bytes / ROWS * ROWS).max(ROWS);
-    run_blocks(wide, acts, row, rows, panel_rows, BLOCK_TOKENS, out)
+    run_blocks(half, acts, row, rows, panel_rows, BLOCK_TOKENS, out)
 }
 
 /// [`run_rows`] with panels of `panel_rows` rows and blocks of `block_tokens` tokens.
 fn run_blocks<'w>(
-    wide: &WideActs,
+    half: &HalfActs,
     acts: &QuantizedActs,
     row: impl Fn(usize) -> &'w [u8],
     rows: Range<usize>,
@@ -175,24 +175,27 @@ fn run_blocks<'w>(
     out: Out,
 ) {
     thread_local! {
-        /// The packed weight rows of a panel and the tiles' chain sums, kept per thread across
-        /// operators.
-        static BUFS: std::cell::RefCell<(Vec<Half8>, Vec<Lanes8>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        /// The packed weight rows of a panel, the tiles' chain sums and the panel's finished
+        /// sums, kept per thread across operators.
+        static BUFS: std::cell::RefCell<(Vec<Half8>, Vec<Lanes8>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     }
     assert!(crate::kernels::cpu::Isa::Avx2.supported());
-    let steps = wide.steps;
+    let steps = half.steps;
     let k = acts.k;
-    BUFS.with_borrow_mut(|(wbuf, part)| {
+    BUFS.with_borrow_mut(|(wbuf, part, psums)| {
         if wbuf.len() < panel_rows * 4 * steps {
             wbuf.resize(panel_rows * 4 * steps, Half8([0; 16]));
         }
         if part.len() < 2 * block_tokens * ROWS {
             part.resize(2 * block_tokens * ROWS, Lanes8([0.0; 8]));
         }
-        let mut psums = vec![0f32; block_tokens.min(wide.n_tok) * panel_rows];
-        for t0 in (0..wide.n_tok).step_by(block_tokens) {
-            let tokens = t0..(t0 + block_tokens).min(wide.n_tok);
+        // Every entry a panel's tokens read is written by its groups first.
+        if psums.len() < block_tokens.min(half.n_tok) * panel_rows {
+            psums.resize(block_tokens.min(half.n_tok) * panel_rows, 0.0);
+        }
+        for t0 in (0..half.n_tok).step_by(block_tokens) {
+            let tokens = t0..(t0 + block_tokens).min(half.n_tok);
             for r0 in rows.clone().step_by(panel_rows) {
                 let panel = r0..(r0 + panel_rows).min(rows.end);
                 for (i, r) in panel.clone().enumerate() {
@@ -216,13 +219,13 @@ fn run_blocks<'w>(
                     // row of `panel.len()` per token of the block, the group's from column i.
                     let nr = unsafe {
                         let t = tokens.clone();
-                        match (left, wide.ty == GgmlType::BF16) {
-                            (4.., false) => group::<ROWS, false>(w, wide, t, steps, part, sums),
-                            (4.., true) => group::<ROWS, true>(w, wide, t, steps, part, sums),
-                            (2 | 3, false) => group::<2, false>(w, wide, t, steps, part, sums),
-                            (2 | 3, true) => group::<2, true>(w, wide, t, steps, part, sums),
-                            (_, false) => group::<1, false>(w, wide, t, steps, part, sums),
-                            (_, true) => group::<1, true>(w, wide, t, steps, part, sums),
+                        match (left, half.ty == GgmlType::BF16) {
+                            (4.., false) => group::<ROWS, false>(w, half, t, steps, part, sums),
+                            (4.., true) => group::<ROWS, true>(w, half, t, steps, part, sums),
+                            (2 | 3, false) => group::<2, false>(w, half, t, steps, part, sums),
+                            (2 | 3, true) => group::<2, true>(w, half, t, steps, part, sums),
+                            (_, false) => group::<1, false>(w, half, t, steps, part, sums),
+                            (_, true) => group::<1, true>(w, half, t, steps, part, sums),
                         }
                     };
                     i += nr;
@@ -238,7 +241,7 @@ fn run_blocks<'w>(
                         for (i, total) in run.iter_mut().enumerate() {
                             let (w, a) = (row(panel.start + i), acts.row(t));
                             for e in 32 * steps..k {
-                                *total = elem(wide.ty, w, e).mul_add(elem(wide.ty, a, e), *total);
+                                *total = elem(half.ty, w, e).mul_add(elem(half.ty, a, e), *total);
                             }
                         }
                     }
@@ -260,7 +263,7 @@ struct Sums {
 }
 
 /// `R` laid-out weight rows at `w` (`[row][chain][step]`, `4 * steps` entries of eight each)
-/// against the tokens `tokens` of `wide`, chain by chain: a chain of the `R` rows (`16 steps`
+/// against the tokens `tokens` of `half`, chain by chain: a chain of the `R` rows (`16 steps`
 /// bytes a row) stays in L1 while every token group runs against it (all four chains of six
 /// rows were 48 KiB at k = 2048 in f32, read from L2 for every token group: 38 t/s against 69
 /// for llama.cpp, 1B F16 pp64). Each (row, token)'s chain sums wait in `part` (two entries a
@@ -271,7 +274,7 @@ struct Sums {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group<const R: usize, const BF: bool>(
     w: *const Half8,
-    wide: &WideActs,
+    half: &HalfActs,
     tokens: Range<usize>,
     steps: usize,
     part: &mut [Lanes8],
@@ -286,14 +289,13 @@ unsafe fn group<const R: usize, const BF: bool>(
         while t < tokens.end {
             let nt = (tokens.end - t).min(TOKENS);
             let tl = t - tokens.start;
-            let ac = |j: usize| wide.chain(t + j, c);
+            let ac = |j: usize| half.chain(t + j, c);
             match nt {
                 3 => fold(
                     c,
                     if R == ROWS {
-                        let acc = chain_4x3::<BF>(wc, [ac(0), ac(1), ac(2)], steps);
-                        // R == 4: the same array type.
-                        std::mem::transmute_copy::<[[__m256; 4]; 3], [[__m256; R]; 3]>(&acc)
+                        chain_4x3::<BF>(wc, [ac(0), ac(1), ac(2)], steps)
+                            .map(|rows| std::array::from_fn(|r| rows[r]))
                     } else {
                         chain::<R, 3, BF>(wc, [ac(0), ac(1), ac(2)], steps)
                     },
@@ -504,7 +506,7 @@ mod tests {
                 }
                 let x: Vec<f32> = (0..k * n_tok).map(|i| val(i, 1.7)).collect();
                 let acts = QuantizedActs::new(ty, &x, k).unwrap();
-                let wide = WideActs::new(&acts).expect("widened");
+                let half = HalfActs::new(&acts).expect("laid out");
                 let want = |t: usize, r: usize| {
                     let (wr, a) = (&w[r * rb..(r + 1) * rb], acts.row(t));
                     if ty == GgmlType::BF16 {
@@ -527,7 +529,7 @@ mod tests {
                     };
                     let row = |r: usize| &w[r * rb..(r + 1) * rb];
                     run_blocks(
-                        &wide,
+                        &half,
                         &acts,
                         row,
                         rows.clone(),

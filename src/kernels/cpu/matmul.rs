@@ -22,9 +22,9 @@ enum Prepared {
     Half(super::f16wide::WideActs),
     #[cfg(target_arch = "x86_64")]
     Q8(super::qwide::PairActs),
-    /// F16 or BF16 activations widened for the AVX2 tiles (`f16tile_avx2`).
+    /// F16 or BF16 activations laid out for the AVX2 tiles (`f16tile_avx2`).
     #[cfg(target_arch = "x86_64")]
-    HalfAvx2(super::f16tile_avx2::WideActs),
+    HalfAvx2(super::f16tile_avx2::HalfActs),
     /// Q8_0 activations' scales as f32 for the AVX2 tiles of Q8_0 weights (`q8tile_avx2`).
     #[cfg(target_arch = "x86_64")]
     Q8Avx2(super::q8tile_avx2::Scales),
@@ -40,7 +40,7 @@ impl Prepared {
             if let Some(w) = super::f16wide::WideActs::new(acts) {
                 return Some(Prepared::Half(w));
             }
-            if let Some(w) = super::f16tile_avx2::WideActs::new(acts) {
+            if let Some(w) = super::f16tile_avx2::HalfActs::new(acts) {
                 return Some(Prepared::HalfAvx2(w));
             }
             if wty.clone().any(|t| t == GgmlType::Q8_0)
