@@ -189,32 +189,10 @@ pub fn attention(
             return super::attention_decode::attention(s, q, k_cache, v_cache, pos0, out);
         }
         if super::attention_decode::supports(s, 3, pos0 + n_tok) {
-            return attention_by_threes(s, q, k_cache, v_cache, pos0, out);
+            return super::attention_decode::prompt(s, q, k_cache, v_cache, pos0, out);
         }
     }
     attention_per_head(s, q, k_cache, v_cache, pos0, out)
-}
-
-/// A prompt's attention as `attention_decode`'s, three tokens at a time (the last call one or
-/// two): each cache row is widened once per three tokens for all the query heads that share it,
-/// where the per-head path reads it per token. Taken on CPUs without AVX-512's tiles. 2 threads
-/// of a Zen 3 VM, pp512 alternated with the per-head path: 135M Q4_0 462-511 -> 593-594 t/s, F16
-/// 347-401 -> 375-417 (attention 23% of F16's samples -> 14%); 1B Q4_0 95-112 -> 108-110.
-#[cfg(target_arch = "x86_64")]
-fn attention_by_threes(
-    s: AttnShape,
-    q: &[f32],
-    k_cache: &[f16],
-    v_cache: &[f16],
-    pos0: usize,
-    out: &mut [f32],
-) {
-    let q_dim = s.n_head * s.head_dim;
-    for (i, o) in out.chunks_mut(3 * q_dim).enumerate() {
-        let (t0, n) = (3 * i, o.len() / q_dim);
-        let q = &q[t0 * q_dim..(t0 + n) * q_dim];
-        super::attention_decode::attention(s, q, k_cache, v_cache, pos0 + t0, o);
-    }
 }
 
 /// The per-head path of [`attention`] (a task is the query heads of one KV head, each in turn)
@@ -397,8 +375,8 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if super::super::attention_decode::supports(s, 3, n_ctx) {
             let mut threes = vec![f32::NAN; q.len()];
-            attention_by_threes(s, &q, &k, &v, pos0, &mut threes);
-            variants.push(("by threes", threes));
+            super::super::attention_decode::prompt(s, &q, &k, &v, pos0, &mut threes);
+            variants.push(("prompt by threes", threes));
         }
         for (name, fast) in &variants {
             for (i, (a, b)) in scalar.iter().zip(fast).enumerate() {

@@ -61,13 +61,16 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
-    let hd = s.head_dim;
-    let q_dim = s.n_head * hd;
-    let kv_dim = s.n_head_kv * hd;
-    let n_tok = out.len() / q_dim;
+    let (n_tok, q_dim) = checked(
+        s,
+        q,
+        k_cache,
+        v_cache,
+        pos0,
+        out,
+        out.len() / (s.n_head * s.head_dim),
+    );
     let n_kv_max = pos0 + n_tok;
-    assert!(supports(s, n_tok, n_kv_max) && q.len() >= n_tok * q_dim);
-    assert!(k_cache.len() >= n_kv_max * kv_dim && v_cache.len() >= n_kv_max * kv_dim);
     let n_rows = n_tok * s.n_head;
     let stride = n_kv_max.next_multiple_of(8);
     SCRATCH.with_borrow_mut(|(qr, p)| {
@@ -80,6 +83,113 @@ pub fn attention(
         p.resize(n_rows * stride, 0.0);
         passes(s, qr, p, k_cache, v_cache, pos0, n_tok, stride, out);
     });
+}
+
+/// A prompt's attention (any number of tokens) as [`attention`]'s, three tokens at a time, in one
+/// parallel job: a task is one KV head and three tokens (the last one or two), taking the group's
+/// heads through the three steps on its own with its scores in a buffer of its thread, the
+/// tasks of the latest tokens (the longest) first. Each output has the bits of [`attention`]'s
+/// for those three tokens (the same steps in the same order), so of the scalar path. Taken for
+/// prompts on CPUs without AVX-512's tiles. Before, each three tokens were a call of
+/// [`attention`], a parallel job of their own (from f94564c, where that replaced the per-head
+/// path: 2 threads of a Zen 3 VM, pp512, 135M Q4_0 462-511 -> 593-594 t/s, F16 347-401 ->
+/// 375-417, 1B Q4_0 95-112 -> 108-110): a pool dispatch per three tokens and layer, and threads
+/// idle at each job's end.
+pub fn prompt(
+    s: AttnShape,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let (n_tok, q_dim) = checked(s, q, k_cache, v_cache, pos0, out, 1);
+    let group = s.n_head / s.n_head_kv;
+    let n_chunks = n_tok.div_ceil(3);
+    let avx512 = isa() == Isa::Avx512;
+    let os = SharedOut(out.as_mut_ptr());
+    SCRATCH.with_borrow_mut(|(qr, _)| {
+        qr.clear();
+        qr.extend_from_slice(&q[..n_tok * q_dim]);
+        // SAFETY: F16C is present (supports).
+        unsafe { round_f16(qr) };
+        let qr = &qr[..];
+        pool::global().for_chunks(n_chunks * s.n_head_kv, 1, |items| {
+            let os = &os;
+            for idx in items {
+                let (chunk, kvh) = (n_chunks - 1 - idx / s.n_head_kv, idx % s.n_head_kv);
+                let t0 = 3 * chunk;
+                let n = (n_tok - t0).min(3);
+                let n_kv = pos0 + t0 + n;
+                let stride = n_kv.next_multiple_of(8);
+                TASK_SCORES.with_borrow_mut(|p| {
+                    // Every entry the steps read is written first (as in `attention`).
+                    if p.len() < n * s.n_head * stride {
+                        p.resize(n * s.n_head * stride, 0.0);
+                    }
+                    let job = Scores {
+                        s,
+                        qr: &qr[t0 * q_dim..],
+                        k_cache,
+                        group,
+                        n_tok: n,
+                        pos0: pos0 + t0,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        p: p.as_mut_ptr(),
+                        stride,
+                        avx512,
+                    };
+                    let steps = Steps {
+                        s,
+                        p: p.as_mut_ptr(),
+                        stride,
+                        v_cache,
+                        pos0: pos0 + t0,
+                        n_tok: n,
+                        // SAFETY: tokens t0..t0 + n lie inside `out`.
+                        out: unsafe { os.0.add(t0 * q_dim) },
+                        avx512,
+                    };
+                    // SAFETY: AVX2, FMA and F16C are present (supports); the scores are this
+                    // thread's, and the outputs of these tokens' heads of KV head kvh this
+                    // task's alone.
+                    unsafe {
+                        job.run(kvh, 0..group, 0..n_kv);
+                        for t in 0..n {
+                            steps.softmax(t * s.n_head + kvh * group, group);
+                        }
+                        steps.values_head(kvh, 0..group);
+                    }
+                });
+            }
+        });
+    });
+}
+
+/// The tokens of `out` and the size of a token's queries, after checking that the call's slices
+/// hold them and that [`supports`] takes `s` with `per_call` tokens at a time.
+fn checked(
+    s: AttnShape,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    pos0: usize,
+    out: &[f32],
+    per_call: usize,
+) -> (usize, usize) {
+    let q_dim = s.n_head * s.head_dim;
+    let kv_dim = s.n_head_kv * s.head_dim;
+    let n_tok = out.len() / q_dim;
+    let n_kv_max = pos0 + n_tok;
+    assert!(supports(s, per_call, n_kv_max) && q.len() >= n_tok * q_dim);
+    assert!(k_cache.len() >= n_kv_max * kv_dim && v_cache.len() >= n_kv_max * kv_dim);
+    (n_tok, q_dim)
+}
+
+thread_local! {
+    /// A [`prompt`] task's scores, kept per thread between tasks.
+    static TASK_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 thread_local! {
