@@ -25,7 +25,7 @@ use half::f16;
 
 use crate::kernels::cpu::attention::AttnShape;
 use crate::kernels::cpu::matmul::SharedOut;
-use crate::kernels::cpu::{Isa, isa, ops, pool};
+use crate::kernels::cpu::{Isa, isa, pool};
 
 /// Positions per scores task.
 const POS_BLOCK: usize = 128;
@@ -327,9 +327,11 @@ impl Steps<'_> {
                 super::attention_tiled::softmax_rows(rows, stride, lens);
             }
         } else {
-            for row in rows.chunks_mut(stride) {
-                ops::softmax(&mut row[..n_kv]);
-                round_f16(&mut row[..n_kv]);
+            // The same operations eight lanes at a time with AVX2 (`ops::softmax` then
+            // `round_f16`, exactly).
+            for rows in rows.chunks_mut(8 * stride) {
+                let lens = &[n_kv; 8][..rows.len() / stride];
+                super::avx2::softmax_rows(rows, stride, lens);
             }
         }
     }

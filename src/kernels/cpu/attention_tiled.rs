@@ -426,27 +426,7 @@ pub(crate) unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) 
             *v = ops::expf(*v - max);
         }
     }
-    let mut sums = vec![0f64; lens.len()];
-    for (g, sums) in sums.chunks_mut(8).enumerate() {
-        let rows = 8 * g..8 * g + sums.len();
-        let common = lens[rows.clone()].iter().copied().min().unwrap_or(0);
-        // Eight rows (the last repeated where there are fewer), eight chains in registers.
-        let x: [&[f32]; 8] = std::array::from_fn(|r| {
-            let r = (8 * g + r).min(rows.end - 1);
-            &p[r * stride..][..common]
-        });
-        let mut acc = [0f64; 8];
-        for j in 0..common {
-            for r in 0..8 {
-                acc[r] += *x[r].get_unchecked(j) as f64;
-            }
-        }
-        for ((r, a), sum) in rows.zip(acc).zip(sums.iter_mut()) {
-            *sum = p[r * stride + common..r * stride + lens[r]]
-                .iter()
-                .fold(a, |s, &v| s + v as f64);
-        }
-    }
+    let sums = ops::row_sums(p, stride, lens);
     for ((i, &n), sum) in lens.iter().enumerate().zip(sums) {
         let inv = _mm512_set1_ps((1.0 / sum) as f32);
         let x = &mut p[i * stride..][..n];

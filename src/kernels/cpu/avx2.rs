@@ -297,6 +297,141 @@ pub(crate) use block_kernels;
 
 block_kernels!("avx2,fma,f16c", dot_us8, dot_ss8);
 
+/// [`super::ops::expf`] on eight lanes: the same f64 operations, lane by lane, four lanes at a
+/// time (the table entry by a gather); lanes outside its main path (|x| >= 88, infinities, NaN)
+/// go through the scalar function.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn expf8(x: __m256) -> __m256 {
+    let top = _mm256_and_si256(
+        _mm256_srli_epi32::<20>(_mm256_castps_si256(x)),
+        _mm256_set1_epi32(0x7ff),
+    );
+    let limit = _mm256_set1_epi32(super::ops::EXPF_SPECIAL_TOP as i32 - 1);
+    let special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, limit)));
+    let lo = expf4(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    let hi = expf4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)));
+    let out = _mm256_set_m128(hi, lo);
+    if special == 0 {
+        return out;
+    }
+    expf_special_lanes(x, out, special as u32)
+}
+
+/// `out` with its lanes `l` where bit l of `special` is set replaced by
+/// [`super::ops::expf_special`] of lane l of `x` (the vector `expf`s' lanes outside the main path).
+#[cold]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn expf_special_lanes(x: __m256, out: __m256, special: u32) -> __m256 {
+    let (mut xs, mut os) = ([0f32; 8], [0f32; 8]);
+    _mm256_storeu_ps(xs.as_mut_ptr(), x);
+    _mm256_storeu_ps(os.as_mut_ptr(), out);
+    for l in 0..8 {
+        if special & (1 << l) != 0 {
+            os[l] = super::ops::expf_special(xs[l]);
+        }
+    }
+    _mm256_loadu_ps(os.as_ptr())
+}
+
+/// [`expf8`]'s main path on four lanes, widened to f64.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn expf4(xd: __m256d) -> __m128 {
+    use super::ops::{EXP2F_TAB, EXPF_C, EXPF_INV_LN2_N, EXPF_SHIFT};
+    let inv_ln2_n = _mm256_set1_pd(EXPF_INV_LN2_N);
+    let shift = _mm256_set1_pd(EXPF_SHIFT);
+    let kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
+    let ki = _mm256_castpd_si256(kd);
+    let kd = _mm256_sub_pd(kd, shift);
+    let r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+    let at = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    let t = _mm256_i64gather_epi64::<8>(EXP2F_TAB.as_ptr().cast(), at);
+    let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+    let c = |i: usize| _mm256_set1_pd(EXPF_C[i]);
+    let z = _mm256_fmadd_pd(r, c(0), c(1));
+    let r2 = _mm256_mul_pd(r, r);
+    let y = _mm256_fmadd_pd(r, c(2), _mm256_set1_pd(1.0));
+    _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), s))
+}
+
+/// [`super::ops::swiglu_inplace`] eight elements at a time: `g / (1 + expf(-g)) * u`, the same
+/// f32 operations lane by lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    swiglu_with(gate, up, |x| expf8(x))
+}
+
+/// [`swiglu_inplace`] with `exp` for [`expf8`] (AVX-512's, or this file's). Called from functions
+/// with AVX2, FMA and F16C enabled.
+#[inline(always)]
+pub(crate) unsafe fn swiglu_with(gate: &mut [f32], up: &[f32], exp: impl Fn(__m256) -> __m256) {
+    let n = gate.len().min(up.len());
+    let (gate, up) = (&mut gate[..n], &up[..n]);
+    let (gs, g_tail) = gate.as_chunks_mut::<8>();
+    let (us, u_tail) = up.as_chunks::<8>();
+    let (one, sign) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
+    for (g, u) in gs.iter_mut().zip(us) {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        let e = exp(_mm256_xor_ps(x, sign));
+        let y = _mm256_mul_ps(
+            _mm256_div_ps(x, _mm256_add_ps(one, e)),
+            _mm256_loadu_ps(u.as_ptr()),
+        );
+        _mm256_storeu_ps(g.as_mut_ptr(), y);
+    }
+    super::ops::swiglu_scalar(g_tail, u_tail);
+}
+
+/// Softmax of rows `i` of `p` (row i at `i * stride`, `lens[i]` long), each as `ops::softmax`
+/// then rounded to f16 as `round_f16`: the exponentials eight at a time ([`expf8`]), each row's
+/// f64 sum in order with up to eight rows' chains side by side
+/// ([`super::ops::row_sums`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
+    for (i, &n) in lens.iter().enumerate() {
+        let x = &mut p[i * stride..][..n];
+        // As `fold(NEG_INFINITY, f32::max)`: `vmaxps` returns its second operand, the running
+        // maximum (never NaN), where the element is NaN.
+        let (chunks, tail) = x.as_chunks::<8>();
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        for c in chunks {
+            m = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr()), m);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let max = lanes
+            .iter()
+            .chain(tail)
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let (chunks, tail) = x.as_chunks_mut::<8>();
+        let vmax = _mm256_set1_ps(max);
+        for c in chunks {
+            let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+        }
+        for v in tail {
+            *v = super::ops::expf(*v - max);
+        }
+    }
+    let sums = super::ops::row_sums(p, stride, lens);
+    for ((i, &n), sum) in lens.iter().enumerate().zip(sums) {
+        let inv = (1.0 / sum) as f32;
+        let x = &mut p[i * stride..][..n];
+        let (chunks, tail) = x.as_chunks_mut::<8>();
+        let vinv = _mm256_set1_ps(inv);
+        for c in chunks {
+            let w = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vinv);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(w);
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+        for v in tail {
+            *v = half::f16::from_f32(*v * inv).to_f32();
+        }
+    }
+}
+
 /// 32 IQ4 quants (nibbles as [`nibbles32`] orders them) as their signed values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

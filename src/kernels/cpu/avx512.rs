@@ -945,36 +945,14 @@ pub unsafe fn expf8(x: __m256) -> __m256 {
     if special == 0 {
         return out;
     }
-    let (mut xs, mut os) = ([0f32; 8], [0f32; 8]);
-    _mm256_storeu_ps(xs.as_mut_ptr(), x);
-    _mm256_storeu_ps(os.as_mut_ptr(), out);
-    for l in 0..8 {
-        if special & (1 << l) != 0 {
-            os[l] = super::ops::expf_special(xs[l]);
-        }
-    }
-    _mm256_loadu_ps(os.as_ptr())
+    super::avx2::expf_special_lanes(x, out, special as u32)
 }
 
 /// [`super::ops::swiglu_inplace`] eight elements at a time: `g / (1 + expf(-g)) * u`, the same
 /// f32 operations lane by lane.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
-    let n = gate.len().min(up.len());
-    let (gate, up) = (&mut gate[..n], &up[..n]);
-    let (gs, g_tail) = gate.as_chunks_mut::<8>();
-    let (us, u_tail) = up.as_chunks::<8>();
-    let (one, sign) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
-    for (g, u) in gs.iter_mut().zip(us) {
-        let x = _mm256_loadu_ps(g.as_ptr());
-        let e = expf8(_mm256_xor_ps(x, sign));
-        let y = _mm256_mul_ps(
-            _mm256_div_ps(x, _mm256_add_ps(one, e)),
-            _mm256_loadu_ps(u.as_ptr()),
-        );
-        _mm256_storeu_ps(g.as_mut_ptr(), y);
-    }
-    super::ops::swiglu_scalar(g_tail, u_tail);
+    super::avx2::swiglu_with(gate, up, |x| expf8(x))
 }
 
 #[cfg(test)]
@@ -1060,21 +1038,26 @@ mod tests {
         }
     }
 
-    /// Eight lanes at a time equal the scalar `expf` (which equals glibc's) bit for bit, over
-    /// every 61st f32 bit pattern: both signs, the special ranges, NaN.
+    /// Eight lanes at a time (AVX-512's and AVX2's) equal the scalar `expf` (which equals
+    /// glibc's) bit for bit, over every 61st f32 bit pattern: both signs, the special ranges, NaN.
     #[test]
     fn expf8_equals_expf() {
-        if !crate::kernels::cpu::Isa::Avx512.supported() {
-            return;
-        }
+        use crate::kernels::cpu::Isa;
+        type Exp = unsafe fn(__m256) -> __m256;
+        let variants: [(Isa, Exp); 2] = [
+            (Isa::Avx512, |x| unsafe { expf8(x) }),
+            (Isa::Avx2, |x| unsafe { super::super::avx2::expf8(x) }),
+        ];
         let xs: Vec<f32> = (0..=u32::MAX).step_by(61).map(f32::from_bits).collect();
-        for c in xs.chunks_exact(8) {
-            let mut got = [0f32; 8];
-            // SAFETY: the CPU has AVX-512 (checked above).
-            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), expf8(_mm256_loadu_ps(c.as_ptr()))) };
-            for (&x, g) in c.iter().zip(got) {
-                let want = super::super::ops::expf(x);
-                assert_eq!(g.to_bits(), want.to_bits(), "expf({x:e}) = {g:e}");
+        for (isa, exp) in variants.into_iter().filter(|(isa, _)| isa.supported()) {
+            for c in xs.chunks_exact(8) {
+                let mut got = [0f32; 8];
+                // SAFETY: the CPU has the variant's ISA (filtered above).
+                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp(_mm256_loadu_ps(c.as_ptr()))) };
+                for (&x, g) in c.iter().zip(got) {
+                    let want = super::super::ops::expf(x);
+                    assert_eq!(g.to_bits(), want.to_bits(), "{isa:?}: expf({x:e}) = {g:e}");
+                }
             }
         }
     }
@@ -1083,9 +1066,14 @@ mod tests {
     /// negative and special gate values.
     #[test]
     fn swiglu_equals_scalar() {
-        if !crate::kernels::cpu::Isa::Avx512.supported() {
-            return;
-        }
+        use crate::kernels::cpu::Isa;
+        type Swiglu = unsafe fn(&mut [f32], &[f32]);
+        let variants: [(Isa, Swiglu); 2] = [
+            (Isa::Avx512, |g, u| unsafe { swiglu_inplace(g, u) }),
+            (Isa::Avx2, |g, u| unsafe {
+                super::super::avx2::swiglu_inplace(g, u)
+            }),
+        ];
         let mut gate: Vec<f32> = (0..1000)
             .map(|i| 30.0 * (i as f32 * 0.173).sin() * (i % 7) as f32)
             .collect();
@@ -1107,16 +1095,18 @@ mod tests {
             .collect();
         let mut want = gate.clone();
         super::super::ops::swiglu_scalar(&mut want, &up);
-        let mut got = gate.clone();
-        // SAFETY: the CPU has AVX-512 (checked above).
-        unsafe { swiglu_inplace(&mut got, &up) };
-        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                b.to_bits(),
-                "element {i} (gate {}): {a} vs {b}",
-                gate[i]
-            );
+        for (isa, swiglu) in variants.into_iter().filter(|(isa, _)| isa.supported()) {
+            let mut got = gate.clone();
+            // SAFETY: the CPU has the variant's ISA (filtered above).
+            unsafe { swiglu(&mut got, &up) };
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{isa:?}: element {i} (gate {}): {a} vs {b}",
+                    gate[i]
+                );
+            }
         }
     }
 }

@@ -48,32 +48,21 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     match super::isa() {
         // SAFETY: the CPU has AVX-512 (`isa` picks only supported variants).
         super::Isa::Avx512 => return unsafe { super::avx512::swiglu_inplace(gate, up) },
-        // SAFETY: the CPU has FMA (AVX2's variant needs it).
-        super::Isa::Avx2 => return unsafe { swiglu_fma(gate, up) },
+        // SAFETY: the CPU has AVX2, FMA and F16C (`isa` picks only supported variants).
+        super::Isa::Avx2 => return unsafe { super::avx2::swiglu_inplace(gate, up) },
         super::Isa::Scalar => {}
     }
     swiglu_scalar(gate, up)
 }
 
 /// [`swiglu_inplace`] one element at a time. Always inlined, so that a caller compiled with FMA
-/// ([`swiglu_fma`], AVX-512's tails) computes [`expf`]'s `mul_add`s with the instruction.
+/// (the vector variants' tails) computes [`expf`]'s `mul_add`s with the instruction (a call to
+/// the library's software `fma` otherwise: 5% of 135M Q4_0 pp512's samples on an AVX2 CPU).
 #[inline(always)]
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + expf(-*g)) * u;
     }
-}
-
-/// [`swiglu_scalar`] compiled with FMA, so that [`expf`]'s f64 `mul_add`s are instructions
-/// rather than calls to the library's software `fma` (5% of 135M Q4_0 pp512's samples on an
-/// AVX2 CPU); the same bits, both being exact fused operations.
-///
-/// # Safety
-/// The CPU has FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn swiglu_fma(gate: &mut [f32], up: &[f32]) {
-    swiglu_scalar(gate, up)
 }
 
 /// Rotary position embedding in place on `x` = [n_tok, n_heads, head_dim], token t at `pos0 + t`,
@@ -146,6 +135,34 @@ fn softmax_each(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// The f64 sum, in order, of each row `i` of `p` (at `i * stride`, `lens[i]` long): eight rows'
+/// chains side by side (the last repeated where there are fewer), each row's own sum exactly
+/// `fold(0f64, |s, &v| s + v as f64)` (the vector softmaxes' sums).
+pub(crate) fn row_sums(p: &[f32], stride: usize, lens: &[usize]) -> Vec<f64> {
+    let mut sums = vec![0f64; lens.len()];
+    for (g, sums) in sums.chunks_mut(8).enumerate() {
+        let rows = 8 * g..8 * g + sums.len();
+        let common = lens[rows.clone()].iter().copied().min().unwrap_or(0);
+        let x: [&[f32]; 8] = std::array::from_fn(|r| {
+            let r = (8 * g + r).min(rows.end - 1);
+            &p[r * stride..][..common]
+        });
+        let mut acc = [0f64; 8];
+        #[allow(clippy::needless_range_loop)]
+        for j in 0..common {
+            for r in 0..8 {
+                acc[r] += x[r][j] as f64;
+            }
+        }
+        for ((r, a), sum) in rows.zip(acc).zip(sums.iter_mut()) {
+            *sum = p[r * stride + common..r * stride + lens[r]]
+                .iter()
+                .fold(a, |s, &v| s + v as f64);
+        }
+    }
+    sums
 }
 
 /// glibc's `expf` table: `2^(i/32)` as bits, less `i << 47` (`__exp2f_data.tab`).
