@@ -568,6 +568,31 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
     lanes4(sumf)
 }
 
+/// Four Q8_0 rows against one Q8_0 row, bit-identical per row with [`vec_dot_q8_0_q8_0`]: the
+/// same eight i32 lanes per block and the same FMA with `d_x * d_y` into each row's own 8-lane
+/// chain, so four independent chains (one row's chain waits four cycles a block for its FMA);
+/// the activation block and its scale are loaded once for the four rows, the four rows' scales
+/// converted by one F16C conversion.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
+    let ys: &[BlockQ8_0] = super::blocks(a);
+    let nb = super::common_blocks(&xs, &[ys]);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (b, y) in ys[..nb].iter().enumerate() {
+        let x: [&BlockQ8_0; 4] = std::array::from_fn(|r| &xs[r][b]);
+        let yv = load32(&y.qs);
+        // d_x * d_y of the four rows, lane by lane as the scalar products.
+        let d = _mm256_castps128_ps256(_mm_mul_ps(h2f4(x.map(|x| x.d)), h2f_splat(y.d)));
+        for r in 0..4 {
+            let lanes = dot_ss8(load32(&x[r].qs), yv);
+            let dr = _mm256_permutevar8x32_ps(d, _mm256_set1_epi32(r as i32));
+            acc[r] = _mm256_fmadd_ps(dr, _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
+    }
+    acc.map(|v| hsum8(v))
+}
+
 /// The four lanes of `v`, one per row of the four-row kernels (AVX2's and AVX-512's).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -578,17 +603,20 @@ pub(crate) unsafe fn lanes4(v: __m128) -> [f32; 4] {
 }
 
 /// Four rows at a time for decode on AVX2 CPUs, where a kernel exists (as
-/// [`super::avx512::rows_fn`] on AVX-512 CPUs): Q4_0, F16, BF16 and F32. Out of cache, 1 EPYC
+/// [`super::avx512::rows_fn`] on AVX-512 CPUs): Q4_0, Q8_0, F16, BF16 and F32. Out of cache, 1 EPYC
 /// thread with `OATO_CPU_ISA=avx2` (`examples/matmul_dram`, alternated), fraction of the plain
 /// read one row / four rows at a time: F16 8192 x 2048 0.60 / 0.78, Q4_0 4096 x 4096 0.28 /
 /// 0.42, 2048 x 8192 0.30 / 0.42. 1B shape tg32, 2 threads: Q4_0 25.2 -> 32.2 t/s, F16 15.5 ->
-/// 20.5. Q8_0 has none here: four rows (as AVX-512's, the scales by [`h2f4`]) read its file's
-/// matrices faster on one thread (`examples/decode_mix`: gate 21.0-26.8 -> 29.9 GB/s) but tg32
-/// on 2 threads no better (0.61-0.90 of the memory's rate against 0.65-0.85, alternated).
+/// 20.5. Q8_0 ([`rows_q8_0`], 2026-11-27): 8192 x 2048 out of cache, 2 threads, GB/s of weights
+/// 23.7 -> 35.7 (medians of 5 alternated; one row's single FMA chain waited on its latency every
+/// block); 1B shape tg128 alternated twice, 1 / 2 threads: 9.3, 8.9 -> 15.0, 14.2 t/s and 15.6,
+/// 15.7 -> 19.7, 23.8 (an earlier try, 2026-11-26, had seen no gain at 2 threads: 0.61-0.90 of
+/// the memory's rate against 0.65-0.85).
 pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<super::avx512::RowsFn<4>> {
     use crate::quant::GgmlType;
     match wty {
         GgmlType::Q4_0 => Some(rows_q4_0),
+        GgmlType::Q8_0 => Some(rows_q8_0),
         GgmlType::F16 => Some(rows_f16),
         GgmlType::BF16 => Some(rows_bf16),
         GgmlType::F32 => Some(rows_f32),

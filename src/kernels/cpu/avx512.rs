@@ -965,10 +965,6 @@ mod tests {
     fn rows_equal_scalar_dots() {
         use crate::kernels::cpu::{Isa, dot_fn};
         use crate::quant::{GgmlType, quantize_row};
-        if !Isa::Avx512.supported() {
-            eprintln!("rows_equal_scalar_dots: skipped, this CPU has no AVX-512 VNNI");
-            return;
-        }
         let kinds = [
             GgmlType::Q4_0,
             GgmlType::Q8_0,
@@ -978,8 +974,18 @@ mod tests {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
         ];
-        for wty in kinds {
-            let f = rows_fn(wty).unwrap();
+        // AVX-512's kernels and AVX2's (those it has), each where the CPU runs it.
+        let variants = kinds.iter().flat_map(|&wty| {
+            let avx512 = Isa::Avx512.supported().then(|| rows_fn(wty)).flatten();
+            let avx2 = Isa::Avx2
+                .supported()
+                .then(|| super::super::avx2::rows_fn(wty));
+            [avx512, avx2.flatten()]
+                .into_iter()
+                .flatten()
+                .map(move |f| (wty, f))
+        });
+        for (wty, f) in variants {
             let block = wty.block_size();
             for n in [32usize, 64, 576, 2048, 32 * 37, 256 * 3, 256 * 9]
                 .into_iter()
@@ -1005,7 +1011,7 @@ mod tests {
                 let aty = wty.vec_dot_type();
                 let mut a = vec![0u8; aty.row_bytes(n).unwrap()];
                 quantize_row(aty, &pattern(2.1), &mut a).unwrap();
-                // SAFETY: AVX-512 VNNI checked above; dot_fn checks support.
+                // SAFETY: each variant's ISA checked above; dot_fn checks support.
                 let got = unsafe { f(std::array::from_fn(|r| rows[r].as_slice()), &a) };
                 for (r, w) in rows.iter().enumerate() {
                     let want = unsafe { dot_fn(Isa::Scalar, wty)(w, &a, n) };
