@@ -1,5 +1,6 @@
 //! Attention for one to three tokens over the KV cache (decode) on CPUs with AVX2, FMA and F16C,
-//! each cache row read once for all the query heads that share it, in three steps:
+//! and for prompts three tokens at a time on CPUs without AVX-512's tiles ([`prompt`]), each
+//! cache row read once for all the query heads that share it, in three steps:
 //! 1. scores: each K row is widened once and dotted with every query of the group (its heads,
 //!    each token);
 //! 2. softmax of each (token, head) row;
@@ -61,15 +62,8 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
-    let (n_tok, q_dim) = checked(
-        s,
-        q,
-        k_cache,
-        v_cache,
-        pos0,
-        out,
-        out.len() / (s.n_head * s.head_dim),
-    );
+    let (n_tok, q_dim) = checked(s, q, k_cache, v_cache, pos0, out);
+    assert!(supports(s, n_tok, pos0 + n_tok));
     let n_kv_max = pos0 + n_tok;
     let n_rows = n_tok * s.n_head;
     let stride = n_kv_max.next_multiple_of(8);
@@ -103,9 +97,10 @@ pub fn prompt(
     pos0: usize,
     out: &mut [f32],
 ) {
-    let hd = s.head_dim;
-    let (n_tok, q_dim) = checked(s, q, k_cache, v_cache, pos0, out, 1);
+    let (n_tok, q_dim) = checked(s, q, k_cache, v_cache, pos0, out);
+    assert!(supports(s, 3, pos0 + n_tok));
     let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let n_chunks = n_tok.div_ceil(3);
     let avx512 = isa() == Isa::Avx512;
     let os = SharedOut(out.as_mut_ptr());
@@ -135,7 +130,7 @@ pub fn prompt(
                         group,
                         n_tok: n,
                         pos0: pos0 + t0,
-                        scale: 1.0 / (hd as f32).sqrt(),
+                        scale,
                         p: p.as_mut_ptr(),
                         stride,
                         avx512,
@@ -167,8 +162,8 @@ pub fn prompt(
     });
 }
 
-/// The tokens of `out` and the size of a token's queries, after checking that the call's slices
-/// hold them and that [`supports`] takes `s` with `per_call` tokens at a time.
+/// The tokens of `out` and the size of a token's queries, after checking that the queries and
+/// the cache hold them.
 fn checked(
     s: AttnShape,
     q: &[f32],
@@ -176,19 +171,19 @@ fn checked(
     v_cache: &[f16],
     pos0: usize,
     out: &[f32],
-    per_call: usize,
 ) -> (usize, usize) {
     let q_dim = s.n_head * s.head_dim;
     let kv_dim = s.n_head_kv * s.head_dim;
     let n_tok = out.len() / q_dim;
     let n_kv_max = pos0 + n_tok;
-    assert!(supports(s, per_call, n_kv_max) && q.len() >= n_tok * q_dim);
+    assert!(q.len() >= n_tok * q_dim);
     assert!(k_cache.len() >= n_kv_max * kv_dim && v_cache.len() >= n_kv_max * kv_dim);
     (n_tok, q_dim)
 }
 
 thread_local! {
-    /// A [`prompt`] task's scores, kept per thread between tasks.
+    /// A [`prompt`] task's scores, kept per thread between tasks (apart from [`SCRATCH`], which
+    /// the calling thread holds for the rounded queries while it runs tasks too).
     static TASK_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -319,18 +314,13 @@ impl Steps<'_> {
         let n_kv = self.pos0 + r / self.s.n_head + 1;
         let stride = self.stride;
         let rows = std::slice::from_raw_parts_mut(self.p.add(r * stride), n * stride);
-        if self.avx512 {
-            // SAFETY: the CPU has AVX-512. It rounds the weights to f16 too; the sums of up to
-            // eight rows run side by side.
-            for rows in rows.chunks_mut(8 * stride) {
-                let lens = &[n_kv; 8][..rows.len() / stride];
+        // Up to eight rows at a time, their f64 sums side by side; the weights rounded to f16.
+        for rows in rows.chunks_mut(8 * stride) {
+            let lens = &[n_kv; 8][..rows.len() / stride];
+            if self.avx512 {
+                // SAFETY: the CPU has AVX-512.
                 super::attention_tiled::softmax_rows(rows, stride, lens);
-            }
-        } else {
-            // The same operations eight lanes at a time with AVX2 (`ops::softmax` then
-            // `round_f16`, exactly).
-            for rows in rows.chunks_mut(8 * stride) {
-                let lens = &[n_kv; 8][..rows.len() / stride];
+            } else {
                 super::avx2::softmax_rows(rows, stride, lens);
             }
         }

@@ -19,7 +19,7 @@ use half::f16;
 
 use crate::kernels::cpu::attention::AttnShape;
 use crate::kernels::cpu::matmul::SharedOut;
-use crate::kernels::cpu::{ops, pool};
+use crate::kernels::cpu::pool;
 
 /// Tokens per item: with the test model's three heads per KV head, twelve queries share each row.
 const TOKENS: usize = 4;
@@ -402,43 +402,9 @@ impl Values<'_> {
 }
 
 /// `ops::softmax` of row i, `p[i * stride..][..lens[i]]`, for every row, then the weights rounded
-/// to f16 (as the value sums take them). The f64 sums of up to eight rows run side by side (each
-/// in its own order); the rest is vectorised along the row, with the same arithmetic.
+/// to f16 (as the value sums take them): AVX2's [`super::avx2::softmax_rows`] with AVX-512's
+/// `expf8` (its f64 steps eight lanes at a time).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
-    for (i, &n) in lens.iter().enumerate() {
-        let x = &mut p[i * stride..][..n];
-        // As `fold(NEG_INFINITY, f32::max)`: `vmaxps` returns its second operand, the running
-        // maximum (never NaN), where the element is NaN.
-        let (chunks, tail) = x.as_chunks::<16>();
-        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-        for c in chunks {
-            m = _mm512_max_ps(_mm512_loadu_ps(c.as_ptr()), m);
-        }
-        let max = tail.iter().copied().fold(_mm512_reduce_max_ps(m), f32::max);
-        let (chunks, tail) = x.as_chunks_mut::<8>();
-        let vmax = _mm256_set1_ps(max);
-        for c in chunks {
-            let e = super::avx512::expf8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
-            _mm256_storeu_ps(c.as_mut_ptr(), e);
-        }
-        for v in tail {
-            *v = ops::expf(*v - max);
-        }
-    }
-    let sums = ops::row_sums(p, stride, lens);
-    for ((i, &n), sum) in lens.iter().enumerate().zip(sums) {
-        let inv = _mm512_set1_ps((1.0 / sum) as f32);
-        let x = &mut p[i * stride..][..n];
-        let (chunks, tail) = x.as_chunks_mut::<16>();
-        for c in chunks {
-            let w = _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv);
-            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(w);
-            _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(h));
-        }
-        let inv = (1.0 / sum) as f32;
-        for v in tail {
-            *v = f16::from_f32(*v * inv).to_f32();
-        }
-    }
+    super::avx2::softmax_rows_with(p, stride, lens, |x| super::avx512::expf8(x))
 }

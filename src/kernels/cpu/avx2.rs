@@ -389,6 +389,18 @@ pub(crate) unsafe fn swiglu_with(gate: &mut [f32], up: &[f32], exp: impl Fn(__m2
 /// ([`super::ops::row_sums`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
+    softmax_rows_with(p, stride, lens, |x| expf8(x))
+}
+
+/// [`softmax_rows`] with `exp` for [`expf8`] (AVX-512's, or this file's). Called from functions
+/// with AVX2, FMA and F16C enabled.
+#[inline(always)]
+pub(crate) unsafe fn softmax_rows_with(
+    p: &mut [f32],
+    stride: usize,
+    lens: &[usize],
+    exp: impl Fn(__m256) -> __m256,
+) {
     for (i, &n) in lens.iter().enumerate() {
         let x = &mut p[i * stride..][..n];
         // As `fold(NEG_INFINITY, f32::max)`: `vmaxps` returns its second operand, the running
@@ -408,7 +420,7 @@ pub unsafe fn softmax_rows(p: &mut [f32], stride: usize, lens: &[usize]) {
         let (chunks, tail) = x.as_chunks_mut::<8>();
         let vmax = _mm256_set1_ps(max);
         for c in chunks {
-            let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
             _mm256_storeu_ps(c.as_mut_ptr(), e);
         }
         for v in tail {
@@ -575,6 +587,18 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
 /// converted by one F16C conversion.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+    rows_q8_0_with::<0>(w, a, |x, y| dot_ss8(x, y))
+}
+
+/// [`rows_q8_0`] with `dot` for [`dot_ss8`] (AVX-512's VNNI one, or this file's), asking for
+/// each row's line `AHEAD` bytes past the current block (0: none; AVX-512's kernel takes 512).
+/// Called from functions with AVX2, FMA and F16C enabled.
+#[inline(always)]
+pub(crate) unsafe fn rows_q8_0_with<const AHEAD: usize>(
+    w: [&[u8]; 4],
+    a: &[u8],
+    dot: impl Fn(__m256i, __m256i) -> __m256i,
+) -> [f32; 4] {
     let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
     let ys: &[BlockQ8_0] = super::blocks(a);
     let nb = super::common_blocks(&xs, &[ys]);
@@ -585,7 +609,11 @@ pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
         // d_x * d_y of the four rows, lane by lane as the scalar products.
         let d = _mm256_castps128_ps256(_mm_mul_ps(h2f4(x.map(|x| x.d)), h2f_splat(y.d)));
         for r in 0..4 {
-            let lanes = dot_ss8(load32(&x[r].qs), yv);
+            if AHEAD > 0 {
+                let at = (x[r] as *const BlockQ8_0).cast::<i8>().wrapping_add(AHEAD);
+                _mm_prefetch::<_MM_HINT_T0>(at);
+            }
+            let lanes = dot(load32(&x[r].qs), yv);
             let dr = _mm256_permutevar8x32_ps(d, _mm256_set1_epi32(r as i32));
             acc[r] = _mm256_fmadd_ps(dr, _mm256_cvtepi32_ps(lanes), acc[r]);
         }

@@ -240,30 +240,7 @@ pub unsafe fn rows_q4_0_batch(w: [&[u8]; 4], a: &[&[u8]], mut put: impl FnMut(us
 /// one thread); by `h2f_splat`, 0.89-0.93 against 0.87-0.91.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
-    let ys: &[BlockQ8_0] = super::blocks(a);
-    let nb = super::common_blocks(&xs, &[ys]);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..nb {
-        // SAFETY: b < nb <= ys.len() and every xs[r].len().
-        let y = unsafe { ys.get_unchecked(b) };
-        let x: [&BlockQ8_0; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
-        let yv = avx2::load32(&y.qs);
-        // d_x * d_y of the four rows, lane by lane as the scalar products.
-        let d = _mm_mul_ps(avx2::h2f4(x.map(|x| x.d)), avx2::h2f_splat(y.d));
-        let d = _mm256_castps128_ps256(d);
-        for r in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(
-                (x[r] as *const BlockQ8_0)
-                    .cast::<i8>()
-                    .wrapping_add(ROWS_PREFETCH),
-            );
-            let lanes = dot_ss8(avx2::load32(&x[r].qs), yv);
-            let dr = _mm256_permutexvar_ps(_mm256_set1_epi32(r as i32), d);
-            acc[r] = _mm256_fmadd_ps(dr, _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
-    }
-    acc.map(|v| avx2::hsum8(v))
+    avx2::rows_q8_0_with::<ROWS_PREFETCH>(w, a, |x, y| dot_ss8(x, y))
 }
 
 // ---------------------------------------------------------------------------------------------
