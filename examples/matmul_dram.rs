@@ -4,7 +4,7 @@
 //! (default the Llama-3.2-1B head, Q6_K 2048 x 128256, 2 threads, 1 token, 8 rounds). A matrix
 //! smaller than 256 MiB is copied until the copies fill that, and the products go round the
 //! copies, so each reads its weights from DRAM as decode does (not from the last level cache;
-//! `OATO_DRAM_MIB` sets that fill, a few MiB keeping the copies in cache).
+//! `OATO_DRAM_MIB` sets that fill, a few MiB keeping the copies in cache; `OATO_DRAM_KIB` in KiB).
 //! Rounds alternate the layouts (the file's, and `repack`'s where the type has it) and a plain
 //! read of the same copies on the same pool (`read`: the memory's rate at that moment), so a
 //! machine whose memory rate drifts moves all alike; prints each round's GB/s of weights and the
@@ -33,12 +33,16 @@ fn main() {
     let mut rng = oato::rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15);
     oato::kernels::cpu::random_blocks(ty, &mut data, &mut rng, |_| 0.002);
     let arena = repack::Arena::default();
-    // OATO_DRAM_MIB: the bytes the copies fill (default 256 MiB; a few MiB keeps them in cache).
-    let fill: usize = std::env::var("OATO_DRAM_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(256);
-    let copies = (fill << 20).div_ceil(data.len());
+    // OATO_DRAM_MIB: the bytes the copies fill (default 256 MiB; a few MiB keeps them in cache);
+    // OATO_DRAM_KIB instead, for a fill inside a core's L2.
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+    };
+    let fill =
+        var("OATO_DRAM_KIB").map_or_else(|| var("OATO_DRAM_MIB").unwrap_or(256) << 20, |k| k << 10);
+    let copies = fill.div_ceil(data.len());
     let packed: Vec<_> = (0..copies)
         .filter(|_| repack::repacks(ty, k, n))
         .map(|_| repack::pack(ty, &data, k, n, threads, &arena).expect("an interleaved copy"))

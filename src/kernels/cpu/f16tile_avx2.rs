@@ -9,8 +9,9 @@
 //! Every output is computed as `avx2::vec_dot_f16` (`vec_dot_bf16`) computes it
 //! (`scalar::dot_wide`'s order): lane (c, l) of four 8-lane FMA chains takes the elements
 //! `i % 32 == 8c + l` as `fma(w, a, acc)`, then `(c0 + c1) + (c2 + c3)` lane-wise, `hsum8`, then
-//! the `k % 32` tail elements by FMA in order. The chains are independent, so the tile runs them
-//! one after the other, each chain of a group of rows (in L1) against every token of a block.
+//! the `k % 32` tail elements by FMA in order. The chains are independent, so a tile runs them
+//! one after the other and keeps the partial sums between them; a group of three tokens (in L1)
+//! runs against every group of four rows of a panel (from L2).
 //!
 //! 1B shape F16, 2 threads of a Zen 3 VM (`oato bench`, alternated): one dot product at a time
 //! pp64 / pp512 about 21 t/s (0.3 of llama.cpp's); tiles on weights and activations widened to
@@ -25,7 +26,6 @@ use std::ops::Range;
 
 use std::cell::Cell;
 
-use super::avx2::Lanes8;
 use super::matmul::{Out, QuantizedActs};
 use super::spare::Spared;
 use crate::quant::GgmlType;
@@ -44,9 +44,10 @@ const BLOCK_TOKENS: usize = 240;
 
 /// F16 or BF16 activations as they are, reordered: `[chain][token][step]` of [`Half8`], entry (c, t, s)
 /// holding elements `32 s + 8 c..+ 8` of token t; elements past the last whole step apart (the
-/// tail, taken from `acts` itself). Chain-major, so that a chain's token groups are read as one
-/// stream (token-major, each group of three tokens was three short streams 8 KiB apart at
-/// k = 2048: 1 Zen 3 thread, 2048 x 1024 in cache, 240 tokens, 0.21 against 0.25 GB/s, in f32).
+/// tail, taken from `acts` itself). Chain-major: a token group's chain is one run (measured
+/// when the tiles ran a chain's token groups one after the other: token-major, each group of
+/// three tokens was three short streams 8 KiB apart at k = 2048: 1 Zen 3 thread, 2048 x 1024 in
+/// cache, 240 tokens, 0.21 against 0.25 GB/s, in f32).
 pub(crate) struct HalfActs {
     ty: GgmlType,
     data: Spared<Half8>,
@@ -127,6 +128,25 @@ fn pack_row(row: &[u8], steps: usize, mut put: impl FnMut(usize, usize, Half8)) 
     }
 }
 
+/// A weight row's whole steps laid out as [`pack_row`] lays them out, `[chain][step]` into `dst`
+/// (`4 * steps` entries), as vector moves: by `pack_row`'s closure, 8.8% of the samples of F16
+/// 8192 x 2048 x 64 tokens (1 Zen 3 thread, out of cache) against the tiles' 73%.
+fn pack_weights(row: &[u8], dst: &mut [Half8]) {
+    let steps = dst.len() / 4;
+    assert!(row.len() >= 64 * steps && dst.len() == 4 * steps);
+    let (src, dst) = (row.as_ptr(), dst.as_mut_ptr());
+    for s in 0..steps {
+        for c in 0..4 {
+            // SAFETY: `64 s + 16 c + 16 <= row.len()` and `c steps + s < dst.len()` (asserted);
+            // `Half8` is 16 bytes of plain data, aligned to 16.
+            unsafe {
+                let v = std::ptr::read_unaligned(src.add(64 * s + 16 * c).cast::<[u8; 16]>());
+                dst.add(c * steps + s).write(Half8(v));
+            }
+        }
+    }
+}
+
 /// Eight values at `p` widened to f32 (exact): F16 by `vcvtph2ps`, BF16 by a shift.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -175,22 +195,20 @@ fn run_blocks<'w>(
     out: Out,
 ) {
     thread_local! {
-        /// The packed weight rows of a panel, the tiles' chain sums and the panel's finished
-        /// sums, kept per thread across operators.
-        static BUFS: std::cell::RefCell<(Vec<Half8>, Vec<Lanes8>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        /// The packed weight rows of a panel and the panel's finished sums, kept per thread
+        /// across operators.
+        static BUFS: std::cell::RefCell<(Vec<Half8>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
     assert!(crate::kernels::cpu::Isa::Avx2.supported());
     let steps = half.steps;
     let k = acts.k;
-    BUFS.with_borrow_mut(|(wbuf, part, psums)| {
+    let bf = half.ty == GgmlType::BF16;
+    BUFS.with_borrow_mut(|(wbuf, psums)| {
         if wbuf.len() < panel_rows * 4 * steps {
             wbuf.resize(panel_rows * 4 * steps, Half8([0; 16]));
         }
-        if part.len() < 2 * block_tokens * ROWS {
-            part.resize(2 * block_tokens * ROWS, Lanes8([0.0; 8]));
-        }
-        // Every entry a panel's tokens read is written by its groups first.
+        // Every entry a panel's tokens read is written by its tiles first.
         if psums.len() < block_tokens.min(half.n_tok) * panel_rows {
             psums.resize(block_tokens.min(half.n_tok) * panel_rows, 0.0);
         }
@@ -201,34 +219,52 @@ fn run_blocks<'w>(
                 for (i, r) in panel.clone().enumerate() {
                     let src = row(r);
                     let dst = &mut wbuf[i * 4 * steps..][..4 * steps];
-                    pack_row(src, steps, |c, s, v| dst[c * steps + s] = v);
+                    pack_weights(src, dst);
                 }
-                let mut i = 0;
-                let sums = Sums {
-                    at: psums.as_mut_ptr(),
-                    stride: panel.len(),
-                };
-                while i < panel.len() {
-                    let w = wbuf[i * 4 * steps..].as_ptr();
-                    let left = panel.len() - i;
-                    let at = sums.at.wrapping_add(i);
-                    let sums = Sums { at, ..sums };
-                    // SAFETY: AVX2, FMA present (asserted); rows i.. of the panel (as many as
-                    // the group takes, inside it) and every token are packed, `4 * steps`
-                    // entries each; `part` holds two entries per token and row; `sums` has a
-                    // row of `panel.len()` per token of the block, the group's from column i.
-                    let nr = unsafe {
-                        let t = tokens.clone();
-                        match (left, half.ty == GgmlType::BF16) {
-                            (4.., false) => group::<ROWS, false>(w, half, t, steps, part, sums),
-                            (4.., true) => group::<ROWS, true>(w, half, t, steps, part, sums),
-                            (2 | 3, false) => group::<2, false>(w, half, t, steps, part, sums),
-                            (2 | 3, true) => group::<2, true>(w, half, t, steps, part, sums),
-                            (_, false) => group::<1, false>(w, half, t, steps, part, sums),
-                            (_, true) => group::<1, true>(w, half, t, steps, part, sums),
+                // Token group by token group, each against every row group of the panel: the
+                // group's chains stay in L1 while the panel's rows stream from L2. Row group by
+                // row group, each against every token group, the block's tokens came from L3
+                // for every four rows: 1 Zen 3 thread, F16 weights in L3 (`matmul_dram`,
+                // `OATO_DRAM_MIB=4`), 64 / 240 tokens, GFLOP/s: K 2048 x 2048 74 / 62 -> 76 /
+                // 82, K 8192 x 1024 67 / 65 -> 81 / 86.
+                let mut t = tokens.start;
+                while t < tokens.end {
+                    let nt = (tokens.end - t).min(TOKENS);
+                    let tl = t - tokens.start;
+                    let mut i = 0;
+                    while i < panel.len() {
+                        let w = wbuf[i * 4 * steps..].as_ptr();
+                        let at = psums[tl * panel.len() + i..].as_mut_ptr();
+                        let sums = Sums {
+                            at,
+                            stride: panel.len(),
+                        };
+                        macro_rules! tile {
+                            ($r:literal) => {
+                                match (nt, bf) {
+                                    (3, false) => tile::<$r, 3, false>(w, half, t, steps, sums),
+                                    (3, true) => tile::<$r, 3, true>(w, half, t, steps, sums),
+                                    (2, false) => tile::<$r, 2, false>(w, half, t, steps, sums),
+                                    (2, true) => tile::<$r, 2, true>(w, half, t, steps, sums),
+                                    (_, false) => tile::<$r, 1, false>(w, half, t, steps, sums),
+                                    (_, true) => tile::<$r, 1, true>(w, half, t, steps, sums),
+                                }
+                            };
                         }
-                    };
-                    i += nr;
+                        // SAFETY: AVX2, FMA present (asserted); rows i.. of the panel (as many
+                        // as the tile takes, inside it) and every token are packed, `4 * steps`
+                        // entries each; `sums` has a row of `panel.len()` per token of the
+                        // block, the tile's from (tl, i), `nt` tokens and the tile's rows inside.
+                        let nr = unsafe {
+                            match panel.len() - i {
+                                4.. => tile!(4),
+                                2 | 3 => tile!(2),
+                                _ => tile!(1),
+                            }
+                        };
+                        i += nr;
+                    }
+                    t += nt;
                 }
                 // Handed out token by token, each token's panel of rows one run of the output
                 // (group by group, four floats a token, every store reached a line of its own:
@@ -254,8 +290,8 @@ fn run_blocks<'w>(
     })
 }
 
-/// Where a group's finished sums go: (token tl of the block, row r of the group) at
-/// `at[tl * stride + r]`.
+/// Where a tile's finished sums go: (token j of the tile, row r of the tile) at
+/// `at[j * stride + r]`.
 #[derive(Clone, Copy)]
 struct Sums {
     at: *mut f32,
@@ -263,54 +299,42 @@ struct Sums {
 }
 
 /// `R` laid-out weight rows at `w` (`[row][chain][step]`, `4 * steps` entries of eight each)
-/// against the tokens `tokens` of `half`, chain by chain: a chain of the `R` rows (`16 steps`
-/// bytes a row) stays in L1 while every token group runs against it (all four chains of six
-/// rows were 48 KiB at k = 2048 in f32, read from L2 for every token group: 38 t/s against 69
-/// for llama.cpp, 1B F16 pp64). Each (row, token)'s chain sums wait in `part` (two entries a
-/// token and row): `c0`, then `c0 + c1`, with `c2` beside it, then `(c0 + c1) + (c2 + c3)`,
-/// summed by `hsum8` into `sums`, as `dot_wide` does (without the tail), for the caller to hand
-/// out. Returns `R`.
+/// against the tokens `t..t + T` of `half`: the four chains one after the other, `c0`, then
+/// `c0 + c1`, with `c2` beside it, then `(c0 + c1) + (c2 + c3)`, summed by `hsum8` into `sums`, as
+/// `dot_wide` does (without the tail), for the caller to hand out. Returns `R`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group<const R: usize, const BF: bool>(
+unsafe fn tile<const R: usize, const T: usize, const BF: bool>(
     w: *const Half8,
     half: &HalfActs,
-    tokens: Range<usize>,
+    t: usize,
     steps: usize,
-    part: &mut [Lanes8],
     sums: Sums,
 ) -> usize {
-    let n = tokens.len();
-    assert!(part.len() >= 2 * n * R);
-    let part = part.as_mut_ptr().cast::<__m256>();
+    let z = _mm256_setzero_ps();
+    let (mut p01, mut p2) = ([[z; R]; T], [[z; R]; T]);
     for c in 0..4 {
         let wc = w.add(c * steps);
-        let mut t = tokens.start;
-        while t < tokens.end {
-            let nt = (tokens.end - t).min(TOKENS);
-            let tl = t - tokens.start;
-            let ac = |j: usize| half.chain(t + j, c);
-            match nt {
-                3 => fold(
-                    c,
-                    if R == ROWS {
-                        chain_4x3::<BF>(wc, [ac(0), ac(1), ac(2)], steps)
-                            .map(|rows| std::array::from_fn(|r| rows[r]))
-                    } else {
-                        chain::<R, 3, BF>(wc, [ac(0), ac(1), ac(2)], steps)
-                    },
-                    part,
-                    tl,
-                    n,
-                    sums,
-                ),
-                2 => {
-                    let acc = chain::<R, 2, BF>(wc, [ac(0), ac(1)], steps);
-                    fold(c, acc, part, tl, n, sums)
+        let a: [*const Half8; T] = std::array::from_fn(|j| half.chain(t + j, c));
+        let acc: [[__m256; R]; T] = if R == ROWS && T == TOKENS {
+            let v = chain_4x3::<BF>(wc, [a[0], a[T / 2], a[T - 1]], steps);
+            std::array::from_fn(|j| std::array::from_fn(|r| v[j][r]))
+        } else {
+            chain::<R, T, BF>(wc, a, steps)
+        };
+        for j in 0..T {
+            for r in 0..R {
+                let v = acc[j][r];
+                match c {
+                    0 => p01[j][r] = v,
+                    1 => p01[j][r] = _mm256_add_ps(p01[j][r], v),
+                    2 => p2[j][r] = v,
+                    _ => {
+                        let sum = _mm256_add_ps(p01[j][r], _mm256_add_ps(p2[j][r], v));
+                        *sums.at.add(j * sums.stride + r) = super::avx2::hsum8(sum);
+                    }
                 }
-                _ => fold(c, chain::<R, 1, BF>(wc, [ac(0)], steps), part, tl, n, sums),
             }
-            t += nt;
         }
     }
     R
@@ -441,36 +465,6 @@ unsafe fn chain<const R: usize, const T: usize, const BF: bool>(
         }
     }
     acc
-}
-
-/// Chain `c`'s sums `acc` of tokens `t..t + T` (local index `tl` of `n` in the block) folded into
-/// `part` (`[2][n][R]`): `c0`; `c0 + c1`; `c2` beside it; then `(c0 + c1) + (c2 + c3)` summed
-/// by `hsum8` into `sums` at (tl + j, r).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fold<const R: usize, const T: usize>(
-    c: usize,
-    acc: [[__m256; R]; T],
-    part: *mut __m256,
-    tl: usize,
-    n: usize,
-    sums: Sums,
-) {
-    for (j, acc) in acc.iter().enumerate() {
-        for (r, &v) in acc.iter().enumerate() {
-            let p01 = part.add((tl + j) * R + r);
-            let p2 = part.add((n + tl + j) * R + r);
-            match c {
-                0 => *p01 = v,
-                1 => *p01 = _mm256_add_ps(*p01, v),
-                2 => *p2 = v,
-                _ => {
-                    let sum = _mm256_add_ps(*p01, _mm256_add_ps(*p2, v));
-                    *sums.at.add((tl + j) * sums.stride + r) = super::avx2::hsum8(sum);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
