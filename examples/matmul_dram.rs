@@ -128,10 +128,17 @@ fn main() {
     for ((name, _, _, _), r) in variants.iter().zip(&mut rates) {
         let each: Vec<String> = r.iter().map(|v| format!("{v:.2}")).collect();
         r.sort_by(f64::total_cmp);
+        let median = r[r.len() / 2];
+        // With several tokens, also the multiply-adds a second (weights x tokens).
+        let macs = if n_tok > 1 {
+            let per_byte = k as f64 * n as f64 / bytes as f64;
+            format!(", {:.1} GMAC/s", median * per_byte * n_tok as f64)
+        } else {
+            String::new()
+        };
         println!(
-            "{ty} {n}x{k}, {n_tok} token(s), {threads} threads, {name}: [{}] median {:.2} GB/s",
+            "{ty} {n}x{k}, {n_tok} token(s), {threads} threads, {name}: [{}] median {median:.2} GB/s{macs}",
             each.join(" "),
-            r[r.len() / 2]
         );
     }
 }
