@@ -1576,11 +1576,15 @@ mod kernels {
     /// at 1 thread with none and 0.47-0.51 with 2, 8, 16 or 64 KiB (0.95 and 0.68-0.79 at 2
     /// threads).
     ///
-    /// AVX2's kernels (`repack_avx2`, AMD without AVX-512) ask 1024 bytes ahead: 2 threads of a
+    /// AVX2's kernels (`repack_avx2`, AMD without AVX-512) ask 2048 bytes ahead. 2 threads of a
     /// Zen 3 VM, out of cache, 2048 x 8192 (`examples/matmul_dram`, four rounds, each distance
     /// its own run, this machine's read rate moving 26-33 GB/s between them), GB/s with 256 /
     /// 1024 bytes: Q4_0 24.7 / 30.4 (0.94 / 1.02 of the plain read), Q4_K 24.6 / 26.0 (0.82 /
-    /// 0.86), Q6_K 21.0 / 23.2 (0.73 / 0.70; none 16.2, 4096 24.4).
+    /// 0.86), Q6_K 21.0 / 23.2 (0.73 / 0.70; none 16.2, 4096 24.4). Then 1024 against 2048,
+    /// decode of whole files (`oato bench -n 64 -t 2`, alternated, fraction of the read loop):
+    /// 1B Q4_K_M 0.82, 0.72, 0.88, 0.72 / 0.83, 0.83, 0.89, 0.79; 1B Q4_0 0.97, 0.93, 0.89,
+    /// 0.87 / 0.92, 0.91, 0.99, 0.92; 8B Q4_0 (`-n 32`) 0.88, 0.93 / 1.07, 0.96. A stream at
+    /// 14 GB/s a thread, ~100 ns from memory, needs ~1.4 KB in flight.
     ///
     /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
     /// distance then follows the hint), so that Intel's choice can be measured
@@ -1605,7 +1609,7 @@ mod kernels {
                 let avx512 = crate::kernels::cpu::isa() == crate::kernels::cpu::Isa::Avx512;
                 let default = match (nta, avx512) {
                     (true, true) => 256,
-                    (true, false) => 1024,
+                    (true, false) => 2048,
                     (false, _) => 16 << 10,
                 };
                 crate::kernels::cpu::matmul::env_bytes("OATO_CPU_REPACK_PREFETCH", default)
