@@ -1583,8 +1583,9 @@ mod kernels {
     /// 0.86), Q6_K 21.0 / 23.2 (0.73 / 0.70; none 16.2, 4096 24.4). Then 1024 against 2048,
     /// decode of whole files (`oato bench -n 64 -t 2`, alternated, fraction of the read loop):
     /// 1B Q4_K_M 0.82, 0.72, 0.88, 0.72 / 0.83, 0.83, 0.89, 0.79; 1B Q4_0 0.97, 0.93, 0.89,
-    /// 0.87 / 0.92, 0.91, 0.99, 0.92; 8B Q4_0 (`-n 32`) 0.88, 0.93 / 1.07, 0.96. A stream at
-    /// 14 GB/s a thread, ~100 ns from memory, needs ~1.4 KB in flight.
+    /// 0.87 / 0.92, 0.91, 0.99, 0.92; 8B Q4_0 (`-n 32`) 0.88, 0.93 / 1.07, 0.96. A guess at
+    /// why, not measured: a stream at 14 GB/s a thread with memory ~100 ns away (a typical
+    /// figure, not this VM's) needs ~1.4 KB in flight.
     ///
     /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
     /// distance then follows the hint), so that Intel's choice can be measured
