@@ -58,6 +58,20 @@ fn markdown_table_has_one_row_per_test() {
     assert!(s.contains("\nbuild: "), "{s}");
 }
 
+/// Models named with llama-bench's `-m` (repeatable), after those given as arguments: one row
+/// per model and test.
+#[test]
+fn dash_m_names_models_as_llama_bench() {
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    let mut args = vec!["-m", m, "-m", m];
+    args.extend_from_slice(TINY);
+    let s = ok(&bench(&args));
+    let rows: Vec<&str> = s.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 6, "header, rule, pp8 and tg4 twice:\n{s}");
+    assert!(rows[2..].iter().all(|r| r.contains("llama 135M Q4_1")), "{s}");
+}
+
 #[test]
 fn csv_has_a_header_and_one_row_per_test() {
     let m = model_path();

@@ -122,6 +122,18 @@ fn run_with_and_without_mmap_gives_the_golden_ids() {
     assert!(err.contains("--mmap") && err.contains("--no-mmap"), "{err}");
 }
 
+/// The model named as llama.cpp's tools take it (`-m`) runs as when named as the argument; both
+/// at once is a usage error naming the two.
+#[test]
+fn run_takes_the_model_with_dash_m() {
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    run_golden_json(&["-m", m]);
+    let out = oato(&["run", m, "-m", m, "-p", "x"], &repo());
+    assert_fails(&out, "--model");
+    assert!(text(&out.stderr).contains("[MODEL]"), "{}", text(&out.stderr));
+}
+
 #[test]
 fn run_json_gives_ids_text_and_timings() {
     let v = run_golden_json(&[]);

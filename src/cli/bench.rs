@@ -37,6 +37,10 @@ const MAX_TOKENS: usize = 1 << 20;
 pub struct BenchArgs {
     /// GGUF models (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
     pub models: Vec<PathBuf>,
+    /// GGUF models as llama-bench takes them (`-m a.gguf -m b.gguf`, repeatable), after any
+    /// given as MODELS.
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    pub model_flags: Vec<PathBuf>,
     /// Prompt lengths to test, comma-separated (repeatable; 0 skips prompt tests) [default: 512].
     #[arg(short = 'p', long = "n-prompt", value_name = "N,…")]
     pub n_prompt: Vec<String>,
@@ -188,10 +192,11 @@ impl Plan {
             .into_iter()
             .map(|t| if t == 0 { all_cores } else { t })
             .collect();
-        let models = if a.models.is_empty() {
+        let named: Vec<PathBuf> = a.models.iter().chain(&a.model_flags).cloned().collect();
+        let models = if named.is_empty() {
             vec![super::model_path(None)?]
         } else {
-            a.models.clone()
+            named
         };
         // Refuse a missing file before spending minutes on the ones before it.
         for m in &models {

@@ -19,6 +19,10 @@ use oato::tokenizer::chat::ChatMessage;
 pub struct ChatArgs {
     /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
     pub model: Option<PathBuf>,
+    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
+    /// it replaces.
+    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    pub model_flag: Option<PathBuf>,
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
@@ -73,7 +77,7 @@ fn catch_ctrl_c() {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone())?;
+    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     let sampling = a.sampling.config()?;

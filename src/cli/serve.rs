@@ -12,6 +12,10 @@ use oato::server::{ServeConfig, serve};
 pub struct ServeArgs {
     /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
     pub model: Option<PathBuf>,
+    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
+    /// it replaces.
+    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    pub model_flag: Option<PathBuf>,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -48,7 +52,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone())?;
+    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     if a.ctx < 2 {
