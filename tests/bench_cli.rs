@@ -69,7 +69,10 @@ fn dash_m_names_models_as_llama_bench() {
     let s = ok(&bench(&args));
     let rows: Vec<&str> = s.lines().filter(|l| l.starts_with('|')).collect();
     assert_eq!(rows.len(), 6, "header, rule, pp8 and tg4 twice:\n{s}");
-    assert!(rows[2..].iter().all(|r| r.contains("llama 135M Q4_1")), "{s}");
+    assert!(
+        rows[2..].iter().all(|r| r.contains("llama 135M Q4_1")),
+        "{s}"
+    );
 }
 
 #[test]

@@ -131,7 +131,11 @@ fn run_takes_the_model_with_dash_m() {
     run_golden_json(&["-m", m]);
     let out = oato(&["run", m, "-m", m, "-p", "x"], &repo());
     assert_fails(&out, "--model");
-    assert!(text(&out.stderr).contains("[MODEL]"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("[MODEL]"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -21,7 +21,12 @@ pub struct ChatArgs {
     pub model: Option<PathBuf>,
     /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
     /// it replaces.
-    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model"
+    )]
     pub model_flag: Option<PathBuf>,
     /// System message.
     #[arg(long)]

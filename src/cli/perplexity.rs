@@ -16,7 +16,12 @@ pub struct PerplexityArgs {
     pub model: Option<PathBuf>,
     /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
     /// it replaces.
-    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model"
+    )]
     pub model_flag: Option<PathBuf>,
     /// Text file to score.
     #[arg(short = 'f', long)]

@@ -17,7 +17,12 @@ pub struct ProfileArgs {
     pub model: Option<PathBuf>,
     /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
     /// it replaces.
-    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model"
+    )]
     pub model_flag: Option<PathBuf>,
     /// Batch sizes to time each operator at, comma-separated (1 is decode; the prompt length is
     /// prefill). Those above 64 are timed on the middle layer's operator of each kind, type and

@@ -14,7 +14,12 @@ pub struct ServeArgs {
     pub model: Option<PathBuf>,
     /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
     /// it replaces.
-    #[arg(short = 'm', long = "model", value_name = "MODEL", conflicts_with = "model")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model"
+    )]
     pub model_flag: Option<PathBuf>,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
