@@ -114,11 +114,15 @@ pub(crate) unsafe fn tokens<const NT: usize, const H: usize>(
 /// ([`PanelActs`](super::kwide::PanelActs)). The float step is `kquants`' canonical one, lane by
 /// lane: `sumf = fma(d_y * d_x, isum, sumf); sumf = fma(-(d_y * dmin_x), imin, sumf)`.
 ///
-/// Both halves go through a super-block together (their heads first), each token's bytes
-/// broadcast once for the two: the halves one after the other broadcast them twice, and read
-/// 0.80-0.90 of the plain read out of cache against 1.02-1.17 this way (`examples/matmul_dram`
-/// Q4_K, 2 Zen 3 threads 2048 x 8192 and 8192 x 2048, 1 thread 2048 x 8192, three alternated
-/// rounds each; the same bits).
+/// Both halves go through a super-block together (their heads first), each line of the block
+/// read once for the two and each token's bytes broadcast once for them. Half after half, the
+/// first half read every line of the block from memory while the second read none, and the
+/// bytes were broadcast twice: 0.80-0.90 of the plain read out of cache against 1.02-1.17 this
+/// way (`examples/matmul_dram` Q4_K, 2 Zen 3 threads 2048 x 8192 and 8192 x 2048, 1 thread 2048
+/// x 8192, three alternated rounds each; the same bits). Which of the two changes gave what was
+/// not measured apart; Q6_K's kernel, given only the first ([`tokens_q6_k`]), gained at 1 thread.
+/// The prefetch distance made no difference to the old kernel (1 thread, 0 to 9216 bytes, NTA
+/// and T1: 0.78-0.89).
 ///
 /// # Safety
 /// As for [`tokens`], with Q4_K super-blocks and `min_pairs` for `nsum`.
