@@ -120,12 +120,15 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
 }
 
 /// Whether `isa`'s kernels read weights of type `ty` in the interleaved layout: AVX-512's every
-/// type that [`interleaves`], AVX2's Q4_0, Q4_K and Q6_K (`repack_avx2`). Under other kernels an
+/// type that [`interleaves`], AVX2's Q4_0, Q4_K, Q5_K and Q6_K (`repack_avx2`). Under other kernels an
 /// interleaved matrix is read back row by row into the file's layout.
 pub fn kernels_for(ty: GgmlType, isa: super::Isa) -> bool {
     match isa {
         super::Isa::Avx512 => interleaves(ty),
-        super::Isa::Avx2 => matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K),
+        super::Isa::Avx2 => matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+        ),
         super::Isa::Scalar => false,
     }
 }
@@ -600,6 +603,11 @@ mod kernels {
                         repack_avx2::tokens_q4_k::<1, 2>,
                         repack_avx2::tokens_q4_k::<2, 2>,
                         repack_avx2::tokens_q4_k::<4, 1>,
+                    ],
+                    GgmlType::Q5_K if avx2 => [
+                        repack_avx2::tokens_q5_k::<1, 2>,
+                        repack_avx2::tokens_q5_k::<2, 2>,
+                        repack_avx2::tokens_q5_k::<4, 1>,
                     ],
                     GgmlType::Q6_K if avx2 => [
                         repack_avx2::tokens_q6_k::<1, 2>,

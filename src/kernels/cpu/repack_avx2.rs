@@ -21,8 +21,8 @@ use std::arch::x86_64::*;
 
 use super::matmul::Out;
 use super::repack::{
-    Ahead, K4_WORDS, Part, Q6_GROUP_BLOCK, Q6_WORDS, QUANTS, ROWS, SCALES, prefetch_ahead,
-    prefetch_part, prefetch_q4_0, q4_0_quants, q4_0_scales, q6_slot,
+    Ahead, K4_WORDS, Part, Q5_WORDS, Q6_GROUP_BLOCK, Q6_WORDS, QUANTS, ROWS, SCALES,
+    prefetch_ahead, prefetch_part, prefetch_q4_0, q4_0_quants, q4_0_scales, q6_slot,
 };
 use crate::quant::blocks::{BlockQ8_0, BlockQ8K};
 
@@ -155,13 +155,7 @@ pub(crate) unsafe fn tokens_q4_k<const NT: usize, const H: usize>(
             let word = |i: usize, w: usize| {
                 _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
             };
-            let head0 = k4_head([word(0, 0), word(0, 1), word(0, 2), word(0, 3)]);
-            let heads: [K4Head; H] = if H == 2 {
-                let head1 = k4_head([word(1, 0), word(1, 1), word(1, 2), word(1, 3)]);
-                std::array::from_fn(|i| if i == 0 { head0 } else { head1 })
-            } else {
-                [head0; H]
-            };
+            let heads = k4_heads::<H>(p, h0);
             let mut isum = [[_mm256_setzero_si256(); NT]; H];
             let yq: [*const i8; NT] =
                 std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr());
@@ -233,27 +227,110 @@ pub(crate) unsafe fn tokens_q4_k<const NT: usize, const H: usize>(
                     }
                 }
             }
-            for i in 0..H {
-                let head = &heads[i];
+            for (i, head) in heads.iter().enumerate() {
                 for (tk, acc) in sumf.iter_mut().enumerate() {
                     let y = ys.get_unchecked(t + tk).get_unchecked(b);
                     let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
-                    let mut imin = _mm256_setzero_si256();
-                    for (mp, &pair) in head.mp.iter().zip(pairs) {
-                        imin =
-                            _mm256_add_epi32(imin, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
+                    acc[i] = k4_step(acc[i], isum[i][tk], head, y, pairs);
+                }
+            }
+        }
+        for (j, acc) in sumf.iter().enumerate() {
+            for i in 0..H {
+                write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
+            }
+        }
+    }
+}
+
+/// Tokens `t..t + NT` against one Q5_K group, as [`tokens_q4_k`] (its head, mins and float
+/// step): group j's quants (0..31) are a nibble of the pair's `qs` word c (words `12 + 8 (j / 2)
+/// + c`) with bit j of `qh` word c (words `4 + c`) above it. One group's sums of the tokens live
+/// at a time (as Q4_K's four-token path); a 16-bit sum takes four words (each product pair at most
+/// `2 · 31 · 128 = 7936`, four of them 31744), then one `vpmaddwd` with the group's scale.
+///
+/// # Safety
+/// As for [`tokens_q4_k`], with Q5_K super-blocks.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tokens_q5_k<const NT: usize, const H: usize>(
+    group: &[u8],
+    part: Part,
+    ys: &[&[BlockQ8K]],
+    min_pairs: &[[i32; 4]],
+    t: usize,
+    out: &Out,
+    r0: usize,
+    mask: u16,
+) {
+    debug_assert!(group.len() >= part.nb * ROWS * 4 * Q5_WORDS);
+    let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    let ahead = prefetch_ahead();
+    for h0 in (0..2).step_by(H) {
+        let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
+        if masks.iter().all(|&m| m == 0) {
+            continue;
+        }
+        let mut sumf: [[__m256; H]; NT] = std::array::from_fn(|j| {
+            std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
+        });
+        for b in 0..part.nb {
+            let p = group.as_ptr().add(b * ROWS * 4 * Q5_WORDS);
+            let word = |i: usize, w: usize| {
+                _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
+            };
+            let heads = k4_heads::<H>(p, h0);
+            let mut isum = [[_mm256_setzero_si256(); NT]; H];
+            let yq: [*const i8; NT] =
+                std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr());
+            for pair in 0..4 {
+                if h0 == 0 {
+                    prefetch_part(p, ahead, Q5_WORDS, pair, 4);
+                }
+                for i in 0..H {
+                    for hi in 0..2 {
+                        let j = 2 * pair + hi;
+                        // Bit j of each qh byte to bit 4 (within the byte either way).
+                        let (left, right) = (
+                            _mm_cvtsi32_si128((4 - j as i32).max(0)),
+                            _mm_cvtsi32_si128((j as i32 - 4).max(0)),
+                        );
+                        let sc = heads[i].sc[j];
+                        for c0 in [0, 4] {
+                            let mut s = [_mm256_setzero_si256(); NT];
+                            for c in c0..c0 + 4 {
+                                let v = word(i, 12 + 8 * pair + c);
+                                let nib = if hi == 1 {
+                                    _mm256_srli_epi16::<4>(v)
+                                } else {
+                                    v
+                                };
+                                let h =
+                                    _mm256_srl_epi32(_mm256_sll_epi32(word(i, 4 + c), left), right);
+                                let q = _mm256_or_si256(
+                                    _mm256_and_si256(nib, low),
+                                    _mm256_and_si256(h, bit4),
+                                );
+                                for (tk, s) in s.iter_mut().enumerate() {
+                                    let at = yq[tk].add(32 * j + 4 * c);
+                                    let y = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()));
+                                    *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(q, y));
+                                }
+                            }
+                            for (tk, s) in s.into_iter().enumerate() {
+                                isum[i][tk] =
+                                    _mm256_add_epi32(isum[i][tk], _mm256_madd_epi16(s, sc));
+                            }
+                        }
                     }
-                    let d_y = _mm256_set1_ps(y.d.get());
-                    let a = _mm256_fmadd_ps(
-                        _mm256_mul_ps(d_y, head.d),
-                        _mm256_cvtepi32_ps(isum[i][tk]),
-                        acc[i],
-                    );
-                    acc[i] = _mm256_fnmadd_ps(
-                        _mm256_mul_ps(d_y, head.dmin),
-                        _mm256_cvtepi32_ps(imin),
-                        a,
-                    );
+                }
+            }
+            for (i, head) in heads.iter().enumerate() {
+                for (tk, acc) in sumf.iter_mut().enumerate() {
+                    let y = ys.get_unchecked(t + tk).get_unchecked(b);
+                    let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
+                    acc[i] = k4_step(acc[i], isum[i][tk], head, y, pairs);
                 }
             }
         }
@@ -522,6 +599,42 @@ struct K4Head {
     dmin: __m256,
     sc: [__m256i; 8],
     mp: [__m256i; 4],
+}
+
+/// The heads of halves `h0..h0 + H` of the Q4_K or Q5_K super-block at `p` (words 0..4).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_heads<const H: usize>(p: *const u8, h0: usize) -> [K4Head; H] {
+    let word =
+        |i: usize, w: usize| _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>());
+    let head0 = k4_head([word(0, 0), word(0, 1), word(0, 2), word(0, 3)]);
+    if H == 2 {
+        let head1 = k4_head([word(1, 0), word(1, 1), word(1, 2), word(1, 3)]);
+        std::array::from_fn(|i| if i == 0 { head0 } else { head1 })
+    } else {
+        [head0; H]
+    }
+}
+
+/// The Q4_K / Q5_K float step of one half and token, lane by lane: the mins' `imin` from the
+/// head's paired mins against the token's paired sums, then `sumf = fma(d_y * d_x, isum, sumf);
+/// sumf = fma(-(d_y * dmin_x), imin, sumf)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_step(
+    sumf: __m256,
+    isum: __m256i,
+    head: &K4Head,
+    y: &BlockQ8K,
+    pairs: &[i32; 4],
+) -> __m256 {
+    let mut imin = _mm256_setzero_si256();
+    for (mp, &pair) in head.mp.iter().zip(pairs) {
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
+    }
+    let d_y = _mm256_set1_ps(y.d.get());
+    let a = _mm256_fmadd_ps(_mm256_mul_ps(d_y, head.d), _mm256_cvtepi32_ps(isum), sumf);
+    _mm256_fnmadd_ps(_mm256_mul_ps(d_y, head.dmin), _mm256_cvtepi32_ps(imin), a)
 }
 
 /// [`K4Head`] from the block's first four words (lane r: row r's d and dmin, then its twelve bytes
