@@ -4,7 +4,6 @@
 //! answer and keeps the conversation; `/bye` or the end of input leaves.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
@@ -17,17 +16,8 @@ use oato::tokenizer::chat::ChatMessage;
 
 #[derive(Args)]
 pub struct ChatArgs {
-    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
-    pub model: Option<PathBuf>,
-    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
-    /// it replaces.
-    #[arg(
-        short = 'm',
-        long = "model",
-        value_name = "MODEL",
-        conflicts_with = "model"
-    )]
-    pub model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: super::ModelArg,
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
@@ -82,7 +72,7 @@ fn catch_ctrl_c() {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
+    let path = a.model.path()?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     let sampling = a.sampling.config()?;

@@ -20,6 +20,31 @@ use oato::error::{Error, Result};
 /// The model `oato run` uses when none is named.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The model of `run`, `chat`, `perplexity`, `profile` and `serve`: the argument or, as
+/// llama.cpp's tools take it, `-m` (one or the other).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ModelArg {
+    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
+    #[arg(value_name = "MODEL")]
+    pub model: Option<PathBuf>,
+    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
+    /// it replaces.
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        conflicts_with = "model"
+    )]
+    pub flag: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The model to load ([`model_path`] of the one named either way).
+    pub fn path(&self) -> Result<PathBuf> {
+        model_path(self.model.clone().or(self.flag.clone()))
+    }
+}
+
 /// The model path to use: the one given, else `$OATO_MODEL`, else the default test model.
 pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = given {

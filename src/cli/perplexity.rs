@@ -12,17 +12,8 @@ use oato::tokenizer::Tokenizer;
 
 #[derive(Args)]
 pub struct PerplexityArgs {
-    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
-    pub model: Option<PathBuf>,
-    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
-    /// it replaces.
-    #[arg(
-        short = 'm',
-        long = "model",
-        value_name = "MODEL",
-        conflicts_with = "model"
-    )]
-    pub model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: super::ModelArg,
     /// Text file to score.
     #[arg(short = 'f', long)]
     pub file: PathBuf,
@@ -40,7 +31,7 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
+    let path = a.model.path()?;
     super::init_threads(a.threads)?;
     a.load.apply();
     let text = std::fs::read_to_string(&a.file).map_err(|e| Error::io(&a.file, e))?;

@@ -13,17 +13,8 @@ use super::DeviceArg;
 
 #[derive(Args)]
 pub struct ProfileArgs {
-    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
-    pub model: Option<PathBuf>,
-    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
-    /// it replaces.
-    #[arg(
-        short = 'm',
-        long = "model",
-        value_name = "MODEL",
-        conflicts_with = "model"
-    )]
-    pub model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: super::ModelArg,
     /// Batch sizes to time each operator at, comma-separated (1 is decode; the prompt length is
     /// prefill). Those above 64 are timed on the middle layer's operator of each kind, type and
     /// shape and given to the others; the largest also sets the non-target operators' prompt
@@ -48,7 +39,7 @@ pub struct ProfileArgs {
 }
 
 pub fn run(a: ProfileArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
+    let path = a.model.path()?;
     let threads = super::init_threads(a.threads)?;
     if a.reps == 0 {
         return Err(Error::Usage("--reps must be at least 1".into()));

@@ -17,17 +17,8 @@ use oato::tokenizer::chat::ChatMessage;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
-    pub model: Option<PathBuf>,
-    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
-    /// it replaces.
-    #[arg(
-        short = 'm',
-        long = "model",
-        value_name = "MODEL",
-        conflicts_with = "model"
-    )]
-    pub model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: super::ModelArg,
     /// Prompt text.
     #[arg(short, long)]
     pub prompt: Option<String>,
@@ -83,7 +74,7 @@ fn model_dtype(model: &Model) -> String {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
+    let path = a.model.path()?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     let prompt = match (&a.prompt, &a.file) {

@@ -1,7 +1,5 @@
 //! `oato serve [MODEL]`: the OpenAI-compatible HTTP server (see `oato::server`).
 
-use std::path::PathBuf;
-
 use clap::Args;
 
 use oato::error::{Error, Result};
@@ -10,17 +8,8 @@ use oato::server::{ServeConfig, serve};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $OATO_MODEL).
-    pub model: Option<PathBuf>,
-    /// The GGUF model as llama.cpp's tools take it (`-m model.gguf`): the same as MODEL, which
-    /// it replaces.
-    #[arg(
-        short = 'm',
-        long = "model",
-        value_name = "MODEL",
-        conflicts_with = "model"
-    )]
-    pub model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: super::ModelArg,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -57,7 +46,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let path = super::model_path(a.model.clone().or(a.model_flag.clone()))?;
+    let path = a.model.path()?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     if a.ctx < 2 {
