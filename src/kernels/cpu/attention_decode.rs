@@ -500,7 +500,7 @@ impl Scores<'_> {
             stride,
             ..
         } = *self;
-        use crate::kernels::cpu::avx2::hsum8;
+        use crate::kernels::cpu::avx2::{hsum8, hsum8x8};
         let hd = 32 * S;
         let kv_dim = s.n_head_kv * hd;
         let kbase = k_cache.as_ptr().add(kvh * hd);
@@ -575,39 +575,6 @@ unsafe fn dot<const S: usize>(q: *const f32, k: *const f32) -> __m256 {
         }
     }
     _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
-}
-
-/// `hsum8` of each of eight vectors, as lanes 0..8 of one: the same pairs added in the same
-/// order, `((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7))` (each addition commutes exactly).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum8x8(d: [__m256; 8]) -> __m256 {
-    // [x_i + x_{i+4} of vector a | of vector b], i = 0..4.
-    let half = |a: __m256, b: __m256| {
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
-            _mm256_permute2f128_ps::<0x31>(a, b),
-        )
-    };
-    let (t04, t15, t26, t37) = (
-        half(d[0], d[4]),
-        half(d[1], d[5]),
-        half(d[2], d[6]),
-        half(d[3], d[7]),
-    );
-    // [(r0 + r2), (r1 + r3)] of vectors (a, b) in each 128-bit half.
-    let pairs = |a: __m256, b: __m256| {
-        _mm256_add_ps(
-            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
-            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
-        )
-    };
-    let (u, v) = (pairs(t04, t15), pairs(t26, t37));
-    // Lanes: vectors 0, 1, 2, 3 | 4, 5, 6, 7.
-    _mm256_add_ps(
-        _mm256_shuffle_ps::<0b10_00_10_00>(u, v),
-        _mm256_shuffle_ps::<0b11_01_11_01>(u, v),
-    )
 }
 
 /// Rounds `x` to f16 and back, as `f16::from_f32(x).to_f32()` (round to nearest even).

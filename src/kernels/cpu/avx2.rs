@@ -24,6 +24,39 @@ pub unsafe fn hsum8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// `hsum8` of each of eight vectors, as lanes 0..8 of one: the same pairs added in the same
+/// order, `((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7))` (each addition commutes exactly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum8x8(d: [__m256; 8]) -> __m256 {
+    // [x_i + x_{i+4} of vector a | of vector b], i = 0..4.
+    let half = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let (t04, t15, t26, t37) = (
+        half(d[0], d[4]),
+        half(d[1], d[5]),
+        half(d[2], d[6]),
+        half(d[3], d[7]),
+    );
+    // [(r0 + r2), (r1 + r3)] of vectors (a, b) in each 128-bit half.
+    let pairs = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (u, v) = (pairs(t04, t15), pairs(t26, t37));
+    // Lanes: vectors 0, 1, 2, 3 | 4, 5, 6, 7.
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(u, v),
+        _mm256_shuffle_ps::<0b11_01_11_01>(u, v),
+    )
+}
+
 /// Eight f32 lanes, aligned as a 256-bit register (buffers the AVX2 tiles load and store whole).
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]

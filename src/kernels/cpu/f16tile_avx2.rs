@@ -291,8 +291,9 @@ struct Sums {
 
 /// `R` laid-out weight rows at `w` (`[row][chain][step]`, `4 * steps` entries of eight each)
 /// against the tokens `t..t + T` of `half`: the four chains one after the other, `c0`, then
-/// `c0 + c1`, with `c2` beside it, then `(c0 + c1) + (c2 + c3)`, summed by `hsum8` into `sums`, as
-/// `dot_wide` does (without the tail), for the caller to hand out. Returns `R`.
+/// `c0 + c1`, with `c2` beside it, then `(c0 + c1) + (c2 + c3)` (four rows and three tokens in
+/// one block of assembly, [`tile_4x3`]), each summed as `hsum8` sums into `sums`, as `dot_wide`
+/// does (without the tail), for the caller to hand out. Returns `R`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const R: usize, const T: usize, const BF: bool>(
@@ -303,104 +304,277 @@ unsafe fn tile<const R: usize, const T: usize, const BF: bool>(
     sums: Sums,
 ) -> usize {
     let z = _mm256_setzero_ps();
-    let (mut p01, mut p2) = ([[z; R]; T], [[z; R]; T]);
-    for c in 0..4 {
-        let wc = w.add(c * steps);
-        let a: [*const Half8; T] = std::array::from_fn(|j| half.chain(t + j, c));
-        let acc: [[__m256; R]; T] = if R == ROWS && T == TOKENS {
-            // T is 3 here; indexed so that the other tiles, which skip this, still compile.
-            let v = chain_4x3::<BF>(wc, [a[0], a[T / 2], a[T - 1]], steps);
-            std::array::from_fn(|j| std::array::from_fn(|r| v[j][r]))
-        } else {
-            chain::<R, T, BF>(wc, a, steps)
-        };
-        for j in 0..T {
-            for r in 0..R {
-                let v = acc[j][r];
-                match c {
-                    0 => p01[j][r] = v,
-                    1 => p01[j][r] = _mm256_add_ps(p01[j][r], v),
-                    2 => p2[j][r] = v,
-                    _ => {
-                        let sum = _mm256_add_ps(p01[j][r], _mm256_add_ps(p2[j][r], v));
-                        *sums.at.add(j * sums.stride + r) = super::avx2::hsum8(sum);
+    let fin: [[__m256; R]; T] = if R == ROWS && T == TOKENS {
+        // T is 3 and R 4 here; indexed so that the other tiles, which skip this, still compile.
+        let a = [
+            half.chain(t, 0),
+            half.chain(t + T / 2, 0),
+            half.chain(t + T - 1, 0),
+        ];
+        let a_chain = half.n_tok * steps * size_of::<Half8>();
+        let v = tile_4x3::<BF>(w, a, a_chain, steps);
+        std::array::from_fn(|j| std::array::from_fn(|r| v[j % 3][r % 4]))
+    } else {
+        let (mut p01, mut p2, mut fin) = ([[z; R]; T], [[z; R]; T], [[z; R]; T]);
+        for c in 0..4 {
+            let wc = w.add(c * steps);
+            let a: [*const Half8; T] = std::array::from_fn(|j| half.chain(t + j, c));
+            let acc: [[__m256; R]; T] = chain::<R, T, BF>(wc, a, steps);
+            for j in 0..T {
+                for r in 0..R {
+                    let v = acc[j][r];
+                    match c {
+                        0 => p01[j][r] = v,
+                        1 => p01[j][r] = _mm256_add_ps(p01[j][r], v),
+                        2 => p2[j][r] = v,
+                        _ => fin[j][r] = _mm256_add_ps(p01[j][r], _mm256_add_ps(p2[j][r], v)),
                     }
                 }
+            }
+        }
+        fin
+    };
+    if R == ROWS {
+        // Four rows' sums of two tokens at a time, each token's a run of four floats: `hsum8x8`
+        // adds the same pairs in the same order as `hsum8` (six instructions a sum).
+        let mut j = 0;
+        while j < T {
+            let next = if j + 1 < T { fin[j + 1] } else { [z; R] };
+            let v: [__m256; 8] =
+                std::array::from_fn(|i| if i < 4 { fin[j][i % R] } else { next[i % R] });
+            let v = super::avx2::hsum8x8(v);
+            _mm_storeu_ps(sums.at.add(j * sums.stride), _mm256_castps256_ps128(v));
+            if j + 1 < T {
+                let hi = _mm256_extractf128_ps::<1>(v);
+                _mm_storeu_ps(sums.at.add((j + 1) * sums.stride), hi);
+            }
+            j += 2;
+        }
+    } else {
+        for (j, fin) in fin.iter().enumerate() {
+            for (r, &sum) in fin.iter().enumerate() {
+                *sums.at.add(j * sums.stride + r) = super::avx2::hsum8(sum);
             }
         }
     }
     R
 }
 
-/// [`chain`] of four rows and three tokens, written out: twelve accumulators, three tokens'
-/// values and one row's take all sixteen registers, and LLVM, given the intrinsics, rotated
-/// values between registers and spilled one every step (1 thread in cache, 2048 x 1024, 240
-/// tokens: 0.16 GB/s of weights, against 0.26 for the widened f32 weights before).
+/// The four chains of four rows and three tokens, written out as one block: each chain's pass
+/// is [`chain`]'s loop (twelve accumulators, three tokens' values and one row's: all sixteen
+/// registers; LLVM, given the intrinsics, rotated values between registers and spilled one a
+/// step: 1 thread in cache, 2048 x 1024, 240 tokens, 0.16 GB/s of weights against 0.26 for the
+/// widened f32 weights before), and between the passes the partial sums go to a buffer on the
+/// stack and come back as `(c0 + c1) + (c2 + c3)`. With a pass per call and the sums combined
+/// in Rust (and `hsum8` per sum), 30% of the tile's samples fell outside the loops at K = 576;
+/// as here, 1 thread in cache (`matmul_dram F16 576 1536 1 240`, alternated) 35.0-37.1 -> 38.2-
+/// 38.4 GMAC/s; `oato bench -t 2` alternated: 135M F16 pp512 488-518 -> 528-543 t/s, 1B F16
+/// pp64 66-73 -> 76-80, pp512 79-80 -> 81-83. Still about 30% of the samples outside the loops
+/// at K = 576: each pass is 18 steps. Rows at `w` (`[row][chain][step]`, rows `4 steps` entries apart), tokens' chain 0
+/// at `a`, chain c `c * a_chain` bytes further; returns `[token][row]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chain_4x3<const BF: bool>(
+unsafe fn tile_4x3<const BF: bool>(
     w: *const Half8,
     a: [*const Half8; 3],
+    a_chain: usize,
     steps: usize,
 ) -> [[__m256; 4]; 3] {
     assert!(steps > 0);
     let row = 64 * steps;
-    let z = _mm256_setzero_ps();
-    let [mut c0, mut c1, mut c2, mut c3, mut c4, mut c5] = [z; 6];
-    let [mut c6, mut c7, mut c8, mut c9, mut c10, mut c11] = [z; 6];
-    // The whole loop in one block; `$ld` widens eight values at `[base + i]` into a register.
+    // Written by the block before it reads each entry (not cleared: a memset of 768 bytes a tile).
+    let mut buf = MaybeUninit::<[__m256; 24]>::uninit();
+    let (mut c0, mut c1, mut c2, mut c3, mut c4, mut c5);
+    let (mut c6, mut c7, mut c8, mut c9, mut c10, mut c11);
+    // `$ld` widens eight values at `[base + i]` into a register; `$label` names the pass's loop.
+    macro_rules! pass {
+        ($ld:ident, $label:literal) => {
+            concat!(
+                "vxorps {c0:y}, {c0:y}, {c0:y}\n",
+                "vxorps {c1:y}, {c1:y}, {c1:y}\n",
+                "vxorps {c2:y}, {c2:y}, {c2:y}\n",
+                "vxorps {c3:y}, {c3:y}, {c3:y}\n",
+                "vxorps {c4:y}, {c4:y}, {c4:y}\n",
+                "vxorps {c5:y}, {c5:y}, {c5:y}\n",
+                "vxorps {c6:y}, {c6:y}, {c6:y}\n",
+                "vxorps {c7:y}, {c7:y}, {c7:y}\n",
+                "vxorps {c8:y}, {c8:y}, {c8:y}\n",
+                "vxorps {c9:y}, {c9:y}, {c9:y}\n",
+                "vxorps {c10:y}, {c10:y}, {c10:y}\n",
+                "vxorps {c11:y}, {c11:y}, {c11:y}\n",
+                "xor {i:e}, {i:e}\n",
+                $label,
+                ":\n",
+                $ld!("y0", "a0"),
+                "\n",
+                $ld!("y1", "a1"),
+                "\n",
+                $ld!("y2", "a2"),
+                "\n",
+                $ld!("w", "w0"),
+                "\n",
+                "vfmadd231ps {c0}, {w}, {y0}\n",
+                "vfmadd231ps {c1}, {w}, {y1}\n",
+                "vfmadd231ps {c2}, {w}, {y2}\n",
+                $ld!("w", "w1"),
+                "\n",
+                "vfmadd231ps {c3}, {w}, {y0}\n",
+                "vfmadd231ps {c4}, {w}, {y1}\n",
+                "vfmadd231ps {c5}, {w}, {y2}\n",
+                $ld!("w", "w2"),
+                "\n",
+                "vfmadd231ps {c6}, {w}, {y0}\n",
+                "vfmadd231ps {c7}, {w}, {y1}\n",
+                "vfmadd231ps {c8}, {w}, {y2}\n",
+                $ld!("w", "w3"),
+                "\n",
+                "vfmadd231ps {c9}, {w}, {y0}\n",
+                "vfmadd231ps {c10}, {w}, {y1}\n",
+                "vfmadd231ps {c11}, {w}, {y2}\n",
+                "add {i}, 16\n",
+                "cmp {i}, {end}\n",
+                "jne ",
+                $label,
+                "b\n",
+                // The next chain: the rows' one `16 steps` bytes on, the tokens' `a_chain`.
+                "add {w0}, {end}\n",
+                "add {w1}, {end}\n",
+                "add {w2}, {end}\n",
+                "add {w3}, {end}\n",
+                "add {a0}, {ac}\n",
+                "add {a1}, {ac}\n",
+                "add {a2}, {ac}\n",
+            )
+        };
+    }
+    // Each accumulator plus the buffer's entry `$at / 32 + k`.
+    macro_rules! add {
+        ($at:literal) => {
+            concat!(
+                "vaddps {c0}, {c0}, ymmword ptr [{buf} + ",
+                $at,
+                " + 0]\n",
+                "vaddps {c1}, {c1}, ymmword ptr [{buf} + ",
+                $at,
+                " + 32]\n",
+                "vaddps {c2}, {c2}, ymmword ptr [{buf} + ",
+                $at,
+                " + 64]\n",
+                "vaddps {c3}, {c3}, ymmword ptr [{buf} + ",
+                $at,
+                " + 96]\n",
+                "vaddps {c4}, {c4}, ymmword ptr [{buf} + ",
+                $at,
+                " + 128]\n",
+                "vaddps {c5}, {c5}, ymmword ptr [{buf} + ",
+                $at,
+                " + 160]\n",
+                "vaddps {c6}, {c6}, ymmword ptr [{buf} + ",
+                $at,
+                " + 192]\n",
+                "vaddps {c7}, {c7}, ymmword ptr [{buf} + ",
+                $at,
+                " + 224]\n",
+                "vaddps {c8}, {c8}, ymmword ptr [{buf} + ",
+                $at,
+                " + 256]\n",
+                "vaddps {c9}, {c9}, ymmword ptr [{buf} + ",
+                $at,
+                " + 288]\n",
+                "vaddps {c10}, {c10}, ymmword ptr [{buf} + ",
+                $at,
+                " + 320]\n",
+                "vaddps {c11}, {c11}, ymmword ptr [{buf} + ",
+                $at,
+                " + 352]\n",
+            )
+        };
+    }
+    macro_rules! store {
+        ($at:literal) => {
+            concat!(
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 0], {c0}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 32], {c1}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 64], {c2}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 96], {c3}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 128], {c4}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 160], {c5}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 192], {c6}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 224], {c7}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 256], {c8}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 288], {c9}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 320], {c10}\n",
+                "vmovups ymmword ptr [{buf} + ",
+                $at,
+                " + 352], {c11}\n",
+            )
+        };
+    }
     macro_rules! tile {
         ($ld:ident) => {
             std::arch::asm!(
-                "2:",
-                $ld!("y0", "a0"),
-                $ld!("y1", "a1"),
-                $ld!("y2", "a2"),
-                $ld!("w", "w0"),
-                "vfmadd231ps {c0}, {w}, {y0}",
-                "vfmadd231ps {c1}, {w}, {y1}",
-                "vfmadd231ps {c2}, {w}, {y2}",
-                $ld!("w", "w1"),
-                "vfmadd231ps {c3}, {w}, {y0}",
-                "vfmadd231ps {c4}, {w}, {y1}",
-                "vfmadd231ps {c5}, {w}, {y2}",
-                $ld!("w", "w2"),
-                "vfmadd231ps {c6}, {w}, {y0}",
-                "vfmadd231ps {c7}, {w}, {y1}",
-                "vfmadd231ps {c8}, {w}, {y2}",
-                $ld!("w", "w3"),
-                "vfmadd231ps {c9}, {w}, {y0}",
-                "vfmadd231ps {c10}, {w}, {y1}",
-                "vfmadd231ps {c11}, {w}, {y2}",
-                "add {i}, 16",
-                "cmp {i}, {end}",
-                "jne 2b",
-                a0 = in(reg) a[0],
-                a1 = in(reg) a[1],
-                a2 = in(reg) a[2],
-                w0 = in(reg) w,
-                w1 = in(reg) w.byte_add(row),
-                w2 = in(reg) w.byte_add(2 * row),
-                w3 = in(reg) w.byte_add(3 * row),
-                i = inout(reg) 0usize => _,
+                // c0 to the buffer's first half; c0 + c1 there; c2 to its second half; then
+                // c3 + c2, plus (c0 + c1).
+                pass!($ld, "2"),
+                store!("0"),
+                pass!($ld, "3"),
+                add!("0"),
+                store!("0"),
+                pass!($ld, "4"),
+                store!("384"),
+                pass!($ld, "5"),
+                add!("384"),
+                add!("0"),
+                a0 = inout(reg) a[0] => _,
+                a1 = inout(reg) a[1] => _,
+                a2 = inout(reg) a[2] => _,
+                w0 = inout(reg) w => _,
+                w1 = inout(reg) w.byte_add(row) => _,
+                w2 = inout(reg) w.byte_add(2 * row) => _,
+                w3 = inout(reg) w.byte_add(3 * row) => _,
+                ac = in(reg) a_chain,
+                buf = in(reg) buf.as_mut_ptr(),
+                i = out(reg) _,
                 end = in(reg) 16 * steps,
                 y0 = out(ymm_reg) _,
                 y1 = out(ymm_reg) _,
                 y2 = out(ymm_reg) _,
                 w = out(ymm_reg) _,
-                c0 = inout(ymm_reg) c0,
-                c1 = inout(ymm_reg) c1,
-                c2 = inout(ymm_reg) c2,
-                c3 = inout(ymm_reg) c3,
-                c4 = inout(ymm_reg) c4,
-                c5 = inout(ymm_reg) c5,
-                c6 = inout(ymm_reg) c6,
-                c7 = inout(ymm_reg) c7,
-                c8 = inout(ymm_reg) c8,
-                c9 = inout(ymm_reg) c9,
-                c10 = inout(ymm_reg) c10,
-                c11 = inout(ymm_reg) c11,
-                options(nostack, readonly)
+                c0 = out(ymm_reg) c0,
+                c1 = out(ymm_reg) c1,
+                c2 = out(ymm_reg) c2,
+                c3 = out(ymm_reg) c3,
+                c4 = out(ymm_reg) c4,
+                c5 = out(ymm_reg) c5,
+                c6 = out(ymm_reg) c6,
+                c7 = out(ymm_reg) c7,
+                c8 = out(ymm_reg) c8,
+                c9 = out(ymm_reg) c9,
+                c10 = out(ymm_reg) c10,
+                c11 = out(ymm_reg) c11,
+                options(nostack)
             )
         };
     }
@@ -425,14 +599,16 @@ unsafe fn chain_4x3<const BF: bool>(
             )
         };
     }
-    // SAFETY: each pointer has `steps` entries of 16 bytes (the caller's contract: four rows
-    // `4 steps` entries apart at `w`, and each token's chain at `a`); AVX2, FMA and F16C are
-    // enabled; the block reads memory only and clobbers the flags (not marked preserved).
+    // SAFETY: each row has four chains of `steps` entries of 16 bytes at `w` (the caller's
+    // contract: four rows `4 steps` entries apart), each token four chains of `steps` entries
+    // `a_chain` bytes apart from `a`; the buffer holds the 24 vectors the block writes; AVX2,
+    // FMA and F16C are enabled; the block clobbers the flags (not marked preserved).
     if BF {
         tile!(bf16);
     } else {
         tile!(f16);
     }
+    let _ = &mut buf;
     [[c0, c3, c6, c9], [c1, c4, c7, c10], [c2, c5, c8, c11]]
 }
 
