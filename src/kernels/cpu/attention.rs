@@ -302,6 +302,10 @@ mod tests {
         check(4, 1, 64, 13, 0);
         check(4, 4, 64, 8, 130);
         check(4, 2, 128, 9, 40);
+        // Groups of six and eight: a prompt chunk's 18 and 24 (token, head) rows take the AVX2
+        // values step in passes of twelve rows.
+        check(12, 2, 64, 7, 20);
+        check(16, 2, 32, 5, 9);
     }
 
     /// The decode path (one to three tokens, in one pass or, over a long cache with too few

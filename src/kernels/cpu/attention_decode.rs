@@ -154,7 +154,11 @@ pub fn prompt(
                         for t in 0..n {
                             steps.softmax(t * s.n_head + kvh * group, group);
                         }
-                        steps.values_head(kvh, 0..group);
+                        if avx512 {
+                            steps.values_head(kvh, 0..group);
+                        } else {
+                            steps.values_rows_avx2(kvh);
+                        }
                     }
                 });
             }
@@ -337,6 +341,48 @@ impl Steps<'_> {
         }
     }
 
+    /// Every output element of KV head `kvh`'s heads, every token, with sixteen vector
+    /// registers: up to twelve (token, head) rows at a time, eight elements of each per pass
+    /// over the positions ([`values_rows`]). By a pair of heads with 32 elements each, a
+    /// prompt's three tokens and three heads took six passes, one of them with four
+    /// accumulators (each FMA waiting on the one before). The caller owns those elements, and
+    /// the CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_rows_avx2(&self, kvh: usize) {
+        let s = self.s;
+        let hd = s.head_dim;
+        let group = s.n_head / s.n_head_kv;
+        let n_rows = self.n_tok * group;
+        let v = self.v_cache.as_ptr().add(kvh * hd);
+        let kv_dim = s.n_head_kv * hd;
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let n = (n_rows - r0).min(ROWS_MAX);
+            // Row r: token r / group (in order, so the batch's last row sees the most
+            // positions), head r % group of the KV head.
+            let rows = |i: usize| {
+                let (t, g) = ((r0 + i) / group, (r0 + i) % group);
+                let h = kvh * group + g;
+                let w = self.p.add((t * s.n_head + h) * self.stride).cast_const();
+                let o = self.out.add(t * s.n_head * hd + h * hd);
+                (w, o, self.pos0 + t + 1)
+            };
+            // SAFETY: each row's weights hold the positions it sees (the scores step wrote
+            // them), its output `hd` elements of this task's alone, and the cache every position
+            // of the KV head (`checked`); the CPU has AVX2, FMA and F16C (this function's).
+            macro_rules! call {
+                ($($n:literal)*) => {
+                    match n {
+                        $($n => values_rows::<$n>(std::array::from_fn(rows), v, kv_dim, hd),)*
+                        _ => unreachable!("at most {ROWS_MAX} rows a pass"),
+                    }
+                };
+            }
+            call!(1 2 3 4 5 6 7 8 9 10 11 12);
+            r0 += n;
+        }
+    }
+
     /// [`Steps::values`] with sixteen vector registers: two heads at a time (four would spill
     /// their sixteen sums).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -420,6 +466,48 @@ impl Steps<'_> {
                 }
                 g += n;
             }
+        }
+    }
+}
+
+/// Rows per pass of [`values_rows`]: twelve accumulators, the cache's eight values and a weight.
+const ROWS_MAX: usize = 12;
+
+/// `N` (token, head) rows' outputs, eight elements at a time: for each position in order,
+/// `o = fma(w[j], v[j], o)` ([`values`]' FMAs, so the same bits). Row r: its weights, its output
+/// and how many positions it sees, rows in token order (the last sees the most); `v`: the KV
+/// head's first cache row, `kv_dim` elements apart. Inlined into AVX2 code.
+#[inline(always)]
+unsafe fn values_rows<const N: usize>(
+    rows: [(*const f32, *mut f32, usize); N],
+    v: *const f16,
+    kv_dim: usize,
+    hd: usize,
+) {
+    let common = rows[0].2;
+    let most = rows[N - 1].2;
+    for e in (0..hd).step_by(8) {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut at = v.add(e);
+        for j in 0..common {
+            let x = load8(at, 0);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(*rows[r].0.add(j)), x, *a);
+            }
+            at = at.add(kv_dim);
+        }
+        // The later tokens' last positions.
+        for j in common..most {
+            let x = load8(at, 0);
+            for (r, a) in acc.iter_mut().enumerate() {
+                if j < rows[r].2 {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*rows[r].0.add(j)), x, *a);
+                }
+            }
+            at = at.add(kv_dim);
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(rows[r].1.add(e), *a);
         }
     }
 }
