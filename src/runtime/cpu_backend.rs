@@ -404,10 +404,7 @@ impl Backend for CpuBackend {
         let y = self.f32s_mut(y, n_rows * n, "rms_norm output")?;
         let x = &x[row0 * x_stride..];
         ops::par_rows(y, n, |r0, rows| {
-            for (i, out) in rows.chunks_mut(n).enumerate() {
-                let at = (r0 + i) * x_stride;
-                ops::rms_norm_into(&x[at..at + n], w, eps, out);
-            }
+            ops::rms_norm_rows(&x[r0 * x_stride..], x_stride, w, eps, rows)
         });
         Ok(())
     }

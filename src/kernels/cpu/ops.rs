@@ -14,10 +14,35 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `out = rms_norm(x) * w` without touching `x`.
-pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    out.copy_from_slice(x);
-    rms_norm(out, w, eps);
+/// `out = rms_norm(x) * w` without touching `x`, row by row: row r of `out` (rows of `w.len()`)
+/// from `x[r * x_stride..]`. The same operations as [`rms_norm`], so the same bits; eight rows'
+/// f64 sums side by side (one row's sum waits on each addition: 576 of them a row for a 135M
+/// model's, 1.3% of its 512-token prompt), and no copy of `x` first.
+pub fn rms_norm_rows(x: &[f32], x_stride: usize, w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    if n == 0 {
+        return;
+    }
+    for (g, out) in out.chunks_mut(8 * n).enumerate() {
+        let rows = out.len() / n;
+        let xs: [&[f32]; 8] = std::array::from_fn(|r| {
+            let r = 8 * g + r.min(rows - 1);
+            &x[r * x_stride..][..n]
+        });
+        let mut acc = [0f64; 8];
+        for j in 0..n {
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                let v = x[j];
+                *a += (v * v) as f64;
+            }
+        }
+        for ((out, x), sum) in out.chunks_mut(n).zip(xs).zip(acc) {
+            let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+            for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+                *o = v * scale * g;
+            }
+        }
+    }
 }
 
 /// Adds `b` to every row of `x`.
@@ -268,6 +293,28 @@ pub(crate) fn expf_special(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`rms_norm_rows`] has the bits of [`rms_norm`] on each row, for row counts around the
+    /// groups of eight and rows read at a stride past their length.
+    #[test]
+    fn rms_norm_rows_equals_rms_norm() {
+        let n = 37;
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.7).sin()).collect();
+        for (rows, stride) in [(1, n), (7, n), (8, n + 5), (9, 2 * n), (17, n + 1)] {
+            let x: Vec<f32> = (0..rows * stride)
+                .map(|i| (i as f32 * 0.37).cos() * (1 << (i % 13)) as f32 / 64.0)
+                .collect();
+            let mut got = vec![f32::NAN; rows * n];
+            rms_norm_rows(&x, stride, &w, 1e-5, &mut got);
+            for r in 0..rows {
+                let mut want = x[r * stride..][..n].to_vec();
+                rms_norm(&mut want, &w, 1e-5);
+                for (j, (g, e)) in got[r * n..][..n].iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), e.to_bits(), "{rows} rows: row {r} element {j}");
+                }
+            }
+        }
+    }
 
     /// Every `step`-th f32 bit pattern (and the edges of the special ranges): `expf` against the
     /// platform's. Only on x86-64 glibc with FMA, whose `expf` this reproduces.
