@@ -2,22 +2,11 @@
 
 use crate::model::RopeParams;
 
-/// In place: `x = x / sqrt(mean(x^2) + eps) * w`, row by row ([n_tok, n]).
-pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let n = w.len();
-    for row in x.chunks_mut(n) {
-        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
-        let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
-        for (v, &g) in row.iter_mut().zip(w) {
-            *v = *v * scale * g;
-        }
-    }
-}
-
-/// `out = rms_norm(x) * w` without touching `x`, row by row: row r of `out` (rows of `w.len()`)
-/// from `x[r * x_stride..]`. The same operations as [`rms_norm`], so the same bits; eight rows'
-/// f64 sums side by side (one row's sum waits on each addition: 576 of them a row for a 135M
-/// model's, 1.3% of its 512-token prompt), and no copy of `x` first.
+/// `out = x / sqrt(mean(x^2) + eps) * w` without touching `x`, row by row: row r of `out` (rows
+/// of `w.len()`) from `x[r * x_stride..]`. Per row, ggml's order: the f32 squares summed in f64
+/// in element order, then `v * scale * g` per element. Eight rows' f64 sums side by side (one
+/// row's sum waits on each addition: 576 of them a row for a 135M model's, 1.3% of its
+/// 512-token prompt), and no copy of `x` first.
 pub fn rms_norm_rows(x: &[f32], x_stride: usize, w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     if n == 0 {
@@ -294,8 +283,17 @@ pub(crate) fn expf_special(x: f32) -> f32 {
 mod tests {
     use super::*;
 
-    /// [`rms_norm_rows`] has the bits of [`rms_norm`] on each row, for row counts around the
-    /// groups of eight and rows read at a stride past their length.
+    /// One row at a time, in place, as the CPU's RMSNorm was before [`rms_norm_rows`].
+    fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+        let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / w.len() as f64) as f32 + eps).sqrt();
+        for (v, &g) in x.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+
+    /// [`rms_norm_rows`] has the bits of the one-row [`rms_norm`] on each row, for row counts
+    /// around the groups of eight and rows read at a stride past their length.
     #[test]
     fn rms_norm_rows_equals_rms_norm() {
         let n = 37;
