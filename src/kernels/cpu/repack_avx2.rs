@@ -139,108 +139,7 @@ pub(crate) unsafe fn tokens_q4_k<const NT: usize, const H: usize>(
     r0: usize,
     mask: u16,
 ) {
-    debug_assert!(group.len() >= part.nb * ROWS * 4 * K4_WORDS);
-    let low = _mm256_set1_epi8(0x0F);
-    let ahead = prefetch_ahead();
-    for h0 in (0..2).step_by(H) {
-        let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
-        if masks.iter().all(|&m| m == 0) {
-            continue;
-        }
-        let mut sumf: [[__m256; H]; NT] = std::array::from_fn(|j| {
-            std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
-        });
-        for b in 0..part.nb {
-            let p = group.as_ptr().add(b * ROWS * 4 * K4_WORDS);
-            let word = |i: usize, w: usize| {
-                _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
-            };
-            let heads = k4_heads::<H>(p, h0);
-            let mut isum = [[_mm256_setzero_si256(); NT]; H];
-            let yq: [*const i8; NT] =
-                std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr());
-            // Quant bytes 32 pair..32 pair + 32 of the rows: group 2 pair in their low
-            // nibbles, 2 pair + 1 in their high ones; each token's bytes broadcast once for
-            // both halves.
-            for pair in 0..4 {
-                if h0 == 0 {
-                    prefetch_part(p, ahead, K4_WORDS, pair, 4);
-                }
-                if NT >= 4 {
-                    // Four tokens: the pair's low-nibble group, then its high one, so that only
-                    // one group's sums of the tokens live at a time (both groups' sums and
-                    // bytes did not fit the sixteen registers and went through the stack; 1B
-                    // Q4_K_M pp64, 2 Zen 3 threads, alternated: 121-123 -> 132-142 t/s with
-                    // Q6_K's like change); exact integers either way, the same bits.
-                    for i in 0..H {
-                        for hi in [false, true] {
-                            let mut s = [_mm256_setzero_si256(); NT];
-                            for c in 0..8 {
-                                let v = word(i, 4 + 8 * pair + c);
-                                let q = if hi {
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
-                                } else {
-                                    _mm256_and_si256(v, low)
-                                };
-                                for (tk, s) in s.iter_mut().enumerate() {
-                                    let at = yq[tk].add(64 * pair + 32 * hi as usize + 4 * c);
-                                    let y = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()));
-                                    *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(q, y));
-                                }
-                            }
-                            let sc = heads[i].sc[2 * pair + hi as usize];
-                            for (tk, s) in s.into_iter().enumerate() {
-                                isum[i][tk] =
-                                    _mm256_add_epi32(isum[i][tk], _mm256_madd_epi16(s, sc));
-                            }
-                        }
-                    }
-                    continue;
-                }
-                let mut s_lo = [[_mm256_setzero_si256(); NT]; H];
-                let mut s_hi = [[_mm256_setzero_si256(); NT]; H];
-                for c in 0..8 {
-                    let mut y_lo = [_mm256_setzero_si256(); NT];
-                    let mut y_hi = [_mm256_setzero_si256(); NT];
-                    for tk in 0..NT {
-                        let at = yq[tk].add(64 * pair + 4 * c);
-                        y_lo[tk] = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()));
-                        y_hi[tk] = _mm256_set1_epi32(std::ptr::read_unaligned(at.add(32).cast()));
-                    }
-                    for i in 0..H {
-                        let v = word(i, 4 + 8 * pair + c);
-                        let lo = _mm256_and_si256(v, low);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                        for tk in 0..NT {
-                            s_lo[i][tk] =
-                                _mm256_add_epi16(s_lo[i][tk], _mm256_maddubs_epi16(lo, y_lo[tk]));
-                            s_hi[i][tk] =
-                                _mm256_add_epi16(s_hi[i][tk], _mm256_maddubs_epi16(hi, y_hi[tk]));
-                        }
-                    }
-                }
-                for i in 0..H {
-                    for tk in 0..NT {
-                        let l = _mm256_madd_epi16(s_lo[i][tk], heads[i].sc[2 * pair]);
-                        let h = _mm256_madd_epi16(s_hi[i][tk], heads[i].sc[2 * pair + 1]);
-                        isum[i][tk] = _mm256_add_epi32(isum[i][tk], _mm256_add_epi32(l, h));
-                    }
-                }
-            }
-            for (i, head) in heads.iter().enumerate() {
-                for (tk, acc) in sumf.iter_mut().enumerate() {
-                    let y = ys.get_unchecked(t + tk).get_unchecked(b);
-                    let pairs = min_pairs.get_unchecked((t + tk) * part.stride + b);
-                    acc[i] = k4_step(acc[i], isum[i][tk], head, y, pairs);
-                }
-            }
-        }
-        for (j, acc) in sumf.iter().enumerate() {
-            for i in 0..H {
-                write8(out, t + j, r0 + 8 * (h0 + i), masks[i], acc[i]);
-            }
-        }
-    }
+    tokens_k::<Q4Pairs, NT, H>(group, part, ys, min_pairs, t, out, r0, mask)
 }
 
 /// Tokens `t..t + NT` against one Q5_K group, as [`tokens_q4_k`] (its head, mins and float
@@ -264,8 +163,179 @@ pub(crate) unsafe fn tokens_q5_k<const NT: usize, const H: usize>(
     r0: usize,
     mask: u16,
 ) {
-    debug_assert!(group.len() >= part.nb * ROWS * 4 * Q5_WORDS);
-    let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    tokens_k::<Q5Pairs, NT, H>(group, part, ys, min_pairs, t, out, r0, mask)
+}
+
+/// What [`tokens_q4_k`] and [`tokens_q5_k`] do differently: the words a half of a super-block
+/// takes, and the integer sums of one pair of 32-element groups. The method is `inline(always)`
+/// and carries no target features of its own, so it takes its caller's.
+trait KPairs {
+    /// 32-bit words in one row's super-block ([`K4_WORDS`], [`Q5_WORDS`]).
+    const WORDS: usize;
+    /// Adds to `isum[i][tk]` the scaled integer sums `sc_j Σ q y` of groups `2 pair` and
+    /// `2 pair + 1` of halves `h0..h0 + H` of the super-block at `p` against tokens `yq`.
+    unsafe fn add_pair<const NT: usize, const H: usize>(
+        p: *const u8,
+        h0: usize,
+        pair: usize,
+        heads: &[K4Head; H],
+        yq: &[*const i8; NT],
+        isum: &mut [[__m256i; NT]; H],
+    );
+}
+
+/// Half i's word w of the super-block at `p` (halves from `h0`).
+#[inline(always)]
+unsafe fn kword(p: *const u8, h0: usize, i: usize, w: usize) -> __m256i {
+    _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
+}
+
+/// Token bytes `at..at + 4` in every lane.
+#[inline(always)]
+unsafe fn ybytes(at: *const i8) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()))
+}
+
+struct Q4Pairs;
+impl KPairs for Q4Pairs {
+    const WORDS: usize = K4_WORDS;
+    #[inline(always)]
+    unsafe fn add_pair<const NT: usize, const H: usize>(
+        p: *const u8,
+        h0: usize,
+        pair: usize,
+        heads: &[K4Head; H],
+        yq: &[*const i8; NT],
+        isum: &mut [[__m256i; NT]; H],
+    ) {
+        // Quant bytes 32 pair..32 pair + 32 of the rows: group 2 pair in their low nibbles,
+        // 2 pair + 1 in their high ones; each token's bytes broadcast once for both halves.
+        let low = _mm256_set1_epi8(0x0F);
+        if NT >= 4 {
+            // Four tokens: the pair's low-nibble group, then its high one, so that only one
+            // group's sums of the tokens live at a time (both groups' sums and bytes did not
+            // fit the sixteen registers and went through the stack; 1B Q4_K_M pp64, 2 Zen 3
+            // threads, alternated: 121-123 -> 132-142 t/s with Q6_K's like change); exact
+            // integers either way, the same bits.
+            for i in 0..H {
+                for hi in [false, true] {
+                    let mut s = [_mm256_setzero_si256(); NT];
+                    for c in 0..8 {
+                        let v = kword(p, h0, i, 4 + 8 * pair + c);
+                        let q = if hi {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low)
+                        } else {
+                            _mm256_and_si256(v, low)
+                        };
+                        for (tk, s) in s.iter_mut().enumerate() {
+                            let y = ybytes(yq[tk].add(64 * pair + 32 * hi as usize + 4 * c));
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(q, y));
+                        }
+                    }
+                    let sc = heads[i].sc[2 * pair + hi as usize];
+                    for (tk, s) in s.into_iter().enumerate() {
+                        isum[i][tk] = _mm256_add_epi32(isum[i][tk], _mm256_madd_epi16(s, sc));
+                    }
+                }
+            }
+            return;
+        }
+        let mut s_lo = [[_mm256_setzero_si256(); NT]; H];
+        let mut s_hi = [[_mm256_setzero_si256(); NT]; H];
+        for c in 0..8 {
+            let mut y_lo = [_mm256_setzero_si256(); NT];
+            let mut y_hi = [_mm256_setzero_si256(); NT];
+            for tk in 0..NT {
+                let at = yq[tk].add(64 * pair + 4 * c);
+                y_lo[tk] = ybytes(at);
+                y_hi[tk] = ybytes(at.add(32));
+            }
+            for i in 0..H {
+                let v = kword(p, h0, i, 4 + 8 * pair + c);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                for tk in 0..NT {
+                    s_lo[i][tk] = _mm256_add_epi16(s_lo[i][tk], _mm256_maddubs_epi16(lo, y_lo[tk]));
+                    s_hi[i][tk] = _mm256_add_epi16(s_hi[i][tk], _mm256_maddubs_epi16(hi, y_hi[tk]));
+                }
+            }
+        }
+        for i in 0..H {
+            for tk in 0..NT {
+                let l = _mm256_madd_epi16(s_lo[i][tk], heads[i].sc[2 * pair]);
+                let h = _mm256_madd_epi16(s_hi[i][tk], heads[i].sc[2 * pair + 1]);
+                isum[i][tk] = _mm256_add_epi32(isum[i][tk], _mm256_add_epi32(l, h));
+            }
+        }
+    }
+}
+
+struct Q5Pairs;
+impl KPairs for Q5Pairs {
+    const WORDS: usize = Q5_WORDS;
+    #[inline(always)]
+    unsafe fn add_pair<const NT: usize, const H: usize>(
+        p: *const u8,
+        h0: usize,
+        pair: usize,
+        heads: &[K4Head; H],
+        yq: &[*const i8; NT],
+        isum: &mut [[__m256i; NT]; H],
+    ) {
+        let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+        for i in 0..H {
+            for hi in 0..2 {
+                let j = 2 * pair + hi;
+                // Bit j of each qh byte to bit 4 (within the byte either way).
+                let (left, right) = (
+                    _mm_cvtsi32_si128((4 - j as i32).max(0)),
+                    _mm_cvtsi32_si128((j as i32 - 4).max(0)),
+                );
+                let sc = heads[i].sc[j];
+                for c0 in [0, 4] {
+                    let mut s = [_mm256_setzero_si256(); NT];
+                    for c in c0..c0 + 4 {
+                        let v = kword(p, h0, i, 12 + 8 * pair + c);
+                        let nib = if hi == 1 {
+                            _mm256_srli_epi16::<4>(v)
+                        } else {
+                            v
+                        };
+                        let h =
+                            _mm256_srl_epi32(_mm256_sll_epi32(kword(p, h0, i, 4 + c), left), right);
+                        let q =
+                            _mm256_or_si256(_mm256_and_si256(nib, low), _mm256_and_si256(h, bit4));
+                        for (tk, s) in s.iter_mut().enumerate() {
+                            let y = ybytes(yq[tk].add(32 * j + 4 * c));
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(q, y));
+                        }
+                    }
+                    for (tk, s) in s.into_iter().enumerate() {
+                        isum[i][tk] = _mm256_add_epi32(isum[i][tk], _mm256_madd_epi16(s, sc));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The frame of [`tokens_q4_k`] and [`tokens_q5_k`]: per half-pair of rows `h0`, the sums a
+/// token starts from; per super-block the heads, each pair's integer sums ([`KPairs`]) and the
+/// float step ([`k4_step`]); the rows written. `inline(always)` without target features of its
+/// own: it takes its caller's.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tokens_k<K: KPairs, const NT: usize, const H: usize>(
+    group: &[u8],
+    part: Part,
+    ys: &[&[BlockQ8K]],
+    min_pairs: &[[i32; 4]],
+    t: usize,
+    out: &Out,
+    r0: usize,
+    mask: u16,
+) {
+    debug_assert!(group.len() >= part.nb * ROWS * 4 * K::WORDS);
     let ahead = prefetch_ahead();
     for h0 in (0..2).step_by(H) {
         let masks: [u8; H] = std::array::from_fn(|i| (mask >> (8 * (h0 + i))) as u8);
@@ -276,55 +346,16 @@ pub(crate) unsafe fn tokens_q5_k<const NT: usize, const H: usize>(
             std::array::from_fn(|i| start(out, part, t + j, r0 + 8 * (h0 + i), masks[i]))
         });
         for b in 0..part.nb {
-            let p = group.as_ptr().add(b * ROWS * 4 * Q5_WORDS);
-            let word = |i: usize, w: usize| {
-                _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
-            };
+            let p = group.as_ptr().add(b * ROWS * 4 * K::WORDS);
             let heads = k4_heads::<H>(p, h0);
             let mut isum = [[_mm256_setzero_si256(); NT]; H];
             let yq: [*const i8; NT] =
                 std::array::from_fn(|tk| ys.get_unchecked(t + tk).get_unchecked(b).qs.as_ptr());
             for pair in 0..4 {
                 if h0 == 0 {
-                    prefetch_part(p, ahead, Q5_WORDS, pair, 4);
+                    prefetch_part(p, ahead, K::WORDS, pair, 4);
                 }
-                for i in 0..H {
-                    for hi in 0..2 {
-                        let j = 2 * pair + hi;
-                        // Bit j of each qh byte to bit 4 (within the byte either way).
-                        let (left, right) = (
-                            _mm_cvtsi32_si128((4 - j as i32).max(0)),
-                            _mm_cvtsi32_si128((j as i32 - 4).max(0)),
-                        );
-                        let sc = heads[i].sc[j];
-                        for c0 in [0, 4] {
-                            let mut s = [_mm256_setzero_si256(); NT];
-                            for c in c0..c0 + 4 {
-                                let v = word(i, 12 + 8 * pair + c);
-                                let nib = if hi == 1 {
-                                    _mm256_srli_epi16::<4>(v)
-                                } else {
-                                    v
-                                };
-                                let h =
-                                    _mm256_srl_epi32(_mm256_sll_epi32(word(i, 4 + c), left), right);
-                                let q = _mm256_or_si256(
-                                    _mm256_and_si256(nib, low),
-                                    _mm256_and_si256(h, bit4),
-                                );
-                                for (tk, s) in s.iter_mut().enumerate() {
-                                    let at = yq[tk].add(32 * j + 4 * c);
-                                    let y = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()));
-                                    *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(q, y));
-                                }
-                            }
-                            for (tk, s) in s.into_iter().enumerate() {
-                                isum[i][tk] =
-                                    _mm256_add_epi32(isum[i][tk], _mm256_madd_epi16(s, sc));
-                            }
-                        }
-                    }
-                }
+                K::add_pair::<NT, H>(p, h0, pair, &heads, &yq, &mut isum);
             }
             for (i, head) in heads.iter().enumerate() {
                 for (tk, acc) in sumf.iter_mut().enumerate() {
