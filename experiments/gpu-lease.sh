@@ -167,6 +167,15 @@ s_build_peer() { # only without the prebuilt peer
 }
 peer_env() { # shellcheck disable=SC1091
     . "$LLAMA/RUN-ENV.sh"
+    # Without CUDA 13's runtime and cuBLAS on the path, libggml-cuda.so does not load and
+    # llama-bench runs on the CPU alone: look wider, and say so.
+    if [ -f "$LLAMA/libggml-cuda.so" ] && ldd "$LLAMA/libggml-cuda.so" | grep -q 'not found'; then
+        local d
+        d=$(find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+        [ -n "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$d")"
+        echo "peer: libggml-cuda.so lacked $(ldd "$LLAMA/libggml-cuda.so" | grep -c 'not found') libraries; cuBLAS found at ${d:-nowhere}" >&2
+        ldd "$LLAMA/libggml-cuda.so" | grep 'not found' >&2 || true
+    fi
 }
 s_peer_hybrid() {
     peer_env
