@@ -24,8 +24,10 @@
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
 #   llama.cpp (issue 13).
-# Without the prebuilt peer, the first call builds llama.cpp on the device (~5 min) before the
-# llama.cpp stages.
+# Without the prebuilt peer, the first call builds llama.cpp on the device (~5 min) in the
+# background while selftest and synth run, and the timed stages wait for it. Do not hold a lease
+# back for the prebuild: on 2026-11-28 a session that built it first (22 min on a Zen 5 VM) found
+# the loans paused when it called; call at once.
 #
 # Each stage has an estimate; one that would pass DEADLINE seconds (default 540, under the
 # device's 600 s a call) since the call began waits for a later call, and one still running at
@@ -204,12 +206,37 @@ s_cpu_xeon() {
     OATO_BIN=$OATO MODEL=$MODEL8 RES=$RES LLAMA_BIN=$LLAMA CPU_THREADS="8 16" ROUNDS=1 experiments/gpu-hybrid.sh cpu
 }
 peer_ready() { [ "${PEER:-1}" = 1 ] && [ -x "$LLAMA/llama-bench" ]; }
+# Without the prebuilt peer, its build (~5 min) runs in the background beside the stages that
+# time nothing on the CPU (selftest, synth); the stages after them wait for it, so that no
+# timing shares the CPU with a compiler.
+peer_bg_start() {
+    [ "${PEER:-1}" = 1 ] && ! peer_ready && [ -f "$LEASE/lease-bin/llamacpp-src.tar.xz" ] || return 0
+    [ -f "$RES/done.build_peer" ] && return 0
+    if [ -f "$RES/build_peer.pid" ] && kill -0 "$(cat "$RES/build_peer.pid")" 2>/dev/null; then return 0; fi
+    log "start build_peer in the background"
+    setsid "$self" run-stage s_build_peer > "$RES/build_peer.log" 2>&1 < /dev/null &
+    echo $! > "$RES/build_peer.pid"
+}
+# Waits for the background build while this call's clock leaves a minute; false if it still runs.
+peer_bg_wait() {
+    local pid
+    pid=$(cat "$RES/build_peer.pid" 2>/dev/null) || return 0
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ $((SECONDS - t0)) -ge $((DEADLINE - 60)) ]; then
+            log "build_peer still running: the timed stages wait for the next call"
+            return 1
+        fi
+        sleep 5
+    done
+    rm -f "$RES/build_peer.pid"
+    touch "$RES/done.build_peer"
+    if peer_ready; then log "build_peer done"; else log "FAIL  build_peer: $(tail -n 2 "$RES/build_peer.log" | tr '\n' ' ')"; fi
+}
 stages_8b() {
+    peer_bg_start
     stage selftest 90 s_selftest
     stage synth 90 s_synth
-    if [ "${PEER:-1}" = 1 ] && ! peer_ready && [ -f "$LEASE/lease-bin/llamacpp-src.tar.xz" ]; then
-        stage build_peer 320 s_build_peer
-    fi
+    peer_bg_wait || return 0
     [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
     stage profile 90 s_profile
     [ -f "$RES/profile-8b.json" ] && stage sweep 200 s_sweep
