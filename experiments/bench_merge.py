@@ -145,6 +145,7 @@ def main():
     ap.add_argument("--threads", required=True)
     ap.add_argument("--reps", required=True)
     ap.add_argument("--llamacpp", default="unknown")
+    ap.add_argument("--title", default="oato vs llama.cpp on the CPU (llama-bench's tests)")
     ap.add_argument("--note", default="")
     ap.add_argument("--run", nargs=4, action="append", required=True,
                     metavar=("TYPE", "MODEL", "LLAMA_JSON", "OATO_JSON"))
@@ -174,7 +175,7 @@ def main():
                     })
 
     lines = [
-        "# oato vs llama.cpp on the CPU (llama-bench's tests)",
+        f"# {a.title}",
         "",
         f"- date: {a.date}",
         f"- oato commit: {a.commit}",

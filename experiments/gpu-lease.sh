@@ -34,6 +34,12 @@
 # the deadline is killed with its children; $RES/lease.log has each stage's time and fate.
 # Results: $RES (default /tmp/lease/res) come back after every call as $OUT/lease.tgz (the later
 # call's holds the earlier's); commit them under results/.
+# Learnt on 2026-11-28 (H200; results/gpu-2026-11-28-h200): the whole 8B part took 205 s, not
+# the estimates' 700 (NVRTC's first build 23 s, synth 3 s); make the next call at once, reading
+# nothing between (a minute's reading lost the machine and the stash with it); a later call on a
+# fresh machine can skip what is done by touching $RES/done.<stage> first. ncu prints its
+# per-kernel table only at the end: give it few launches (--launch-count 30) or -o FILE, or a
+# timeout returns nothing.
 # Env: DEADLINE, REPS (2), THREADS (nproc), RES, SYNTH_ARGS (the big file's `oato synth` flags,
 #      default "--shape llama3-8b --type Q4_0 --seed 42"), PEER (1; 0 skips llama.cpp).
 # A dry run without a GPU (the CPU-backed test device for the GPU, a 2-layer file, no peer):
