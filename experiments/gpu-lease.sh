@@ -20,7 +20,8 @@
 #   ways against a pinned copy, crossing), the placement sweep (oato, oato-paper, layer-split at
 #   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
-#   OATO_CUDA_MMVQ=direct), selftest --perf (kernel bandwidths, copies staged and direct);
+#   OATO_CUDA_MMVQ=direct), selftest --perf (kernel bandwidths, copies staged and direct), the
+#   75% step traces of oato's and oato-paper's plans (diag75);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
 #   llama.cpp (issue 13).
@@ -197,6 +198,19 @@ s_kernels() {
         experiments/gpu-vs-llamacpp.sh
 }
 s_perf() { header; "$OATO" selftest --device gpu --perf; }
+# Issue 10 at 75%: oato's plan trailed oato-paper's on TPOT on the H200 (one matrix on the CPU in
+# each of 20 layers against 20 in 14 layers); each step's time per forward for both, to see
+# whether the CPU's pieces cost more than their bytes.
+s_diag75() {
+    header
+    local pol
+    for pol in oato oato-paper; do
+        "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget 75% --policy "$pol" -o "$RES/diag75-$pol.json" > /dev/null
+        echo "== $pol"
+        OATO_TRACE_STEPS=1 "$OATO" run "$MODEL8" --placement "$RES/diag75-$pol.json" -p "$(printf 'hello %.0s' $(seq 8))" \
+            -n 64 -t "$THREADS" --temp 0 --ignore-eos 2>&1 | grep -E 'TTFT|TPOT|n=1 '
+    done
+}
 golden() { # name, oato run flags...
     local name=$1
     shift
@@ -251,6 +265,7 @@ stages_8b() {
         stage kernels 120 s_kernels
     fi
     stage perf 90 s_perf
+    [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
 }
 stages_golden() {
     stage golden_gpu 40 s_golden_gpu
