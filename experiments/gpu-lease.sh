@@ -30,7 +30,7 @@
 # back for the prebuild: on 2026-11-28 a session that built it first (22 min on a Zen 5 VM) found
 # the loans paused when it called; call at once.
 #
-# Each stage has an estimate; one that would pass DEADLINE seconds (default 540, under the
+# Each stage has an estimate (about twice what it took on the H200 of 2026-11-28); one that would pass DEADLINE seconds (default 540, under the
 # device's 600 s a call) since the call began waits for a later call, and one still running at
 # the deadline is killed with its children; $RES/lease.log has each stage's time and fate.
 # Results: $RES (default /tmp/lease/res) come back after every call as $OUT/lease.tgz (the later
@@ -254,30 +254,30 @@ peer_bg_wait() {
 }
 stages_8b() {
     peer_bg_start
-    stage selftest 90 s_selftest
-    stage synth 90 s_synth
+    stage selftest 60 s_selftest
+    stage synth 30 s_synth
     peer_bg_wait || return 0
     [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
-    stage profile 90 s_profile
-    [ -f "$RES/profile-8b.json" ] && stage sweep 200 s_sweep
+    stage profile 30 s_profile
+    [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     if peer_ready; then
-        stage peer_hybrid 90 s_peer_hybrid
-        stage kernels 120 s_kernels
+        stage peer_hybrid 40 s_peer_hybrid
+        stage kernels 90 s_kernels
     fi
-    stage perf 90 s_perf
+    stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
 }
 stages_golden() {
-    stage golden_gpu 40 s_golden_gpu
-    stage golden_oato_50 40 s_golden_hybrid oato 50%
-    stage golden_layer_split_25 30 s_golden_hybrid layer-split 25%
-    stage golden_graphs_off 40 s_golden_graphs_off
-    stage golden_oato_paper_75 30 s_golden_hybrid oato-paper 75%
-    stage golden_flexgen_50 30 s_golden_hybrid flexgen 50%
+    stage golden_gpu 60 s_golden_gpu
+    stage golden_oato_50 20 s_golden_hybrid oato 50%
+    stage golden_layer_split_25 20 s_golden_hybrid layer-split 25%
+    stage golden_graphs_off 20 s_golden_graphs_off
+    stage golden_oato_paper_75 20 s_golden_hybrid oato-paper 75%
+    stage golden_flexgen_50 20 s_golden_hybrid flexgen 50%
     local pb
     for pb in "oato 25%" "oato 75%" "layer-split 50%" "layer-split 75%" "oato-paper 25%" "oato-paper 50%"; do
         set -- $pb
-        stage "golden_${1//-/_}_${2%\%}" 30 s_golden_hybrid "$1" "$2"
+        stage "golden_${1//-/_}_${2%\%}" 20 s_golden_hybrid "$1" "$2"
     done
 }
 # Stashes what this call carried; assembles the test model once every part is here.
@@ -317,7 +317,7 @@ next)
     [ -x "$OATO" ] || { log "error: $OATO missing (the first call, carrying .carry/lease-bin.tar, did not run on this machine)"; exit 1; }
     stages_8b
     [ -f "$TEST" ] && stages_golden
-    [ -f "$MODEL8" ] && peer_ready && stage cpu_xeon 240 s_cpu_xeon
+    [ -f "$MODEL8" ] && peer_ready && stage cpu_xeon 80 s_cpu_xeon
     if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then tar czf "$OUT/lease.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; fi
     ;;
 *)
