@@ -7,7 +7,7 @@
 #   here:    experiments/gpu-lease.sh prep
 #            builds target/release/oato and packs it, with the llama.cpp CUDA peer prebuilt here
 #            when present (.carry/llamacpp-cuda-bin.tar.xz from experiments/prebuild-llamacpp-cuda.sh:
-#            about 70 minutes on 2 cores, 42 MB packed; start it early), into .carry/lease-bin.tar;
+#            22-70 minutes on 2 cores, 42 MB packed; never hold a lease back for it), into .carry/lease-bin.tar;
 #            splits the test model into .carry/q41.partIofN so each call stays under 64 MiB; prints
 #            the calls to make, each "experiments/gpu-lease.sh next" with its carry list, 600 s.
 #   there:   experiments/gpu-lease.sh next      (once per call, in the order prep prints)

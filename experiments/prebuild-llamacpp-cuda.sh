@@ -18,7 +18,7 @@
 # Output: .carry/llamacpp-cuda-bin.tar.xz (a folder llama-cuda-bin/ with the binaries and
 # RUN-ENV.sh, which on the device points LD_LIBRARY_PATH at its own CUDA 13 runtime and cuBLAS);
 # experiments/gpu-lease.sh packs it for the device (42 MB; so the test model then travels in three
-# parts). On this project's 2-core machines the build took 67 minutes (4036 s, beside other work;
+# parts). On this project's 2-core machines the build took 67 minutes on a Zen 3 VM (4036 s, beside other work) and 22 on a Zen 5 VM (1310 s, 2026-11-28;
 # the flash-attention and int8-GEMM template instances): start it early, in the background:
 #   setsid nohup experiments/prebuild-llamacpp-cuda.sh > /tmp/prebuild.log 2>&1 &
 #
