@@ -7,7 +7,8 @@
 #   here:    experiments/gpu-lease.sh prep
 #            builds target/release/oato and packs it, with the llama.cpp CUDA peer prebuilt here
 #            when present (.carry/llamacpp-cuda-bin.tar.xz from experiments/prebuild-llamacpp-cuda.sh:
-#            22-70 minutes on 2 cores, 42 MB packed; never hold a lease back for it), into .carry/lease-bin.tar;
+#            22-70 minutes on 2 cores, 42 MB packed; never hold a lease back for it), into
+#            .carry/lease-bin.tar;
 #            splits the test model into .carry/q41.partIofN so each call stays under 64 MiB; prints
 #            the calls to make, each "experiments/gpu-lease.sh next" with its carry list, 600 s.
 #   there:   experiments/gpu-lease.sh next      (once per call, in the order prep prints)
@@ -30,13 +31,13 @@
 # back for the prebuild: on 2026-11-28 a session that built it first (22 min on a Zen 5 VM) found
 # the loans paused when it called; call at once.
 #
-# Each stage has an estimate (about twice what it took on the H200 of 2026-11-28); one that would pass DEADLINE seconds (default 540, under the
-# device's 600 s a call) since the call began waits for a later call, and one still running at
-# the deadline is killed with its children; $RES/lease.log has each stage's time and fate.
+# Each stage has an estimate (about twice what it took on the H200 of 2026-11-28); one that
+# would pass DEADLINE seconds (default 540, under the device's 600 s a call) since the call began
+# waits for a later call, and one still running at the deadline is killed with its children; $RES/lease.log has each stage's time and fate.
 # Results: $RES (default /tmp/lease/res) come back after every call as $OUT/lease.tgz (the later
 # call's holds the earlier's); commit them under results/.
-# Learnt on 2026-11-28 (H200; results/gpu-2026-11-28-h200): the whole 8B part took 205 s, not
-# the estimates' 700 (NVRTC's first build 23 s, synth 3 s); make the next call at once, reading
+# Learnt on 2026-11-28 (H200; results/gpu-2026-11-28-h200): the whole 8B part took 205 s
+# against the 1010 s the estimates then added up to (NVRTC's first build 23 s, synth 3 s); make the next call at once, reading
 # nothing between (a minute's reading lost the machine and the stash with it); a later call on a
 # fresh machine can skip what is done by touching $RES/done.<stage> first. ncu prints its
 # per-kernel table only at the end: give it few launches (--launch-count 30) or -o FILE, or a
@@ -176,15 +177,6 @@ s_build_peer() { # only without the prebuilt peer
 }
 peer_env() { # shellcheck disable=SC1091
     . "$LLAMA/RUN-ENV.sh"
-    # Without CUDA 13's runtime and cuBLAS on the path, libggml-cuda.so does not load and
-    # llama-bench runs on the CPU alone: look wider, and say so.
-    if [ -f "$LLAMA/libggml-cuda.so" ] && ldd "$LLAMA/libggml-cuda.so" | grep -q 'not found'; then
-        local d
-        d=$(find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
-        [ -n "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$d")"
-        echo "peer: libggml-cuda.so lacked $(ldd "$LLAMA/libggml-cuda.so" | grep -c 'not found') libraries; cuBLAS found at ${d:-nowhere}" >&2
-        ldd "$LLAMA/libggml-cuda.so" | grep 'not found' >&2 || true
-    fi
 }
 s_peer_hybrid() {
     peer_env
@@ -200,15 +192,17 @@ s_kernels() {
 s_perf() { header; "$OATO" selftest --device gpu --perf; }
 # Issue 10 at 75%: oato's plan trailed oato-paper's on TPOT on the H200 (one matrix on the CPU in
 # each of 20 layers against 20 in 14 layers); each step's time per forward for both, to see
-# whether the CPU's pieces cost more than their bytes.
+# whether the CPU's pieces cost more than their bytes. The prompt is about 64 tokens (the synth
+# vocabulary splits a word into about eight), as the plans assume.
 s_diag75() {
     header
     local pol
     for pol in oato oato-paper; do
-        "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget 75% --policy "$pol" -o "$RES/diag75-$pol.json" > /dev/null
+        "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget 75% --policy "$pol" \
+            -o "$RES/diag75-$pol.json" > /dev/null
         echo "== $pol"
-        OATO_TRACE_STEPS=1 "$OATO" run "$MODEL8" --placement "$RES/diag75-$pol.json" -p "$(printf 'hello %.0s' $(seq 8))" \
-            -n 64 -t "$THREADS" --temp 0 --ignore-eos 2>&1 | grep -E 'TTFT|TPOT|n=1 '
+        OATO_TRACE_STEPS=1 "$OATO" run "$MODEL8" --placement "$RES/diag75-$pol.json" \
+            -p "$(printf 'hello %.0s' $(seq 8))" -n 64 -t "$THREADS" --temp 0 --ignore-eos 2>&1 | grep -E 'TTFT|TPOT|n=1 '
     done
 }
 golden() { # name, oato run flags...

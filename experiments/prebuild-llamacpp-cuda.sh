@@ -18,8 +18,9 @@
 # Output: .carry/llamacpp-cuda-bin.tar.xz (a folder llama-cuda-bin/ with the binaries and
 # RUN-ENV.sh, which on the device points LD_LIBRARY_PATH at its own CUDA 13 runtime and cuBLAS);
 # experiments/gpu-lease.sh packs it for the device (42 MB; so the test model then travels in three
-# parts). On this project's 2-core machines the build took 67 minutes on a Zen 3 VM (4036 s, beside other work) and 22 on a Zen 5 VM (1310 s, 2026-11-28;
-# the flash-attention and int8-GEMM template instances): start it early, in the background:
+# parts). On this project's 2-core machines the build (mostly the flash-attention and int8-GEMM
+# template instances) took 67 minutes on a Zen 3 VM (4036 s, beside other work) and 22 on a Zen 5
+# VM (1310 s, 2026-11-28): start it early, in the background, but never hold a lease back for it:
 #   setsid nohup experiments/prebuild-llamacpp-cuda.sh > /tmp/prebuild.log 2>&1 &
 #
 # Env: WORK (default /tmp/llamacpp-prebuild: wheels, toolkit, sources, build tree; reused),
@@ -119,7 +120,12 @@ if [ -z "$cudalib" ]; then # the loader's cache
     d=$(ldconfig -p 2>/dev/null | awk '/libcublas\.so\.13 /{print $NF; exit}')
     [ -n "$d" ] && [ -e "$(dirname "$d")/libcudart.so.13" ] && cudalib=$(dirname "$d")
 fi
-[ -n "$cudalib" ] || echo "RUN-ENV.sh: no libcublas.so.13 + libcudart.so.13 found" >&2
+if [ -z "$cudalib" ]; then # anywhere on the root file system
+    d=$(find / -xdev -name libcublas.so.13 2>/dev/null | head -1)
+    [ -n "$d" ] && [ -e "$(dirname "$d")/libcudart.so.13" ] && cudalib=$(dirname "$d")
+fi
+# Without them libggml-cuda.so does not load and llama-bench runs on the CPU alone.
+[ -n "$cudalib" ] || echo "RUN-ENV.sh: no libcublas.so.13 + libcudart.so.13 found: llama-bench will run on the CPU" >&2
 export LD_LIBRARY_PATH="$here${cudalib:+:$cudalib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SH
 {

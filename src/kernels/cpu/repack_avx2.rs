@@ -80,11 +80,8 @@ pub(crate) unsafe fn tokens<const NT: usize, const H: usize>(
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                     for (j, s) in s16.iter_mut().enumerate() {
                         let yq = ys.get_unchecked(t + j).get_unchecked(b).qs.as_ptr();
-                        let word = |e: usize| {
-                            _mm256_set1_epi32(std::ptr::read_unaligned(yq.add(4 * e).cast()))
-                        };
-                        let pl = _mm256_maddubs_epi16(lo, word(c));
-                        let ph = _mm256_maddubs_epi16(hi, word(4 + c));
+                        let pl = _mm256_maddubs_epi16(lo, ybytes(yq.add(4 * c)));
+                        let ph = _mm256_maddubs_epi16(hi, ybytes(yq.add(4 * (4 + c))));
                         *s = _mm256_add_epi16(*s, _mm256_add_epi16(pl, ph));
                     }
                 }
@@ -166,8 +163,8 @@ pub(crate) unsafe fn tokens_q5_k<const NT: usize, const H: usize>(
     tokens_k::<Q5Pairs, NT, H>(group, part, ys, min_pairs, t, out, r0, mask)
 }
 
-/// What [`tokens_q4_k`] and [`tokens_q5_k`] do differently: the words a half of a super-block
-/// takes, and the integer sums of one pair of 32-element groups. The method is `inline(always)`
+/// What [`tokens_q4_k`] and [`tokens_q5_k`] do differently: the size of a super-block, and the
+/// integer sums of one pair of 32-element groups. The method is `inline(always)`
 /// and carries no target features of its own, so it takes its caller's.
 trait KPairs {
     /// 32-bit words in one row's super-block ([`K4_WORDS`], [`Q5_WORDS`]).
@@ -184,13 +181,14 @@ trait KPairs {
     );
 }
 
-/// Half i's word w of the super-block at `p` (halves from `h0`).
+/// Half `h0 + i`'s word w of the interleaved K-quant super-block at `p` (word w of its eight
+/// rows, 32 bytes).
 #[inline(always)]
 unsafe fn kword(p: *const u8, h0: usize, i: usize, w: usize) -> __m256i {
     _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>())
 }
 
-/// Token bytes `at..at + 4` in every lane.
+/// Activation bytes `at..at + 4` in every 32-bit lane (for `vpmaddubsw` against eight rows).
 #[inline(always)]
 unsafe fn ybytes(at: *const i8) -> __m256i {
     _mm256_set1_epi32(std::ptr::read_unaligned(at.cast()))
@@ -636,8 +634,7 @@ struct K4Head {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_heads<const H: usize>(p: *const u8, h0: usize) -> [K4Head; H] {
-    let word =
-        |i: usize, w: usize| _mm256_loadu_si256(p.add(32 * (h0 + i) + 64 * w).cast::<__m256i>());
+    let word = |i: usize, w: usize| kword(p, h0, i, w);
     let head0 = k4_head([word(0, 0), word(0, 1), word(0, 2), word(0, 3)]);
     if H == 2 {
         let head1 = k4_head([word(1, 0), word(1, 1), word(1, 2), word(1, 3)]);
