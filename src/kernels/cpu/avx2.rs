@@ -620,16 +620,17 @@ pub unsafe fn rows_q4_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
 /// converted by one F16C conversion.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    rows_q8_0_with::<0>(w, a, |x, y| dot_ss8(x, y))
+    rows_q8_0_with(w, a, 0, |x, y| dot_ss8(x, y))
 }
 
 /// [`rows_q8_0`] with `dot` for [`dot_ss8`] (AVX-512's VNNI one, or this file's), asking for
 /// each row's line `AHEAD` bytes past the current block (0: none; AVX-512's kernel takes 512).
 /// Called from functions with AVX2, FMA and F16C enabled.
 #[inline(always)]
-pub(crate) unsafe fn rows_q8_0_with<const AHEAD: usize>(
+pub(crate) unsafe fn rows_q8_0_with(
     w: [&[u8]; 4],
     a: &[u8],
+    ahead: usize,
     dot: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f32; 4] {
     let xs: [&[BlockQ8_0]; 4] = w.map(super::blocks::<BlockQ8_0>);
@@ -642,8 +643,8 @@ pub(crate) unsafe fn rows_q8_0_with<const AHEAD: usize>(
         // d_x * d_y of the four rows, lane by lane as the scalar products.
         let d = _mm256_castps128_ps256(_mm_mul_ps(h2f4(x.map(|x| x.d)), h2f_splat(y.d)));
         for r in 0..4 {
-            if AHEAD > 0 {
-                let at = (x[r] as *const BlockQ8_0).cast::<i8>().wrapping_add(AHEAD);
+            if ahead > 0 {
+                let at = (x[r] as *const BlockQ8_0).cast::<i8>().wrapping_add(ahead);
                 _mm_prefetch::<_MM_HINT_T0>(at);
             }
             let lanes = dot(load32(&x[r].qs), yv);

@@ -152,11 +152,21 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
     }
 }
 
-/// Bytes ahead of each row that the row kernels prefetch. 1B Q4_0 tg16 on 2 EPYC threads, three
-/// alternated rounds on a machine loaded by other builds (the second round slow for all), GB/s of
-/// weights read: 0 bytes 26.8 / 15.3 / 29.1, 512 bytes 31.6 / 16.6 / 31.0, 2048 bytes 16.0 /
-/// 16.1 / 30.8. 512 was never behind; the margin is within this machine's noise.
-const ROWS_PREFETCH: usize = 512;
+/// Bytes ahead of each row that the row kernels prefetch (`OATO_CPU_ROWS_PREFETCH` sets it, 0
+/// none): 512, and 4096 on AMD's Zen 5 (family 0x1A and later). 1B Q4_0 tg16 on 2 EPYC (Zen 4)
+/// threads, three alternated rounds on a machine loaded by other builds (the second round slow
+/// for all), GB/s of weights read: 0 bytes 26.8 / 15.3 / 29.1, 512 bytes 31.6 / 16.6 / 31.0,
+/// 2048 bytes 16.0 / 16.1 / 30.8. 512 was never behind; the margin is within this machine's
+/// noise. On a Zen 5 VM, 2 threads, out of cache (`examples/matmul_dram`, two alternated
+/// rounds each), Q8_0 4096 x 14336 read 0.84-0.86 of the plain read with 512 bytes, 1.03-1.05
+/// with 2048 and 4096 (the non-temporal hint alike).
+fn rows_prefetch() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        let zen5 = !super::matmul::intel() && super::matmul::cpu_family() >= 0x1A;
+        super::matmul::env_bytes("OATO_CPU_ROWS_PREFETCH", if zen5 { 4096 } else { 512 })
+    })
+}
 
 /// Four Q4_0 rows against one Q8_0 row, bit-identical with [`vec_dot_q4_0_q8_0_x2`] per row:
 /// the same exact `isum` per block, the same FMA per block in block order, the four rows' chains
@@ -182,14 +192,13 @@ pub unsafe fn rows_q4_0_tokens<const T: usize>(w: [&[u8]; 4], a: [&[u8]; T]) -> 
     let eight = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm_setzero_ps(); T];
+    let ahead = rows_prefetch();
     for b in 0..nb {
         // SAFETY (unchecked accesses): b < nb <= every row's and token's length.
         let x: [&BlockQ4_0; 4] = std::array::from_fn(|r| unsafe { xs[r].get_unchecked(b) });
         let z: [__m256i; 4] = std::array::from_fn(|r| {
             _mm_prefetch::<_MM_HINT_T0>(
-                (x[r] as *const BlockQ4_0)
-                    .cast::<i8>()
-                    .wrapping_add(ROWS_PREFETCH),
+                (x[r] as *const BlockQ4_0).cast::<i8>().wrapping_add(ahead),
             );
             let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(x[r].qs.as_ptr().cast()));
             _mm256_and_si256(_mm256_srlv_epi64(q, shift), low)
@@ -240,7 +249,7 @@ pub unsafe fn rows_q4_0_batch(w: [&[u8]; 4], a: &[&[u8]], mut put: impl FnMut(us
 /// one thread); by `h2f_splat`, 0.89-0.93 against 0.87-0.91.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-    avx2::rows_q8_0_with::<ROWS_PREFETCH>(w, a, |x, y| dot_ss8(x, y))
+    avx2::rows_q8_0_with(w, a, rows_prefetch(), |x, y| dot_ss8(x, y))
 }
 
 // ---------------------------------------------------------------------------------------------

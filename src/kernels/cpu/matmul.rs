@@ -753,6 +753,27 @@ fn default_prefetch() -> usize {
     if intel() { 1024 } else { 0 }
 }
 
+/// The CPU's family as CPUID leaf 1 reports it (the base family plus the extended one where
+/// the base is 0xF: 0x19 for AMD's Zen 3 and Zen 4, 0x1A for Zen 5); 0 off x86-64. Asked once.
+pub(crate) fn cpu_family() -> u32 {
+    static FAMILY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *FAMILY.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // CPUID leaf 1 (the signature) exists on every x86-64 CPU.
+            let eax = std::arch::x86_64::__cpuid(1).eax;
+            let base = (eax >> 8) & 0xF;
+            if base == 0xF {
+                base + ((eax >> 20) & 0xFF)
+            } else {
+                base
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    })
+}
+
 /// Whether the CPU is Intel's (whose hardware prefetchers want software prefetches' help where
 /// AMD's do not); asked of CPUID once.
 pub(crate) fn intel() -> bool {

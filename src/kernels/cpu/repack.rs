@@ -1595,6 +1595,18 @@ mod kernels {
     /// why, not measured: a stream at 14 GB/s a thread with memory ~100 ns away (a typical
     /// figure, not this VM's) needs ~1.4 KB in flight.
     ///
+    /// AMD's Zen 5 (family 0x1A and later, AVX-512) asks 4096 bytes ahead: 2 threads of a Zen 5
+    /// VM, out of cache (`examples/matmul_dram`, alternated rounds, this machine's read rate
+    /// 40-66 GB/s between them), GB/s of weights with 256 / 4096 bytes: Q4_0 4096 x 14336
+    /// 58.7, 59.6, 58.7 / 71.5, 75.0, 75.5 (2048: 67.3, 69.3, 67.1; 8192 and 16 KiB no better
+    /// than 4096), 14336 x 4096 57.9, 57.4 / 73.5, 73.0, 2048 x 8192 59.1, 56.4 / 68.6, 72.9;
+    /// Q4_K 4096 x 14336 68.4, 66.4 / 72.9, 73.6; Q5_K 38.2, 36.4 / 57.8, 56.0; Q6_K 28.4,
+    /// 28.1 / 49.5, 54.0, 8192 x 2048 28.1, 27.9 / 46.7, 51.0, the 1B head (2048 x 128256)
+    /// 36.4, 49.3 / 38.3, 59.2. Decode of whole files (`oato bench -p 0 -n 32 -t 2`,
+    /// alternated), fraction of the read loop with 256 / 4096: 1B Q4_0 0.86, 0.82, 0.83 / 0.94,
+    /// 0.93, 0.86; 8B Q4_0 0.83, 0.83 / 0.95, 1.00; 1B Q4_K_M 0.83-0.85 / 0.79-0.91 (noise).
+    /// Zen 4 keeps 256 (its figures above).
+    ///
     /// `OATO_CPU_REPACK_PREFETCH_HINT=nta|t1` picks the hint whatever the vendor (the default
     /// distance then follows the hint), so that Intel's choice can be measured
     /// (`experiments/gpu-hybrid.sh cpu-prefetch`).
@@ -1616,7 +1628,10 @@ mod kernels {
         let bytes = match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => *ENV.get_or_init(|| {
                 let avx512 = crate::kernels::cpu::isa() == crate::kernels::cpu::Isa::Avx512;
+                let zen5 = !crate::kernels::cpu::matmul::intel()
+                    && crate::kernels::cpu::matmul::cpu_family() >= 0x1A;
                 let default = match (nta, avx512) {
+                    (true, true) if zen5 => 4096,
                     (true, true) => 256,
                     (true, false) => 2048,
                     (false, _) => 16 << 10,
