@@ -22,7 +22,8 @@
 #   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
 #   OATO_CUDA_MMVQ=direct), selftest --perf (kernel bandwidths, copies staged and direct), the
-#   75% step traces of oato's and oato-paper's plans (diag75);
+#   75% step traces of oato's and oato-paper's plans (diag75), Nsight Compute's per-kernel figures
+#   of a decode step, oato's and llama.cpp's matrix-vector kernels (ncu);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
 #   llama.cpp (issue 13).
@@ -205,6 +206,57 @@ s_diag75() {
             -p "$(printf 'hello %.0s' $(seq 8))" -n 64 -t "$THREADS" --temp 0 --ignore-eos 2>&1 | grep -E 'TTFT|TPOT|n=1 '
     done
 }
+# Issue 12: per-kernel figures of an all-GPU decode step (graphs off), oato's and llama.cpp's, by
+# Nsight Compute: duration, DRAM throughput (% of peak), achieved occupancy, registers and shared
+# memory per thread block, so the matrix-vector kernels' 26% of HBM has a cause. Few launches each
+# (ncu prints its table only at the end): oato's first decode step after prefill, 45 launches (three
+# layers); llama.cpp's matrix-vector kernels, 24 launches.
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats"
+s_ncu() {
+    header
+    local ncu
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    [ -x "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+    echo "== oato (OATO_CUDA_GRAPHS=0): launches 700-744 of a 1-token prompt + 3 decode steps"
+    # shellcheck disable=SC2086  # the section flags
+    OATO_CUDA_GRAPHS=0 timeout 150 "$ncu" --launch-skip 700 --launch-count 45 $NCU_SECTIONS --csv \
+        "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
+        > "$RES/ncu-oato.csv" 2> "$RES/ncu-oato.err" || echo "ncu on oato: exit $?"
+    if peer_ready; then
+        peer_env
+        echo "== llama.cpp (GGML_CUDA_DISABLE_GRAPHS=1): its matrix-vector kernels, 24 launches"
+        # shellcheck disable=SC2086
+        GGML_CUDA_DISABLE_GRAPHS=1 timeout 150 "$ncu" --kernel-name regex:mul_mat_vec \
+            --launch-skip 64 --launch-count 24 $NCU_SECTIONS --csv \
+            "$LLAMA/llama-bench" -m "$MODEL8" -p 0 -n 4 -r 1 -ngl 99 \
+            > "$RES/ncu-llamacpp.csv" 2> "$RES/ncu-llamacpp.err" || echo "ncu on llama.cpp: exit $?"
+    fi
+    # The table's essentials: kernel, grid, block, duration, DRAM throughput, occupancy.
+    python3 - "$RES"/ncu-oato.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
+import csv, sys, collections
+want = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Registers Per Thread",
+        "Static Shared Memory Per Block", "Memory Throughput")
+for path in sys.argv[1:]:
+    try:
+        rows = [r for r in csv.reader(open(path)) if len(r) > 10]
+    except OSError:
+        continue
+    if not rows:
+        continue
+    head, body = rows[0], rows[1:]
+    col = {name: i for i, name in enumerate(head)}
+    if "Metric Name" not in col:
+        continue
+    print("==", path)
+    by = collections.OrderedDict()
+    for r in body:
+        key = (r[col["ID"]], r[col["Kernel Name"]][:40], r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)])
+        if r[col["Metric Name"]] in want:
+            by.setdefault(key, {})[r[col["Metric Name"]]] = r[col["Metric Value"]] + " " + r[col["Metric Unit"]]
+    for key, m in by.items():
+        print(" | ".join(key) + " | " + "; ".join(f"{k}: {m[k]}" for k in want if k in m))
+PY
+}
 golden() { # name, oato run flags...
     local name=$1
     shift
@@ -260,6 +312,7 @@ stages_8b() {
     fi
     stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
+    stage ncu 200 s_ncu
 }
 stages_golden() {
     stage golden_gpu 60 s_golden_gpu
