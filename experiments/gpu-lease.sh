@@ -21,7 +21,7 @@
 #   ways against a pinned copy, crossing), the placement sweep (oato, oato-paper, layer-split at
 #   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
-#   OATO_CUDA_MMVQ=direct), selftest --perf (kernel bandwidths, copies staged and direct), the
+#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, copies staged and direct), the
 #   75% step traces of oato's and oato-paper's plans (diag75), Nsight Compute's per-kernel figures
 #   of a decode step, oato's and llama.cpp's matrix-vector kernels (ncu);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
@@ -187,7 +187,7 @@ s_peer_hybrid() {
 s_kernels() {
     peer_env
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
-        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default graphs-off mmvq-direct" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default graphs-off mmvq-direct multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
 }
 s_perf() { header; "$OATO" selftest --device gpu --perf; }
@@ -308,7 +308,7 @@ stages_8b() {
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     if peer_ready; then
         stage peer_hybrid 40 s_peer_hybrid
-        stage kernels 90 s_kernels
+        stage kernels 130 s_kernels
     fi
     stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75

@@ -10,8 +10,9 @@
 # OUT (results/placement-sweep), PROMPT_FILE (text from tests/data/golden/gpl3_2000w.txt), P (64: the
 # prompt is cut or repeated to exactly P tokens), PLAIN ("cpu gpu": the whole-model runs; "" skips
 # them, e.g. for a model larger than the GPU), WARMUP (1: untimed runs before each policy and budget's
-# REPS). The table shows the plan's predicted TTFT/TPOT beside
-# the measured medians, and the activation copies per prefill and per decode step.
+# REPS), ALTERNATE (1: the repetitions round by round, every run once a round; 0: each run's
+# back to back). The table shows the plan's predicted TTFT/TPOT beside the measured medians (and
+# the TPOT range), and the activation copies per prefill and per decode step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO_BIN=${OATO_BIN:-target/release/oato}
@@ -34,24 +35,41 @@ fi
 commit=$("$OATO_BIN" --version | sed -n 's/.*commit \([^)]*\)).*/\1/p')
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs=()
-one() { # name, extra flags...
-    local name=$1; shift
-    for _ in $(seq 1 "${WARMUP:-1}"); do
-        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" --json "$@" \
-            > /dev/null 2> "$work/warmup.err" || { cat "$work/warmup.err" >&2; return 1; }
-    done
-    for r in $(seq 1 "$REPS"); do
-        "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" \
-            --json "$@" > "$work/$name.$r.json" 2> "$work/$name.$r.err"
-        runs+=("$name" "$r" "$work/$name.$r.json")
-        echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
-    done
-}
-for d in $PLAIN; do one "$d" --device "$d"; done
+# The runs: name and flags, one line each.
+configs=()
+for d in $PLAIN; do configs+=("$d --device $d"); done
 for policy in $POLICIES; do
     for b in $BUDGETS; do
-        one "$policy-${b%\%}pct" --vram-budget "$b" --policy "$policy"
+        configs+=("$policy-${b%\%}pct --vram-budget $b --policy $policy")
     done
+done
+go() { # output file, flags...
+    local out=$1
+    shift
+    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 \
+        --ignore-eos -t "$THREADS" --json "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; return 1; }
+}
+# Untimed warm-ups of every run first; then the repetitions round by round, every run once a round
+# (ALTERNATE=1, the default), so that a drift of the machine (the host CPU's share of a hybrid
+# token moves by 10-30% between minutes) falls on every policy alike; ALTERNATE=0 runs each one's
+# repetitions back to back, as before.
+for c in "${configs[@]}"; do
+    read -r -a a <<< "$c"
+    for _ in $(seq 1 "${WARMUP:-1}"); do go "$work/warmup.json" "${a[@]:1}"; done
+done
+order=()
+if [ "${ALTERNATE:-1}" = 1 ]; then
+    for r in $(seq 1 "$REPS"); do for c in "${configs[@]}"; do order+=("$r $c"); done; done
+else
+    for c in "${configs[@]}"; do for r in $(seq 1 "$REPS"); do order+=("$r $c"); done; done
+fi
+for o in "${order[@]}"; do
+    read -r -a a <<< "$o"
+    r=${a[0]}
+    name=${a[1]}
+    go "$work/$name.$r.json" "${a[@]:2}"
+    runs+=("$name" "$r" "$work/$name.$r.json")
+    echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
 done
 python3 - "$OUT" "$date" "$commit" "$THREADS" "${runs[@]}" <<'PY'
 import csv, json, statistics, sys
@@ -89,14 +107,15 @@ with open(out + ".md", "w") as f:
     f.write(f"{date}, commit {commit}, {first['device']} + {first['host_cpu']}, {threads} threads, "
             f"P={first['prompt_tokens']}, G={first['gen_tokens']}; medians of {len(groups[next(iter(groups))])} runs "
             "after a warm-up (tokens/s: decode).\n\n")
-    f.write("| run | policy | GPU weight share | TTFT ms | predicted | TPOT ms | predicted | tokens/s | copies prefill / decode |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    f.write("| run | policy | GPU weight share | TTFT ms | predicted | TPOT ms | predicted | TPOT min–max | tokens/s | copies prefill / decode |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     fmt = lambda v, p: "" if v is None else f"{v:.{p}f}"
     for name, rs in groups.items():
         med = lambda k: statistics.median(r[k] for r in rs)
         r0 = rs[0]
         f.write(f"| {name} | {r0['policy']} | {r0['gpu_weight_fraction']:.2f} | {med('ttft_ms'):.2f} | "
                 f"{fmt(r0['predicted_ttft_ms'], 2)} | {med('tpot_ms'):.3f} | {fmt(r0['predicted_tpot_ms'], 3)} | "
+                f"{min(r['tpot_ms'] for r in rs):.2f}–{max(r['tpot_ms'] for r in rs):.2f} | "
                 f"{med('tokens_per_s'):.1f} | {r0['crossings_prefill']} / {r0['crossings_decode']} |\n")
 print(f"wrote {out}.csv and {out}.md", file=sys.stderr)
 PY

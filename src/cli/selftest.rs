@@ -20,7 +20,8 @@ use oato::runtime::backend::{
     AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
 };
 use oato::runtime::cuda_backend::{
-    flash_prefill, missing_kernels, mmvq_direct, set_flash_prefill, set_mmvq_direct,
+    flash_prefill, missing_kernels, mmvq_direct, mmvq_multi, set_flash_prefill, set_mmvq_direct,
+    set_mmvq_multi,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
@@ -291,6 +292,16 @@ fn dequantized(ty: GgmlType, k: usize, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// RMSNorm of one row with weights `g`, in f64.
+fn rms_norm_ref(row: &[f32], g: &[f32], eps: f64) -> Vec<f64> {
+    let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row.len() as f64;
+    let s = 1.0 / (ms + eps).sqrt();
+    row.iter()
+        .zip(g)
+        .map(|(&v, &gg)| v as f64 * s * gg as f64)
+        .collect()
+}
+
 fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     // matmul: every weight type, matrix-vector (1..8 tokens) and GEMM (more) paths, an odd
@@ -386,6 +397,87 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             5e-4,
         ));
     }
+    // Shared input, three matrices of one type (q, k, v): one launch on a GPU (mmvq_multi),
+    // the last with rows that do not fill a thread block; two of one type (gate, up) too.
+    for rows in [&[64usize, 16, 67][..], &[32, 33]] {
+        let ty = GgmlType::Q4_K;
+        let k = 512;
+        let mut ws = Vec::new();
+        let mut fs = Vec::new();
+        for (i, &r) in rows.iter().enumerate() {
+            let b = weight_bytes(ty, k, r, 11 + i as u64)?;
+            fs.push(dequantized(ty, k, &b)?);
+            ws.push(be.upload_weight("m", ty, k, r, &b)?);
+        }
+        for n_tok in [1usize, 3] {
+            let x = pattern(n_tok * k, 2.5);
+            let xt = put(be, &x)?;
+            let mut ys = rows
+                .iter()
+                .map(|&r| be.alloc(DType::F32, n_tok * r, Category::Workspace))
+                .collect::<Result<Vec<_>>>()?;
+            let wr: Vec<&Weight> = ws.iter().collect();
+            let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
+            be.matmul(&wr, &xt, n_tok, &mut yr)?;
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            for ((f, &r), y) in fs.iter().zip(rows).zip(&ys) {
+                got.extend(get(be, y, n_tok * r)?);
+                for t in 0..n_tok {
+                    for row in 0..r {
+                        want.push(
+                            (0..k)
+                                .map(|i| f[row * k + i] as f64 * x[t * k + i] as f64)
+                                .sum(),
+                        );
+                    }
+                }
+            }
+            let shape = rows
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join("+");
+            cases.push(compare(
+                if rows.len() == 3 {
+                    "matmul3"
+                } else {
+                    "matmul2"
+                },
+                ty.name(),
+                format!("{k}x({shape}), {n_tok} tok"),
+                &got,
+                &want,
+                5e-4,
+            ));
+        }
+    }
+    // The residual add, then the RMSNorm of its result (decode: one launch on a GPU,
+    // add_rms_norm_q8_1): both the stream and the norm.
+    for rows in [1usize, 3] {
+        let w = 576;
+        let x = pattern(rows * w, 0.3);
+        let r = pattern(rows * w, 7.0);
+        let g = pattern(w, 2.0);
+        let (mut xt, rt, gt) = (put(be, &x)?, put(be, &r)?, put(be, &g)?);
+        let mut yt = be.alloc(DType::F32, rows * w, Category::Workspace)?;
+        be.add(&mut xt, &rt, rows * w)?;
+        be.rms_norm(&xt, 0, rows, w, &gt, 1e-5, &mut yt)?;
+        let mut got = get(be, &xt, rows * w)?;
+        got.extend(get(be, &yt, rows * w)?);
+        let sum: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a + b).collect();
+        let mut want: Vec<f64> = sum.iter().map(|&v| v as f64).collect();
+        for row in sum.chunks(w) {
+            want.extend(rms_norm_ref(row, &g, 1e-5));
+        }
+        cases.push(compare(
+            "add+norm",
+            "f32",
+            format!("{w}x{rows}"),
+            &got,
+            &want,
+            1e-6,
+        ));
+    }
     // rms_norm over rows 1..4 of 4: packed rows, and rows inside wider ones (latent
     // attention's compressed kv, normed in place in its projection's output).
     for stride in [576, 608] {
@@ -398,10 +490,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         let got = get(be, &yt, 3 * w)?;
         let mut want = Vec::new();
         for r in 1..rows {
-            let row = &x[r * stride..r * stride + w];
-            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / w as f64;
-            let s = 1.0 / (ms + 1e-5).sqrt();
-            want.extend(row.iter().zip(&g).map(|(&v, &gg)| v as f64 * s * gg as f64));
+            want.extend(rms_norm_ref(&x[r * stride..r * stride + w], &g, 1e-5));
         }
         cases.push(compare(
             "rms_norm",
@@ -791,6 +880,9 @@ fn perf(be: &dyn Backend) -> Result<()> {
             println!("{l}");
         }
     }
+    if gpu {
+        shared_input_perf(be, reps)?;
+    }
     // Non-weight operators at a decode-sized and a prefill-sized batch.
     let e = 4096usize;
     let x = put(be, &pattern(batch * e, 0.0))?;
@@ -899,6 +991,59 @@ fn prefill_gemm_lines(
     }
     set_mmq_mode(chosen);
     Ok(lines)
+}
+
+/// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
+/// a launch per weight against one launch for all (`mmvq_multi`); GB/s of weight bytes, each
+/// time with the activations' quantisation.
+fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
+    println!();
+    println!(
+        "{:<6} {:<22} {:>12} {:>8} {:>12} {:>8}",
+        "type", "k x (n + ..)", "apart us", "GB/s", "one launch", "GB/s"
+    );
+    let chosen = mmvq_multi();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
+        for rows in [&[4096usize, 1024, 1024][..], &[14336, 14336]] {
+            let k = 4096;
+            let mut ws = Vec::new();
+            let mut total = 0usize;
+            for (i, &r) in rows.iter().enumerate() {
+                let b = weight_bytes(ty, k, r, 21 + i as u64)?;
+                total += b.len();
+                ws.push(be.upload_weight("perf", ty, k, r, &b)?);
+            }
+            let x = put(be, &pattern(k, 0.0))?;
+            let mut ys = rows
+                .iter()
+                .map(|&r| be.alloc(DType::F32, r, Category::Workspace))
+                .collect::<Result<Vec<_>>>()?;
+            let mut time = |multi: bool| -> Result<f64> {
+                set_mmvq_multi(multi);
+                let wr: Vec<&Weight> = ws.iter().collect();
+                median_us(be, reps, || {
+                    let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
+                    be.matmul(&wr, &x, 1, &mut yr)
+                })
+            };
+            let (apart, one) = (time(false)?, time(true)?);
+            let gbs = |t: f64| total as f64 / t / 1e3;
+            let shape = rows
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(" + ");
+            println!(
+                "{:<6} {:<22} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1}",
+                ty.name(),
+                format!("{k} x ({shape})"),
+                gbs(apart),
+                gbs(one)
+            );
+        }
+    }
+    set_mmvq_multi(chosen);
+    Ok(())
 }
 
 /// Wall time of 128 decode-sized kernels (64 x RMSNorm of one 4096 row + add), launched one by

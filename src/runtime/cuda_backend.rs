@@ -273,6 +273,45 @@ pub fn mmvq_direct() -> bool {
     MMVQ_DIRECT.load(Ordering::Relaxed)
 }
 
+/// Whether the decode matmuls of two or three quantised weights of one type that read one input
+/// (q, k and v; gate and up) run as one launch (`mmvq_multi_<type>`) rather than one each; the
+/// values are the same bits either way. On unless `OATO_CUDA_MMVQ_MULTI=0` at start-up or
+/// `set_mmvq_multi(false)`.
+static MMVQ_MULTI: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(crate::kernels::cpu::matmul::env_on("OATO_CUDA_MMVQ_MULTI"))
+});
+
+/// Turns the one-launch matrix-vector products of weights sharing an input on or off for every
+/// CUDA backend of the process.
+pub fn set_mmvq_multi(on: bool) {
+    MMVQ_MULTI.store(on, Ordering::Relaxed);
+}
+
+/// Whether weights that share an input take one matrix-vector launch.
+pub fn mmvq_multi() -> bool {
+    MMVQ_MULTI.load(Ordering::Relaxed)
+}
+
+/// The one-launch matrix-vector kernel for two or three weights of a quantised type.
+fn multi_kernel_of(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => "mmvq_multi_q4_0",
+        T::Q4_1 => "mmvq_multi_q4_1",
+        T::Q5_0 => "mmvq_multi_q5_0",
+        T::Q5_1 => "mmvq_multi_q5_1",
+        T::Q8_0 => "mmvq_multi_q8_0",
+        T::Q2_K => "mmvq_multi_q2_K",
+        T::Q3_K => "mmvq_multi_q3_K",
+        T::Q4_K => "mmvq_multi_q4_K",
+        T::Q5_K => "mmvq_multi_q5_K",
+        T::Q6_K => "mmvq_multi_q6_K",
+        T::IQ4_NL => "mmvq_multi_iq4_nl",
+        T::IQ4_XS => "mmvq_multi_iq4_xs",
+        _ => return None,
+    })
+}
+
 /// The direct matrix-vector kernel of a quantised weight type.
 fn direct_kernel_of(ty: GgmlType) -> Option<&'static str> {
     use GgmlType as T;
@@ -378,6 +417,17 @@ fn fused_rope(held: &[Launch], q: u64, k: u64, n_tok: usize, s: AttnShape) -> Op
     qr.args[4..].try_into().ok()
 }
 
+/// The address of what `held` adds to `x` when it is exactly one add_f32 of `len` floats into
+/// `x` (`add`'s held launch): what add_rms_norm_q8_1 takes for the add.
+fn fused_add(held: &[Launch], x: u64, len: usize) -> Option<u64> {
+    let [a] = held else { return None };
+    let ok = a.name == "add_f32"
+        && a.args.len() == 3
+        && a.args[0] == x.slot()
+        && a.args[2] == (len as i64).slot();
+    ok.then(|| u64::from_ne_bytes(a.args[1]))
+}
+
 /// A grid for a grid-stride kernel over `n` items with 256 threads per block.
 fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
     let blocks = n.div_ceil(256 * per_thread).clamp(1, 65535);
@@ -444,6 +494,18 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_q6_K",
             "mmvq_iq4_nl",
             "mmvq_iq4_xs",
+            "mmvq_multi_q4_0",
+            "mmvq_multi_q4_1",
+            "mmvq_multi_q5_0",
+            "mmvq_multi_q5_1",
+            "mmvq_multi_q8_0",
+            "mmvq_multi_q2_K",
+            "mmvq_multi_q3_K",
+            "mmvq_multi_q4_K",
+            "mmvq_multi_q5_K",
+            "mmvq_multi_q6_K",
+            "mmvq_multi_iq4_nl",
+            "mmvq_multi_iq4_xs",
             "mmvq_direct_q4_0",
             "mmvq_direct_q4_1",
             "mmvq_direct_q5_0",
@@ -507,6 +569,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         &[
             "rms_norm_f32",
             "rms_norm_q8_1",
+            "add_rms_norm_q8_1",
             "rope_f32",
             "add_f32",
             "add_bias_f32",
@@ -1323,6 +1386,41 @@ impl Backend for CudaBackend {
             } else {
                 (0, 0)
             };
+            // Two or three weights of one quantised type, all but the last whole thread blocks
+            // of rows: one launch.
+            let multi = match ws {
+                [a, .., last] if !direct && ws.len() <= 3 && MMVQ_MULTI.load(Ordering::Relaxed) => {
+                    ws.iter().all(|w| w.ty == a.ty)
+                        && ws[..ws.len() - 1].iter().all(|w| w.n.is_multiple_of(4))
+                        && last.n > 0
+                        && multi_kernel_of(a.ty).is_some()
+                }
+                _ => false,
+            };
+            if multi {
+                let kernel = multi_kernel_of(ws[0].ty).expect("checked above");
+                // The last weight in the kernel's third place (its rows need not fill whole
+                // blocks); with two weights the second place is empty (0 rows).
+                let (mut wp, mut yp, mut n) = ([0u64; 3], [0u64; 3], [0i32; 3]);
+                let last = ws.len() - 1;
+                for (j, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+                    let i = if j == last { 2 } else { j };
+                    yp[i] = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+                    if yp[i] < xp + (n_tok * k * 4) as u64 && xp < yp[i] + (n_tok * w.n * 4) as u64
+                    {
+                        s.q8_holds = None;
+                    }
+                    wp[i] = self.wptr(w)?;
+                    n[i] = w.n as i32;
+                }
+                let blocks: usize =
+                    ws[..last].iter().map(|w| w.n / 4).sum::<usize>() + ws[last].n.div_ceil(4);
+                launch!(self, kernel, (blocks as u32, n_tok as u32, 1), (32, 4, 1);
+                    w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], ap: u64 = q8,
+                    y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2], k_: i32 = k as i32,
+                    n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2], t_: i32 = n_tok as i32);
+                return Ok(());
+            }
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
                 if yp < xp + (n_tok * k * 4) as u64 && xp < yp + (n_tok * w.n * 4) as u64 {
@@ -1454,10 +1552,22 @@ impl Backend for CudaBackend {
         let mut s = self.scratch()?;
         s.q8_holds = None;
         if self.fuse_q8(n_rows, n) {
+            // A held residual add into these very rows (`add`) runs with the norm.
+            let held = self.launcher.take_held()?;
+            let add_from = fused_add(&held, xp, n_rows * n).filter(|_| row0 == 0 && x_stride == n);
+            if add_from.is_none() {
+                self.launcher.unhold(held)?;
+            }
             let q = self.grow(&mut s.q8, n_rows * n / 32 * 36)?;
-            launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
-                a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, nn: i32 = n as i32,
-                e: f32 = eps, xs: i32 = x_stride as i32);
+            if let Some(rp) = add_from {
+                launch!(self, "add_rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
+                    a: u64 = xp, r: u64 = rp, b: u64 = wp, c: u64 = yp, qq: u64 = q,
+                    nn: i32 = n as i32, e: f32 = eps);
+            } else {
+                launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
+                    a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, nn: i32 = n as i32,
+                    e: f32 = eps, xs: i32 = x_stride as i32);
+            }
             s.q8_holds = Some((yp, n_rows * n));
         } else {
             launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
@@ -1665,8 +1775,16 @@ impl Backend for CudaBackend {
         self.forget_q8()?;
         let yp = self.f32ptr(y, n, "add")?;
         let xp = self.f32ptr(x, n, "add")?;
-        launch!(self, "add_f32", stride_grid(n, 4), B256;
-            a: u64 = xp, b: u64 = yp, nn: i64 = n as i64);
+        if FUSE_Q8.load(Ordering::Relaxed) {
+            // Held for an RMSNorm of x that follows (decode's residual add, then the next
+            // norm): the two then run as one kernel (add_rms_norm_q8_1); anything else issues
+            // it first.
+            launch!(hold self, "add_f32", stride_grid(n, 4), B256;
+                a: u64 = xp, b: u64 = yp, nn: i64 = n as i64);
+        } else {
+            launch!(self, "add_f32", stride_grid(n, 4), B256;
+                a: u64 = xp, b: u64 = yp, nn: i64 = n as i64);
+        }
         Ok(())
     }
 

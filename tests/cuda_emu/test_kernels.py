@@ -259,6 +259,40 @@ def check_mmvq(g, t):
                     dims=("t", "row"), metric="err/mag")
 
 
+def check_mmvq_multi(g, t):
+    # Two or three weights that read one activation in one launch: each output exactly as its
+    # own mmvq_<type> launch writes it. Three weights (8, 4 and 10 rows: the last ends in a
+    # partial thread block), then two (12 and 6 rows: the second place empty), 1 and 3 tokens.
+    qk = refs.QTYPES[t][1]
+    nblk = 20 if qk == 32 else 5
+    k = qk * nblk
+    for rows, n_tok in (((8, 4, 10), 3), ((12, 6), 1)):
+        rng = rng_for(f"mmvq_multi {t} {len(rows)}")
+        ws = [refs.random_blocks(rng, t, n * nblk) for n in rows]
+        act = Buf.of(refs.quantize_q8_1(rng.standard_normal(n_tok * k).astype(np.float32)))
+        want = []
+        for w, n in zip(ws, rows):
+            y = Buf.out(np.float32, n_tok * n)
+            E.launch(f"mmvq_{t}", (cdiv(n, 4), n_tok), (32, 4), Buf.of(w), act, y, i32(k),
+                     i32(n), i32(n_tok))
+            want.append(y.get(np.float32))
+        places = [0, 1, 2] if len(rows) == 3 else [0, 2]
+        # The empty place's buffers are never read.
+        wb = [Buf.of(np.zeros(16, np.uint8)) for _ in range(3)]
+        yb = [Buf.out(np.float32, 4) for _ in range(3)]
+        nn = [0, 0, 0]
+        for j, (w, n) in enumerate(zip(ws, rows)):
+            wb[places[j]] = Buf.of(w)
+            yb[places[j]] = Buf.out(np.float32, n_tok * n)
+            nn[places[j]] = n
+        grid = nn[0] // 4 + nn[1] // 4 + cdiv(nn[2], 4)
+        E.launch(f"mmvq_multi_{t}", (grid, n_tok), (32, 4), *wb, act, *yb, i32(k), i32(nn[0]),
+                 i32(nn[1]), i32(nn[2]), i32(n_tok))
+        for j, n in enumerate(rows):
+            g.exact(f"{len(rows)} weights, rows {rows}, n_tok={n_tok}: weight {j} = mmvq_{t}'s",
+                    yb[places[j]].get(np.float32), want[j])
+
+
 # mmvq.cu, direct variant: the same data, metric and tolerance as check_mmvq, all tokens in one
 # launch (1, 3 and 8 tokens), activations split by quantize_q8_1_split.
 
@@ -435,6 +469,37 @@ def check_fused_q8_1(g, kernel):
         g.exact(label + ": f32 output = plain kernel's", y.get(np.float32), want_y)
         g.exact(label + ": blocks = quantize_q8_1 of it", q.get(np.uint8).reshape(nb, 36),
                 quantize_q8_1(want_y), dims=("block", "byte"))
+
+
+def check_add_rms_norm_q8_1(g):
+    # The residual add and the RMSNorm after it in one launch: x, y and the Q8_1 blocks exactly
+    # as add_f32 and then rms_norm_q8_1 write them; y apart from x, on x, or on the added rows.
+    for n, n_rows, block, y_is in ((4096, 1, 256, "apart"), (4096, 3, 1024, "x"),
+                                   (96, 2, 64, "r")):
+        rng = rng_for(f"add_rms_norm_q8_1 {n} {n_rows} {y_is}")
+        x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
+        r = rng.standard_normal((n_rows, n)).astype(np.float32)
+        w = cos_pattern(n)
+        nb = n_rows * n // 32
+        # The plain pair.
+        px = Buf.of(x)
+        E.launch("add_f32", (cdiv(x.size, 1024),), (256,), px, Buf.of(r), i64(x.size))
+        py = Buf.out(np.float32, x.size)
+        pq = Buf.out(np.uint8, nb * 36)
+        E.launch("rms_norm_q8_1", (n_rows,), (block,), px, Buf.of(w), py, pq, i32(n), f32(1e-5),
+                 i32(n))
+        # The fused kernel.
+        fx, fr = Buf.of(x), Buf.of(r)
+        fy = {"apart": Buf.out(np.float32, x.size), "x": fx, "r": fr}[y_is]
+        fq = Buf.out(np.uint8, nb * 36)
+        E.launch("add_rms_norm_q8_1", (n_rows,), (block,), fx, fr, Buf.of(w), fy, fq, i32(n),
+                 f32(1e-5))
+        label = f"n={n} rows={n_rows} block={block} y {y_is}"
+        if y_is != "x":
+            g.exact(label + ": x = add_f32's", fx.get(np.float32), px.get(np.float32))
+        g.exact(label + ": y = rms_norm_q8_1's", fy.get(np.float32), py.get(np.float32))
+        g.exact(label + ": blocks = rms_norm_q8_1's", fq.get(np.uint8).reshape(nb, 36),
+                pq.get(np.uint8).reshape(nb, 36), dims=("block", "byte"))
 
 
 def check_rope(g):
@@ -777,6 +842,8 @@ def main():
         r.run(k, check_f16_conversions, k)
     for t in refs.QTYPES:
         r.run(f"mmvq_{t}", check_mmvq, t)
+    for t in refs.QTYPES:
+        r.run(f"mmvq_multi_{t}", check_mmvq_multi, t)
     r.run("quantize_q8_1_split", check_quantize_split)
     for t in refs.QTYPES:
         r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)
@@ -787,6 +854,7 @@ def main():
     r.run("rms_norm_f32", check_rms_norm)
     for k in ("rms_norm_q8_1", "swiglu_q8_1"):
         r.run(k, check_fused_q8_1, k)
+    r.run("add_rms_norm_q8_1", check_add_rms_norm_q8_1)
     r.run("rope_f32", check_rope)
     r.run("rope_store_kv_f16", check_rope_store_kv)
     for k in ("add_f32", "add_bias_f32", "scale_f32", "swiglu_f32"):

@@ -420,9 +420,10 @@ __device__ __forceinline__ float mmvq_chunk(const u8* wb, const i8* aq, const fl
 // Size of a warp's weight buffer: a chunk's blocks plus room for the offset src % 16.
 #define MMVQ_WBUF(T) ((T::bytes * (T::chunk / T::qk) + 31) / 16 * 16)
 
+// Row block rb (of MMVQ_ROWS rows) of the product, token blockIdx.y.
 template <class T>
 __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, float* y, int k,
-                                          int n, int n_tok) {
+                                          int n, int n_tok, int rb) {
     __shared__ __align__(16) i8 s_aq[T::chunk];          // staged activation quants
     __shared__ __align__(16) float2 s_ads[T::chunk / QK]; // their (d, s)
     __shared__ __align__(16) u8 s_w[MMVQ_ROWS][MMVQ_WBUF(T)];
@@ -431,7 +432,7 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
     if (t >= n_tok || blockDim.x != 32 || blockDim.y != MMVQ_ROWS) return; // whole block
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int tid = warp * 32 + lane;
-    const int row = blockIdx.x * MMVQ_ROWS + warp;
+    const int row = rb * MMVQ_ROWS + warp;
     const bool active = row < n; // rows past n only help stage the activations
     const int nb = k / T::qk;
     const int k_used = nb * T::qk;
@@ -492,7 +493,29 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
     extern "C" __global__ void __launch_bounds__(128)                                           \
         name(const void* __restrict__ w, const block_q8_1* __restrict__ x, float* __restrict__ y, \
              int k, int n, int n_tok) {                                                         \
-        mmvq_impl<T>(w, x, y, k, n, n_tok);                                                     \
+        mmvq_impl<T>(w, x, y, k, n, n_tok, blockIdx.x);                                         \
+    }
+
+// Two or three weights that read one activation (q, k and v; gate and up) in one launch: the
+// grid's row blocks are the first weight's, then the second's, then the third's, each computed
+// exactly as its own mmvq_<type> launch computes it (the same thread block, bit for bit). n0 and
+// n1 are multiples of MMVQ_ROWS, so no thread block straddles two weights; n1 may be 0 (two
+// weights: w1 and y1 are then not read).
+// launch: grid (n0 / 4 + n1 / 4 + ceil(n2 / 4), n_tok, 1), block (32, 4, 1) exactly; each wi, yi
+// as mmvq_<type>'s w, y with ni rows.
+#define MMVQ_MULTI_KERNEL(name, T)                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
+        name(const void* __restrict__ w0, const void* __restrict__ w1,                          \
+             const void* __restrict__ w2, const block_q8_1* __restrict__ x,                     \
+             float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2, int k,     \
+             int n0, int n1, int n2, int n_tok) {                                               \
+        const int b0 = n0 / MMVQ_ROWS, b1 = n1 / MMVQ_ROWS;                                     \
+        /* The same choice for the whole thread block. */                                      \
+        const int rb = blockIdx.x;                                                              \
+        const bool first = rb < b0, second = !first && rb < b0 + b1;                            \
+        mmvq_impl<T>(first ? w0 : second ? w1 : w2, x, first ? y0 : second ? y1 : y2, k,        \
+                     first ? n0 : second ? n1 : n2, n_tok,                                      \
+                     first ? rb : second ? rb - b0 : rb - b0 - b1);                             \
     }
 
 MMVQ_KERNEL(mmvq_q4_0, mmvq_q4_0_t)
@@ -507,6 +530,19 @@ MMVQ_KERNEL(mmvq_q5_K, mmvq_q5_K_t)
 MMVQ_KERNEL(mmvq_q6_K, mmvq_q6_K_t)
 MMVQ_KERNEL(mmvq_iq4_nl, mmvq_iq4_nl_t)
 MMVQ_KERNEL(mmvq_iq4_xs, mmvq_iq4_xs_t)
+
+MMVQ_MULTI_KERNEL(mmvq_multi_q4_0, mmvq_q4_0_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q4_1, mmvq_q4_1_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q5_0, mmvq_q5_0_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q5_1, mmvq_q5_1_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q8_0, mmvq_q8_0_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q2_K, mmvq_q2_K_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q3_K, mmvq_q3_K_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q4_K, mmvq_q4_K_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q5_K, mmvq_q5_K_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_q6_K, mmvq_q6_K_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_iq4_nl, mmvq_iq4_nl_t)
+MMVQ_MULTI_KERNEL(mmvq_multi_iq4_xs, mmvq_iq4_xs_t)
 
 // ---------------------------------------------------------------------------------------------
 // Direct variant (mmvq_direct_<type>): no shared memory, no barriers, every token per weight load.

@@ -27,6 +27,22 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
+// Row blockIdx.x of rms_norm_q8_1's outputs from its input row xr and scale: y (may be xr) and
+// its Q8_1 blocks, a warp per 32-element block; each element is read and written by one thread.
+static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scale,
+                                                     const float* __restrict__ w, float* y,
+                                                     block_q8_1* __restrict__ q, int n) {
+    float* yr = y + (i64)blockIdx.x * n;
+    const int nb = n / QK, lane = threadIdx.x & 31;
+    block_q8_1* qr = q + (i64)blockIdx.x * nb;
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        const int i = b * QK + lane;
+        const float v = xr[i] * scale * w[i];
+        yr[i] = v;
+        store_q8_1(qr + b, v);
+    }
+}
+
 // rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
 // read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, bit for bit.
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
@@ -36,17 +52,23 @@ extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict
                                          block_q8_1* __restrict__ q, int n, float eps,
                                          int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
-    float* yr = y + (i64)blockIdx.x * n;
-    const float scale = row_rms_scale(xr, n, eps);
-    const int nb = n / QK, lane = threadIdx.x & 31;
-    block_q8_1* qr = q + (i64)blockIdx.x * nb;
-    // A warp per 32-element block; each element is read and written by one thread.
-    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
-        const int i = b * QK + lane;
-        const float v = xr[i] * scale * w[i];
-        yr[i] = v;
-        store_q8_1(qr + b, v);
-    }
+    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
+}
+
+// The residual add and the RMSNorm after it in one launch (decode: the attention's or the FFN's
+// output added to the residual stream, then the next norm): x += r, then rms_norm_q8_1 of the
+// new x. x, y and q are what add_f32 and then rms_norm_q8_1 write, bit for bit.
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
+// of 32. x: [n_rows, n], the residual stream, updated in place; r: [n_rows, n]; w: [n];
+// y: [n_rows, n] (may be x or r); q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
+extern "C" __global__ void add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w,
+                                             float* y, block_q8_1* __restrict__ q, int n,
+                                             float eps) {
+    float* xr = x + (i64)blockIdx.x * n;
+    const float* rr = r + (i64)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += rr[i];
+    __syncthreads(); // the whole row's sums, for row_rms_scale's reads
+    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
 }
 
 // ---------------------------------------------------------------------------------------------
