@@ -83,6 +83,9 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     assert_eq!(prof["operators"].as_array().unwrap().len(), 30 * 7 + 1);
     assert_eq!(prof["model"]["kv_bytes_per_token"], 23040);
     assert!(prof["operators"][0]["gpu_us"]["64"].as_f64().unwrap() > 0.0);
+    // The CPU's fixed cost of a matmul job (gate and up apart and as one job), in us.
+    let job = prof["host"]["job_us"].as_f64().expect("host.job_us");
+    assert!(job.is_finite() && job >= 0.0, "{job}");
     // A second profile comes from the cache.
     let again = profile(&dir, "p2.json", &[], &env);
     assert!(

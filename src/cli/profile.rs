@@ -103,6 +103,13 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             l.crossing_us.map_or("?".to_string(), |c| format!("{c:.1}"))
         );
     }
+    if let Some(j) = prof.host.job_us {
+        eprintln!(
+            "cpu: a decode matmul job's fixed cost {j:.1} us ({} threads; what gate and up save \
+             as one job)",
+            prof.host.threads
+        );
+    }
     eprintln!("wrote {}", a.output.display());
     Ok(())
 }

@@ -318,6 +318,76 @@ fn time_in_order(
     Ok(out)
 }
 
+/// The fixed cost of one decode matmul job on `be` (the CPU), in microseconds: every layer's
+/// gate and up, out of cache as decode meets them, as two jobs and as one (`Backend::matmul` of
+/// both, as the executor runs weights that read one input); passes over all layers, `reps`
+/// rounds of each way, the order of the two ways swapped each round; the mean saving per layer
+/// (not the median: a job's occasional wait for a slow thread is part of what it costs), at
+/// least 0. `None` when no layer has both.
+fn cpu_job_us(
+    be: &dyn Backend,
+    file: &Arc<GgufFile>,
+    ops: &[TargetOp],
+    reps: usize,
+) -> Result<Option<f64>> {
+    let find = |l: usize, kind: &str| ops.iter().find(|o| o.layer == Some(l) && o.kind == kind);
+    let mut pairs = Vec::new();
+    for l in 0..ops
+        .iter()
+        .filter_map(|o| o.layer)
+        .max()
+        .map_or(0, |m| m + 1)
+    {
+        if let (Some(g), Some(u)) = (find(l, "ffn_gate"), find(l, "ffn_up"))
+            && g.weight.k == u.weight.k
+        {
+            pairs.push((
+                be.load_matmul_weight(file, &g.weight)?,
+                be.load_matmul_weight(file, &u.weight)?,
+            ));
+        }
+    }
+    let Some((g0, u0)) = pairs.first() else {
+        return Ok(None);
+    };
+    let (k, ng, nu) = (g0.k, g0.n, u0.n);
+    let mut x = be.alloc(DType::F32, k, Category::Workspace)?;
+    be.write(&mut x, 0, &pattern(k, 0.25))?;
+    let mut yg = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
+    let mut yu = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
+    let mut sw = be.stopwatch()?;
+    let (mut apart, mut joined) = (0.0, 0.0);
+    for round in 0..=reps.max(1) {
+        for way in [round % 2 == 0, round % 2 == 1] {
+            let mut t = 0.0;
+            for (g, u) in &pairs {
+                if way {
+                    sw.start()?;
+                    be.matmul(&[g, u], &x, 1, &mut [&mut yg, &mut yu])?;
+                    t += sw.stop()?;
+                } else {
+                    sw.start()?;
+                    be.matmul(&[g], &x, 1, &mut [&mut yg])?;
+                    t += sw.stop()?;
+                    sw.start()?;
+                    be.matmul(&[u], &x, 1, &mut [&mut yu])?;
+                    t += sw.stop()?;
+                }
+            }
+            // The first round warms the pool and the caches' state; it is not counted.
+            if round > 0 {
+                if way {
+                    joined += t;
+                } else {
+                    apart += t;
+                }
+            }
+        }
+    }
+    let n = (pairs.len() * reps.max(1)) as f64;
+    Ok(Some(((apart - joined) / n).max(0.0)))
+}
+
 /// Median times of one layer's non-target operators on `be`, by name and batch size: at 1
 /// (decode, attention at position `p`, after a prompt of `p`) and at `p` (prefill from 0).
 fn time_non_target(
@@ -691,6 +761,7 @@ pub fn profile_model(
             cpu: cpu_name(),
             threads,
             isa: isa().name().to_string(),
+            job_us: cpu_job_us(cpu, &model.file, &ops, opts.reps)?,
         },
         gpu: gpu_info,
         link,

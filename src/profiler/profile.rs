@@ -65,6 +65,13 @@ pub struct HostInfo {
     pub cpu: String,
     pub threads: usize,
     pub isa: String,
+    /// Extra: the fixed cost of one decode matmul job on the CPU pool, in microseconds: what a
+    /// layer's gate and up (two weights that read one input) save when they run as one job
+    /// rather than two, over the model's layers out of cache (waking the pool, the memory's
+    /// ramp, the wait for the slowest thread). The cost model takes it off every weight that
+    /// joins another's job. Absent in older profiles: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_us: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

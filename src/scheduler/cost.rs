@@ -118,6 +118,11 @@ pub(crate) struct CostModel {
     /// Benefits count a CPU-resident operator's prefill as `min(Tc(P), stream + Tg(P))`
     /// (rule 5; the improved `oato` policy when streaming is allowed).
     pub stream_prefill: bool,
+    /// The fixed cost of one CPU matmul job (the profile's `host.job_us`, 0 when absent): a
+    /// CPU part of several weights (q/k/v, gate/up) runs as one job, so it costs the sum of
+    /// their times (each measured as a job of its own) less this for each weight after the
+    /// first.
+    pub job_us: f64,
 }
 
 /// Which activation an operator reads, for the shared-copy rule: q/k/v (latent attention's
@@ -209,6 +214,11 @@ impl CostModel {
             biases,
             non_target,
             stream_prefill: false,
+            job_us: profile
+                .host
+                .job_us
+                .filter(|j| j.is_finite() && *j > 0.0)
+                .unwrap_or(0.0),
         };
         let mut seen = std::collections::BTreeSet::new();
         // One entry per input group: the (layer, family) of a shared input, `None` for an
@@ -389,9 +399,12 @@ impl CostModel {
             OpKind::Matmul { parts } => parts
                 .iter()
                 .map(|(d, slots)| {
-                    slots
+                    let ops: Vec<usize> = slots
                         .iter()
-                        .filter_map(|&(sl, _)| index.get(&(layer, sl)))
+                        .filter_map(|&(sl, _)| index.get(&(layer, sl)).copied())
+                        .collect();
+                    let sum: f64 = ops
+                        .iter()
                         .map(|&i| {
                             pick(if *d == 0 {
                                 self.ops[i].cpu
@@ -399,7 +412,14 @@ impl CostModel {
                                 self.ops[i].gpu
                             })
                         })
-                        .sum::<f64>()
+                        .sum();
+                    // The CPU runs its part as one job: one job's fixed cost, not one each.
+                    let joined = if *d == 0 {
+                        ops.len().saturating_sub(1)
+                    } else {
+                        0
+                    };
+                    (sum - joined as f64 * self.job_us).max(0.0)
                 })
                 .fold(0.0, f64::max),
             OpKind::Embed => 0.0,
@@ -634,7 +654,27 @@ impl CostModel {
             }
             cost(&t2, h2, self.prompt_tokens) + self.gen_tokens * cost(&t2, h2, 1)
         };
-        on(0) - on(1)
+        on(0) - on(1) - self.job_share(i, devices)
+    }
+
+    /// What operator `i` saves on the CPU under `devices` by joining the job of another CPU
+    /// operator that reads its input (q/k/v, gate/up: one job's fixed cost, `job_us`), over the
+    /// workload; the prefill's share only when prefills are not streamed (then the CPU's
+    /// operators may run on the GPU in prefill).
+    pub fn job_share(&self, i: usize, devices: &[Device]) -> f64 {
+        let op = &self.ops[i];
+        let partner = op.layer.is_some()
+            && self
+                .ops
+                .iter()
+                .zip(devices)
+                .enumerate()
+                .any(|(j, (o, &d))| j != i && d == Device::Cpu && o.input_group == op.input_group);
+        if !partner {
+            return 0.0;
+        }
+        let passes = self.gen_tokens + if self.stream_prefill { 0.0 } else { 1.0 };
+        passes * self.job_us
     }
 
     /// GPU info, link and every operator's GPU timings are present.
