@@ -999,7 +999,7 @@ fn prefill_gemm_lines(
 fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     println!();
     println!(
-        "{:<6} {:<22} {:>12} {:>8} {:>12} {:>8}",
+        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8}",
         "type", "k x (n + ..)", "apart us", "GB/s", "one launch", "GB/s"
     );
     let chosen = mmvq_multi();
@@ -1034,7 +1034,7 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" + ");
             println!(
-                "{:<6} {:<22} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1}",
+                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1}",
                 ty.name(),
                 format!("{k} x ({shape})"),
                 gbs(apart),
