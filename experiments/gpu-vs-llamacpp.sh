@@ -72,7 +72,7 @@ python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --title "oato vs llama.cpp all on the GPU (llama-bench's tests)" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape)" \
+  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

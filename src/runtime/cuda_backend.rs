@@ -1711,10 +1711,20 @@ impl Backend for CudaBackend {
         } else {
             None
         };
+        // A decode batch's output also as the Q8_1 blocks the attn_output matmul reads next
+        // (written by the kernel that writes the output: one launch fewer).
+        let mut sc = self.scratch()?;
+        sc.q8_holds = None;
+        let oq = if self.fuse_q8(n, qd) && s.head_dim.is_multiple_of(32) {
+            let q = self.grow(&mut sc.q8, n * qd / 32 * 36)?;
+            sc.q8_holds = Some((op, n * qd));
+            q
+        } else {
+            0
+        };
         if let Some(p) = split {
             // [n_tok, n_head, n_split] partial states: head_dim sums, then (m, l) pairs.
             let floats = n * s.n_head * p.n_split * (s.head_dim + 2);
-            let mut sc = self.scratch()?;
             let part = self.grow(&mut sc.attn, floats * 4)?;
             let (nt, nh, hd) = (n as i32, s.n_head as i32, s.head_dim as i32);
             let grid = ((s.n_head / p.gq) as u32, p.n_split as u32, n as u32);
@@ -1724,8 +1734,8 @@ impl Backend for CudaBackend {
                 p0: i32 = call.pos0 as i32, sc_: f32 = scale, gq: i32 = p.gq as i32,
                 chunk: i32 = p.chunk as i32, ns: i32 = p.n_split as i32);
             launch!(self, "attention_merge_f32", (s.n_head as u32, n as u32, 1), (128, 1, 1);
-                a: u64 = part, b: u64 = op, nt_: i32 = nt, nh_: i32 = nh, hd_: i32 = hd,
-                ns: i32 = p.n_split as i32);
+                a: u64 = part, b: u64 = op, q_: u64 = oq, nt_: i32 = nt, nh_: i32 = nh,
+                hd_: i32 = hd, ns: i32 = p.n_split as i32);
             return Ok(());
         }
         if n > MMVQ_MAX_TOKENS && FLASH_PREFILL.load(Ordering::Relaxed) {
@@ -1739,9 +1749,14 @@ impl Backend for CudaBackend {
         }
         for t0 in (0..n).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n - t0);
+            let oq_t = if oq == 0 {
+                0
+            } else {
+                oq + (t0 * qd / 32 * 36) as u64
+            };
             launch!(self, "attention_f16kv", (s.n_head as u32, len as u32, 1), (128, 1, 1);
                 a: u64 = qp + (t0 * qd * 4) as u64, b: u64 = kp, c: u64 = vp,
-                d: u64 = op + (t0 * qd * 4) as u64, nt: i32 = len as i32,
+                d: u64 = op + (t0 * qd * 4) as u64, q_: u64 = oq_t, nt: i32 = len as i32,
                 nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
                 hd: i32 = s.head_dim as i32, p0: i32 = (call.pos0 + t0) as i32,
                 scale: f32 = scale);

@@ -665,17 +665,25 @@ def check_attention(g):
         scale = 1.0 / np.sqrt(hd)
         out = Buf.out(np.float32, q.size)
         E.launch("attention_f16kv", (nh, n_tok), (block,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
-                 i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+                 None, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
         want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
         g.close(label, out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
                 np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
+        # With out_q: the same output, and its Q8_1 blocks as quantize_q8_1 writes them.
+        out2 = Buf.out(np.float32, q.size)
+        oq = Buf.out(np.uint8, q.size // 32 * 36)
+        E.launch("attention_f16kv", (nh, n_tok), (block,), Buf.of(q), Buf.of(kc), Buf.of(vc),
+                 out2, oq, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        g.exact(label + ": output with out_q", out2.get(np.float32), out.get(np.float32))
+        g.exact(label + ": out_q = quantize_q8_1 of it", oq.get(np.uint8).reshape(-1, 36),
+                quantize_q8_1(out.get(np.float32)), dims=("block", "byte"))
     # Unsupported shapes write NaN rows and touch nothing else (guard bytes): head_dim 48 (not a
     # multiple of 32), 5 warps, a partial warp.
     for hd, block in ((48, 128), (64, 160), (64, 48)):
         out = Buf(4 * 2 * hd, fill=0)
         z = Buf.of(np.zeros(hd, np.float16))
         E.launch("attention_f16kv", (2, 1), (block,), Buf.of(np.zeros(2 * hd, np.float32)), z, z,
-                 out, i32(1), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
+                 out, None, i32(1), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
 
 
@@ -750,8 +758,18 @@ def flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk, k_off=0)
              Buf.of(kc, k_off), Buf.of(vc), part, i32(n_tok), i32(nh), i32(nkv), i32(hd),
              i32(pos0), f32(scale), i32(gq), i32(chunk), i32(n_split))
     out = Buf.out(np.float32, n_tok * nh * hd)
-    E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out, i32(n_tok), i32(nh), i32(hd),
-             i32(n_split))
+    E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out, None, i32(n_tok), i32(nh),
+             i32(hd), i32(n_split))
+    if hd % 32 == 0:
+        # With out_q: the same output, and its Q8_1 blocks as quantize_q8_1 writes them.
+        out2 = Buf.out(np.float32, n_tok * nh * hd)
+        oq = Buf.out(np.uint8, n_tok * nh * hd // 32 * 36)
+        E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out2, oq, i32(n_tok), i32(nh),
+                 i32(hd), i32(n_split))
+        got = out.get(np.float32)
+        if not (np.array_equal(out2.get(np.float32), got, equal_nan=True)
+                and np.array_equal(oq.get(np.uint8).reshape(-1, 36), quantize_q8_1(got))):
+            raise AssertionError("attention_merge_f32 with out_q: not the output and its blocks")
     return out.get(np.float32).reshape(n_tok, nh, hd)
 
 

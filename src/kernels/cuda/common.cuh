@@ -234,6 +234,26 @@ static __device__ __forceinline__ void store_q8_1(block_q8_1* b, float v) {
         *(__half2*)&b->d = __halves2half2(__float2half_rn(df), __float2half_rn((float)sum * df));
 }
 
+// One attention head's output: o[d] = value(d) for d < head_dim, each d by one thread of the
+// block; when q is not null also the head's Q8_1 blocks of those values (q: the head's first
+// block; head_dim a multiple of 32), a warp per 32-element block, as quantize_q8_1 writes them
+// (decode's next matrix-vector product reads them). The values are the same either way.
+template <class F>
+static __device__ __forceinline__ void write_head(float* o, block_q8_1* q, int head_dim,
+                                                  F value) {
+    if (q == nullptr) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = value(d);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < head_dim / QK; b += blockDim.x >> 5) {
+        const int d = b * QK + lane;
+        const float v = value(d);
+        o[d] = v;
+        store_q8_1(q + b, v);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm's scale of one row, 1 / sqrt(mean(x^2) + eps): f32 sums, IEEE-rounded square root and
 // divisions. Every thread of the block calls it and gets the result; all of them have finished

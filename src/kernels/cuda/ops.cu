@@ -260,11 +260,14 @@ extern "C" __global__ void store_kv_f16(const float* __restrict__ k, const float
 // head_dim must be a multiple of 32 and at most 256, and n_head a multiple of n_head_kv; otherwise
 // (or with a block of other than 32..128 threads in whole warps) the kernel writes NaN into this
 // (t, h)'s output row and touches nothing else.
+// out_q: null, or [n_tok * n_head * head_dim / 32] block_q8_1 (4-byte aligned) that receives
+// quantize_q8_1 of out (write_head), bit for bit.
 // launch: grid (n_head, n_tok, 1), block (128, 1, 1), no dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(128)
     attention_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
-                    const __half* __restrict__ v_cache, float* __restrict__ out, int n_tok,
-                    int n_head, int n_head_kv, int head_dim, int pos0, float scale) {
+                    const __half* __restrict__ v_cache, float* __restrict__ out,
+                    block_q8_1* __restrict__ out_q, int n_tok, int n_head, int n_head_kv,
+                    int head_dim, int pos0, float scale) {
     __shared__ float sm_m[ATT_MAX_WARPS];
     __shared__ float sm_l[ATT_MAX_WARPS];
     __shared__ float sm_acc[ATT_MAX_WARPS][32 * ATT_MAX_E];
@@ -365,12 +368,13 @@ extern "C" __global__ void __launch_bounds__(128)
         if (w < n_warps) sum += sm_l[w] * f[w];
     }
     const float inv = __frcp_rn(sum);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    block_q8_1* oq = out_q ? out_q + ((i64)t * n_head + h) * (head_dim / QK) : nullptr;
+    write_head(o, oq, head_dim, [&](int d) {
         float a = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_MAX_WARPS; ++w) {
             if (w < n_warps) a += sm_acc[w][d] * f[w];
         }
-        o[d] = a * inv;
-    }
+        return a * inv;
+    });
 }
