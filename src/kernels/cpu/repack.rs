@@ -117,6 +117,21 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
         && k > 0
         && k.is_multiple_of(ty.block_size())
         && enabled()
+        && !skipped(ty)
+}
+
+/// `OATO_CPU_REPACK_SKIP=Q6_K,Q3_K` (type names, comma-separated) keeps those types in the file's
+/// layout, for timing one layout against the other per type (the same bits either way).
+fn skipped(ty: GgmlType) -> bool {
+    static SKIP: std::sync::OnceLock<Vec<GgmlType>> = std::sync::OnceLock::new();
+    SKIP.get_or_init(|| {
+        std::env::var("OATO_CPU_REPACK_SKIP")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|t| GgmlType::from_name(t.trim()).ok())
+            .collect()
+    })
+    .contains(&ty)
 }
 
 /// Whether `isa`'s kernels read weights of type `ty` in the interleaved layout: AVX-512's every
