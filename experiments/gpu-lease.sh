@@ -22,7 +22,8 @@
 #   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
 #   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, copies staged and direct), the
-#   75% step traces of oato's and oato-paper's plans (diag75), Nsight Compute's per-kernel figures
+#   75% step traces of oato's and oato-paper's plans (diag75), an all-GPU decode's steps by the
+#   GPU's clock (gputrace), Nsight Compute's per-kernel figures
 #   of a decode step, oato's and llama.cpp's matrix-vector kernels (ncu);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
@@ -206,6 +207,13 @@ s_diag75() {
             -p "$(printf 'hello %.0s' $(seq 8))" -n 64 -t "$THREADS" --temp 0 --ignore-eos 2>&1 | grep -E 'TTFT|TPOT|n=1 '
     done
 }
+# Issue 12: every step of an all-GPU decode by the GPU's own clock (OATO_TRACE_STEPS=gpu: events
+# around each step; the held-launch fusions are split by it), 8B file, 64 tokens.
+s_gputrace() {
+    header
+    OATO_TRACE_STEPS=gpu "$OATO" run "$MODEL8" --device gpu -p hello -n 64 --temp 0 --ignore-eos \
+        -t "$THREADS" 2>&1 | grep -E 'TTFT|TPOT|trace|n=1 '
+}
 # Issue 12: per-kernel figures of an all-GPU decode step (graphs off), oato's and llama.cpp's, by
 # Nsight Compute: duration, DRAM throughput (% of peak), achieved occupancy, registers and shared
 # memory per thread block, so the matrix-vector kernels' 26% of HBM has a cause. Few launches each
@@ -312,6 +320,7 @@ stages_8b() {
     fi
     stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
+    [ -f "$MODEL8" ] && stage gputrace 40 s_gputrace
     stage ncu 200 s_ncu
 }
 stages_golden() {

@@ -413,6 +413,11 @@ pub struct Session<'m> {
     pub ubatch: usize,
     /// `OATO_TRACE_STEPS=1`: wall time per (op, device, batch size), each step waited for;
     /// printed to stderr when the session is dropped. A diagnostic: waiting serialises devices.
+    /// `OATO_TRACE_STEPS=gpu`: a step that runs on one GPU alone is timed by that device's own
+    /// clock (events around it: its kernels' time, without the host's wait for them); the others
+    /// as with `1`. Either way a launch held for a fusion with the next step's (RoPE with the KV
+    /// store, the residual add with the next RMSNorm) is issued at its own step's end: a traced
+    /// run times the unfused kernels.
     trace: Option<StepTrace>,
 }
 
@@ -422,6 +427,8 @@ struct StepTrace {
     /// (op, device, n) -> (seconds, calls).
     times: HashMap<(String, usize, usize), (f64, usize)>,
     forwards: HashMap<usize, usize>,
+    /// GPU steps by the device's clock (`OATO_TRACE_STEPS=gpu`).
+    device_clock: bool,
 }
 
 impl StepTrace {
@@ -455,7 +462,14 @@ impl Drop for Session<'_> {
         };
         let mut rows: Vec<_> = t.times.into_iter().collect();
         rows.sort_by(|a, b| (a.0.2, a.0.1, &a.0.0).cmp(&(b.0.2, b.0.1, &b.0.0)));
-        eprintln!("step trace (OATO_TRACE_STEPS): ms per forward call, by batch size, device, op");
+        eprintln!(
+            "step trace (OATO_TRACE_STEPS): ms per forward call, by batch size, device, op{}",
+            if t.device_clock {
+                " (steps on one GPU by its own clock)"
+            } else {
+                ""
+            }
+        );
         for ((op, dev, n), (secs, calls)) in rows {
             let per = t.forwards.get(&n).copied().unwrap_or(1).max(1);
             eprintln!(
@@ -671,9 +685,14 @@ impl<'m> Session<'m> {
             lowered: HashMap::new(),
             transfers: TransferStats::default(),
             ubatch: 0,
-            trace: std::env::var("OATO_TRACE_STEPS")
-                .is_ok_and(|v| v == "1")
-                .then(StepTrace::default),
+            trace: match std::env::var("OATO_TRACE_STEPS").as_deref() {
+                Ok("1") => Some(StepTrace::default()),
+                Ok("gpu") => Some(StepTrace {
+                    device_clock: true,
+                    ..StepTrace::default()
+                }),
+                _ => None,
+            },
             cpu,
             backends,
         })
@@ -967,18 +986,35 @@ impl<'m> Session<'m> {
         from: usize,
         at: (usize, usize),
     ) -> Result<()> {
-        if self.trace.is_none() {
+        let Some(device_clock) = self.trace.as_ref().map(|t| t.device_clock) else {
             return self.exec_step(s, layer, n, from, at);
-        }
+        };
         for b in &self.backends {
             b.synchronize()?;
         }
-        let t0 = std::time::Instant::now();
-        self.exec_step(s, layer, n, from, at)?;
-        for b in &self.backends {
-            b.synchronize()?;
-        }
-        let dt = t0.elapsed().as_secs_f64();
+        let one_gpu = match &s.op {
+            OpKind::Matmul { parts } => parts.iter().all(|(d, _)| *d == s.dev),
+            _ => true,
+        } && self.backends[s.dev].kind() == crate::runtime::backend::DeviceKind::Gpu;
+        let dt = if device_clock && one_gpu {
+            let be = self.backends[s.dev].clone();
+            let mut sw = be.stopwatch()?;
+            sw.start()?;
+            self.exec_step(s, layer, n, from, at)?;
+            let us = sw.stop()?;
+            drop(sw);
+            for b in &self.backends {
+                b.synchronize()?;
+            }
+            us / 1e6
+        } else {
+            let t0 = std::time::Instant::now();
+            self.exec_step(s, layer, n, from, at)?;
+            for b in &self.backends {
+                b.synchronize()?;
+            }
+            t0.elapsed().as_secs_f64()
+        };
         let name = match &s.op {
             OpKind::Matmul { parts } => {
                 // The weights' kinds (the head: `output`) and the values they write.
