@@ -216,10 +216,11 @@ s_gputrace() {
 }
 # Issue 12: per-kernel figures of an all-GPU decode step (graphs off), oato's and llama.cpp's, by
 # Nsight Compute: duration, DRAM throughput (% of peak), achieved occupancy, registers and shared
-# memory per thread block, so the matrix-vector kernels' 26% of HBM has a cause. Few launches each
+# memory per thread block, warp stall cycles (the raw CSV has the stall reasons), so the
+# matrix-vector kernels' 26% of HBM has a cause. Few launches each
 # (ncu prints its table only at the end): oato's first decode step after prefill, 45 launches (three
 # layers); llama.cpp's matrix-vector kernels, 24 launches.
-NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats"
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
 s_ncu() {
     header
     local ncu
@@ -243,7 +244,7 @@ s_ncu() {
     python3 - "$RES"/ncu-oato.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
 import csv, sys, collections
 want = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Registers Per Thread",
-        "Static Shared Memory Per Block", "Memory Throughput")
+        "Static Shared Memory Per Block", "Memory Throughput", "Warp Cycles Per Issued Instruction")
 for path in sys.argv[1:]:
     try:
         rows = [r for r in csv.reader(open(path)) if len(r) > 10]
