@@ -595,7 +595,8 @@ impl CostModel {
 
     /// The link part of placing operator `i` on the CPU rather than the GPU under `devices`
     /// (`ΔX_i(π)` of the improved `oato` policy), over the workload: the difference in the
-    /// copies' cost of its layer (or the head), each placed by rule 2.
+    /// copies' cost of its layer (or the head), each placed by rule 2, less what it saves by
+    /// joining a CPU job of its input's partners ([`CostModel::job_share`]).
     /// The layer's attention is on the GPU (as under `oato`).
     pub fn link_delta(&self, i: usize, devices: &[Device]) -> f64 {
         if !self.has_gpu() {
