@@ -321,9 +321,10 @@ fn time_in_order(
 /// The fixed cost of one decode matmul job on `be` (the CPU), in microseconds: every layer's
 /// gate and up, out of cache as decode meets them, as two jobs and as one (`Backend::matmul` of
 /// both, as the executor runs weights that read one input); passes over all layers, `reps`
-/// rounds of each way, the order of the two ways swapped each round; the mean saving per layer
-/// (not the median: a job's occasional wait for a slow thread is part of what it costs), at
-/// least 0. `None` when no layer has both.
+/// rounds of each way, the order of the two ways swapped each round; per round the saving per
+/// layer over all layers (a mean: a job's occasional wait for a slow thread is part of what it
+/// costs), then the median round (one disturbed round does not decide), at least 0. `None` when
+/// no layer has both.
 fn cpu_job_us(
     be: &dyn Backend,
     file: &Arc<GgufFile>,
@@ -356,8 +357,10 @@ fn cpu_job_us(
     let mut yg = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
     let mut yu = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
     let mut sw = be.stopwatch()?;
-    let (mut apart, mut joined) = (0.0, 0.0);
+    // Each round's saving per layer (both ways summed over every layer).
+    let mut savings = Vec::with_capacity(reps.max(1));
     for round in 0..=reps.max(1) {
+        let (mut apart, mut joined) = (0.0, 0.0);
         for way in [round % 2 == 0, round % 2 == 1] {
             let mut t = 0.0;
             for (g, u) in &pairs {
@@ -374,18 +377,19 @@ fn cpu_job_us(
                     t += sw.stop()?;
                 }
             }
-            // The first round warms the pool and the caches' state; it is not counted.
-            if round > 0 {
-                if way {
-                    joined += t;
-                } else {
-                    apart += t;
-                }
+            if way {
+                joined += t;
+            } else {
+                apart += t;
             }
         }
+        // The first round warms the pool and the caches' state; it is not counted.
+        if round > 0 {
+            savings.push((apart - joined) / pairs.len() as f64);
+        }
     }
-    let n = (pairs.len() * reps.max(1)) as f64;
-    Ok(Some(((apart - joined) / n).max(0.0)))
+    savings.sort_by(f64::total_cmp);
+    Ok(Some(savings[savings.len() / 2].max(0.0)))
 }
 
 /// Median times of one layer's non-target operators on `be`, by name and batch size: at 1
