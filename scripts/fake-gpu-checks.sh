@@ -76,17 +76,25 @@ for policy in layer-split flexgen oato; do
     golden --placement "$W/$policy.json"
 done
 step "a mixed placement (every third target weight on the GPU)"
-python3 - "$W/layer-split.json" "$W/mixed.json" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))
-targets = sorted(o["op"] + ".weight" for o in p["order"])
-targets = [t if t in p["tensors"] else "token_embd.weight" for t in targets]
-for i, t in enumerate(targets):
-    p["tensors"][t] = "gpu" if i % 3 == 0 and t != "token_embd.weight" else "cpu"
-for o in p["order"]:
-    o["device"] = p["tensors"].get(o["op"] + ".weight", "cpu")
-p["policy"] = "oato"  # the schema knows no "hand-made"; the executor does not read it
-json.dump(p, open(sys.argv[2], "w"))
+# Two hand-made placements from layer-split's: every third target weight on the GPU (mixed), and
+# every third layer's weights (mixed-layers, for the CUDA-graph check below).
+python3 - "$W/layer-split.json" "$W/mixed.json" "$W/mixed-layers.json" <<'PY'
+import json, re, sys
+def write(path, on_gpu):
+    p = json.load(open(sys.argv[1]))
+    targets = sorted(o["op"] + ".weight" for o in p["order"])
+    targets = [t if t in p["tensors"] else "token_embd.weight" for t in targets]
+    for i, t in enumerate(targets):
+        p["tensors"][t] = "gpu" if on_gpu(i, t) and t != "token_embd.weight" else "cpu"
+    for o in p["order"]:
+        o["device"] = p["tensors"].get(o["op"] + ".weight", "cpu")
+    p["policy"] = "oato"  # the schema knows no "hand-made"; the executor does not read it
+    json.dump(p, open(path, "w"))
+def layer(t):
+    m = re.match(r"blk\.(\d+)\.", t)
+    return int(m.group(1)) if m else None
+write(sys.argv[2], lambda i, t: i % 3 == 0)
+write(sys.argv[3], lambda i, t: layer(t) is not None and layer(t) % 3 == 0)
 PY
 golden --placement "$W/mixed.json"
 step "the mixed placement, activations staged (OATO_CUDA_HOST_PINNED=0)"
@@ -108,18 +116,6 @@ step "CUDA graphs: a mixed placement of whole layers (several GPU segments per t
 # (GRAPH_MIN_KERNELS). The every-third-weight placement above no longer has one: its GPU segments
 # are a matmul or two, attention's RoPE+store and attention (which now writes the next matmul's
 # Q8_1 blocks itself), fewer than four kernels each.
-python3 - "$W/layer-split.json" "$W/mixed-layers.json" <<'PY'
-import json, re, sys
-p = json.load(open(sys.argv[1]))
-for o in p["order"]:
-    t = o["op"] + ".weight"
-    m = re.match(r"blk\.(\d+)\.", t)
-    o["device"] = "gpu" if m and int(m.group(1)) % 3 == 0 else "cpu"
-    if t in p["tensors"]:
-        p["tensors"][t] = o["device"]
-p["policy"] = "oato"
-json.dump(p, open(sys.argv[2], "w"))
-PY
 graphs_check "mixed placement of whole layers" --placement "$W/mixed-layers.json"
 step "prefill streaming (layer-split's CPU weights copied to the GPU for the prompt batch)"
 python3 - "$W/layer-split.json" "$W/stream.json" <<'PY'

@@ -362,65 +362,34 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     }
     set_mmvq_direct(chosen);
     set_mmq_mode(chosen_mmq);
-    // Shared input: two matrices in one call.
-    {
-        let (ta, tb) = (GgmlType::Q4_1, GgmlType::Q8_0);
-        let (ba, bb) = (weight_bytes(ta, k, n, 5)?, weight_bytes(tb, k, 33, 7)?);
-        let wa = be.upload_weight("a", ta, k, n, &ba)?;
-        let wb = be.upload_weight("b", tb, k, 33, &bb)?;
-        let (fa, fb) = (dequantized(ta, k, &ba)?, dequantized(tb, k, &bb)?);
-        let x = pattern(2 * k, 1.5);
-        let xt = put(be, &x)?;
-        let mut ya = be.alloc(DType::F32, 2 * n, Category::Workspace)?;
-        let mut yb = be.alloc(DType::F32, 2 * 33, Category::Workspace)?;
-        be.matmul(&[&wa, &wb], &xt, 2, &mut [&mut ya, &mut yb])?;
-        let mut got = get(be, &ya, 2 * n)?;
-        got.extend(get(be, &yb, 2 * 33)?);
-        let mut want = Vec::new();
-        for (f, rows) in [(&fa, n), (&fb, 33)] {
-            for t in 0..2 {
-                for r in 0..rows {
-                    want.push(
-                        (0..k)
-                            .map(|i| f[r * k + i] as f64 * x[t * k + i] as f64)
-                            .sum(),
-                    );
-                }
-            }
-        }
-        cases.push(compare(
-            "matmul2",
-            "Q41+Q80",
-            format!("{k}x({n}+33), 2 tok"),
-            &got,
-            &want,
-            5e-4,
-        ));
-    }
-    // Shared input, three matrices of one type (q, k, v): one launch on a GPU (mmvq_multi),
-    // the last with rows that do not fill a thread block; two of one type (gate, up) too.
-    for rows in [&[64usize, 16, 67][..], &[32, 33]] {
-        let ty = GgmlType::Q4_K;
-        let k = 512;
+    // Shared input, several matrices in one call: two of other types, and three (q, k, v) or
+    // two (gate, up) of one type, which a GPU runs as one launch (mmvq_multi; the last with rows
+    // that do not fill a thread block).
+    use GgmlType as T;
+    for set in [
+        &[(T::Q4_1, n), (T::Q8_0, 33)][..],
+        &[(T::Q4_K, 64), (T::Q4_K, 16), (T::Q4_K, 67)],
+        &[(T::Q4_K, 32), (T::Q4_K, 33)],
+    ] {
         let mut ws = Vec::new();
         let mut fs = Vec::new();
-        for (i, &r) in rows.iter().enumerate() {
-            let b = weight_bytes(ty, k, r, 11 + i as u64)?;
+        for (i, &(ty, r)) in set.iter().enumerate() {
+            let b = weight_bytes(ty, k, r, 5 + 2 * i as u64)?;
             fs.push(dequantized(ty, k, &b)?);
             ws.push(be.upload_weight("m", ty, k, r, &b)?);
         }
         for n_tok in [1usize, 3] {
-            let x = pattern(n_tok * k, 2.5);
+            let x = pattern(n_tok * k, 1.5);
             let xt = put(be, &x)?;
-            let mut ys = rows
+            let mut ys = set
                 .iter()
-                .map(|&r| be.alloc(DType::F32, n_tok * r, Category::Workspace))
+                .map(|&(_, r)| be.alloc(DType::F32, n_tok * r, Category::Workspace))
                 .collect::<Result<Vec<_>>>()?;
             let wr: Vec<&Weight> = ws.iter().collect();
             let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
             be.matmul(&wr, &xt, n_tok, &mut yr)?;
             let (mut got, mut want) = (Vec::new(), Vec::new());
-            for ((f, &r), y) in fs.iter().zip(rows).zip(&ys) {
+            for ((f, &(_, r)), y) in fs.iter().zip(set).zip(&ys) {
                 got.extend(get(be, y, n_tok * r)?);
                 for t in 0..n_tok {
                     for row in 0..r {
@@ -432,19 +401,13 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
                     }
                 }
             }
-            let shape = rows
-                .iter()
-                .map(|r| r.to_string())
-                .collect::<Vec<_>>()
-                .join("+");
+            let join = |f: &dyn Fn(&(T, usize)) -> String, sep: &str| {
+                set.iter().map(f).collect::<Vec<_>>().join(sep)
+            };
             cases.push(compare(
-                if rows.len() == 3 {
-                    "matmul3"
-                } else {
-                    "matmul2"
-                },
-                ty.name(),
-                format!("{k}x({shape}), {n_tok} tok"),
+                if set.len() == 3 { "matmul3" } else { "matmul2" },
+                &join(&|(ty, _)| ty.name().to_string(), "+"),
+                format!("{k}x({}), {n_tok} tok", join(&|(_, r)| r.to_string(), "+")),
                 &got,
                 &want,
                 5e-4,

@@ -16,7 +16,7 @@ use crate::kernels::cpu::attention::AttnShape;
 use crate::kernels::cpu::{cpu_name, isa};
 use crate::model::{Model, WeightRef};
 use crate::quant::testdata::pattern;
-use crate::runtime::backend::{AttnCall, Backend, Category, DType, DeviceKind, transfer};
+use crate::runtime::backend::{AttnCall, Backend, Category, DType, DeviceKind, Weight, transfer};
 use crate::runtime::forward::{target_slots, target_weights};
 use crate::runtime::kv_cache;
 use crate::scheduler::mib;
@@ -280,17 +280,14 @@ fn time_sampled(
 /// a forward pass meets them: at each batch size, passes over all operators in execution order
 /// (one untimed, then `reps` timed), each operator timed alone, so a weight is as cold in the
 /// caches as in a real pass (timing one weight over and over would measure the cache, not the
-/// memory). The median of each operator's passes, by operator.
+/// memory). `ws`: the operators' weights on `be`, by operator. The median of each operator's
+/// passes, by operator.
 fn time_in_order(
     be: &dyn Backend,
-    file: &Arc<GgufFile>,
     ops: &[TargetOp],
+    ws: &[Weight],
     opts: &ProfileOptions,
 ) -> Result<Vec<BTreeMap<String, f64>>> {
-    let ws = ops
-        .iter()
-        .map(|op| be.load_matmul_weight(file, &op.weight))
-        .collect::<Result<Vec<_>>>()?;
     let mut out = vec![BTreeMap::new(); ops.len()];
     let mut sw = be.stopwatch()?;
     let widest_in = ops.iter().map(|o| o.weight.k).max().unwrap_or(0);
@@ -325,37 +322,34 @@ fn time_in_order(
 /// layer over all layers (a mean: a job's occasional wait for a slow thread is part of what it
 /// costs), then the median round (one disturbed round does not decide), at least 0. `None` when
 /// no layer has both.
+/// `ws`: the operators' weights on `be`, by operator (as [`time_in_order`] takes them).
 fn cpu_job_us(
     be: &dyn Backend,
-    file: &Arc<GgufFile>,
     ops: &[TargetOp],
+    ws: &[Weight],
     reps: usize,
 ) -> Result<Option<f64>> {
-    let find = |l: usize, kind: &str| ops.iter().find(|o| o.layer == Some(l) && o.kind == kind);
-    let mut pairs = Vec::new();
-    for l in 0..ops
+    let pairs: Vec<(&Weight, &Weight)> = ops
         .iter()
-        .filter_map(|o| o.layer)
-        .max()
-        .map_or(0, |m| m + 1)
-    {
-        if let (Some(g), Some(u)) = (find(l, "ffn_gate"), find(l, "ffn_up"))
-            && g.weight.k == u.weight.k
-        {
-            pairs.push((
-                be.load_matmul_weight(file, &g.weight)?,
-                be.load_matmul_weight(file, &u.weight)?,
-            ));
-        }
-    }
-    let Some((g0, u0)) = pairs.first() else {
+        .zip(ws)
+        .filter(|(o, _)| o.kind == "ffn_gate")
+        .filter_map(|(g, gw)| {
+            let u = ops
+                .iter()
+                .position(|o| o.layer == g.layer && o.kind == "ffn_up")?;
+            (ws[u].k == gw.k).then_some((gw, &ws[u]))
+        })
+        .collect();
+    let Some(&(g0, _)) = pairs.first() else {
         return Ok(None);
     };
-    let (k, ng, nu) = (g0.k, g0.n, u0.n);
+    let k = g0.k;
+    let ng = pairs.iter().map(|p| p.0.n).max().unwrap_or(0);
+    let nu = pairs.iter().map(|p| p.1.n).max().unwrap_or(0);
     let mut x = be.alloc(DType::F32, k, Category::Workspace)?;
     be.write(&mut x, 0, &pattern(k, 0.25))?;
-    let mut yg = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
-    let mut yu = be.alloc(DType::F32, ng.max(nu), Category::Workspace)?;
+    let mut yg = be.alloc(DType::F32, ng, Category::Workspace)?;
+    let mut yu = be.alloc(DType::F32, nu, Category::Workspace)?;
     let mut sw = be.stopwatch()?;
     // Each round's saving per layer (both ways summed over every layer).
     let mut savings = Vec::with_capacity(reps.max(1));
@@ -363,7 +357,7 @@ fn cpu_job_us(
         let (mut apart, mut joined) = (0.0, 0.0);
         for way in [round % 2 == 0, round % 2 == 1] {
             let mut t = 0.0;
-            for (g, u) in &pairs {
+            for &(g, u) in &pairs {
                 if way {
                     sw.start()?;
                     be.matmul(&[g, u], &x, 1, &mut [&mut yg, &mut yu])?;
@@ -695,7 +689,15 @@ pub fn profile_model(
         start: t0,
     };
     let (full, sampled) = opts.split_sampled();
-    let mut cpu_times = time_in_order(cpu, &model.file, &ops, &full)?;
+    // The CPU's weights (views of the map, or interleaved copies), loaded once for the in-order
+    // times and the job's fixed cost.
+    let cpu_ws = ops
+        .iter()
+        .map(|op| cpu.load_matmul_weight(&model.file, &op.weight))
+        .collect::<Result<Vec<_>>>()?;
+    let mut cpu_times = time_in_order(cpu, &ops, &cpu_ws, &full)?;
+    let job_us = cpu_job_us(cpu, &ops, &cpu_ws, opts.reps)?;
+    drop(cpu_ws);
     time_sampled(cpu, &model.file, &ops, &sampled, opts.reps, &mut cpu_times)?;
     for op in &ops {
         progress.step(&format!("{} cpu", op.op));
@@ -765,7 +767,7 @@ pub fn profile_model(
             cpu: cpu_name(),
             threads,
             isa: isa().name().to_string(),
-            job_us: cpu_job_us(cpu, &model.file, &ops, opts.reps)?,
+            job_us,
         },
         gpu: gpu_info,
         link,

@@ -1386,32 +1386,33 @@ impl Backend for CudaBackend {
             } else {
                 (0, 0)
             };
+            // Each output's address (an output over its own input, never in the forward pass,
+            // ends the hold on the quantised input).
+            let mut yps = Vec::with_capacity(ws.len());
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+                if yp < xp + (n_tok * k * 4) as u64 && xp < yp + (n_tok * w.n * 4) as u64 {
+                    s.q8_holds = None;
+                }
+                yps.push(yp);
+            }
             // Two or three weights of one quantised type, all but the last whole thread blocks
             // of rows: one launch.
-            let multi = match ws {
-                [a, .., last] if !direct && ws.len() <= 3 && MMVQ_MULTI.load(Ordering::Relaxed) => {
-                    ws.iter().all(|w| w.ty == a.ty)
-                        && ws[..ws.len() - 1].iter().all(|w| w.n.is_multiple_of(4))
-                        && last.n > 0
-                        && multi_kernel_of(a.ty).is_some()
-                }
-                _ => false,
-            };
-            if multi {
-                let kernel = multi_kernel_of(ws[0].ty).expect("checked above");
+            let last = ws.len() - 1;
+            let multi = multi_kernel_of(ws[0].ty).filter(|_| {
+                !direct
+                    && (1..=2).contains(&last)
+                    && MMVQ_MULTI.load(Ordering::Relaxed)
+                    && ws.iter().all(|w| w.ty == ws[0].ty)
+                    && ws[..last].iter().all(|w| w.n.is_multiple_of(4))
+            });
+            if let Some(kernel) = multi {
                 // The last weight in the kernel's third place (its rows need not fill whole
                 // blocks); with two weights the second place is empty (0 rows).
                 let (mut wp, mut yp, mut n) = ([0u64; 3], [0u64; 3], [0i32; 3]);
-                let last = ws.len() - 1;
-                for (j, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+                for (j, w) in ws.iter().enumerate() {
                     let i = if j == last { 2 } else { j };
-                    yp[i] = self.f32ptr(y, n_tok * w.n, "matmul output")?;
-                    if yp[i] < xp + (n_tok * k * 4) as u64 && xp < yp[i] + (n_tok * w.n * 4) as u64
-                    {
-                        s.q8_holds = None;
-                    }
-                    wp[i] = self.wptr(w)?;
-                    n[i] = w.n as i32;
+                    (wp[i], yp[i], n[i]) = (self.wptr(w)?, yps[j], w.n as i32);
                 }
                 let blocks: usize =
                     ws[..last].iter().map(|w| w.n / 4).sum::<usize>() + ws[last].n.div_ceil(4);
@@ -1421,11 +1422,7 @@ impl Backend for CudaBackend {
                     n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2], t_: i32 = n_tok as i32);
                 return Ok(());
             }
-            for (w, y) in ws.iter().zip(ys.iter_mut()) {
-                let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
-                if yp < xp + (n_tok * k * 4) as u64 && xp < yp + (n_tok * w.n * 4) as u64 {
-                    s.q8_holds = None; // an output over its own input: never in the forward pass
-                }
+            for (w, &yp) in ws.iter().zip(&yps) {
                 let unsupported = || Error::UnsupportedType(format!("{} on the GPU", w.ty));
                 let (wp, kk, nn, nt) = (self.wptr(w)?, k as i32, w.n as i32, n_tok as i32);
                 let rows = w.n.div_ceil(4) as u32;

@@ -996,25 +996,20 @@ impl<'m> Session<'m> {
             OpKind::Matmul { parts } => parts.iter().all(|(d, _)| *d == s.dev),
             _ => true,
         } && self.backends[s.dev].kind() == crate::runtime::backend::DeviceKind::Gpu;
-        let dt = if device_clock && one_gpu {
-            let be = self.backends[s.dev].clone();
-            let mut sw = be.stopwatch()?;
-            sw.start()?;
-            self.exec_step(s, layer, n, from, at)?;
-            let us = sw.stop()?;
-            drop(sw);
-            for b in &self.backends {
-                b.synchronize()?;
-            }
-            us / 1e6
-        } else {
-            let t0 = std::time::Instant::now();
-            self.exec_step(s, layer, n, from, at)?;
-            for b in &self.backends {
-                b.synchronize()?;
-            }
-            t0.elapsed().as_secs_f64()
-        };
+        let be = self.backends[s.dev].clone();
+        let mut clock = (device_clock && one_gpu)
+            .then(|| be.stopwatch())
+            .transpose()?;
+        if let Some(c) = clock.as_mut() {
+            c.start()?;
+        }
+        let t0 = std::time::Instant::now();
+        self.exec_step(s, layer, n, from, at)?;
+        let device_us = clock.as_mut().map(|c| c.stop()).transpose()?;
+        for b in &self.backends {
+            b.synchronize()?;
+        }
+        let dt = device_us.map_or_else(|| t0.elapsed().as_secs_f64(), |us| us / 1e6);
         let name = match &s.op {
             OpKind::Matmul { parts } => {
                 // The weights' kinds (the head: `output`) and the values they write.

@@ -281,22 +281,25 @@ pub(crate) fn pair_cpu_operators(model: &CostModel, devices: &mut [Device]) -> u
         // "kind|k|n|dtype" without the kind: gate and up of one layer share a shape.
         o.shape_key.split_once('|').map_or("", |(_, rest)| rest)
     };
-    let members = |i: usize| -> Vec<usize> {
-        (0..n)
-            .filter(|&j| j != i && model.ops[j].input_group == model.ops[i].input_group)
-            .collect()
-    };
+    // Each operator's partners: the others that read its input.
+    let members: Vec<Vec<usize>> = (0..n)
+        .map(|i| {
+            (0..n)
+                .filter(|&j| j != i && model.ops[j].input_group == model.ops[i].input_group)
+                .collect()
+        })
+        .collect();
     let alone = |d: &[Device], i: usize| {
         d[i] == Device::Cpu
             && model.ops[i].layer.is_some()
-            && members(i).iter().all(|&j| d[j] == Device::Gpu)
+            && members[i].iter().all(|&j| d[j] == Device::Gpu)
     };
     let mut best = score(devices);
     let mut swaps = 0;
     while swaps < n {
         let mut found = None;
         'search: for a in (0..n).filter(|&a| alone(devices, a)) {
-            for p in members(a) {
+            for &p in &members[a] {
                 // One candidate per partner: the first lone CPU operator of its shape elsewhere
                 // (under shared costs the others would predict alike).
                 let Some(s) = (0..n).find(|&s| {
@@ -401,9 +404,9 @@ pub(crate) fn plan_oato(
                     .to_string();
                 }
             }
-            kept.predicted = predict_resident(model, &kept.devices);
             notes.push(format!(
-                "{swaps} swap(s) after the order: CPU operators joined others that read their                  input (one CPU job, fewer crossings), predicted faster"
+                "{swaps} swap(s) after the order: CPU operators joined others that read their \
+                 input (one CPU job, fewer crossings), predicted faster"
             ));
         }
     }

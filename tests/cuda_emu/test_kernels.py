@@ -751,7 +751,9 @@ def check_flash_prefill(g):
 # reference and tolerance as attention_f16kv (the chunks change only the order of the f32 sums).
 
 
-def flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk, k_off=0):
+def flash_decode(g, label, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk, k_off=0):
+    """The split kernels' output; with head_dim a multiple of 32 also checks in `g` that the
+    merge with out_q writes the same output and its Q8_1 blocks."""
     n_split = cdiv(pos0 + n_tok, chunk)
     part = Buf.out(np.float32, n_tok * nh * n_split * (hd + 2))
     E.launch("attention_split_f16kv", (nh // gq, n_split, n_tok), (128,), Buf.of(q),
@@ -767,9 +769,10 @@ def flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk, k_off=0)
         E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out2, oq, i32(n_tok), i32(nh),
                  i32(hd), i32(n_split))
         got = out.get(np.float32)
-        if not (np.array_equal(out2.get(np.float32), got, equal_nan=True)
-                and np.array_equal(oq.get(np.uint8).reshape(-1, 36), quantize_q8_1(got))):
-            raise AssertionError("attention_merge_f32 with out_q: not the output and its blocks")
+        g.true(label + ": output with out_q",
+               np.array_equal(out2.get(np.float32), got, equal_nan=True))
+        g.exact(label + ": out_q = quantize_q8_1 of it", oq.get(np.uint8).reshape(-1, 36),
+                quantize_q8_1(got), dims=("block", "byte"))
     return out.get(np.float32).reshape(n_tok, nh, hd)
 
 
@@ -786,7 +789,7 @@ def check_flash_decode(g):
     for hd, n_tok, pos0, nh, nkv, gq, chunk in cases:
         label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv} gq={gq} chunk={chunk}"
         q, kc, vc, scale = attention_data("flash decode " + label, hd, n_tok, pos0, nh, nkv, 2)
-        got = flash_decode(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk)
+        got = flash_decode(g, label, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk)
         close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
     # Large scores (q * 40): the chunks' maxima differ by far more than exp's range, so a merge
     # that forgot to rescale would be off by orders of magnitude.
@@ -795,7 +798,7 @@ def check_flash_decode(g):
     q = (rng.standard_normal(nh * hd) * 40).astype(np.float32)
     kc = rng.standard_normal((pos0 + 1) * nkv * hd).astype(np.float16)
     vc = rng.standard_normal((pos0 + 1) * nkv * hd).astype(np.float16)
-    got = flash_decode(q, kc, vc, 1, nh, nkv, hd, pos0, 0.125, 2, 32)
+    got = flash_decode(g, "peaked", q, kc, vc, 1, nh, nkv, hd, pos0, 0.125, 2, 32)
     want = refs.attention(q, kc, vc, 1, nh, nkv, hd, pos0, 0.125)
     g.close("peaked scores (q x 40), 7 chunks", got, want, 2e-5, np.abs(vc.astype(np.float32)).max(),
             dims=("t", "head", "d"), metric="err/max|v|")
@@ -806,8 +809,8 @@ def check_flash_decode(g):
                                         (256, 8, 1, 8, 0, "gq x head_dim 2048"),
                                         (64, 2, 1, 2, 8, "k cache + 8 bytes")):
         z = np.zeros(4 * nkv * hd, np.float16)
-        got = flash_decode(np.ones(nh * hd, np.float32), z, z, 1, nh, nkv, hd, 3, 1.0, gq, 2,
-                           k_off)
+        got = flash_decode(g, why, np.ones(nh * hd, np.float32), z, z, 1, nh, nkv, hd, 3, 1.0,
+                           gq, 2, k_off)
         g.true(f"{why} -> NaN rows", np.isnan(got).all())
 
 

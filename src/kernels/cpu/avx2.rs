@@ -624,7 +624,8 @@ pub unsafe fn rows_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
 }
 
 /// [`rows_q8_0`] with `dot` for [`dot_ss8`] (AVX-512's VNNI one, or this file's), asking for
-/// each row's line `AHEAD` bytes past the current block (0: none; AVX-512's kernel takes 512).
+/// each row's line `ahead` bytes past the current block (0: none; AVX-512's kernel takes its
+/// `rows_prefetch`).
 /// Called from functions with AVX2, FMA and F16C enabled.
 #[inline(always)]
 pub(crate) unsafe fn rows_q8_0_with(

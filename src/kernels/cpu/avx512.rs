@@ -163,8 +163,12 @@ pub fn rows_fn(wty: crate::quant::GgmlType) -> Option<RowsFn<4>> {
 fn rows_prefetch() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
-        let zen5 = !super::matmul::intel() && super::matmul::cpu_family() >= 0x1A;
-        super::matmul::env_bytes("OATO_CPU_ROWS_PREFETCH", if zen5 { 4096 } else { 512 })
+        let default = if super::matmul::zen5_or_later() {
+            4096
+        } else {
+            512
+        };
+        super::matmul::env_bytes("OATO_CPU_ROWS_PREFETCH", default)
     })
 }
 

@@ -774,6 +774,12 @@ pub(crate) fn cpu_family() -> u32 {
     })
 }
 
+/// Whether the CPU is AMD's Zen 5 or later (family 0x1A and up, not Intel's), whose decode
+/// kernels prefetch further ahead (`repack::prefetch_ahead`, `avx512::rows_prefetch`).
+pub(crate) fn zen5_or_later() -> bool {
+    !intel() && cpu_family() >= 0x1A
+}
+
 /// Whether the CPU is Intel's (whose hardware prefetchers want software prefetches' help where
 /// AMD's do not); asked of CPUID once.
 pub(crate) fn intel() -> bool {

@@ -1643,10 +1643,8 @@ mod kernels {
         let bytes = match OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
             NONE => *ENV.get_or_init(|| {
                 let avx512 = crate::kernels::cpu::isa() == crate::kernels::cpu::Isa::Avx512;
-                let zen5 = !crate::kernels::cpu::matmul::intel()
-                    && crate::kernels::cpu::matmul::cpu_family() >= 0x1A;
                 let default = match (nta, avx512) {
-                    (true, true) if zen5 => 4096,
+                    (true, true) if crate::kernels::cpu::matmul::zen5_or_later() => 4096,
                     (true, true) => 256,
                     (true, false) => 2048,
                     (false, _) => 16 << 10,

@@ -234,22 +234,22 @@ static __device__ __forceinline__ void store_q8_1(block_q8_1* b, float v) {
         *(__half2*)&b->d = __halves2half2(__float2half_rn(df), __float2half_rn((float)sum * df));
 }
 
-// One attention head's output: o[d] = value(d) for d < head_dim, each d by one thread of the
-// block; when q is not null also the head's Q8_1 blocks of those values (q: the head's first
-// block; head_dim a multiple of 32), a warp per 32-element block, as quantize_q8_1 writes them
-// (decode's next matrix-vector product reads them). The values are the same either way.
+// One row of n values written by one thread block: o[i] = value(i), each i by one thread; when
+// q is not null also the row's Q8_1 blocks of those values (q: the row's first block; n a
+// multiple of 32), a warp per 32-element block, as quantize_q8_1 writes them (decode's next
+// matrix-vector product reads them). The values are the same either way; value(i) may read o[i]
+// (only its own thread writes it).
 template <class F>
-static __device__ __forceinline__ void write_head(float* o, block_q8_1* q, int head_dim,
-                                                  F value) {
+static __device__ __forceinline__ void write_row_q8_1(float* o, block_q8_1* q, int n, F value) {
     if (q == nullptr) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = value(d);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = value(i);
         return;
     }
     const int lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < head_dim / QK; b += blockDim.x >> 5) {
-        const int d = b * QK + lane;
-        const float v = value(d);
-        o[d] = v;
+    for (int b = threadIdx.x >> 5; b < n / QK; b += blockDim.x >> 5) {
+        const int i = b * QK + lane;
+        const float v = value(i);
+        o[i] = v;
         store_q8_1(q + b, v);
     }
 }

@@ -252,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const float inv = __frcp_rn(sum);
     float* o = out + row * head_dim;
     block_q8_1* oq = out_q ? out_q + row * (head_dim / QK) : nullptr;
-    write_head(o, oq, head_dim, [&](int d) {
+    write_row_q8_1(o, oq, head_dim, [&](int d) {
         float a = 0.0f;
         for (int c = 0; c < n_split; ++c) {
             const float m = ml[2 * c];

@@ -28,19 +28,12 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
 }
 
 // Row blockIdx.x of rms_norm_q8_1's outputs from its input row xr and scale: y (may be xr) and
-// its Q8_1 blocks, a warp per 32-element block; each element is read and written by one thread.
+// its Q8_1 blocks.
 static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scale,
                                                      const float* __restrict__ w, float* y,
                                                      block_q8_1* __restrict__ q, int n) {
-    float* yr = y + (i64)blockIdx.x * n;
-    const int nb = n / QK, lane = threadIdx.x & 31;
-    block_q8_1* qr = q + (i64)blockIdx.x * nb;
-    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
-        const int i = b * QK + lane;
-        const float v = xr[i] * scale * w[i];
-        yr[i] = v;
-        store_q8_1(qr + b, v);
-    }
+    write_row_q8_1(y + (i64)blockIdx.x * n, q + (i64)blockIdx.x * (n / QK), n,
+                   [&](int i) { return xr[i] * scale * w[i]; });
 }
 
 // rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
@@ -261,7 +254,7 @@ extern "C" __global__ void store_kv_f16(const float* __restrict__ k, const float
 // (or with a block of other than 32..128 threads in whole warps) the kernel writes NaN into this
 // (t, h)'s output row and touches nothing else.
 // out_q: null, or [n_tok * n_head * head_dim / 32] block_q8_1 (4-byte aligned) that receives
-// quantize_q8_1 of out (write_head), bit for bit.
+// quantize_q8_1 of out (write_row_q8_1), bit for bit.
 // launch: grid (n_head, n_tok, 1), block (128, 1, 1), no dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(128)
     attention_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
@@ -369,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     const float inv = __frcp_rn(sum);
     block_q8_1* oq = out_q ? out_q + ((i64)t * n_head + h) * (head_dim / QK) : nullptr;
-    write_head(o, oq, head_dim, [&](int d) {
+    write_row_q8_1(o, oq, head_dim, [&](int d) {
         float a = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_MAX_WARPS; ++w) {
