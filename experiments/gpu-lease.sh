@@ -21,7 +21,8 @@
 #   ways against a pinned copy, crossing), the placement sweep (oato, oato-paper, layer-split at
 #   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
-#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, copies staged and direct), the
+#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths,
+#   the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged and direct), the
 #   75% step traces of oato's and oato-paper's plans (diag75), an all-GPU decode's steps by the
 #   GPU's clock (gputrace), Nsight Compute's per-kernel figures
 #   of a decode step, oato's and llama.cpp's matrix-vector kernels (ncu);
@@ -188,7 +189,7 @@ s_peer_hybrid() {
 s_kernels() {
     peer_env
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
-        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default graphs-off mmvq-direct multi-off fuse-off" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default graphs-off mmvq-direct mmvq-pipe multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
 }
 s_perf() { header; "$OATO" selftest --device gpu --perf; }
@@ -317,7 +318,7 @@ stages_8b() {
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     if peer_ready; then
         stage peer_hybrid 40 s_peer_hybrid
-        stage kernels 130 s_kernels
+        stage kernels 150 s_kernels
     fi
     stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75

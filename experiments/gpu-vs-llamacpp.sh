@@ -2,8 +2,9 @@
 # Issue 12's all-GPU comparison on a borrowed GPU machine: llama-bench's pp64, pp512, tg32 and
 # tg128 on one synth file (default: LLaMA3-8B shape, Q4_0), every layer on the GPU, for
 # llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
-# attention as llama-bench sets it, CUDA graphs on) and for oato nine ways: its default kernels,
-# the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), q/k/v and gate/up as a launch per
+# attention as llama-bench sets it, CUDA graphs on) and for oato ten ways: its default kernels,
+# the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), the pipelined ones
+# (OATO_CUDA_MMVQ=pipe), q/k/v and gate/up as a launch per
 # weight rather than one (OATO_CUDA_MMVQ_MULTI=0), split-K decode attention forced off
 # (OATO_CUDA_ATTN_SPLIT=0), RMSNorm / SwiGLU without their fused Q8_1 quantisation and the
 # residual add apart from the RMSNorm after it (OATO_CUDA_FUSE=0), decode without CUDA graphs
@@ -46,10 +47,11 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in ${VARIANTS:-default mmvq-direct multi-off attn-split-off fuse-off graphs-off flash-prefill-off mmq-on mmq-off}; do
+for variant in ${VARIANTS:-default mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     mmvq-direct) env=(OATO_CUDA_MMVQ=direct) ;;
+    mmvq-pipe) env=(OATO_CUDA_MMVQ=pipe) ;;
     multi-off) env=(OATO_CUDA_MMVQ_MULTI=0) ;;
     attn-split-off) env=(OATO_CUDA_ATTN_SPLIT=0) ;;
     fuse-off) env=(OATO_CUDA_FUSE=0) ;;
@@ -72,7 +74,7 @@ python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --title "oato vs llama.cpp all on the GPU (llama-bench's tests)" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape)" \
+  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

@@ -9,7 +9,8 @@
 # page-locked memory (OATO_CUDA_HOST_PINNED=0). Then MiniCPM3 (latent attention) on a tiny synthetic file: its greedy ids on
 # the stand-in GPU, whole and under layer-split and flexgen, equal the CPU's. The all-GPU run goes twice: as configured by default, and with
 # OATO_CUDA_MMVQ=direct and OATO_CUDA_ATTN_SPLIT=1 (the direct matrix-vector kernels, and split
-# decode attention, which the short prompts would not choose on their own). Only the first
+# decode attention, which the short prompts would not choose on their own); then a third time with
+# OATO_CUDA_MMVQ=pipe (the pipelined matrix-vector kernels). Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
 # the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
 # minutes per placement). Timings printed here are the emulator's and mean nothing.
@@ -63,6 +64,8 @@ step "the whole model on the GPU"
 golden --device gpu
 step "the whole model on the GPU, direct matrix-vector kernels and split decode attention"
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
+step "the whole model on the GPU, pipelined matrix-vector kernels"
+OATO_CUDA_MMVQ=pipe golden --device gpu
 step "the first 3 prompts on the GPU, 4 tokens (the third's 9-token prompt takes the tiled prefill attention)"
 fake python3 experiments/golden_check.py --oato "$OATO" --prompts 3 --max-tokens 4 -- --device gpu
 step "CUDA graphs: the whole model on the GPU, split decode attention (its grid grows with the context)"

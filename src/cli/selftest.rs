@@ -20,8 +20,8 @@ use oato::runtime::backend::{
     AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
 };
 use oato::runtime::cuda_backend::{
-    flash_prefill, missing_kernels, mmvq_direct, mmvq_multi, set_flash_prefill, set_mmvq_direct,
-    set_mmvq_multi,
+    MmvqMode, flash_prefill, missing_kernels, mmvq_mode, mmvq_multi, pipe_blocks,
+    set_flash_prefill, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
@@ -305,25 +305,31 @@ fn rms_norm_ref(row: &[f32], g: &[f32], eps: f64) -> Vec<f64> {
 fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     // matmul: every weight type, matrix-vector (1..8 tokens) and GEMM (more) paths, an odd
-    // row count; on a GPU also the direct matrix-vector kernels ("matmul-d") and the int8
-    // prefill GEMM where the type has one ("matmul-q": partial 64-token tiles; 67 rows take
-    // 32-row tiles, 4224 rows enough 64-row tiles to fill an H100 or the stand-in device);
-    // "matmul" then forces dequantisation + cuBLAS.
+    // row count; on a GPU also the direct and the pipelined matrix-vector kernels ("matmul-d",
+    // "matmul-p"; then 1027 rows with k = 4608, two items a row block, one thread block per
+    // multiprocessor, so that each walks two or more of the 257 row blocks) and the int8 prefill GEMM where the type has one
+    // ("matmul-q": partial 64-token tiles; 67 rows take 32-row tiles, 4224 rows enough 64-row
+    // tiles to fill an H100 or the stand-in device); "matmul" then forces dequantisation +
+    // cuBLAS.
     let (k, n) = (512, 67);
     let gpu = be.kind() == DeviceKind::Gpu;
-    let chosen = mmvq_direct();
+    let chosen = mmvq_mode();
     let chosen_mmq = mmq_mode();
-    let runs: &[(&str, bool, usize, &[usize])] = if gpu {
+    let chosen_blocks = pipe_blocks();
+    use MmvqMode::{Direct, Pipe, Staged};
+    let runs: &[(&str, MmvqMode, usize, usize, &[usize])] = if gpu {
         &[
-            ("matmul", false, n, &[1, 3, 8, 9, 40]),
-            ("matmul-d", true, n, &[1, 3, 8]),
-            ("matmul-q", false, n, &[9, 40, 70]),
-            ("matmul-q", false, 4224, &[70]),
+            ("matmul", Staged, k, n, &[1, 3, 8, 9, 40]),
+            ("matmul-d", Direct, k, n, &[1, 3, 8]),
+            ("matmul-p", Pipe, k, n, &[1, 3, 8]),
+            ("matmul-p", Pipe, 4608, 1027, &[1]),
+            ("matmul-q", Staged, k, n, &[9, 40, 70]),
+            ("matmul-q", Staged, k, 4224, &[70]),
         ]
     } else {
-        &[("matmul", chosen, n, &[1, 3, 8, 9, 40])]
+        &[("matmul", chosen, k, n, &[1, 3, 8, 9, 40])]
     };
-    for (ty, &(op, direct, n, toks)) in WEIGHT_TYPES
+    for (ty, &(op, mode, k, n, toks)) in WEIGHT_TYPES
         .into_iter()
         .flat_map(|ty| runs.iter().map(move |r| (ty, r)))
     {
@@ -331,7 +337,8 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         if mmq && !has_mmq(ty) {
             continue;
         }
-        set_mmvq_direct(direct);
+        set_mmvq_mode(mode);
+        set_pipe_blocks(if n > 1000 { 1 } else { chosen_blocks });
         set_mmq_mode(if mmq { MmqMode::On } else { MmqMode::Off });
         let bytes = weight_bytes(ty, k, n, 3)?;
         let wf = dequantized(ty, k, &bytes)?;
@@ -360,17 +367,21 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ));
         }
     }
-    set_mmvq_direct(chosen);
+    set_mmvq_mode(chosen);
+    set_pipe_blocks(chosen_blocks);
     set_mmq_mode(chosen_mmq);
     // Shared input, several matrices in one call: two of other types, and three (q, k, v) or
     // two (gate, up) of one type, which a GPU runs as one launch (mmvq_multi; the last with rows
-    // that do not fill a thread block).
+    // that do not fill a thread block); on a GPU with the staged and the pipelined kernels.
     use GgmlType as T;
-    for set in [
+    let modes: &[MmvqMode] = if gpu { &[Staged, Pipe] } else { &[chosen] };
+    let sets = [
         &[(T::Q4_1, n), (T::Q8_0, 33)][..],
         &[(T::Q4_K, 64), (T::Q4_K, 16), (T::Q4_K, 67)],
         &[(T::Q4_K, 32), (T::Q4_K, 33)],
-    ] {
+    ];
+    for (&mode, set) in modes.iter().flat_map(|m| sets.map(|set| (m, set))) {
+        set_mmvq_mode(mode);
         let mut ws = Vec::new();
         let mut fs = Vec::new();
         for (i, &(ty, r)) in set.iter().enumerate() {
@@ -405,7 +416,12 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
                 set.iter().map(f).collect::<Vec<_>>().join(sep)
             };
             cases.push(compare(
-                if set.len() == 3 { "matmul3" } else { "matmul2" },
+                match (set.len(), mode) {
+                    (3, Pipe) => "matmul3-p",
+                    (3, _) => "matmul3",
+                    (_, Pipe) => "matmul2-p",
+                    _ => "matmul2",
+                },
                 &join(&|(ty, _)| ty.name().to_string(), "+"),
                 format!("{k}x({}), {n_tok} tok", join(&|(_, r)| r.to_string(), "+")),
                 &got,
@@ -414,6 +430,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ));
         }
     }
+    set_mmvq_mode(chosen);
     // The residual add, then the RMSNorm of its result (decode: one launch on a GPU,
     // add_rms_norm_q8_1): both the stream and the norm.
     for rows in [1usize, 3] {
@@ -783,13 +800,16 @@ fn perf(be: &dyn Backend) -> Result<()> {
     };
     let (batch, reps) = if gpu { (512, 20) } else { (64, 5) };
     println!();
-    // Decode: the staged matrix-vector kernels with 1 token, then on a GPU the direct ones with
-    // 1 and 8 tokens (GB/s of weight bytes; each time includes the activations' quantisation).
+    // Decode: the staged matrix-vector kernels with 1 token, then on a GPU the pipelined ones
+    // with 1 token and the direct ones with 1 and 8 tokens (GB/s of weight bytes; each time
+    // includes the activations' quantisation).
     println!(
-        "{:<6} {:<12} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>9}",
+        "{:<6} {:<12} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>9}",
         "type",
         "k x n",
         "decode us",
+        "GB/s",
+        "pipe us",
         "GB/s",
         "direct us",
         "GB/s",
@@ -798,30 +818,32 @@ fn perf(be: &dyn Backend) -> Result<()> {
         format!("pp{batch} us"),
         "TFLOP/s"
     );
-    let chosen = mmvq_direct();
+    let chosen = mmvq_mode();
     let mut mmq_lines = Vec::new();
     for ty in WEIGHT_TYPES {
         for &(k, n) in shapes {
             let bytes = weight_bytes(ty, k, n, 1)?;
             let w = be.upload_weight("perf", ty, k, n, &bytes)?;
             let gbs = |t: f64| bytes.len() as f64 / t / 1e3;
-            let decode = |n_tok: usize, direct: bool| -> Result<String> {
-                if direct && !(gpu && ty.is_quantized()) {
+            let decode = |n_tok: usize, mode: MmvqMode| -> Result<String> {
+                if mode != MmvqMode::Staged && !(gpu && ty.is_quantized()) {
                     return Ok(format!("{:>10} {:>8}", "-", "-"));
                 }
-                set_mmvq_direct(direct);
+                set_mmvq_mode(mode);
                 let x = put(be, &pattern(n_tok * k, 0.0))?;
                 let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
                 let t = median_us(be, reps, || be.matmul(&[&w], &x, n_tok, &mut [&mut y]))?;
                 Ok(format!("{t:>10.1} {:>8.1}", gbs(t)))
             };
-            let (staged, direct, direct8) = (decode(1, false)?, decode(1, true)?, decode(8, true)?);
-            set_mmvq_direct(chosen);
+            use MmvqMode::{Direct, Pipe, Staged};
+            let (staged, pipe) = (decode(1, Staged)?, decode(1, Pipe)?);
+            let (direct, direct8) = (decode(1, Direct)?, decode(8, Direct)?);
+            set_mmvq_mode(chosen);
             let xb = put(be, &pattern(batch * k, 0.0))?;
             let mut yb = be.alloc(DType::F32, batch * n, Category::Workspace)?;
             let tb = median_us(be, reps, || be.matmul(&[&w], &xb, batch, &mut [&mut yb]))?;
             println!(
-                "{:<6} {:<12} {staged} {direct} {direct8} {:>12.1} {:>9.2}",
+                "{:<6} {:<12} {staged} {pipe} {direct} {direct8} {:>12.1} {:>9.2}",
                 ty.name(),
                 format!("{k}x{n}"),
                 tb,
@@ -844,6 +866,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
         }
     }
     if gpu {
+        pipe_blocks_perf(be, shapes, reps)?;
         shared_input_perf(be, reps)?;
     }
     // Non-weight operators at a decode-sized and a prefill-sized batch.
@@ -959,13 +982,46 @@ fn prefill_gemm_lines(
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
 /// a launch per weight against one launch for all (`mmvq_multi`); GB/s of weight bytes, each
 /// time with the activations' quantisation.
+/// The pipelined matrix-vector kernels at 1 to 16 thread blocks per multiprocessor
+/// (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes.
+fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) -> Result<()> {
+    let counts = [1usize, 2, 4, 5, 8, 16];
+    println!();
+    print!("{:<6} {:<12}", "type", "pipe GB/s");
+    for b in counts {
+        print!(" {:>9}", format!("{b}/SM"));
+    }
+    println!();
+    let (mode, blocks) = (mmvq_mode(), pipe_blocks());
+    set_mmvq_mode(MmvqMode::Pipe);
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for &(k, n) in shapes {
+            let bytes = weight_bytes(ty, k, n, 1)?;
+            let w = be.upload_weight("perf", ty, k, n, &bytes)?;
+            let x = put(be, &pattern(k, 0.0))?;
+            let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
+            print!("{:<6} {:<12}", ty.name(), format!("{k}x{n}"));
+            for b in counts {
+                set_pipe_blocks(b);
+                let t = median_us(be, reps, || be.matmul(&[&w], &x, 1, &mut [&mut y]))?;
+                print!(" {:>9.1}", bytes.len() as f64 / t / 1e3);
+            }
+            println!();
+        }
+    }
+    set_mmvq_mode(mode);
+    set_pipe_blocks(blocks);
+    Ok(())
+}
+
 fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     println!();
     println!(
-        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8}",
-        "type", "k x (n + ..)", "apart us", "GB/s", "one launch", "GB/s"
+        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
+        "type", "k x (n + ..)", "apart us", "GB/s", "one launch", "GB/s", "pipe, one", "GB/s"
     );
     let chosen = mmvq_multi();
+    let mode = mmvq_mode();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
         for rows in [&[4096usize, 1024, 1024][..], &[14336, 14336]] {
             let k = 4096;
@@ -981,15 +1037,17 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                 .iter()
                 .map(|&r| be.alloc(DType::F32, r, Category::Workspace))
                 .collect::<Result<Vec<_>>>()?;
-            let mut time = |multi: bool| -> Result<f64> {
+            let mut time = |multi: bool, m: MmvqMode| -> Result<f64> {
                 set_mmvq_multi(multi);
+                set_mmvq_mode(m);
                 let wr: Vec<&Weight> = ws.iter().collect();
                 median_us(be, reps, || {
                     let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
                     be.matmul(&wr, &x, 1, &mut yr)
                 })
             };
-            let (apart, one) = (time(false)?, time(true)?);
+            let (apart, one) = (time(false, MmvqMode::Staged)?, time(true, MmvqMode::Staged)?);
+            let pipe = time(true, MmvqMode::Pipe)?;
             let gbs = |t: f64| total as f64 / t / 1e3;
             let shape = rows
                 .iter()
@@ -997,15 +1055,17 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" + ");
             println!(
-                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1}",
+                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1} {pipe:>12.1} {:>8.1}",
                 ty.name(),
                 format!("{k} x ({shape})"),
                 gbs(apart),
-                gbs(one)
+                gbs(one),
+                gbs(pipe)
             );
         }
     }
     set_mmvq_multi(chosen);
+    set_mmvq_mode(mode);
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -235,16 +235,75 @@ pub fn set_fuse_q8(on: bool) {
     FUSE_Q8.store(on, Ordering::Relaxed);
 }
 
-/// Whether decode matmuls on quantised weights use the direct kernels (`mmvq_direct_<type>`: no
-/// shared-memory staging, every token of the batch per weight load) rather than the staged ones
-/// (`mmvq_<type>`, one grid row per token). Off unless `OATO_CUDA_MMVQ=direct` at start-up or
-/// `set_mmvq_direct`; both give the same values up to the order of f32 sums.
-static MMVQ_DIRECT: AtomicBool = AtomicBool::new(false);
+/// Which kernels run the decode matmuls (1 to `MMVQ_MAX_TOKENS` tokens) on quantised weights.
+/// Staged and pipelined give the same bits; direct the same values up to the order of f32 sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmvqMode {
+    /// `mmvq_<type>` (and `mmvq_multi_<type>`): a chunk staged in shared memory, then computed;
+    /// one grid row per token.
+    Staged,
+    /// `mmvq_direct_<type>`: no shared-memory staging, every token of the batch per weight load,
+    /// on activations split by `quantize_q8_1_split` (so without the fused Q8_1 blocks).
+    Direct,
+    /// `mmvq_pipe_<type>`: the staged kernels' work, with the next item's loads in flight while
+    /// the current one is computed, a few thread blocks per multiprocessor walking the row blocks.
+    Pipe,
+}
 
-/// Chooses the direct (true) or staged (false) decode matrix-vector kernels for every CUDA
-/// backend of the process (`selftest --perf` times both).
-pub fn set_mmvq_direct(on: bool) {
-    MMVQ_DIRECT.store(on, Ordering::Relaxed);
+impl MmvqMode {
+    /// `OATO_CUDA_MMVQ`'s spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            MmvqMode::Staged => "staged",
+            MmvqMode::Direct => "direct",
+            MmvqMode::Pipe => "pipe",
+        }
+    }
+
+    /// The mode `OATO_CUDA_MMVQ` names (`staged`, `direct`, `pipe`).
+    pub fn parse(v: &str) -> Result<Self> {
+        [MmvqMode::Staged, MmvqMode::Direct, MmvqMode::Pipe]
+            .into_iter()
+            .find(|m| m.name() == v)
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "OATO_CUDA_MMVQ={v:?}: expected staged, direct or pipe"
+                ))
+            })
+    }
+}
+
+/// The decode matrix-vector kernels chosen (`MmvqMode as u8`): staged unless `OATO_CUDA_MMVQ`
+/// says otherwise at start-up, or `set_mmvq_mode`.
+static MMVQ_MODE: AtomicU8 = AtomicU8::new(MmvqMode::Staged as u8);
+
+/// Chooses the decode matrix-vector kernels for every CUDA backend of the process
+/// (`selftest --perf` times each).
+pub fn set_mmvq_mode(m: MmvqMode) {
+    MMVQ_MODE.store(m as u8, Ordering::Relaxed);
+}
+
+/// The decode matrix-vector kernels chosen.
+pub fn mmvq_mode() -> MmvqMode {
+    match MMVQ_MODE.load(Ordering::Relaxed) {
+        1 => MmvqMode::Direct,
+        2 => MmvqMode::Pipe,
+        _ => MmvqMode::Staged,
+    }
+}
+
+/// Thread blocks per multiprocessor in a pipelined matrix-vector launch (at most one per row
+/// block): `OATO_CUDA_MMVQ_PIPE_BLOCKS` at start-up, else 5 (the kernels' `__launch_bounds__`).
+static PIPE_BLOCKS: AtomicUsize = AtomicUsize::new(5);
+
+/// Sets the thread blocks per multiprocessor of pipelined matrix-vector launches (at least 1).
+pub fn set_pipe_blocks(b: usize) {
+    PIPE_BLOCKS.store(b.max(1), Ordering::Relaxed);
+}
+
+/// Thread blocks per multiprocessor of pipelined matrix-vector launches.
+pub fn pipe_blocks() -> usize {
+    PIPE_BLOCKS.load(Ordering::Relaxed)
 }
 
 /// Whether prefill attention (more than `MMVQ_MAX_TOKENS` tokens) runs as the tiled kernel of
@@ -266,11 +325,6 @@ pub fn set_flash_prefill(on: bool) {
 /// Whether prefill attention runs as the tiled kernel.
 pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
-}
-
-/// Whether the direct decode matrix-vector kernels are chosen.
-pub fn mmvq_direct() -> bool {
-    MMVQ_DIRECT.load(Ordering::Relaxed)
 }
 
 /// Whether the decode matmuls of two or three quantised weights of one type that read one input
@@ -308,6 +362,26 @@ fn multi_kernel_of(ty: GgmlType) -> Option<&'static str> {
         T::Q6_K => "mmvq_multi_q6_K",
         T::IQ4_NL => "mmvq_multi_iq4_nl",
         T::IQ4_XS => "mmvq_multi_iq4_xs",
+        _ => return None,
+    })
+}
+
+/// The pipelined matrix-vector kernel of a quantised weight type.
+fn pipe_kernel_of(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => "mmvq_pipe_q4_0",
+        T::Q4_1 => "mmvq_pipe_q4_1",
+        T::Q5_0 => "mmvq_pipe_q5_0",
+        T::Q5_1 => "mmvq_pipe_q5_1",
+        T::Q8_0 => "mmvq_pipe_q8_0",
+        T::Q2_K => "mmvq_pipe_q2_K",
+        T::Q3_K => "mmvq_pipe_q3_K",
+        T::Q4_K => "mmvq_pipe_q4_K",
+        T::Q5_K => "mmvq_pipe_q5_K",
+        T::Q6_K => "mmvq_pipe_q6_K",
+        T::IQ4_NL => "mmvq_pipe_iq4_nl",
+        T::IQ4_XS => "mmvq_pipe_iq4_xs",
         _ => return None,
     })
 }
@@ -518,6 +592,18 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_direct_q6_K",
             "mmvq_direct_iq4_nl",
             "mmvq_direct_iq4_xs",
+            "mmvq_pipe_q4_0",
+            "mmvq_pipe_q4_1",
+            "mmvq_pipe_q5_0",
+            "mmvq_pipe_q5_1",
+            "mmvq_pipe_q8_0",
+            "mmvq_pipe_q2_K",
+            "mmvq_pipe_q3_K",
+            "mmvq_pipe_q4_K",
+            "mmvq_pipe_q5_K",
+            "mmvq_pipe_q6_K",
+            "mmvq_pipe_iq4_nl",
+            "mmvq_pipe_iq4_xs",
             "mmv_f32w",
             "mmv_f16w",
             "mmv_bf16w",
@@ -645,7 +731,17 @@ impl CudaBackend {
             .map_err(drv("multiprocessor count"))?
             .max(1) as usize;
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ") {
-            set_mmvq_direct(v == "direct");
+            set_mmvq_mode(MmvqMode::parse(&v)?);
+        }
+        if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_PIPE_BLOCKS") {
+            let b = v.parse::<usize>().ok().filter(|b| (1..=64).contains(b));
+            let b = b.ok_or_else(|| {
+                Error::Msg(format!(
+                    "OATO_CUDA_MMVQ_PIPE_BLOCKS={v:?}: expected thread blocks per \
+                     multiprocessor, 1 to 64"
+                ))
+            })?;
+            set_pipe_blocks(b);
         }
         mmq_mode_from_env()?;
         let name = ctx.name().map_err(drv("device name"))?;
@@ -960,13 +1056,19 @@ impl CudaBackend {
         self.launcher.batch(n_tok, MMVQ_MAX_TOKENS)
     }
 
+    /// Thread blocks of a pipelined matrix-vector launch over `row_blocks` row blocks: a few
+    /// per multiprocessor, each walking several row blocks.
+    fn pipe_grid(&self, row_blocks: usize) -> usize {
+        (pipe_blocks() * self.sm_count).clamp(1, row_blocks.max(1))
+    }
+
     /// Whether an RMSNorm or SwiGLU over `n_tok` rows of `width` writes the Q8_1 blocks too: a
     /// batch the staged matrix-vector kernels take, whole blocks per row.
     fn fuse_q8(&self, n_tok: usize, width: usize) -> bool {
         FUSE_Q8.load(Ordering::Relaxed)
             && n_tok <= MMVQ_MAX_TOKENS
             && width.is_multiple_of(32)
-            && !mmvq_direct()
+            && mmvq_mode() != MmvqMode::Direct
     }
 
     /// Before an operator that writes activations: the quantised copy in the scratch may no
@@ -1368,7 +1470,9 @@ impl Backend for CudaBackend {
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
             let quantized = ws.iter().any(|w| w.ty.is_quantized());
-            let direct = quantized && mmvq_direct();
+            let mode = mmvq_mode();
+            let direct = quantized && mode == MmvqMode::Direct;
+            let pipe = mode == MmvqMode::Pipe;
             let (q8, ads) = if direct {
                 s.q8_holds = None;
                 self.quantize_split(&mut s.q8, xp, n_tok, k)?
@@ -1407,6 +1511,11 @@ impl Backend for CudaBackend {
                     && ws[..last].iter().all(|w| w.n.is_multiple_of(4))
             });
             if let Some(kernel) = multi {
+                let kernel = if pipe {
+                    pipe_kernel_of(ws[0].ty).unwrap_or(kernel)
+                } else {
+                    kernel
+                };
                 // The last weight in the kernel's third place (its rows need not fill whole
                 // blocks); with two weights the second place is empty (0 rows).
                 let (mut wp, mut yp, mut n) = ([0u64; 3], [0u64; 3], [0i32; 3]);
@@ -1416,6 +1525,7 @@ impl Backend for CudaBackend {
                 }
                 let blocks: usize =
                     ws[..last].iter().map(|w| w.n / 4).sum::<usize>() + ws[last].n.div_ceil(4);
+                let blocks = if pipe { self.pipe_grid(blocks) } else { blocks };
                 launch!(self, kernel, (blocks as u32, n_tok as u32, 1), (32, 4, 1);
                     w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], ap: u64 = q8,
                     y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2], k_: i32 = k as i32,
@@ -1426,7 +1536,14 @@ impl Backend for CudaBackend {
                 let unsupported = || Error::UnsupportedType(format!("{} on the GPU", w.ty));
                 let (wp, kk, nn, nt) = (self.wptr(w)?, k as i32, w.n as i32, n_tok as i32);
                 let rows = w.n.div_ceil(4) as u32;
-                if direct && w.ty.is_quantized() {
+                if let Some(kernel) = pipe_kernel_of(w.ty).filter(|_| pipe) {
+                    // One weight: the kernel's third place, the other two empty.
+                    let grid = self.pipe_grid(w.n.div_ceil(4)) as u32;
+                    launch!(self, kernel, (grid, n_tok as u32, 1), (32, 4, 1);
+                        w0: u64 = wp, w1: u64 = wp, w2: u64 = wp, ap: u64 = q8, y0: u64 = yp,
+                        y1: u64 = yp, y2: u64 = yp, k_: i32 = kk, n0: i32 = 0, n1: i32 = 0,
+                        n2: i32 = nn, t_: i32 = nt);
+                } else if direct && w.ty.is_quantized() {
                     let kernel = direct_kernel_of(w.ty).ok_or_else(unsupported)?;
                     launch!(self, kernel, (rows, 1, 1), (32, 4, 1);
                         wq: u64 = wp, ap: u64 = q8, dp: u64 = ads, yq: u64 = yp, k_: i32 = kk,

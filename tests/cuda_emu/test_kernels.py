@@ -259,15 +259,13 @@ def check_mmvq(g, t):
                     dims=("t", "row"), metric="err/mag")
 
 
-def check_mmvq_multi(g, t):
-    # Two or three weights that read one activation in one launch: each output exactly as its
-    # own mmvq_<type> launch writes it. Three weights (8, 4 and 10 rows: the last ends in a
-    # partial thread block), then two (12 and 6 rows: the second place empty), 1 and 3 tokens.
-    qk = refs.QTYPES[t][1]
-    nblk = 20 if qk == 32 else 5
-    k = qk * nblk
-    for rows, n_tok in (((8, 4, 10), 3), ((12, 6), 1)):
-        rng = rng_for(f"mmvq_multi {t} {len(rows)}")
+def multi_weights(g, t, kernel, k, nblk, grid, cases, tag):
+    # Two or three weights that read one activation, run by `kernel` (mmvq_multi_<type> or
+    # mmvq_pipe_<type>) in one launch: each output exactly as its own mmvq_<type> launch writes
+    # it. cases: (rows per weight, n_tok); two weights take the first and third places (the
+    # second empty). grid(nn): the launch's thread blocks for the places' rows nn.
+    for rows, n_tok in cases:
+        rng = rng_for(f"{tag} {t} {len(rows)}")
         ws = [refs.random_blocks(rng, t, n * nblk) for n in rows]
         act = Buf.of(refs.quantize_q8_1(rng.standard_normal(n_tok * k).astype(np.float32)))
         want = []
@@ -285,12 +283,54 @@ def check_mmvq_multi(g, t):
             wb[places[j]] = Buf.of(w)
             yb[places[j]] = Buf.out(np.float32, n_tok * n)
             nn[places[j]] = n
-        grid = nn[0] // 4 + nn[1] // 4 + cdiv(nn[2], 4)
-        E.launch(f"mmvq_multi_{t}", (grid, n_tok), (32, 4), *wb, act, *yb, i32(k), i32(nn[0]),
+        E.launch(kernel, (grid(nn), n_tok), (32, 4), *wb, act, *yb, i32(k), i32(nn[0]),
                  i32(nn[1]), i32(nn[2]), i32(n_tok))
         for j, n in enumerate(rows):
             g.exact(f"{len(rows)} weights, rows {rows}, n_tok={n_tok}: weight {j} = mmvq_{t}'s",
                     yb[places[j]].get(np.float32), want[j])
+
+
+def check_mmvq_multi(g, t):
+    # Three weights (8, 4 and 10 rows: the last ends in a partial thread block), then two (12
+    # and 6 rows), 1 and 3 tokens; a thread block per row block.
+    qk = refs.QTYPES[t][1]
+    nblk = 20 if qk == 32 else 5
+    multi_weights(g, t, f"mmvq_multi_{t}", qk * nblk, nblk,
+                  lambda nn: nn[0] // 4 + nn[1] // 4 + cdiv(nn[2], 4),
+                  (((8, 4, 10), 3), ((12, 6), 1)), "mmvq_multi")
+
+
+def check_mmvq_pipe(g, t):
+    # The pipelined kernel: every output exactly as mmvq_<type> writes it. One weight (10 rows:
+    # a partial row block; its place is the third, n0 = n1 = 0), k under one item and past one
+    # (4096 elements: a second, partial item), w at offsets that take the 16-, 4- and 2-byte
+    # paths and staging heads and tails; grids of 1 and 2 thread blocks (each walks several row
+    # blocks, item after item, through both shared buffers) and of 5 (more than the 3 row
+    # blocks). Then three weights (8, 4 and 10 rows) and two (12 and 6), grid 2, as
+    # check_mmvq_multi's.
+    qk = refs.QTYPES[t][1]
+    small = qk == 32
+    for nblk, n_tok, w_offs in ((20 if small else 5, 3, (0, 2, 4)),
+                                (150 if small else 19, 2, (0, 6, 14))):
+        k = qk * nblk
+        rows = 10
+        rng = rng_for(f"mmvq_pipe {t} {k}")
+        blocks = refs.random_blocks(rng, t, rows * nblk)
+        act = Buf.of(refs.quantize_q8_1(rng.standard_normal(n_tok * k).astype(np.float32)))
+        for w_off in w_offs:
+            w = Buf.of(blocks, w_off)
+            want = Buf.out(np.float32, n_tok * rows)
+            E.launch(f"mmvq_{t}", (cdiv(rows, 4), n_tok), (32, 4), w, act, want, i32(k),
+                     i32(rows), i32(n_tok))
+            for grid in (1, 2, 5):
+                y = Buf.out(np.float32, n_tok * rows)
+                E.launch(f"mmvq_pipe_{t}", (grid, n_tok), (32, 4), w, w, w, act, y, y, y, i32(k),
+                         i32(0), i32(0), i32(rows), i32(n_tok))
+                g.exact(f"k={k} rows={rows} n_tok={n_tok} w+{w_off} grid {grid} = mmvq_{t}'s",
+                        y.get(np.float32), want.get(np.float32))
+    nblk = 150 if small else 19
+    multi_weights(g, t, f"mmvq_pipe_{t}", qk * nblk, nblk, lambda nn: 2,
+                  (((8, 4, 10), 2), ((12, 6), 1)), "mmvq_pipe multi")
 
 
 # mmvq.cu, direct variant: the same data, metric and tolerance as check_mmvq, all tokens in one
@@ -865,6 +905,8 @@ def main():
         r.run(f"mmvq_{t}", check_mmvq, t)
     for t in refs.QTYPES:
         r.run(f"mmvq_multi_{t}", check_mmvq_multi, t)
+    for t in refs.QTYPES:
+        r.run(f"mmvq_pipe_{t}", check_mmvq_pipe, t)
     r.run("quantize_q8_1_split", check_quantize_split)
     for t in refs.QTYPES:
         r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)

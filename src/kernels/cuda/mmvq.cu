@@ -545,6 +545,277 @@ MMVQ_MULTI_KERNEL(mmvq_multi_iq4_nl, mmvq_iq4_nl_t)
 MMVQ_MULTI_KERNEL(mmvq_multi_iq4_xs, mmvq_iq4_xs_t)
 
 // ---------------------------------------------------------------------------------------------
+// Pipelined variant (mmvq_pipe_<type>): the staged kernel's work and sums, bit for bit, with the
+// global loads of the next piece of work in flight while the current one is computed.
+//
+// The staged kernel above copies a chunk into shared memory, waits for it (__syncthreads), then
+// computes it, so a thread block's loads and its arithmetic never overlap, and a small matrix
+// (4096 x 4096 Q4_0: 1024 thread blocks, two 1.1 KB chunks per warp) spends two memory round
+// trips in a row per block. Here
+//   - an "item" is one row block's (4 rows') next T::chunk * PIPE_CPI elements (4096 for every
+//     format: two chunks of the 32-element formats, one of the K-quants), for one token;
+//   - each thread block walks the row blocks blockIdx.x, blockIdx.x + gridDim.x, ... (a grid of
+//     a few blocks per multiprocessor, set by the host), item after item; the row blocks are
+//     those of up to three weights that share the input (mmvq_multi's numbering: w0's, w1's,
+//     w2's; a single weight is w2 with n0 = n1 = 0);
+//   - a thread first loads its share of item i + 1 into registers (each warp its row's weight
+//     bytes as stage_bytes reads them: 16-byte loads for the aligned middle, 2-byte loads for
+//     the head and tail; the block the item's Q8_1 activation words), then computes item i from
+//     shared memory, then stores the registers into the other of two shared buffers; one
+//     __syncthreads per item (a buffer is rewritten two items later, after every warp has
+//     passed the barrier that follows its last use).
+// Each row's chunks are summed exactly as mmvq_impl sums them (per chunk the lanes' units in
+// order from 0.0f, added to the row's sum chunk by chunk; then warp_sum), so y is the staged
+// kernel's, bit for bit.
+
+template <class T>
+struct pipe_t {
+    enum : int {
+        cpi = T::qk == QK ? 2 : 1,                 // chunks per item
+        item = T::chunk * cpi,                     // elements per item
+        wbytes = T::bytes * (item / T::qk),        // a row's weight bytes per item
+        wbuf = (wbytes + 31) / 16 * 16,            // with room for the offset src % 16
+        u = (wbytes / 16 + 31) / 32,               // 16-byte loads per lane (the middle)
+        aw = (9 * (item / QK) + 32 * MMVQ_ROWS - 1) / (32 * MMVQ_ROWS), // activation words
+                                                                       // per thread
+    };
+};
+
+// One thread's share of an item, in registers between its loads and its store to shared memory.
+template <class T>
+struct pipe_regs {
+    uint4 w[pipe_t<T>::u]; // the middle of the warp's row bytes: 16-byte word lane + 32 j
+    u32 a[pipe_t<T>::aw];  // activation words tid + 128 j of the item's Q8_1 blocks
+    u32 ht;                // one 2-byte piece of the row's head (lanes 0..7) or tail (8..15)
+    int ht_at;             // its offset in the warp's buffer, or -1
+    int mid_at;            // offset of the middle's first 16-byte word in the buffer
+    int n16;               // 16-byte words in the middle
+    int off;               // the row's first byte's offset in the buffer (src % 16)
+    int nbc;               // weight blocks in the item
+    int ne;                // elements in the item
+    int al;                // alignment of the weight's blocks (16, 4 or 2)
+    bool active;           // the warp's row exists
+};
+
+// Where row block rb of the (up to) three weights lies: weight pointer, output, rows, and the
+// row block's index within its weight.
+struct pipe_row {
+    const u8* w;
+    float* y;
+    int n, rb;
+};
+
+__device__ __forceinline__ pipe_row pipe_locate(const void* w0, const void* w1, const void* w2,
+                                                float* y0, float* y1, float* y2, int n0, int n1,
+                                                int n2, int rb) {
+    const int b0 = n0 / MMVQ_ROWS, b1 = n1 / MMVQ_ROWS;
+    if (rb < b0) return {(const u8*)w0, y0, n0, rb};
+    if (rb < b0 + b1) return {(const u8*)w1, y1, n1, rb - b0};
+    return {(const u8*)w2, y2, n2, rb - b0 - b1};
+}
+
+// Issues the loads of item c (element c * item) of row block `r` for token t into `p`.
+template <class T>
+__device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const pipe_row& r, const u32* xw,
+                                          int k_used, int c, int lane, int warp, int tid) {
+    typedef pipe_t<T> P;
+    const int c0 = c * P::item;
+    p.ne = min((int)P::item, k_used - c0);
+    p.nbc = p.ne / T::qk;
+    const int row = r.rb * MMVQ_ROWS + warp;
+    p.active = row < r.n;
+    constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
+    p.al = ((u64)r.w & 15) == 0 ? A16 : ((u64)r.w & 3) == 0 ? A4 : 2;
+    p.ht_at = -1;
+    p.n16 = 0;
+    p.off = 0;
+    p.mid_at = 0;
+    if (p.active) {
+        const int nb = k_used / T::qk;
+        const u8* src = r.w + ((i64)row * nb + c0 / T::qk) * T::bytes;
+        const u64 s = (u64)src, e = s + (u64)(p.nbc * T::bytes);
+        const u64 base = s & ~(u64)15;
+        const u64 up = (s + 15) & ~(u64)15, down = e & ~(u64)15;
+        const u64 head_end = up < e ? up : e;
+        const u64 tail_beg = down > head_end ? down : head_end;
+        if (lane < 8) {
+            const u64 g = s + 2 * lane;
+            if (g < head_end) {
+                p.ht = *(const u16*)g;
+                p.ht_at = (int)(g - base);
+            }
+        } else if (lane < 16) {
+            const u64 g = tail_beg + 2 * (lane - 8);
+            if (g < e) {
+                p.ht = *(const u16*)g;
+                p.ht_at = (int)(g - base);
+            }
+        }
+        p.n16 = (int)((tail_beg - head_end) >> 4);
+        p.mid_at = (int)(head_end - base);
+        p.off = (int)(s - base);
+        const uint4* s16 = (const uint4*)head_end;
+#pragma unroll
+        for (int j = 0; j < P::u; ++j) {
+            const int i = lane + 32 * j;
+            if (i < p.n16) p.w[j] = s16[i];
+        }
+    }
+    const u32* xs = xw + (c0 / QK) * 9;
+    const int nw = 9 * (p.ne / QK);
+#pragma unroll
+    for (int j = 0; j < P::aw; ++j) {
+        const int i = tid + 32 * MMVQ_ROWS * j;
+        if (i < nw) p.a[j] = xs[i];
+    }
+}
+
+// Stores `p` into buffer set `buf`: the warp's weight bytes at sw (offset p.off for the row's
+// first byte) and the activations, split into quants and (d, s), as mmvq_impl stages them.
+template <class T>
+__device__ __forceinline__ void pipe_store(const pipe_regs<T>& p, u8* sw, i8* saq, float2* sads,
+                                           int lane, int tid) {
+    typedef pipe_t<T> P;
+    if (p.active) {
+        if (p.ht_at >= 0) *(u16*)(sw + p.ht_at) = (u16)p.ht;
+        uint4* d16 = (uint4*)(sw + p.mid_at);
+#pragma unroll
+        for (int j = 0; j < P::u; ++j) {
+            const int i = lane + 32 * j;
+            if (i < p.n16) d16[i] = p.w[j];
+        }
+    }
+    const int nw = 9 * (p.ne / QK);
+#pragma unroll
+    for (int j = 0; j < P::aw; ++j) {
+        const int i = tid + 32 * MMVQ_ROWS * j;
+        if (i < nw) {
+            const u32 v = p.a[j];
+            const int blk = i / 9, jj = i - 9 * blk;
+            if (jj == 0) {
+                sads[blk] = make_float2(__half2float(__ushort_as_half((u16)(v & 0xFFFFu))),
+                                        __half2float(__ushort_as_half((u16)(v >> 16))));
+            } else {
+                ((u32*)saq)[8 * blk + jj - 1] = v;
+            }
+        }
+    }
+}
+
+// The item's chunks from shared memory, added to the row's sum as mmvq_impl adds them.
+template <class T, int AL>
+__device__ __forceinline__ float pipe_item(const u8* wb, const i8* saq, const float2* sads,
+                                           int nbc, int lane, float acc) {
+    constexpr int cb = T::chunk / T::qk; // blocks per chunk
+#pragma unroll
+    for (int cc = 0; cc < pipe_t<T>::cpi; ++cc) {
+        const int nb = min(cb, nbc - cc * cb);
+        if (nb > 0) {
+            acc += mmvq_chunk<T, AL>(wb + cc * cb * T::bytes, saq + cc * T::chunk,
+                                     sads + cc * (T::chunk / QK), nb, lane);
+        }
+    }
+    return acc;
+}
+
+template <class T>
+__device__ __forceinline__ void mmvq_pipe_impl(const void* w0, const void* w1, const void* w2,
+                                               const block_q8_1* x, float* y0, float* y1,
+                                               float* y2, int k, int n0, int n1, int n2,
+                                               int n_tok) {
+    typedef pipe_t<T> P;
+    __shared__ __align__(16) i8 s_aq[2][P::item];
+    __shared__ __align__(16) float2 s_ads[2][P::item / QK];
+    __shared__ __align__(16) u8 s_w[2][MMVQ_ROWS][P::wbuf];
+
+    const int t = blockIdx.y;
+    if (t >= n_tok || blockDim.x != 32 || blockDim.y != MMVQ_ROWS) return; // whole block
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int tid = warp * 32 + lane;
+    const int k_used = k / T::qk * T::qk;
+    const int items = (k_used + P::item - 1) / P::item; // per row block
+    const int n_rb = n0 / MMVQ_ROWS + n1 / MMVQ_ROWS + (n2 + MMVQ_ROWS - 1) / MMVQ_ROWS;
+    const int mine = blockIdx.x < n_rb ? (n_rb - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int count = mine * items;
+    if (count == 0) return; // whole block
+    const u32* xw = (const u32*)(x + (i64)t * (k / QK));
+
+    pipe_regs<T> p;
+    pipe_row r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, blockIdx.x);
+    pipe_load<T>(p, r, xw, k_used, 0, lane, warp, tid);
+    pipe_store<T>(p, s_w[0][warp], s_aq[0], s_ads[0], lane, tid);
+    float acc = 0.0f;
+    for (int it = 0; it < count; ++it) {
+        const int buf = it & 1;
+        const int c = it % items;
+        const pipe_row cur = r;
+        const int off = p.off, nbc = p.nbc, al = p.al;
+        const bool active = p.active;
+        __syncthreads();
+        // The next item's loads, in flight during this item's arithmetic.
+        if (it + 1 < count) {
+            if (c + 1 == items) {
+                r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2,
+                                blockIdx.x + (it + 1) / items * gridDim.x);
+            }
+            pipe_load<T>(p, r, xw, k_used, (it + 1) % items, lane, warp, tid);
+        }
+        if (active) {
+            const u8* wb = s_w[buf][warp] + off;
+            if (al == 16) {
+                acc = pipe_item<T, (T::al_max >= 16 ? 16 : T::al_max >= 4 ? 4 : 2)>(
+                    wb, s_aq[buf], s_ads[buf], nbc, lane, acc);
+            } else if (al == 4) {
+                acc = pipe_item<T, (T::al_max >= 4 ? 4 : 2)>(wb, s_aq[buf], s_ads[buf], nbc,
+                                                             lane, acc);
+            } else {
+                acc = pipe_item<T, 2>(wb, s_aq[buf], s_ads[buf], nbc, lane, acc);
+            }
+            if (c + 1 == items) {
+                acc = warp_sum(acc);
+                if (lane == 0) cur.y[(i64)t * cur.n + cur.rb * MMVQ_ROWS + warp] = acc;
+                acc = 0.0f;
+            }
+        }
+        if (it + 1 < count) {
+            pipe_store<T>(p, s_w[buf ^ 1][warp], s_aq[buf ^ 1], s_ads[buf ^ 1], lane, tid);
+        }
+    }
+}
+
+// Thread blocks a multiprocessor should hold at once: ptxas keeps the kernels to 96 registers
+// (sm_90: 92-96, Q8_0 and Q6_K spilling 12 and 20 bytes; without the bound 120-128 registers, 4
+// blocks). The host's default grid is this many blocks per multiprocessor.
+#define MMVQ_PIPE_MIN_BLOCKS 5
+
+// launch (every mmvq_pipe_* kernel): grid (g, n_tok, 1) for any g >= 1 (the host takes a few
+// thread blocks per multiprocessor, at most the row blocks), block (32, 4, 1) exactly; w0, w1,
+// w2, y0, y1, y2, n0, n1, n2 as mmvq_multi_<type>'s (n0 and n1 multiples of MMVQ_ROWS; one weight:
+// n0 = n1 = 0, the weight in w2, y2, n2); x and k as mmvq_<type>'s. Static shared memory: two
+// items' activations (10 KB) and weight bytes (4 x 2.3 KB for Q4_0 up to 4 x 4.4 KB for Q8_0).
+#define MMVQ_PIPE_KERNEL(name, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(128, MMVQ_PIPE_MIN_BLOCKS)                                           \
+        name(const void* __restrict__ w0, const void* __restrict__ w1,                          \
+             const void* __restrict__ w2, const block_q8_1* __restrict__ x,                     \
+             float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2, int k,     \
+             int n0, int n1, int n2, int n_tok) {                                               \
+        mmvq_pipe_impl<T>(w0, w1, w2, x, y0, y1, y2, k, n0, n1, n2, n_tok);                     \
+    }
+
+MMVQ_PIPE_KERNEL(mmvq_pipe_q4_0, mmvq_q4_0_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q4_1, mmvq_q4_1_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q5_0, mmvq_q5_0_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q5_1, mmvq_q5_1_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q8_0, mmvq_q8_0_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q2_K, mmvq_q2_K_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q3_K, mmvq_q3_K_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q4_K, mmvq_q4_K_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q5_K, mmvq_q5_K_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_q6_K, mmvq_q6_K_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_iq4_nl, mmvq_iq4_nl_t)
+MMVQ_PIPE_KERNEL(mmvq_pipe_iq4_xs, mmvq_iq4_xs_t)
+
+// ---------------------------------------------------------------------------------------------
 // Direct variant (mmvq_direct_<type>): no shared memory, no barriers, every token per weight load.
 //
 // Activations come split by quantize_q8_1_split: the int8 quants of token t at aq + t * k
