@@ -121,6 +121,9 @@ prep() {
         echo "call $k: $c" >&2
     done
     echo "(each at once after the one before; then give_back; results: lease.tgz after each call)" >&2
+    echo "(a lease is 15 device minutes in all: when a call's limit_s would be under its DEADLINE," >&2
+    echo " prefix the command with DEADLINE=<the call's budget_left_s - 60>, or the device tool" >&2
+    echo " kills the call and nothing comes back)" >&2
 }
 
 t0=$SECONDS
