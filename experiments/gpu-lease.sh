@@ -25,7 +25,7 @@
 #   the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged and direct), the
 #   75% step traces of oato's and oato-paper's plans (diag75), an all-GPU decode's steps by the
 #   GPU's clock (gputrace), Nsight Compute's per-kernel figures
-#   of a decode step, oato's and llama.cpp's matrix-vector kernels (ncu);
+#   of a decode step, the pipelined matrix-vector kernels and llama.cpp's (ncu);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
 #   llama.cpp (issue 13).
@@ -215,15 +215,20 @@ s_diag75() {
 # around each step; the held-launch fusions are split by it), 8B file, 64 tokens.
 s_gputrace() {
     header
-    OATO_TRACE_STEPS=gpu "$OATO" run "$MODEL8" --device gpu -p hello -n 64 --temp 0 --ignore-eos \
-        -t "$THREADS" 2>&1 | grep -E 'TTFT|TPOT|trace|n=1 '
+    local mode
+    for mode in staged pipe; do
+        echo "== OATO_CUDA_MMVQ=$mode"
+        OATO_CUDA_MMVQ=$mode OATO_TRACE_STEPS=gpu "$OATO" run "$MODEL8" --device gpu -p hello -n 64 \
+            --temp 0 --ignore-eos -t "$THREADS" 2>&1 | grep -E 'TTFT|TPOT|trace|n=1 '
+    done
 }
 # Issue 12: per-kernel figures of an all-GPU decode step (graphs off), oato's and llama.cpp's, by
 # Nsight Compute: duration, DRAM throughput (% of peak), achieved occupancy, registers and shared
 # memory per thread block, warp stall cycles (the raw CSV has the stall reasons), so the
 # matrix-vector kernels' 26% of HBM has a cause. Few launches each
 # (ncu prints its table only at the end): oato's first decode step after prefill, 45 launches (three
-# layers); llama.cpp's matrix-vector kernels, 24 launches.
+# layers); its pipelined matrix-vector kernels (OATO_CUDA_MMVQ=pipe), 16 launches (four layers);
+# llama.cpp's matrix-vector kernels, 24 launches.
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
 s_ncu() {
     header
@@ -235,6 +240,12 @@ s_ncu() {
     OATO_CUDA_GRAPHS=0 timeout 150 "$ncu" --launch-skip 700 --launch-count 45 $NCU_SECTIONS --csv \
         "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
         > "$RES/ncu-oato.csv" 2> "$RES/ncu-oato.err" || echo "ncu on oato: exit $?"
+    echo "== oato (OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPHS=0): the pipelined matrix-vector kernels, 16 launches"
+    # shellcheck disable=SC2086
+    OATO_CUDA_MMVQ=pipe OATO_CUDA_GRAPHS=0 timeout 100 "$ncu" --kernel-name regex:mmvq_pipe \
+        --launch-skip 140 --launch-count 16 $NCU_SECTIONS --csv \
+        "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
+        > "$RES/ncu-oato-pipe.csv" 2> "$RES/ncu-oato-pipe.err" || echo "ncu on oato (pipe): exit $?"
     if peer_ready; then
         peer_env
         echo "== llama.cpp (GGML_CUDA_DISABLE_GRAPHS=1): its matrix-vector kernels, 24 launches"
@@ -245,7 +256,7 @@ s_ncu() {
             > "$RES/ncu-llamacpp.csv" 2> "$RES/ncu-llamacpp.err" || echo "ncu on llama.cpp: exit $?"
     fi
     # The table's essentials: kernel, grid, block, duration, DRAM throughput, occupancy.
-    python3 - "$RES"/ncu-oato.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
+    python3 - "$RES"/ncu-oato.csv "$RES"/ncu-oato-pipe.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
 import csv, sys, collections
 want = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Registers Per Thread",
         "Static Shared Memory Per Block", "Memory Throughput", "Warp Cycles Per Issued Instruction")
@@ -325,8 +336,8 @@ stages_8b() {
     fi
     stage perf 50 s_perf
     [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
-    [ -f "$MODEL8" ] && stage gputrace 40 s_gputrace
-    stage ncu 200 s_ncu
+    [ -f "$MODEL8" ] && stage gputrace 60 s_gputrace
+    stage ncu 260 s_ncu
 }
 stages_golden() {
     stage golden_gpu 60 s_golden_gpu

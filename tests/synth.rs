@@ -204,6 +204,7 @@ fn tiny_synth_inspects_and_runs_alike_on_the_cpu_and_a_placed_test_device() {
 
 /// A Q4_0 model gives the same perplexity, to the last digit, with its weights interleaved for
 /// the AVX-512 or AVX2 kernels (the default there), in the file's layout (`OATO_CPU_REPACK=0`),
+/// its head alone in the file's layout or interleaved (`OATO_CPU_HEAD_ROWS=1` / `0`),
 /// mapped and read in, under AVX2 and the scalar kernels; and the same greedy ids on the CPU and a placed test device (which keeps the
 /// file's layout).
 #[test]
@@ -247,6 +248,9 @@ fn interleaved_or_not(ty: &str) {
     assert!(base["ppl"].as_f64().is_some_and(|p| p > 1.0), "{base}");
     for (extra, env) in [
         (&[][..], &[("OATO_CPU_REPACK", "0")][..]),
+        // The output head in the file's layout, or interleaved, whatever the CPU's default.
+        (&[][..], &[("OATO_CPU_HEAD_ROWS", "1")][..]),
+        (&[][..], &[("OATO_CPU_HEAD_ROWS", "0")][..]),
         (&["--mmap"][..], &[][..]),
         (&["--no-mmap"][..], &[][..]),
         (&["--mmap"][..], &[("OATO_CPU_ISA", "avx2")][..]),

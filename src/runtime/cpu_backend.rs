@@ -283,13 +283,18 @@ impl Backend for CpuBackend {
     }
 
     /// Q4_0 and Q4_K weights that `repack` handles are kept interleaved by sixteen rows, in a
-    /// copy; the others are copied as they are where the file asks for it
+    /// copy (the output head not where `repack::head_keeps_rows` says its one-token kernel reads
+    /// the file's layout faster); the others are copied as they are where the file asks for it
     /// (`GgufFile::host_copies`), else stay a view of the map. Copies sit in the backend's
     /// arena, in huge pages where the kernel gives them: a weight read then crosses a page (and
     /// a TLB entry) every 2 MiB, not 4 KiB.
     fn load_matmul_weight(&self, file: &Arc<GgufFile>, w: &WeightRef) -> Result<Weight> {
         let threads = pool::global().n_threads();
-        let interleave = repack::repacks(w.ty, w.k, w.n) && self.copy_fits(w.n_bytes);
+        // The head: `output.weight`, or the tied embeddings, which reach here only as the head.
+        let head = matches!(w.name.as_str(), "output.weight" | "token_embd.weight");
+        let interleave = repack::repacks(w.ty, w.k, w.n)
+            && !(head && repack::head_keeps_rows(w.ty))
+            && self.copy_fits(w.n_bytes);
         let (piece, layout) = if interleave {
             let p = repack::pack(w.ty, w.bytes(file)?, w.k, w.n, threads, &self.arena)?;
             (p, Layout::Interleaved)

@@ -120,6 +120,27 @@ pub fn repacks(ty: GgmlType, k: usize, n: usize) -> bool {
         && !skipped(ty)
 }
 
+/// Whether the output head, a weight of type `ty` that [`repacks`], stays in the file's layout
+/// all the same: generation multiplies it by one token a step (prefill needs only the last
+/// token's logits), so only the one-token kernels matter for it, and where the file layout's
+/// read faster the interleaved layout buys nothing (only a perplexity run, which takes every
+/// token's logits, loses its panels). `OATO_CPU_HEAD_ROWS=1` / `0` forces it either way;
+/// otherwise Q6_K under the AVX-512 kernels on Zen 5 and later: 2 EPYC threads, the 1B head
+/// (2048 x 128256) read at 47.3 GB/s in rows against 42.4 interleaved; whole 1B Q4_K_M file
+/// (its tied head Q6_K, 28% of the bytes), tg32 +6.6-7.7% at 2 threads, +1.5-2% at 1, pp64 the
+/// same (`results/cpu-zen5-prefetch.md`). Same bits either way.
+pub fn head_keeps_rows(ty: GgmlType) -> bool {
+    match std::env::var("OATO_CPU_HEAD_ROWS").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => {
+            ty == GgmlType::Q6_K
+                && super::isa() == super::Isa::Avx512
+                && super::matmul::zen5_or_later()
+        }
+    }
+}
+
 /// `OATO_CPU_REPACK_SKIP=Q6_K,Q3_K` (type names, comma-separated) keeps those types in the file's
 /// layout, for timing one layout against the other per type (the same bits either way).
 fn skipped(ty: GgmlType) -> bool {
