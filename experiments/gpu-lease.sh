@@ -15,17 +15,19 @@
 #
 # Every call stashes what it carried under /tmp/lease (kept while the machine stays warm), then
 # runs the stages not yet done, in this order, for as long as its clock allows:
-#   on the 8B synth file (LLaMA3-8B shape Q4_0, P=64, G=32, all cores): selftest --device gpu
-#   (every operator and type against the references: the GPU code written since the last GPU
-#   session has never run on a GPU), synth, profile (link: weight uploads, activation copies both
-#   ways against a pinned copy, crossing), the placement sweep (oato, oato-paper, layer-split at
-#   25/50/75%, predicted beside measured), llama.cpp -ngl at the same shares (op offload on), all
+#   on the 8B synth file (LLaMA3-8B shape Q4_0, P=64, G=32, all cores), in this order:
+#   selftest --device gpu (every operator and type against the references: the GPU code written
+#   since the last GPU session has never run on a GPU), synth, profile (link: weight uploads,
+#   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), the
+#   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
-#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths,
-#   the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged and direct), the
-#   75% step traces of oato's and oato-paper's plans (diag75), an all-GPU decode's steps by the
-#   GPU's clock (gputrace), Nsight Compute's per-kernel figures
-#   of a decode step, the pipelined matrix-vector kernels and llama.cpp's (ncu);
+#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0),
+#   selftest --perf (kernel bandwidths, the pipelined kernels at 1-16 thread blocks a
+#   multiprocessor, copies staged and direct), an all-GPU decode's steps by the GPU's clock,
+#   staged and pipelined kernels (gputrace), Nsight Compute's per-kernel figures of a decode
+#   step, the pipelined matrix-vector kernels and llama.cpp's (ncu), llama.cpp -ngl at the
+#   sweep's shares (op offload on; measured on 2026-11-28, so late), the 75% step traces of
+#   oato's and oato-paper's plans (diag75);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
 #   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
 #   llama.cpp (issue 13).
@@ -330,14 +332,15 @@ stages_8b() {
     [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
     stage profile 30 s_profile
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
-    if peer_ready; then
-        stage peer_hybrid 40 s_peer_hybrid
-        stage kernels 150 s_kernels
-    fi
+    peer_ready && stage kernels 150 s_kernels
     stage perf 50 s_perf
-    [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
     [ -f "$MODEL8" ] && stage gputrace 60 s_gputrace
     stage ncu 260 s_ncu
+    # Measured on the H200 of 2026-11-28 (results/gpu-2026-11-28-h200): last, for a lease of
+    # 15 device minutes.
+    peer_ready && stage peer_hybrid 40 s_peer_hybrid
+    [ -f "$RES/profile-8b.json" ] && stage diag75 40 s_diag75
+    return 0
 }
 stages_golden() {
     stage golden_gpu 60 s_golden_gpu

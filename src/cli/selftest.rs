@@ -982,29 +982,37 @@ fn prefill_gemm_lines(
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
 /// a launch per weight against one launch for all (`mmvq_multi`); GB/s of weight bytes, each
 /// time with the activations' quantisation.
-/// The pipelined matrix-vector kernels at 1 to 16 thread blocks per multiprocessor
-/// (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes.
+/// The staged matrix-vector kernels, then the pipelined ones at 1 to 16 thread blocks per
+/// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
+/// above and a decode step's others: LLaMA3-8B's attn_k / attn_v (4096 x 1024) and its output
+/// head (4096 x 128256).
 fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) -> Result<()> {
     let counts = [1usize, 2, 4, 5, 8, 16];
     println!();
-    print!("{:<6} {:<12}", "type", "pipe GB/s");
+    print!("{:<6} {:<12} {:>9}", "type", "GB/s", "staged");
     for b in counts {
-        print!(" {:>9}", format!("{b}/SM"));
+        print!(" {:>9}", format!("pipe {b}"));
     }
     println!();
     let (mode, blocks) = (mmvq_mode(), pipe_blocks());
-    set_mmvq_mode(MmvqMode::Pipe);
+    let mut all = shapes.to_vec();
+    all.extend([(4096, 1024), (4096, 128256)]);
     for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        for &(k, n) in shapes {
+        for &(k, n) in &all {
             let bytes = weight_bytes(ty, k, n, 1)?;
             let w = be.upload_weight("perf", ty, k, n, &bytes)?;
             let x = put(be, &pattern(k, 0.0))?;
             let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
             print!("{:<6} {:<12}", ty.name(), format!("{k}x{n}"));
-            for b in counts {
+            let mut time = |m: MmvqMode, b: usize| -> Result<f64> {
+                set_mmvq_mode(m);
                 set_pipe_blocks(b);
                 let t = median_us(be, reps, || be.matmul(&[&w], &x, 1, &mut [&mut y]))?;
-                print!(" {:>9.1}", bytes.len() as f64 / t / 1e3);
+                Ok(bytes.len() as f64 / t / 1e3)
+            };
+            print!(" {:>9.1}", time(MmvqMode::Staged, blocks)?);
+            for b in counts {
+                print!(" {:>9.1}", time(MmvqMode::Pipe, b)?);
             }
             println!();
         }

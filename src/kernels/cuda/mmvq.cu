@@ -560,7 +560,9 @@ MMVQ_MULTI_KERNEL(mmvq_multi_iq4_xs, mmvq_iq4_xs_t)
 //     w2's; a single weight is w2 with n0 = n1 = 0);
 //   - a thread first loads its share of item i + 1 into registers (each warp its row's weight
 //     bytes as stage_bytes reads them: 16-byte loads for the aligned middle, 2-byte loads for
-//     the head and tail; the block the item's Q8_1 activation words), then computes item i from
+//     the head and tail; the block the item's Q8_1 activation words; all by __ldg, read-only
+//     global loads, which the addresses rebuilt from integers would otherwise lose), then
+//     computes item i from
 //     shared memory, then stores the registers into the other of two shared buffers; one
 //     __syncthreads per item (a buffer is rewritten two items later, after every warp has
 //     passed the barrier that follows its last use).
@@ -641,13 +643,13 @@ __device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const pipe_row& r, co
         if (lane < 8) {
             const u64 g = s + 2 * lane;
             if (g < head_end) {
-                p.ht = *(const u16*)g;
+                p.ht = __ldg((const u16*)g);
                 p.ht_at = (int)(g - base);
             }
         } else if (lane < 16) {
             const u64 g = tail_beg + 2 * (lane - 8);
             if (g < e) {
-                p.ht = *(const u16*)g;
+                p.ht = __ldg((const u16*)g);
                 p.ht_at = (int)(g - base);
             }
         }
@@ -658,7 +660,7 @@ __device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const pipe_row& r, co
 #pragma unroll
         for (int j = 0; j < P::u; ++j) {
             const int i = lane + 32 * j;
-            if (i < p.n16) p.w[j] = s16[i];
+            if (i < p.n16) p.w[j] = __ldg(s16 + i);
         }
     }
     const u32* xs = xw + (c0 / QK) * 9;
@@ -666,7 +668,7 @@ __device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const pipe_row& r, co
 #pragma unroll
     for (int j = 0; j < P::aw; ++j) {
         const int i = tid + 32 * MMVQ_ROWS * j;
-        if (i < nw) p.a[j] = xs[i];
+        if (i < nw) p.a[j] = __ldg(xs + i);
     }
 }
 
@@ -735,13 +737,14 @@ __device__ __forceinline__ void mmvq_pipe_impl(const void* w0, const void* w1, c
     const int k_used = k / T::qk * T::qk;
     const int items = (k_used + P::item - 1) / P::item; // per row block
     const int n_rb = n0 / MMVQ_ROWS + n1 / MMVQ_ROWS + (n2 + MMVQ_ROWS - 1) / MMVQ_ROWS;
-    const int mine = blockIdx.x < n_rb ? (n_rb - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int b0 = (int)blockIdx.x, nb_grid = (int)gridDim.x;
+    const int mine = b0 < n_rb ? (n_rb - 1 - b0) / nb_grid + 1 : 0;
     const int count = mine * items;
     if (count == 0) return; // whole block
     const u32* xw = (const u32*)(x + (i64)t * (k / QK));
 
     pipe_regs<T> p;
-    pipe_row r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, blockIdx.x);
+    pipe_row r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, b0);
     pipe_load<T>(p, r, xw, k_used, 0, lane, warp, tid);
     pipe_store<T>(p, s_w[0][warp], s_aq[0], s_ads[0], lane, tid);
     float acc = 0.0f;
@@ -756,7 +759,7 @@ __device__ __forceinline__ void mmvq_pipe_impl(const void* w0, const void* w1, c
         if (it + 1 < count) {
             if (c + 1 == items) {
                 r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2,
-                                blockIdx.x + (it + 1) / items * gridDim.x);
+                                b0 + (it + 1) / items * nb_grid);
             }
             pipe_load<T>(p, r, xw, k_used, (it + 1) % items, lane, warp, tid);
         }
