@@ -381,7 +381,9 @@ struct mmvq_iq4_xs_t {
 // Copy the n bytes at global `src` (2-byte aligned, n even) into `dst` (16-byte aligned shared
 // memory, n + 16 bytes) at offset src % 16, which is returned: byte src + i lands at
 // dst + off + i. The 16-byte aligned middle goes by 16-byte loads, the head and tail (under 16
-// bytes each) by 2-byte loads; nothing outside [src, src + n) is read. Called by a whole warp.
+// bytes each) by 2-byte loads, all by __ldg (read-only global loads: the addresses, rebuilt from
+// integers, would otherwise compile to generic ones); nothing outside [src, src + n) is read.
+// Called by a whole warp.
 __device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int lane) {
     const u64 s = (u64)src, e = s + (u64)n;
     const u64 base = s & ~(u64)15; // dst[0] stands for global address base
@@ -390,16 +392,16 @@ __device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int la
     const u64 tail_beg = down > head_end ? down : head_end;
     if (lane < 8) {
         const u64 g = s + 2 * lane;
-        if (g < head_end) *(u16*)(dst + (g - base)) = *(const u16*)g;
+        if (g < head_end) *(u16*)(dst + (g - base)) = __ldg((const u16*)g);
     } else if (lane < 16) {
         const u64 g = tail_beg + 2 * (lane - 8);
-        if (g < e) *(u16*)(dst + (g - base)) = *(const u16*)g;
+        if (g < e) *(u16*)(dst + (g - base)) = __ldg((const u16*)g);
     }
     const int n16 = (int)((tail_beg - head_end) >> 4);
     const uint4* s16 = (const uint4*)head_end;
     uint4* d16 = (uint4*)(dst + (head_end - base));
 #pragma unroll 4
-    for (int i = lane; i < n16; i += 32) d16[i] = s16[i];
+    for (int i = lane; i < n16; i += 32) d16[i] = __ldg(s16 + i);
     return (int)(s - base);
 }
 
