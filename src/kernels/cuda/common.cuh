@@ -174,6 +174,17 @@ __device__ __forceinline__ u32 ld_u32_a2(const void* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
+// Asks L2 for the line holding global address p (PTX prefetch.global.L2: no result, no fault);
+// nothing in the CPU emulator (tests/cuda_emu), which compiles this file without __CUDA_ARCH__
+// and has no cache to fill.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifdef __CUDA_ARCH__
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 // An f16 field, widened exactly.
 __device__ __forceinline__ float f16f(__half h) {
     return __half2float(h);

@@ -42,15 +42,21 @@ __device__ __forceinline__ void fd_unpack8(uint4 r, float* o) {
 // below n_here; u < FD_UNROLL) of a K or V slice at `base` (this lane's 8 dims of row 0), x the
 // row's 8 values (zero for j >= n_here: f is called for those too, so shuffles stay in step).
 // Each group of FD_UNROLL rows is loaded, as 16-byte words, before any is used.
+// With `ahead` (the V slice at the same offset as `base`'s K slice), each row's 16 bytes there are
+// asked into L2 as the K row is loaded: the V pass after the softmax then finds its rows in L2
+// rather than in memory.
 template <class F>
 __device__ __forceinline__ void fd_for_rows(const __half* base, int first, int step, int r,
-                                            int n_here, i64 kv_stride, F f) {
+                                            int n_here, i64 kv_stride, F f,
+                                            const __half* ahead = nullptr) {
     for (int j0 = first; j0 < n_here; j0 += FD_UNROLL * step) {
         uint4 raw[FD_UNROLL];
 #pragma unroll
         for (int u = 0; u < FD_UNROLL; ++u) {
             const int j = j0 + u * step + r;
-            raw[u] = j < n_here ? *(const uint4*)(base + (i64)j * kv_stride) : make_uint4(0, 0, 0, 0);
+            raw[u] = j < n_here ? *(const uint4*)(base + (i64)j * kv_stride)
+                                : make_uint4(0, 0, 0, 0);
+            if (ahead && j < n_here) prefetch_l2(ahead + (i64)j * kv_stride);
         }
 #pragma unroll
         for (int u = 0; u < FD_UNROLL; ++u) {
@@ -66,9 +72,10 @@ __device__ __forceinline__ void fd_for_rows(const __half* base, int first, int s
 // consecutive rows (warp w the w-th slice), each lane one 16-byte load per K or V row. Scores:
 // the lpr lanes of a row sum their partial dots by xor shuffles (offsets < lpr stay in the row)
 // and the row's first lane stores scale * dot per head in shared memory. The softmax of the chunk
-// is taken per head by one warp; then the V pass accumulates p * V per lane (gq x 8 registers),
-// summed over the rows of a warp by shuffles (offsets >= lpr) and over the warps in shared
-// memory, warp 0 first.
+// is taken per head by one warp (the score pass has asked L2 for each V row as it loaded the K
+// row, so the V pass reads L2, not memory); then the V pass accumulates p * V per lane (gq x 8
+// registers), summed over the rows of a warp by shuffles (offsets >= lpr) and over the warps in
+// shared memory, warp 0 first.
 //
 // Requirements: head_dim in {32, 64, 128, 256}; 1 <= gq <= 8, gq * head_dim <= 1024, gq divides
 // group; n_head a multiple of n_head_kv; 1 <= chunk <= 256; k_cache and v_cache 16-byte aligned
@@ -148,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(128)
                 if (c == 0 && j < n_here) s_p[g][j] = dot * scale;
             }
         }
-    });
+    }, vb);
     __syncthreads();
 
     // 2. The chunk's softmax per head: m, then exp(s - m) in place; l goes straight to `ml`.
