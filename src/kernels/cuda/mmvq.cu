@@ -554,20 +554,18 @@ MMVQ_MULTI_KERNEL(mmvq_multi_iq4_xs, mmvq_iq4_xs_t)
 // computes it, so a thread block's loads and its arithmetic never overlap, and a small matrix
 // (4096 x 4096 Q4_0: 1024 thread blocks, two 1.1 KB chunks per warp) spends two memory round
 // trips in a row per block. Here
-//   - an "item" is one row block's (4 rows') next T::chunk * PIPE_CPI elements (4096 for every
-//     format: two chunks of the 32-element formats, one of the K-quants), for one token;
+//   - an "item" is one row block's (4 rows') next T::chunk * pipe_t<T>::cpi elements (4096 for
+//     every format: two chunks of the 32-element formats, one of the K-quants), for one token;
 //   - each thread block walks the row blocks blockIdx.x, blockIdx.x + gridDim.x, ... (a grid of
 //     a few blocks per multiprocessor, set by the host), item after item; the row blocks are
 //     those of up to three weights that share the input (mmvq_multi's numbering: w0's, w1's,
 //     w2's; a single weight is w2 with n0 = n1 = 0);
 //   - a thread first loads its share of item i + 1 into registers (each warp its row's weight
 //     bytes as stage_bytes reads them: 16-byte loads for the aligned middle, 2-byte loads for
-//     the head and tail; the block the item's Q8_1 activation words; all by __ldg, read-only
-//     global loads, which the addresses rebuilt from integers would otherwise lose), then
-//     computes item i from
-//     shared memory, then stores the registers into the other of two shared buffers; one
-//     __syncthreads per item (a buffer is rewritten two items later, after every warp has
-//     passed the barrier that follows its last use).
+//     the head and tail; the block the item's Q8_1 activation words; all by __ldg), then
+//     computes item i from shared memory, then stores the registers into the other of two
+//     shared buffers; one __syncthreads per item (a buffer is rewritten two items later, after
+//     every warp has passed the barrier that follows its last use).
 // Each row's chunks are summed exactly as mmvq_impl sums them (per chunk the lanes' units in
 // order from 0.0f, added to the row's sum chunk by chunk; then warp_sum), so y is the staged
 // kernel's, bit for bit.
