@@ -2040,6 +2040,19 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// `OATO_CUDA_MMVQ`'s values name the three modes; anything else is an error that says what
+    /// the variable takes.
+    #[test]
+    fn mmvq_modes_parse_by_name() {
+        for m in [MmvqMode::Staged, MmvqMode::Direct, MmvqMode::Pipe] {
+            assert_eq!(MmvqMode::parse(m.name()).unwrap(), m);
+        }
+        for bad in ["", "Pipe", "direct ", "wide"] {
+            let e = MmvqMode::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("OATO_CUDA_MMVQ") && e.contains("staged, direct or pipe"), "{e}");
+        }
+    }
+
     const LLAMA8B: AttnShape = AttnShape {
         n_head: 32,
         n_head_kv: 8,
