@@ -997,7 +997,12 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
     let (mode, blocks) = (mmvq_mode(), pipe_blocks());
     let mut all = shapes.to_vec();
     all.extend([(4096, 1024), (4096, 128256)]);
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
         for &(k, n) in &all {
             let bytes = weight_bytes(ty, k, n, 1)?;
             let w = be.upload_weight("perf", ty, k, n, &bytes)?;
@@ -1054,7 +1059,10 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                     be.matmul(&wr, &x, 1, &mut yr)
                 })
             };
-            let (apart, one) = (time(false, MmvqMode::Staged)?, time(true, MmvqMode::Staged)?);
+            let (apart, one) = (
+                time(false, MmvqMode::Staged)?,
+                time(true, MmvqMode::Staged)?,
+            );
             let pipe = time(true, MmvqMode::Pipe)?;
             let gbs = |t: f64| total as f64 / t / 1e3;
             let shape = rows

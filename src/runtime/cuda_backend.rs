@@ -2049,7 +2049,10 @@ mod tests {
         }
         for bad in ["", "Pipe", "direct ", "wide"] {
             let e = MmvqMode::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("OATO_CUDA_MMVQ") && e.contains("staged, direct or pipe"), "{e}");
+            assert!(
+                e.contains("OATO_CUDA_MMVQ") && e.contains("staged, direct or pipe"),
+                "{e}"
+            );
         }
     }
 
