@@ -338,7 +338,12 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             continue;
         }
         set_mmvq_mode(mode);
-        set_pipe_blocks(if n > 1000 { 1 } else { chosen_blocks });
+        // The large pipelined case at one block a multiprocessor, so that blocks walk rows.
+        set_pipe_blocks(if mode == Pipe && n > 1000 {
+            1
+        } else {
+            chosen_blocks
+        });
         set_mmq_mode(if mmq { MmqMode::On } else { MmqMode::Off });
         let bytes = weight_bytes(ty, k, n, 3)?;
         let wf = dequantized(ty, k, &bytes)?;

@@ -1511,11 +1511,6 @@ impl Backend for CudaBackend {
                     && ws[..last].iter().all(|w| w.n.is_multiple_of(4))
             });
             if let Some(kernel) = multi {
-                let kernel = if pipe {
-                    pipe_kernel_of(ws[0].ty).unwrap_or(kernel)
-                } else {
-                    kernel
-                };
                 // The last weight in the kernel's third place (its rows need not fill whole
                 // blocks); with two weights the second place is empty (0 rows).
                 let (mut wp, mut yp, mut n) = ([0u64; 3], [0u64; 3], [0i32; 3]);
@@ -1525,7 +1520,11 @@ impl Backend for CudaBackend {
                 }
                 let blocks: usize =
                     ws[..last].iter().map(|w| w.n / 4).sum::<usize>() + ws[last].n.div_ceil(4);
-                let blocks = if pipe { self.pipe_grid(blocks) } else { blocks };
+                // The pipelined kernel takes the same arguments over a grid of its own.
+                let (kernel, blocks) = match pipe_kernel_of(ws[0].ty).filter(|_| pipe) {
+                    Some(p) => (p, self.pipe_grid(blocks)),
+                    None => (kernel, blocks),
+                };
                 launch!(self, kernel, (blocks as u32, n_tok as u32, 1), (32, 4, 1);
                     w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], ap: u64 = q8,
                     y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2], k_: i32 = k as i32,

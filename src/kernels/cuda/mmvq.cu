@@ -405,6 +405,18 @@ __device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int la
     return (int)(s - base);
 }
 
+// Word i of a run of Q8_1 blocks (block i / 9: its (d, s), then 8 words of quants) into the
+// staged activations: (d, s) widened into sads, the quants into saq (16-byte aligned).
+__device__ __forceinline__ void stage_act_word(u32 v, int i, i8* saq, float2* sads) {
+    const int blk = i / 9, j = i - 9 * blk;
+    if (j == 0) {
+        sads[blk] = make_float2(__half2float(__ushort_as_half((u16)(v & 0xFFFFu))),
+                                __half2float(__ushort_as_half((u16)(v >> 16))));
+    } else {
+        ((u32*)saq)[8 * blk + j - 1] = v;
+    }
+}
+
 template <class T, int AL>
 __device__ __forceinline__ float mmvq_chunk(const u8* wb, const i8* aq, const float2* ads,
                                             int nbc, int lane) {
@@ -451,14 +463,7 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
         // 1. Activations: Q8_1 block j is 9 words, (d, s) then 8 words of quants.
         const u32* xs = xw + (c0 / QK) * 9;
         for (int i = tid; i < 9 * (ne / QK); i += 32 * MMVQ_ROWS) {
-            const u32 v = xs[i];
-            const int blk = i / 9, j = i - 9 * blk;
-            if (j == 0) {
-                s_ads[blk] = make_float2(__half2float(__ushort_as_half((u16)(v & 0xFFFFu))),
-                                         __half2float(__ushort_as_half((u16)(v >> 16))));
-            } else {
-                ((u32*)s_aq)[8 * blk + j - 1] = v;
-            }
+            stage_act_word(xs[i], i, s_aq, s_ads);
         }
         // 2. This warp's weight bytes.
         int off = 0;
@@ -498,6 +503,24 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
         mmvq_impl<T>(w, x, y, k, n, n_tok, blockIdx.x);                                         \
     }
 
+// Where row block rb of up to three weights lies (their row blocks numbered w0's, w1's, w2's;
+// n0 and n1 multiples of MMVQ_ROWS): weight pointer, output, rows, and the row block's index
+// within its weight.
+struct multi_row {
+    const u8* w;
+    float* y;
+    int n, rb;
+};
+
+__device__ __forceinline__ multi_row multi_locate(const void* w0, const void* w1, const void* w2,
+                                                  float* y0, float* y1, float* y2, int n0, int n1,
+                                                  int n2, int rb) {
+    const int b0 = n0 / MMVQ_ROWS, b1 = n1 / MMVQ_ROWS;
+    if (rb < b0) return {(const u8*)w0, y0, n0, rb};
+    if (rb < b0 + b1) return {(const u8*)w1, y1, n1, rb - b0};
+    return {(const u8*)w2, y2, n2, rb - b0 - b1};
+}
+
 // Two or three weights that read one activation (q, k and v; gate and up) in one launch: the
 // grid's row blocks are the first weight's, then the second's, then the third's, each computed
 // exactly as its own mmvq_<type> launch computes it (the same thread block, bit for bit). n0 and
@@ -511,13 +534,9 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
              const void* __restrict__ w2, const block_q8_1* __restrict__ x,                     \
              float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2, int k,     \
              int n0, int n1, int n2, int n_tok) {                                               \
-        const int b0 = n0 / MMVQ_ROWS, b1 = n1 / MMVQ_ROWS;                                     \
         /* The same choice for the whole thread block. */                                      \
-        const int rb = blockIdx.x;                                                              \
-        const bool first = rb < b0, second = !first && rb < b0 + b1;                            \
-        mmvq_impl<T>(first ? w0 : second ? w1 : w2, x, first ? y0 : second ? y1 : y2, k,        \
-                     first ? n0 : second ? n1 : n2, n_tok,                                      \
-                     first ? rb : second ? rb - b0 : rb - b0 - b1);                             \
+        const multi_row r = multi_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, (int)blockIdx.x); \
+        mmvq_impl<T>(r.w, x, r.y, k, r.n, n_tok, r.rb);                                         \
     }
 
 MMVQ_KERNEL(mmvq_q4_0, mmvq_q4_0_t)
@@ -599,26 +618,9 @@ struct pipe_regs {
     bool active;           // the warp's row exists
 };
 
-// Where row block rb of the (up to) three weights lies: weight pointer, output, rows, and the
-// row block's index within its weight.
-struct pipe_row {
-    const u8* w;
-    float* y;
-    int n, rb;
-};
-
-__device__ __forceinline__ pipe_row pipe_locate(const void* w0, const void* w1, const void* w2,
-                                                float* y0, float* y1, float* y2, int n0, int n1,
-                                                int n2, int rb) {
-    const int b0 = n0 / MMVQ_ROWS, b1 = n1 / MMVQ_ROWS;
-    if (rb < b0) return {(const u8*)w0, y0, n0, rb};
-    if (rb < b0 + b1) return {(const u8*)w1, y1, n1, rb - b0};
-    return {(const u8*)w2, y2, n2, rb - b0 - b1};
-}
-
 // Issues the loads of item c (element c * item) of row block `r` for token t into `p`.
 template <class T>
-__device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const pipe_row& r, const u32* xw,
+__device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const multi_row& r, const u32* xw,
                                           int k_used, int c, int lane, int warp, int tid) {
     typedef pipe_t<T> P;
     const int c0 = c * P::item;
@@ -691,16 +693,7 @@ __device__ __forceinline__ void pipe_store(const pipe_regs<T>& p, u8* sw, i8* sa
 #pragma unroll
     for (int j = 0; j < P::aw; ++j) {
         const int i = tid + 32 * MMVQ_ROWS * j;
-        if (i < nw) {
-            const u32 v = p.a[j];
-            const int blk = i / 9, jj = i - 9 * blk;
-            if (jj == 0) {
-                sads[blk] = make_float2(__half2float(__ushort_as_half((u16)(v & 0xFFFFu))),
-                                        __half2float(__ushort_as_half((u16)(v >> 16))));
-            } else {
-                ((u32*)saq)[8 * blk + jj - 1] = v;
-            }
-        }
+        if (i < nw) stage_act_word(p.a[j], i, saq, sads);
     }
 }
 
@@ -744,21 +737,21 @@ __device__ __forceinline__ void mmvq_pipe_impl(const void* w0, const void* w1, c
     const u32* xw = (const u32*)(x + (i64)t * (k / QK));
 
     pipe_regs<T> p;
-    pipe_row r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, b0);
+    multi_row r = multi_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2, b0);
     pipe_load<T>(p, r, xw, k_used, 0, lane, warp, tid);
     pipe_store<T>(p, s_w[0][warp], s_aq[0], s_ads[0], lane, tid);
     float acc = 0.0f;
     for (int it = 0; it < count; ++it) {
         const int buf = it & 1;
         const int c = it % items;
-        const pipe_row cur = r;
+        const multi_row cur = r;
         const int off = p.off, nbc = p.nbc, al = p.al;
         const bool active = p.active;
         __syncthreads();
         // The next item's loads, in flight during this item's arithmetic.
         if (it + 1 < count) {
             if (c + 1 == items) {
-                r = pipe_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2,
+                r = multi_locate(w0, w1, w2, y0, y1, y2, n0, n1, n2,
                                 b0 + (it + 1) / items * nb_grid);
             }
             pipe_load<T>(p, r, xw, k_used, (it + 1) % items, lane, warp, tid);
@@ -797,7 +790,7 @@ __device__ __forceinline__ void mmvq_pipe_impl(const void* w0, const void* w1, c
 // n0 = n1 = 0, the weight in w2, y2, n2); x and k as mmvq_<type>'s. Static shared memory: two
 // items' activations (10 KB) and weight bytes (4 x 2.3 KB for Q4_0 up to 4 x 4.4 KB for Q8_0).
 #define MMVQ_PIPE_KERNEL(name, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(128, MMVQ_PIPE_MIN_BLOCKS)                                           \
+    extern "C" __global__ void __launch_bounds__(128, MMVQ_PIPE_MIN_BLOCKS)                     \
         name(const void* __restrict__ w0, const void* __restrict__ w1,                          \
              const void* __restrict__ w2, const block_q8_1* __restrict__ x,                     \
              float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2, int k,     \
