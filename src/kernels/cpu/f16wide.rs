@@ -1,7 +1,9 @@
-//! F16 and BF16 prefill on AVX-512 CPUs. The half-precision activations are widened to f32 once
-//! per operator (both types' products are exact in f32, so the tiles are the same), laid out
-//! in the order the tile reads them, and each panel of weight rows is widened once per block of
-//! tokens into a buffer that stays in L2, so the tile's inner loop is loads and FMAs only; every
+//! F16 and BF16 prefill on AVX-512 CPUs. The half-precision activations are laid out once per
+//! operator in the order the tile reads them, and each panel of weight rows once per block of
+//! tokens into a buffer that stays in L2: BF16 widened to f32 (both types' products are exact in
+//! f32, so the tiles are the same), F16 kept as f16 and widened by the tile's own loads
+//! (`vcvtph2ps`, which Zen 5 runs beside the FMAs: half the bytes from L2 per FMA, 1B shape F16
+//! pp64 +4-5%, its ffn_down 97-101 -> 87-89 ms a forward, alternated); every
 //! row of a panel runs against one group of eight tokens before the next group (the group's
 //! activations and output lines stay in L1), and while a panel's tiles run, the next panel's
 //! weight rows are prefetched a cache line per step.
@@ -36,9 +38,14 @@ use crate::quant::GgmlType;
 use crate::quant::blocks::{bf16_to_f32, f16_bits_to_f32};
 
 /// Sixteen f32 lanes, aligned as a 512-bit register.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 pub struct Lanes16([f32; 16]);
+
+/// Sixteen f16 values, aligned as a 256-bit register.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+pub struct Halves16([u16; 16]);
 
 /// Eight f32 lanes, aligned as a 256-bit register.
 #[derive(Clone, Copy)]
@@ -65,7 +72,10 @@ const TOKEN_BLOCK_BYTES: usize = 4 << 20;
 pub struct WideActs {
     /// F16 or BF16: the activations' type, and the weights' these tiles take.
     ty: GgmlType,
-    data: Spared<Lanes16>,
+    /// BF16: the pairs widened to f32 ([`Lanes16`]). F16: the pairs in the same order but kept
+    /// as f16 ([`Halves16`]: entry (c, s) holds token 2q's eight elements then token 2q + 1's),
+    /// widened by the tile's loads (`vcvtph2ps`), which halves the bytes the tiles read.
+    data: Pairs,
     /// BF16 on a CPU with AVX512-BF16, every value within [`dp_exact`]'s range: the pairs again
     /// as bf16 pairs of steps (`[pair][chain][step pair]`: entry (c, t) holds, in 32-bit lane l
     /// of each token's half, element `32 (2t) + 8c + l` in the high 16 bits and `32 (2t + 1) +
@@ -97,33 +107,25 @@ impl WideActs {
         let bf16 = acts.ty == GgmlType::BF16;
         let steps = acts.k / 32;
         let n_pairs = acts.n_tok / 2;
-        let per_pair = steps * 4;
+        if !bf16 {
+            return WideActs {
+                ty: acts.ty,
+                data: Pairs::Half(Self::half_pairs(acts, steps, n_pairs)),
+                dp: None,
+                steps,
+                n_pairs,
+            };
+        }
         thread_local! {
             static SPARE: Cell<Vec<Lanes16>> = const { Cell::new(Vec::new()) };
         }
-        let mut room = Spared::room(&SPARE, n_pairs * per_pair);
-        let out = SharedLanes(room.uninit().as_mut_ptr());
-        pool::global().for_chunks(n_pairs, 16, |pairs| {
-            let out = &out;
-            for q in pairs {
-                // SAFETY: pair q owns entries q * per_pair..(q + 1) * per_pair of the room,
-                // disjoint across tasks.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
-                let rows = [acts.row(2 * q), acts.row(2 * q + 1)];
-                // SAFETY: this CPU has AVX-512 (asserted above).
-                unsafe {
-                    if bf16 {
-                        widen_pair::<true>(rows, dst)
-                    } else {
-                        widen_pair::<false>(rows, dst)
-                    }
-                };
-            }
+        let (data, _) = lay_out_pairs(&SPARE, n_pairs, steps * 4, |q, dst| {
+            // SAFETY: this CPU has AVX-512 (asserted above); `lay_pair` writes every entry.
+            unsafe { lay_pair::<true, _>([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
+            true
         });
-        // SAFETY: `widen_pair` wrote all of each pair's entries (every chain and step).
-        let data = unsafe { room.filled() };
-        let dp = if bf16 && dp_supported() {
+        let data = Pairs::Wide(data);
+        let dp = if dp_supported() {
             Self::dp_pairs(acts, steps, n_pairs)
         } else {
             None
@@ -137,33 +139,31 @@ impl WideActs {
         }
     }
 
+    /// The whole pairs of F16 `acts` in the tiles' order, as f16 ([`WideActs::data`]).
+    fn half_pairs(acts: &QuantizedActs, steps: usize, n_pairs: usize) -> Spared<Halves16> {
+        thread_local! {
+            static SPARE: Cell<Vec<Halves16>> = const { Cell::new(Vec::new()) };
+        }
+        lay_out_pairs(&SPARE, n_pairs, steps * 4, |q, dst| {
+            // SAFETY: this CPU has AVX-512 (`widen` asserted it); `lay_pair` writes every entry.
+            unsafe { lay_pair::<false, _>([acts.row(2 * q), acts.row(2 * q + 1)], dst) };
+            true
+        })
+        .0
+    }
+
     /// The whole pairs of BF16 `acts` as bf16 pairs of steps ([`WideActs::dp`]), or `None` when
     /// a value is outside [`dp_exact`]'s range.
     fn dp_pairs(acts: &QuantizedActs, steps: usize, n_pairs: usize) -> Option<Spared<Lanes16>> {
         thread_local! {
             static SPARE: Cell<Vec<Lanes16>> = const { Cell::new(Vec::new()) };
         }
-        let per_pair = steps.div_ceil(2) * 4;
-        let mut room = Spared::room(&SPARE, n_pairs * per_pair);
-        let out = SharedLanes(room.uninit().as_mut_ptr());
-        let bad = std::sync::atomic::AtomicBool::new(false);
-        pool::global().for_chunks(n_pairs, 16, |pairs| {
-            let out = &out;
-            for q in pairs {
-                // SAFETY: pair q owns entries q * per_pair..(q + 1) * per_pair of the room,
-                // disjoint across tasks.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(out.0.add(q * per_pair), per_pair) };
-                // SAFETY: `dp_supported` checked AVX512-BF16 (and `widen` AVX-512).
-                let ok = unsafe { dp_pair([acts.row(2 * q), acts.row(2 * q + 1)], steps, dst) };
-                if !ok {
-                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
+        let (data, ok) = lay_out_pairs(&SPARE, n_pairs, steps.div_ceil(2) * 4, |q, dst| {
+            // SAFETY: `dp_supported` checked AVX512-BF16 (and `widen` AVX-512); `dp_pair` writes
+            // every entry.
+            unsafe { dp_pair([acts.row(2 * q), acts.row(2 * q + 1)], steps, dst) }
         });
-        // SAFETY: `dp_pair` wrote all of each pair's entries (every chain and step pair).
-        let data = unsafe { room.filled() };
-        (!bad.into_inner()).then_some(data)
+        ok.then_some(data)
     }
 
     /// Tokens the tiles cover: 0..2 * n_pairs.
@@ -171,37 +171,102 @@ impl WideActs {
         2 * self.n_pairs
     }
 
+    /// Pair q widened to f32 (BF16 activations).
     fn pair(&self, q: usize) -> &[Lanes16] {
         let n = self.steps * 4;
-        &self.data[q * n..(q + 1) * n]
+        let at = q * pair_stride(n);
+        match &self.data {
+            Pairs::Wide(d) => &d[at..at + n],
+            Pairs::Half(_) => panic!("F16 pairs are kept as f16"),
+        }
+    }
+
+    /// Pair q as f16 (F16 activations).
+    fn pair_half(&self, q: usize) -> &[Halves16] {
+        let n = self.steps * 4;
+        let at = q * pair_stride(n);
+        match &self.data {
+            Pairs::Half(d) => &d[at..at + n],
+            Pairs::Wide(_) => panic!("BF16 pairs are widened"),
+        }
     }
 
     /// Pair q in the bf16 pairs' layout (when there is one).
     fn pair_dp(&self, q: usize) -> &[Lanes16] {
         let n = self.steps.div_ceil(2) * 4;
-        &self.dp.as_ref().expect("bf16 pairs")[q * n..(q + 1) * n]
+        let at = q * pair_stride(n);
+        &self.dp.as_ref().expect("bf16 pairs")[at..at + n]
     }
 }
 
+/// The activations' pairs as the tiles read them ([`WideActs::data`]).
+enum Pairs {
+    Wide(Spared<Lanes16>),
+    Half(Spared<Halves16>),
+}
+
 /// Output pointer for tasks that write disjoint pairs.
-struct SharedLanes(*mut MaybeUninit<Lanes16>);
+struct SharedPairs<T>(*mut MaybeUninit<T>);
 // SAFETY: tasks write disjoint ranges of the buffer, which outlives the parallel loop.
-unsafe impl Sync for SharedLanes {}
+unsafe impl<T: Send> Sync for SharedPairs<T> {}
+
+/// `n_pairs` pairs of `per_pair` entries each, [`pair_stride`] apart, in a buffer from `home`'s
+/// spare: `fill(q, dst)` writes every entry of pair q (on the pool; false: a value it cannot
+/// take), the padding after each pair is zeroed. Returns the buffer and whether every `fill`
+/// returned true.
+fn lay_out_pairs<T: Copy + Send + Default + 'static>(
+    home: &'static crate::kernels::cpu::spare::Home<T>,
+    n_pairs: usize,
+    per_pair: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<T>]) -> bool + Sync,
+) -> (Spared<T>, bool) {
+    let stride = pair_stride(per_pair);
+    let mut room = Spared::room(home, n_pairs * stride);
+    let out = SharedPairs(room.uninit().as_mut_ptr());
+    let bad = std::sync::atomic::AtomicBool::new(false);
+    pool::global().for_chunks(n_pairs, 16, |pairs| {
+        let out = &out;
+        for q in pairs {
+            // SAFETY: pair q owns entries q * stride..(q + 1) * stride of the room, disjoint
+            // across tasks.
+            let all = unsafe { std::slice::from_raw_parts_mut(out.0.add(q * stride), stride) };
+            let (dst, pad) = all.split_at_mut(per_pair);
+            pad.fill(MaybeUninit::new(T::default()));
+            if !fill(q, dst) {
+                bad.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    // SAFETY: `fill` wrote every entry of each pair (its contract), the loop the padding.
+    (unsafe { room.filled() }, !bad.into_inner())
+}
 
 /// Whether the tiles take weights (and activations) of type `ty`.
 fn half(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F16 | GgmlType::BF16)
 }
 
-/// Sixteen f16 (`BF`: bf16) values widened exactly to f32.
+/// Entries ([`Lanes16`], [`Halves16`]) from one pair's activations to the next's: `n` and four
+/// more, so that the pairs a tile reads at once are not a multiple of 4 KiB apart. With a
+/// multiple, the tile's simultaneous loads share their low address bits and collide in L1: a C
+/// copy of the f32 tile (24 FMAs, ten loads a step, all in L1) ran at 68% of one Zen 5 core's
+/// FMA peak with 4 KiB strides, 87% with 256 bytes more per row and pair. In the model, where the
+/// tiles read L2, the padding moved nothing measurable (1B shape F16 pp64 within 1%).
+fn pair_stride(n: usize) -> usize {
+    n + 4
+}
+
+/// Entries ([`Lanes8`]) from one widened weight row of a panel to the next: `n` and a few more,
+/// for the reason [`pair_stride`] gives.
+fn row_stride(n: usize) -> usize {
+    n + 8
+}
+
+/// Sixteen bf16 values widened exactly to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen16<const BF: bool>(v: __m256i) -> __m512 {
-    if BF {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
-    } else {
-        _mm512_cvtph_ps(v)
-    }
+unsafe fn widen16(v: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
 }
 
 /// Eight half-precision values from element i of a row of 2-byte values.
@@ -212,8 +277,12 @@ unsafe fn load8(b: &[u8], i: usize) -> __m128i {
     _mm_loadu_si128(b.as_ptr().add(2 * i).cast())
 }
 
+/// Two tokens' rows into `dst` in [`WideActs::data`]'s order, entry (c, s) holding token 0's
+/// elements 32s + 8c..+8 then token 1's: `WIDE`, bf16 widened to f32 (`T` = [`Lanes16`]); else
+/// as they are, f16 (`T` = [`Halves16`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_pair<const BF: bool>(rows: [&[u8]; 2], dst: &mut [MaybeUninit<Lanes16>]) {
+unsafe fn lay_pair<const WIDE: bool, T>(rows: [&[u8]; 2], dst: &mut [MaybeUninit<T>]) {
+    assert_eq!(size_of::<T>(), if WIDE { 64 } else { 32 });
     let steps = dst.len() / 4;
     assert!(rows.iter().all(|r| r.len() >= 64 * steps));
     for c in 0..4 {
@@ -223,27 +292,49 @@ unsafe fn widen_pair<const BF: bool>(rows: [&[u8]; 2], dst: &mut [MaybeUninit<La
                 _mm256_castsi128_si256(load8(rows[0], i)),
                 load8(rows[1], i),
             );
-            _mm512_store_ps(dst[c * steps + s].as_mut_ptr().cast(), widen16::<BF>(two));
+            let at = dst[c * steps + s].as_mut_ptr();
+            if WIDE {
+                _mm512_store_ps(at.cast(), widen16(two));
+            } else {
+                _mm256_store_si256(at.cast(), two);
+            }
         }
     }
 }
 
-/// Widens `R` weight rows (f16, `BF`: bf16 bytes) into `dst` as `[row][chain][step]` of [`Lanes8`]: entry
+/// `R` F16 weight rows into `dst` (viewed as 16-byte entries) as `[row][chain][step]`, rows
+/// [`row_stride`] entries apart: entry (r, c, s) holds row r's elements 32s + 8c..+8 as f16.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pack_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) {
+    let rs = row_stride(4 * steps);
+    assert!(
+        2 * dst.len() >= (R - 1) * rs + 4 * steps && rows.iter().all(|r| r.len() >= 64 * steps)
+    );
+    let d = dst.as_mut_ptr().cast::<__m128i>();
+    for (r, row) in rows.iter().enumerate() {
+        let base = d.add(r * rs);
+        for s in 0..steps {
+            for c in 0..4 {
+                let v = _mm_loadu_si128(row.as_ptr().add(64 * s + 16 * c).cast());
+                _mm_store_si128(base.add(c * steps + s), v);
+            }
+        }
+    }
+}
+
+/// Widens `R` BF16 weight rows into `dst` as `[row][chain][step]` of [`Lanes8`]: entry
 /// (r, c, s) holds row r's elements 32s + 8c..32s + 8c + 8.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn widen_rows<const R: usize, const BF: bool>(
-    rows: [&[u8]; R],
-    steps: usize,
-    dst: &mut [Lanes8],
-) {
-    assert!(dst.len() >= R * 4 * steps && rows.iter().all(|r| r.len() >= 64 * steps));
+unsafe fn widen_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) {
+    let rs = row_stride(4 * steps);
+    assert!(dst.len() >= (R - 1) * rs + 4 * steps && rows.iter().all(|r| r.len() >= 64 * steps));
     let d = dst.as_mut_ptr().cast::<f32>();
     for (r, row) in rows.iter().enumerate() {
-        let base = d.add(r * 32 * steps);
+        let base = d.add(r * 8 * rs);
         for s in 0..steps {
             for h in 0..2 {
                 // Elements 32s + 16h..32s + 16h + 16: chains 2h and 2h + 1.
-                let x = widen16::<BF>(_mm256_loadu_si256(row.as_ptr().add(64 * s + 32 * h).cast()));
+                let x = widen16(_mm256_loadu_si256(row.as_ptr().add(64 * s + 32 * h).cast()));
                 let lo = _mm512_castps512_ps256(x);
                 let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
                 _mm256_store_ps(base.add(8 * ((2 * h) * steps + s)), lo);
@@ -335,7 +426,8 @@ unsafe fn dp_pair(rows: [&[u8]; 2], steps: usize, dst: &mut [MaybeUninit<Lanes16
 unsafe fn dp_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lanes8]) -> bool {
     let tsteps = steps.div_ceil(2);
     let full = 32 * steps;
-    assert!(dst.len() >= R * 4 * tsteps && rows.iter().all(|r| r.len() >= 2 * full));
+    let rs = row_stride(4 * tsteps);
+    assert!(dst.len() >= (R - 1) * rs + 4 * tsteps && rows.iter().all(|r| r.len() >= 2 * full));
     let d = dst.as_mut_ptr().cast::<__m256i>();
     let mut bad: __mmask16 = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -344,7 +436,7 @@ unsafe fn dp_rows<const R: usize>(rows: [&[u8]; R], steps: usize, dst: &mut [Lan
                 let a = load8(row, 64 * t + 8 * c);
                 let b = load8_or_zero(row, 64 * t + 32 + 8 * c, full);
                 bad |= dp_outside(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b));
-                _mm256_store_si256(d.add((r * 4 + c) * tsteps + t), step_pairs(a, b));
+                _mm256_store_si256(d.add(r * rs + c * tsteps + t), step_pairs(a, b));
             }
         }
     }
@@ -379,7 +471,8 @@ unsafe fn tile_dp<const R: usize, const P: usize>(
     tsteps: usize,
     pf: &mut LinePrefetch,
 ) -> [__m512; P] {
-    assert!(w.len() >= R * 4 * tsteps && a.iter().all(|a| a.len() >= 4 * tsteps));
+    let rs = row_stride(4 * tsteps);
+    assert!(w.len() >= (R - 1) * rs + 4 * tsteps && a.iter().all(|a| a.len() >= 4 * tsteps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
     let chain = |c: usize, pf: &mut LinePrefetch| {
@@ -392,7 +485,7 @@ unsafe fn tile_dp<const R: usize, const P: usize>(
             });
             #[allow(clippy::needless_range_loop)]
             for r in 0..R {
-                let w8 = _mm256_load_pd(wp.add(8 * (r * 4 * tsteps + i)).cast());
+                let w8 = _mm256_load_pd(wp.add(8 * (r * rs + i)).cast());
                 let wz = std::mem::transmute::<__m512d, __m512bh>(_mm512_broadcast_f64x4(w8));
                 for p in 0..P {
                     acc[p][r] = _mm512_dpbf16_ps(acc[p][r], wz, y[p]);
@@ -417,7 +510,8 @@ unsafe fn tile<const R: usize, const P: usize>(
     steps: usize,
     pf: &mut LinePrefetch,
 ) -> [__m512; P] {
-    assert!(w.len() >= R * 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
+    let rs = row_stride(4 * steps);
+    assert!(w.len() >= (R - 1) * rs + 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
     // One chain of all the tile's (row, pair) accumulators.
@@ -430,8 +524,45 @@ unsafe fn tile<const R: usize, const P: usize>(
             // Row r's weights feed every pair's accumulator of row r.
             #[allow(clippy::needless_range_loop)]
             for r in 0..R {
-                let w8 = _mm256_load_pd(wp.add(8 * (r * 4 * steps + i)).cast());
+                let w8 = _mm256_load_pd(wp.add(8 * (r * rs + i)).cast());
                 let wz = _mm512_castpd_ps(_mm512_broadcast_f64x4(w8));
+                for p in 0..P {
+                    acc[p][r] = _mm512_fmadd_ps(wz, y[p], acc[p][r]);
+                }
+            }
+            pf.step();
+        }
+        acc
+    };
+    combine_chains!(chain, pf)
+}
+
+/// [`tile`] on f16: `R` rows packed by [`pack_rows`] (16-byte entries of `w`) against `P` f16
+/// pairs, each load widened as it comes (`vcvtph2ps`; a row's eight elements broadcast to both
+/// tokens' halves first). The same values reach the same FMAs in the same order as in [`tile`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_half<const R: usize, const P: usize>(
+    w: &[Lanes8],
+    a: [&[Halves16]; P],
+    steps: usize,
+    pf: &mut LinePrefetch,
+) -> [__m512; P] {
+    let rs = row_stride(4 * steps);
+    assert!(2 * w.len() >= (R - 1) * rs + 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
+    let wp = w.as_ptr().cast::<__m128i>();
+    let ap: [*const __m256i; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<__m256i>());
+    let chain = |c: usize, pf: &mut LinePrefetch| {
+        let mut acc = [[_mm512_setzero_ps(); R]; P];
+        for s in 0..steps {
+            let i = c * steps + s;
+            // SAFETY (all loads): i < 4 * steps, inside `a` and `w` (checked above).
+            let y: [__m512; P] =
+                std::array::from_fn(|p| _mm512_cvtph_ps(_mm256_load_si256(ap[p].add(i))));
+            #[allow(clippy::needless_range_loop)]
+            for r in 0..R {
+                let h = _mm256_broadcastsi128_si256(_mm_load_si128(wp.add(r * rs + i)));
+                let wz = _mm512_cvtph_ps(h);
                 for p in 0..P {
                     acc[p][r] = _mm512_fmadd_ps(wz, y[p], acc[p][r]);
                 }
@@ -486,8 +617,13 @@ pub(crate) fn run_rows<'w>(
     rows: Range<usize>,
     out: Out,
 ) {
-    let pairs_per_block = TOKEN_BLOCK_BYTES / (wide.steps * size_of::<Lanes16>() * 4).max(1);
-    let panel_rows = PANEL_BYTES / (wide.steps * 128).max(1);
+    // A pair's bytes, and a panel row's: f32 (BF16) or f16 (F16).
+    let (pair_bytes, row_bytes) = match wide.data {
+        Pairs::Wide(_) => (wide.steps * 4 * size_of::<Lanes16>(), wide.steps * 128),
+        Pairs::Half(_) => (wide.steps * 4 * size_of::<Halves16>(), wide.steps * 64),
+    };
+    let pairs_per_block = TOKEN_BLOCK_BYTES / pair_bytes.max(1);
+    let panel_rows = PANEL_BYTES / row_bytes.max(1);
     let panel_rows = (panel_rows / MAX_ROWS * MAX_ROWS).clamp(MAX_ROWS, MAX_PANEL_ROWS);
     run_blocks(
         wide,
@@ -500,12 +636,19 @@ pub(crate) fn run_rows<'w>(
     )
 }
 
-/// Bytes of widened weight rows per panel: a panel's rows run against each group of pairs
-/// before the next group, so the group's activations are read once per panel (from L1/L2) and
-/// the group's output lines are filled while they are in L1. Best of 5 / 3 / 2 alternated runs,
-/// 2 EPYC threads, t/s by panel (six rows; 192, 384, 768 KiB): 135M F16 pp512 632 / 690 / 699 /
-/// 689; 1B shape F16 pp64 91.7 / - / 89.7 / 90.3, pp512 97.0 / - / 99.6 / 93.8.
+/// Bytes of laid-out weight rows per panel (f32 for BF16, f16 for F16): a panel's rows run
+/// against each group of pairs before the next group, so the group's activations are read once
+/// per panel (from L1/L2) and the group's output lines are filled while they are in L1. Best of
+/// 5 / 3 / 2 alternated runs, 2 EPYC threads, t/s by panel of widened f32 rows (six rows; 192,
+/// 384, 768 KiB): 135M F16 pp512 632 / 690 / 699 / 689; 1B shape F16 pp64 91.7 / - / 89.7 /
+/// 90.3, pp512 97.0 / - / 99.6 / 93.8. F16 rows kept as f16 (2 Zen 5 threads, 1B shape, pp64 /
+/// pp512 t/s): 192 KiB 188.9-196.2 / 201-203, 384 KiB 187.1-188.5 / 202, 768 KiB 181.1 / -.
 const PANEL_BYTES: usize = 384 << 10;
+
+/// `Lanes8` entries from one block of six packed f16 rows ([`pack_rows`]) to the next.
+fn half_block(steps: usize) -> usize {
+    (MAX_ROWS * row_stride(4 * steps)).div_ceil(2)
+}
 
 /// Most rows in a panel.
 const MAX_PANEL_ROWS: usize = 96;
@@ -528,7 +671,8 @@ fn run_blocks<'w>(
     }
     debug_assert!(panel_rows >= MAX_ROWS && panel_rows.is_multiple_of(MAX_ROWS));
     WBUF.with_borrow_mut(|wbuf| {
-        let need = panel_rows * 4 * wide.steps;
+        // Widened f32 rows take a `Lanes8` an entry, packed f16 rows half of one.
+        let need = panel_rows * row_stride(4 * wide.steps);
         if wbuf.len() < need {
             wbuf.resize(need, Lanes8([0.0; 8]));
         }
@@ -548,13 +692,38 @@ fn run_blocks<'w>(
                     rows: panel.clone(),
                     raw: panel.clone().map(&row).collect(),
                 };
-                let dp = b.widen(wbuf);
-                b.run(&pairs, wbuf, dp, &mut pf, &out);
+                let form = b.widen(wbuf);
+                b.run(&pairs, wbuf, form, &mut pf, &out);
                 r = panel.end;
             }
             q0 = pairs.end;
         }
     })
+}
+
+/// `$f::<R>(rows, args…)` with the `R` (one to six) rows of the slice `$w` as an array.
+macro_rules! with_rows {
+    ($w:expr, $f:ident($($arg:expr),*)) => {
+        match *$w {
+            [a, b, c, d, e, f] => $f::<6>([a, b, c, d, e, f], $($arg),*),
+            [a, b, c, d, e] => $f::<5>([a, b, c, d, e], $($arg),*),
+            [a, b, c, d] => $f::<4>([a, b, c, d], $($arg),*),
+            [a, b, c] => $f::<3>([a, b, c], $($arg),*),
+            [a, b] => $f::<2>([a, b], $($arg),*),
+            _ => $f::<1>([$w[0]], $($arg),*),
+        }
+    };
+}
+
+/// How a panel's weights lie in its buffer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Form {
+    /// Widened to f32 ([`widen_rows`]).
+    Wide,
+    /// BF16 step pairs ([`dp_rows`]).
+    StepPairs,
+    /// F16, packed in the tiles' order ([`pack_rows`]).
+    Half,
 }
 
 /// One panel of weight rows against one token block's activations.
@@ -570,58 +739,51 @@ impl Panel<'_, '_> {
     /// Widens the panel's rows into `wbuf`, six at a time (then the rest); or, BF16 rows against
     /// activations that have step pairs ([`WideActs::dp`]), lays them out as step pairs and
     /// returns true when every value allows it ([`dp_outside`]).
-    fn widen(&self, wbuf: &mut [Lanes8]) -> bool {
+    fn widen(&self, wbuf: &mut [Lanes8]) -> Form {
+        if let Pairs::Half(_) = self.wide.data {
+            self.pack(wbuf);
+            return Form::Half;
+        }
         if self.wide.dp.is_some() && self.dp_rows(wbuf) {
-            return true;
+            return Form::StepPairs;
         }
-        if self.wide.ty == GgmlType::BF16 {
-            self.widen_as::<true>(wbuf)
-        } else {
-            self.widen_as::<false>(wbuf)
+        self.widen_bf16(wbuf);
+        Form::Wide
+    }
+
+    /// The panel's F16 rows packed into `wbuf` ([`pack_rows`]), six at a time (then the rest).
+    fn pack(&self, wbuf: &mut [Lanes8]) {
+        let steps = self.wide.steps;
+        let per_block = half_block(steps);
+        for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
+            let dst = &mut wbuf[b * per_block..];
+            // SAFETY (all): `WideActs::new` is `Some` only on CPUs with AVX-512.
+            unsafe { with_rows!(w, pack_rows(steps, dst)) }
         }
-        false
     }
 
     /// The panel's rows as bf16 step pairs into `wbuf`, six at a time; false when a value is
     /// outside [`dp_outside`]'s range.
     fn dp_rows(&self, wbuf: &mut [Lanes8]) -> bool {
         let steps = self.wide.steps;
-        let per_row = 4 * steps.div_ceil(2);
+        let per_row = row_stride(4 * steps.div_ceil(2));
         let mut ok = true;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let dst = &mut wbuf[b * MAX_ROWS * per_row..];
             // SAFETY (all): the step pairs exist only on CPUs with AVX512-BF16 (`dp_supported`).
-            ok &= unsafe {
-                match *w {
-                    [a, b, c, d, e, f] => dp_rows::<6>([a, b, c, d, e, f], steps, dst),
-                    [a, b, c, d, e] => dp_rows::<5>([a, b, c, d, e], steps, dst),
-                    [a, b, c, d] => dp_rows::<4>([a, b, c, d], steps, dst),
-                    [a, b, c] => dp_rows::<3>([a, b, c], steps, dst),
-                    [a, b] => dp_rows::<2>([a, b], steps, dst),
-                    _ => dp_rows::<1>([w[0]], steps, dst),
-                }
-            };
+            ok &= unsafe { with_rows!(w, dp_rows(steps, dst)) };
         }
         ok
     }
 
-    /// [`Panel::widen`] from f16 (`BF`: bf16) rows.
-    fn widen_as<const BF: bool>(&self, wbuf: &mut [Lanes8]) {
-        let per_row = 4 * self.wide.steps;
+    /// [`Panel::widen`] from BF16 rows to f32.
+    fn widen_bf16(&self, wbuf: &mut [Lanes8]) {
+        let per_row = row_stride(4 * self.wide.steps);
         let steps = self.wide.steps;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let dst = &mut wbuf[b * MAX_ROWS * per_row..];
             // SAFETY (all): `WideActs::new` is `Some` only on CPUs with AVX-512.
-            unsafe {
-                match *w {
-                    [a, b, c, d, e, f] => widen_rows::<6, BF>([a, b, c, d, e, f], steps, dst),
-                    [a, b, c, d, e] => widen_rows::<5, BF>([a, b, c, d, e], steps, dst),
-                    [a, b, c, d] => widen_rows::<4, BF>([a, b, c, d], steps, dst),
-                    [a, b, c] => widen_rows::<3, BF>([a, b, c], steps, dst),
-                    [a, b] => widen_rows::<2, BF>([a, b], steps, dst),
-                    _ => widen_rows::<1, BF>([w[0]], steps, dst),
-                }
-            }
+            unsafe { with_rows!(w, widen_rows(steps, dst)) }
         }
     }
 
@@ -631,7 +793,7 @@ impl Panel<'_, '_> {
         &self,
         pairs: &Range<usize>,
         wbuf: &[Lanes8],
-        dp: bool,
+        dp: Form,
         pf: &mut LinePrefetch,
         out: &Out,
     ) {
@@ -652,17 +814,16 @@ impl Panel<'_, '_> {
     fn group<const P: usize>(
         &self,
         wbuf: &[Lanes8],
-        dp: bool,
+        dp: Form,
         q: usize,
         pf: &mut LinePrefetch,
         out: &Out,
     ) {
-        let steps = if dp {
-            self.wide.steps.div_ceil(2)
-        } else {
-            self.wide.steps
+        let per_block = match dp {
+            Form::Wide => MAX_ROWS * row_stride(4 * self.wide.steps),
+            Form::StepPairs => MAX_ROWS * row_stride(4 * self.wide.steps.div_ceil(2)),
+            Form::Half => half_block(self.wide.steps),
         };
-        let per_block = MAX_ROWS * 4 * steps;
         for (b, w) in self.raw.chunks(MAX_ROWS).enumerate() {
             let wb = &wbuf[b * per_block..];
             let r = self.rows.start + b * MAX_ROWS;
@@ -692,7 +853,7 @@ impl Panel<'_, '_> {
         &self,
         w: &[&[u8]],
         wbuf: &[Lanes8],
-        dp: bool,
+        dp: Form,
         r: usize,
         q: usize,
         pf: &mut LinePrefetch,
@@ -701,12 +862,19 @@ impl Panel<'_, '_> {
         let (steps, ty) = (self.wide.steps, self.wide.ty);
         let full = 32 * steps;
         // SAFETY: as in `widen`; step pairs only on CPUs with AVX512-BF16 (`dp_supported`).
-        let sums = if dp {
-            let a = std::array::from_fn(|p| self.wide.pair_dp(q + p));
-            unsafe { tile_dp::<R, P>(wbuf, a, steps.div_ceil(2), pf) }
-        } else {
-            let a = std::array::from_fn(|p| self.wide.pair(q + p));
-            unsafe { tile::<R, P>(wbuf, a, steps, pf) }
+        let sums = match dp {
+            Form::StepPairs => {
+                let a = std::array::from_fn(|p| self.wide.pair_dp(q + p));
+                unsafe { tile_dp::<R, P>(wbuf, a, steps.div_ceil(2), pf) }
+            }
+            Form::Half => {
+                let a = std::array::from_fn(|p| self.wide.pair_half(q + p));
+                unsafe { tile_half::<R, P>(wbuf, a, steps, pf) }
+            }
+            Form::Wide => {
+                let a = std::array::from_fn(|p| self.wide.pair(q + p));
+                unsafe { tile::<R, P>(wbuf, a, steps, pf) }
+            }
         };
         for (p, v) in sums.iter().enumerate() {
             let t = 2 * (q + p);
