@@ -503,7 +503,11 @@ fn fused_add(held: &[Launch], x: u64, len: usize) -> Option<u64> {
 }
 
 /// A grid for a grid-stride kernel over `n` items with 256 threads per block.
+/// Decode-sized element counts (up to 8 tokens of a 14336-wide FFN) get a thread an element: a
+/// grid-stride loop's later loads wait for its earlier stores (the kernels' pointers may alias),
+/// so four elements a thread cost four memory round trips where one would do.
 fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
+    let per_thread = if n <= 8 * 14336 { 1 } else { per_thread };
     let blocks = n.div_ceil(256 * per_thread).clamp(1, 65535);
     (blocks as u32, 1, 1)
 }

@@ -267,12 +267,11 @@ static __device__ __forceinline__ void write_row_q8_1(float* o, block_q8_1* q, i
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm's scale of one row, 1 / sqrt(mean(x^2) + eps): f32 sums, IEEE-rounded square root and
-// divisions. Every thread of the block calls it and gets the result; all of them have finished
-// reading the row when it returns (a barrier), so callers may then overwrite it.
-static __device__ __forceinline__ float row_rms_scale(const float* xr, int n, float eps) {
+// divisions, from each thread's own sum of squares. Every thread of the block calls it and gets
+// the result; all of them have finished reading the row when it returns (a barrier), so callers
+// may then overwrite it.
+static __device__ __forceinline__ float block_rms_scale(float sum, int n, float eps) {
     __shared__ float partial[32];
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
     sum = warp_sum(sum);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) partial[warp] = sum;
@@ -281,6 +280,13 @@ static __device__ __forceinline__ float row_rms_scale(const float* xr, int n, fl
     sum = lane < n_warps ? partial[lane] : 0.0f;
     sum = warp_sum(sum); // every warp reduces the partials itself: no second barrier
     return __frcp_rn(__fsqrt_rn(__fdiv_rn(sum, (float)n) + eps));
+}
+
+// The scale of row xr, each thread summing its elements threadIdx.x + k * blockDim.x in order.
+static __device__ __forceinline__ float row_rms_scale(const float* xr, int n, float eps) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
+    return block_rms_scale(sum, n, eps);
 }
 
 // ---------------------------------------------------------------------------------------------

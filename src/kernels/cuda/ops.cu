@@ -15,13 +15,67 @@
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
+// Rows of up to ROW_REGS * blockDim.x values (8192 at 256 threads) are held in registers, each
+// thread's elements threadIdx.x + k * blockDim.x in v[k]: every load of the row (and of w, and of
+// the added residual) is issued before the first result is needed, one memory round trip, where
+// the loops below wait for one each time round (the stores of y, which may be x, keep the
+// compiler from moving later loads ahead). The per-thread sums run over the same elements in the
+// same order either way, so both paths give the same bits (checked in the emulator, rows of 576
+// to 8192). The registers (up to ~165 a thread on sm_90) limit these kernels to 256 threads a
+// block (__launch_bounds__).
+#define ROW_REGS 32
+
+// One row of RMSNorm from registers: x the input row; with r, x + r (stored back to x), the
+// residual add first; y = x / sqrt(mean(x^2) + eps) * w; with q also y's Q8_1 blocks, as
+// write_row_q8_1 writes them. y may be x or r. Needs n <= ROW_REGS * blockDim.x and, with q,
+// n a multiple of 32.
+static __device__ __forceinline__ void norm_row_regs(float* x, const float* r,
+                                                     const float* __restrict__ w, float* y,
+                                                     block_q8_1* q, int n, float eps) {
+    const int tid = threadIdx.x, bd = blockDim.x;
+    float v[ROW_REGS], g[ROW_REGS];
+#pragma unroll
+    for (int k = 0; k < ROW_REGS; ++k) {
+        const int i = tid + k * bd;
+        if (i < n) {
+            v[k] = x[i];
+            if (r) v[k] += r[i];
+            g[k] = w[i];
+        }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_REGS; ++k) {
+        const int i = tid + k * bd;
+        if (i < n) {
+            if (r) x[i] = v[k];
+            sum += v[k] * v[k];
+        }
+    }
+    const float scale = block_rms_scale(sum, n, eps);
+#pragma unroll
+    for (int k = 0; k < ROW_REGS; ++k) {
+        // Warp-uniform with q (n and bd multiples of 32): the warp's 32 elements are one block.
+        const int i = tid + k * bd;
+        if (i < n) {
+            const float val = v[k] * scale * g[k];
+            y[i] = val;
+            if (q) store_q8_1(q + (i >> 5), val);
+        }
+    }
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 1024).
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 256).
 // x: n_rows rows of n, x_stride (>= n) floats apart; y: [n_rows, n]; w: [n].
-extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
+extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
                                         int n, float eps, int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
     float* yr = y + (i64)blockIdx.x * n;
+    if (n <= ROW_REGS * (int)blockDim.x) {
+        norm_row_regs((float*)xr, nullptr, w, yr, nullptr, n, eps);
+        return;
+    }
     const float scale = row_rms_scale(xr, n, eps);
     // Each element is read and written by the same thread, so y == x is safe.
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
@@ -38,27 +92,36 @@ static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scal
 
 // rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
 // read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, bit for bit.
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: as rms_norm_f32's; y: [n_rows, n] (may be x); w: [n]; q: [n_rows * n / 32]
 // block_q8_1, 4-byte aligned.
-extern "C" __global__ void rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
+extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
                                          block_q8_1* __restrict__ q, int n, float eps,
                                          int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
+    if (n <= ROW_REGS * (int)blockDim.x) {
+        norm_row_regs((float*)xr, nullptr, w, y + (i64)blockIdx.x * n,
+                      q + (i64)blockIdx.x * (n / QK), n, eps);
+        return;
+    }
     norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
 }
 
 // The residual add and the RMSNorm after it in one launch (decode: the attention's or the FFN's
 // output added to the residual stream, then the next norm): x += r, then rms_norm_q8_1 of the
 // new x. x, y and q are what add_f32 and then rms_norm_q8_1 write, bit for bit.
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 1024); n a multiple
+// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: [n_rows, n], the residual stream, updated in place; r: [n_rows, n]; w: [n];
 // y: [n_rows, n] (may be x or r); q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
-extern "C" __global__ void add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(256, 1) add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w,
                                              float* y, block_q8_1* __restrict__ q, int n,
                                              float eps) {
     float* xr = x + (i64)blockIdx.x * n;
     const float* rr = r + (i64)blockIdx.x * n;
+    if (n <= ROW_REGS * (int)blockDim.x) {
+        norm_row_regs(xr, rr, w, y + (i64)blockIdx.x * n, q + (i64)blockIdx.x * (n / QK), n, eps);
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += rr[i];
     __syncthreads(); // the whole row's sums, for row_rms_scale's reads
     norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
