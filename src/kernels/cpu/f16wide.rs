@@ -671,8 +671,12 @@ fn run_blocks<'w>(
     }
     debug_assert!(panel_rows >= MAX_ROWS && panel_rows.is_multiple_of(MAX_ROWS));
     WBUF.with_borrow_mut(|wbuf| {
-        // Widened f32 rows take a `Lanes8` an entry, packed f16 rows half of one.
-        let need = panel_rows * row_stride(4 * wide.steps);
+        // Widened f32 rows take a `Lanes8` an entry, packed f16 rows half of one (and BF16 step
+        // pairs fit in the f32 rows' room).
+        let need = match wide.data {
+            Pairs::Wide(_) => panel_rows * row_stride(4 * wide.steps),
+            Pairs::Half(_) => panel_rows.div_ceil(MAX_ROWS) * half_block(wide.steps),
+        };
         if wbuf.len() < need {
             wbuf.resize(need, Lanes8([0.0; 8]));
         }

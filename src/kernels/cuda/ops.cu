@@ -21,7 +21,7 @@
 // the loops below wait for one each time round (the stores of y, which may be x, keep the
 // compiler from moving later loads ahead). The per-thread sums run over the same elements in the
 // same order either way, so both paths give the same bits (checked in the emulator, rows of 576
-// to 8192). The registers (up to ~165 a thread on sm_90) limit these kernels to 256 threads a
+// to 8192). The registers (121 to 242 a thread on sm_90) limit these kernels to 256 threads a
 // block (__launch_bounds__).
 #define ROW_REGS 32
 
@@ -68,8 +68,9 @@ static __device__ __forceinline__ void norm_row_regs(float* x, const float* r,
 // y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 256).
 // x: n_rows rows of n, x_stride (>= n) floats apart; y: [n_rows, n]; w: [n].
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_f32(const float* x, const float* __restrict__ w, float* y,
-                                        int n, float eps, int x_stride) {
+extern "C" __global__ void __launch_bounds__(256, 1)
+    rms_norm_f32(const float* x, const float* __restrict__ w, float* y, int n, float eps,
+                 int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
     float* yr = y + (i64)blockIdx.x * n;
     if (n <= ROW_REGS * (int)blockDim.x) {
@@ -95,9 +96,9 @@ static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scal
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: as rms_norm_f32's; y: [n_rows, n] (may be x); w: [n]; q: [n_rows * n / 32]
 // block_q8_1, 4-byte aligned.
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
-                                         block_q8_1* __restrict__ q, int n, float eps,
-                                         int x_stride) {
+extern "C" __global__ void __launch_bounds__(256, 1)
+    rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
+                  block_q8_1* __restrict__ q, int n, float eps, int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
     if (n <= ROW_REGS * (int)blockDim.x) {
         norm_row_regs((float*)xr, nullptr, w, y + (i64)blockIdx.x * n,
@@ -113,9 +114,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_q8_1(const float* 
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: [n_rows, n], the residual stream, updated in place; r: [n_rows, n]; w: [n];
 // y: [n_rows, n] (may be x or r); q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
-extern "C" __global__ void __launch_bounds__(256, 1) add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w,
-                                             float* y, block_q8_1* __restrict__ q, int n,
-                                             float eps) {
+extern "C" __global__ void __launch_bounds__(256, 1)
+    add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w, float* y,
+                      block_q8_1* __restrict__ q, int n, float eps) {
     float* xr = x + (i64)blockIdx.x * n;
     const float* rr = r + (i64)blockIdx.x * n;
     if (n <= ROW_REGS * (int)blockDim.x) {
