@@ -20,8 +20,8 @@ use oato::runtime::backend::{
     AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
 };
 use oato::runtime::cuda_backend::{
-    MmvqMode, flash_prefill, missing_kernels, mmvq_mode, mmvq_multi, pipe_blocks,
-    set_flash_prefill, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
+    MmvqMode, attn_split_force, flash_prefill, missing_kernels, mmvq_mode, mmvq_multi, pipe_blocks,
+    set_attn_split, set_flash_prefill, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
@@ -892,8 +892,22 @@ fn perf(be: &dyn Backend) -> Result<()> {
         head_dim: 128,
     };
     let (qd, kvd) = (32 * 128, 8 * 128);
-    let ctxs: &[usize] = if gpu { &[1024, 4096] } else { &[1024] };
-    for &ctx in ctxs {
+    // On a GPU also 128 positions (llama-bench's tg128 stays under the split threshold) by
+    // both kernels, and 1024 by the one-block-per-head kernel.
+    let ctxs: &[(usize, Option<bool>)] = if gpu {
+        &[
+            (128, Some(false)),
+            (128, Some(true)),
+            (1024, Some(false)),
+            (1024, None),
+            (4096, None),
+        ]
+    } else {
+        &[(1024, None)]
+    };
+    let split_chosen = attn_split_force();
+    for &(ctx, force) in ctxs {
+        set_attn_split(force.or(split_chosen));
         let mut ck = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
         let mut cv = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
         let q = put(be, &pattern(qd, 0.0))?;
@@ -908,11 +922,17 @@ fn perf(be: &dyn Backend) -> Result<()> {
             be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
         })?;
         println!(
-            "attention decode, 32/8 heads x 128 at position {}: {t:.1} us, {:.1} GB/s of KV cache",
+            "attention decode{}, 32/8 heads x 128 at position {}: {t:.1} us, {:.1} GB/s of KV cache",
+            match force {
+                Some(true) => " (split)",
+                Some(false) => " (a block per head)",
+                None => "",
+            },
             ctx - 1,
             (2 * ctx * kvd * 2) as f64 / t / 1e3
         );
     }
+    set_attn_split(split_chosen);
     // Prefill attention of `batch` tokens from position 0 (on a GPU the tiled kernel, then the
     // one-block-per-(head, token) kernel it replaced); causal: batch (batch + 1) / 2 scores per
     // head, each a dot product and a weighted sum over 128 dims.

@@ -180,8 +180,6 @@ pub struct CudaBackend {
     pub arch: u32,
     /// Streaming multiprocessors (sizes the split-attention grid).
     sm_count: usize,
-    /// `OATO_CUDA_ATTN_SPLIT`, read once.
-    attn_split_force: Option<bool>,
     /// `OATO_CUDA_MMQ=auto`'s choices between the int8 GEMM and cuBLAS, per shape.
     mmq_choices: MmqChoices,
     funcs: HashMap<String, CudaFunction>,
@@ -456,12 +454,35 @@ fn attn_split(
     })
 }
 
-/// `OATO_CUDA_ATTN_SPLIT`: `1` always splits decode attention, `0` never does, unset or
-/// anything else lets the context length decide.
-fn attn_split_force() -> Option<bool> {
-    match std::env::var("OATO_CUDA_ATTN_SPLIT").as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
+/// Whether decode attention is split (flash_decode.cu): 0 lets the context length decide, 1
+/// always splits, 2 never does. From `OATO_CUDA_ATTN_SPLIT` at start-up (`1`, `0`, else the
+/// length decides) or `set_attn_split`.
+static ATTN_SPLIT: std::sync::LazyLock<std::sync::atomic::AtomicU8> =
+    std::sync::LazyLock::new(|| {
+        std::sync::atomic::AtomicU8::new(match std::env::var("OATO_CUDA_ATTN_SPLIT").as_deref() {
+            Ok("1") => 1,
+            Ok("0") => 2,
+            _ => 0,
+        })
+    });
+
+/// Forces decode attention split (`Some(true)`), one block per head (`Some(false)`), or lets the
+/// context length decide (`None`), for every CUDA backend of the process (`selftest --perf`
+/// times both at short contexts).
+pub fn set_attn_split(force: Option<bool>) {
+    let v = match force {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    ATTN_SPLIT.store(v, Ordering::Relaxed);
+}
+
+/// The decode attention split choice `set_attn_split` last set.
+pub fn attn_split_force() -> Option<bool> {
+    match ATTN_SPLIT.load(Ordering::Relaxed) {
+        1 => Some(true),
+        2 => Some(false),
         _ => None,
     }
 }
@@ -793,7 +814,6 @@ impl CudaBackend {
             name,
             arch,
             sm_count,
-            attn_split_force: attn_split_force(),
             mmq_choices: MmqChoices::default(),
             funcs,
             scratch: Mutex::new(Scratch {
@@ -1824,7 +1844,7 @@ impl Backend for CudaBackend {
         let n_kv = call.pos0 + n;
         // The split kernel reads 16-byte words of the cache (cudaMalloc bases always allow it).
         let split = if (kp | vp) % 16 == 0 {
-            attn_split(s, n, n_kv, self.sm_count, self.attn_split_force)
+            attn_split(s, n, n_kv, self.sm_count, attn_split_force())
         } else {
             None
         };
