@@ -454,28 +454,33 @@ fn attn_split(
     })
 }
 
-/// Whether decode attention is split (flash_decode.cu): 0 lets the context length decide, 1
-/// always splits, 2 never does. From `OATO_CUDA_ATTN_SPLIT` at start-up (`1`, `0`, else the
-/// length decides) or `set_attn_split`.
+/// Whether decode attention is split (flash_decode.cu), as `split_code` encodes the choice:
+/// from `OATO_CUDA_ATTN_SPLIT` at start-up (`1` always, `0` never, else the context length
+/// decides) or `set_attn_split`.
 static ATTN_SPLIT: std::sync::LazyLock<std::sync::atomic::AtomicU8> =
     std::sync::LazyLock::new(|| {
-        std::sync::atomic::AtomicU8::new(match std::env::var("OATO_CUDA_ATTN_SPLIT").as_deref() {
-            Ok("1") => 1,
-            Ok("0") => 2,
-            _ => 0,
-        })
+        let force = match std::env::var("OATO_CUDA_ATTN_SPLIT").as_deref() {
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            _ => None,
+        };
+        std::sync::atomic::AtomicU8::new(split_code(force))
     });
+
+/// `ATTN_SPLIT`'s value for a choice: 0 the context length decides, 1 split, 2 never.
+fn split_code(force: Option<bool>) -> u8 {
+    match force {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    }
+}
 
 /// Forces decode attention split (`Some(true)`), one block per head (`Some(false)`), or lets the
 /// context length decide (`None`), for every CUDA backend of the process (`selftest --perf`
 /// times both at short contexts).
 pub fn set_attn_split(force: Option<bool>) {
-    let v = match force {
-        None => 0,
-        Some(true) => 1,
-        Some(false) => 2,
-    };
-    ATTN_SPLIT.store(v, Ordering::Relaxed);
+    ATTN_SPLIT.store(split_code(force), Ordering::Relaxed);
 }
 
 /// The decode attention split choice `set_attn_split` last set.
@@ -523,12 +528,16 @@ fn fused_add(held: &[Launch], x: u64, len: usize) -> Option<u64> {
     ok.then(|| u64::from_ne_bytes(a.args[1]))
 }
 
-/// A grid for a grid-stride kernel over `n` items with 256 threads per block.
-/// Decode-sized element counts (up to 8 tokens of a 14336-wide FFN) get a thread an element: a
-/// grid-stride loop's later loads wait for its earlier stores (the kernels' pointers may alias),
-/// so four elements a thread cost four memory round trips where one would do.
+/// A grid for a grid-stride kernel over `n` items with 256 threads per block, `per_thread` items
+/// a thread; decode-sized counts (`MMVQ_MAX_TOKENS` tokens of a 14336-wide FFN at most) get a
+/// thread an item: a grid-stride loop's later loads can wait for its earlier stores (the kernels'
+/// pointers may alias), four round trips where one would do (read from the code, not timed).
 fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
-    let per_thread = if n <= 8 * 14336 { 1 } else { per_thread };
+    let per_thread = if n <= MMVQ_MAX_TOKENS * 14336 {
+        1
+    } else {
+        per_thread
+    };
     let blocks = n.div_ceil(256 * per_thread).clamp(1, 65535);
     (blocks as u32, 1, 1)
 }

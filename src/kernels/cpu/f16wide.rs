@@ -65,10 +65,11 @@ const MAX_PAIRS: usize = 4;
 /// weights too often, larger ones leave L3).
 const TOKEN_BLOCK_BYTES: usize = 4 << 20;
 
-/// F16 or BF16 activations widened to f32, two tokens (a pair) at a time: `[pair][chain][step]` of
-/// [`Lanes16`], where entry (c, s) holds elements 32s + 8c..32s + 8c + 8 of token 2q (lanes
-/// 0..8) and of token 2q + 1 (lanes 8..16). A token after the last whole pair and elements after
-/// the last whole step are not widened.
+/// F16 or BF16 activations laid out for the tiles, two tokens (a pair) at a time:
+/// `[pair][chain][step]`, where entry (c, s) holds elements 32s + 8c..32s + 8c + 8 of token 2q
+/// (lanes 0..8) and of token 2q + 1 (lanes 8..16), as f32 ([`Lanes16`], BF16) or f16
+/// ([`Halves16`], F16); pairs [`pair_stride`] entries apart. A token after the last whole pair and
+/// elements after the last whole step are not laid out.
 pub struct WideActs {
     /// F16 or BF16: the activations' type, and the weights' these tiles take.
     ty: GgmlType,
@@ -86,7 +87,7 @@ pub struct WideActs {
 }
 
 impl WideActs {
-    /// Widens F16 or BF16 activations when the AVX-512 tiles will use them (`None` otherwise:
+    /// Lays out F16 or BF16 activations when the AVX-512 tiles will use them (`None` otherwise:
     /// another type, another instruction set, or fewer than four tokens).
     pub fn new(acts: &QuantizedActs) -> Option<WideActs> {
         use crate::kernels::cpu::{Isa, isa};
@@ -101,7 +102,7 @@ impl WideActs {
         self.ty
     }
 
-    /// Widens the whole pairs of `acts` (F16 or BF16, on a CPU with AVX-512).
+    /// Lays out the whole pairs of `acts` (F16 or BF16, on a CPU with AVX-512).
     fn widen(acts: &QuantizedActs) -> WideActs {
         assert!(half(acts.ty) && crate::kernels::cpu::Isa::Avx512.supported());
         let bf16 = acts.ty == GgmlType::BF16;
@@ -460,6 +461,37 @@ macro_rules! combine_chains {
     }};
 }
 
+/// One tile's four chains, run one after the other over `$steps` steps each (step `$i` of chain
+/// c is entry `c * steps + s` of every laid-out row and pair), then [`combine_chains`]: `$y` loads
+/// pair `$p`'s entry, `$w` row `$r`'s (broadcast to both tokens' halves), and `$fma` adds
+/// `$wz` x `$yp` into `$acc`; `$pf_steps` prefetched lines a step. A macro, so that the three
+/// tiles share one loop and each compiles inside its own target features.
+macro_rules! tile_chains {
+    ($steps:expr, $pf:ident, $pf_steps:expr, |$i:ident, $p:ident| $y:expr, |$r:ident| $w:expr,
+     |$acc:ident, $wz:ident, $yp:ident| $fma:expr) => {{
+        let chain = |c: usize, pf: &mut LinePrefetch| {
+            let mut acc = [[_mm512_setzero_ps(); R]; P];
+            for s in 0..$steps {
+                let $i = c * $steps + s;
+                let y: [_; P] = std::array::from_fn(|$p| $y);
+                #[allow(clippy::needless_range_loop)]
+                for $r in 0..R {
+                    let $wz = $w;
+                    for p in 0..P {
+                        let ($acc, $yp) = (acc[p][$r], y[p]);
+                        acc[p][$r] = $fma;
+                    }
+                }
+                for _ in 0..$pf_steps {
+                    pf.step();
+                }
+            }
+            acc
+        };
+        combine_chains!(chain, $pf)
+    }};
+}
+
 /// [`tile`] on bf16 step pairs (`w` as [`dp_rows`] lays them out, `a` as [`WideActs::dp`]) over
 /// `tsteps` step pairs: one `vdpbf16ps` per (row, pair) and two steps, each lane adding its
 /// high product then its low one, rounded after each as the FMA chain is.
@@ -475,28 +507,18 @@ unsafe fn tile_dp<const R: usize, const P: usize>(
     assert!(w.len() >= (R - 1) * rs + 4 * tsteps && a.iter().all(|a| a.len() >= 4 * tsteps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
-    let chain = |c: usize, pf: &mut LinePrefetch| {
-        let mut acc = [[_mm512_setzero_ps(); R]; P];
-        for t in 0..tsteps {
-            let i = c * tsteps + t;
-            // SAFETY (all loads): i < 4 * tsteps, inside `a` and `w` (checked above).
-            let y: [__m512bh; P] = std::array::from_fn(|p| {
-                std::mem::transmute::<__m512, __m512bh>(_mm512_load_ps(ap[p].add(16 * i)))
-            });
-            #[allow(clippy::needless_range_loop)]
-            for r in 0..R {
-                let w8 = _mm256_load_pd(wp.add(8 * (r * rs + i)).cast());
-                let wz = std::mem::transmute::<__m512d, __m512bh>(_mm512_broadcast_f64x4(w8));
-                for p in 0..P {
-                    acc[p][r] = _mm512_dpbf16_ps(acc[p][r], wz, y[p]);
-                }
-            }
-            pf.step();
-            pf.step();
-        }
-        acc
-    };
-    combine_chains!(chain, pf)
+    // SAFETY (all loads): every entry i < 4 * tsteps, inside `a` and `w` (checked above).
+    tile_chains!(
+        tsteps,
+        pf,
+        2,
+        |i, p| std::mem::transmute::<__m512, __m512bh>(_mm512_load_ps(ap[p].add(16 * i))),
+        |r| {
+            let w8 = _mm256_load_pd(wp.add(8 * (r * rs + i)).cast());
+            std::mem::transmute::<__m512d, __m512bh>(_mm512_broadcast_f64x4(w8))
+        },
+        |acc, wz, y| _mm512_dpbf16_ps(acc, wz, y)
+    )
 }
 
 /// `R` widened weight rows (`w`, as [`widen_rows`] lays them out) against `P` widened pairs
@@ -514,27 +536,17 @@ unsafe fn tile<const R: usize, const P: usize>(
     assert!(w.len() >= (R - 1) * rs + 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<f32>();
     let ap: [*const f32; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<f32>());
-    // One chain of all the tile's (row, pair) accumulators.
-    let chain = |c: usize, pf: &mut LinePrefetch| {
-        let mut acc = [[_mm512_setzero_ps(); R]; P];
-        for s in 0..steps {
-            let i = c * steps + s;
-            // SAFETY (all loads): i < 4 * steps, inside `a` and `w` (checked above).
-            let y: [__m512; P] = std::array::from_fn(|p| _mm512_load_ps(ap[p].add(16 * i)));
-            // Row r's weights feed every pair's accumulator of row r.
-            #[allow(clippy::needless_range_loop)]
-            for r in 0..R {
-                let w8 = _mm256_load_pd(wp.add(8 * (r * rs + i)).cast());
-                let wz = _mm512_castpd_ps(_mm512_broadcast_f64x4(w8));
-                for p in 0..P {
-                    acc[p][r] = _mm512_fmadd_ps(wz, y[p], acc[p][r]);
-                }
-            }
-            pf.step();
-        }
-        acc
-    };
-    combine_chains!(chain, pf)
+    // SAFETY (all loads): every entry i < 4 * steps, inside `a` and `w` (checked above).
+    tile_chains!(
+        steps,
+        pf,
+        1,
+        |i, p| _mm512_load_ps(ap[p].add(16 * i)),
+        |r| _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_load_pd(
+            wp.add(8 * (r * rs + i)).cast()
+        ))),
+        |acc, wz, y| _mm512_fmadd_ps(wz, y, acc)
+    )
 }
 
 /// [`tile`] on f16: `R` rows packed by [`pack_rows`] (16-byte entries of `w`) against `P` f16
@@ -552,26 +564,17 @@ unsafe fn tile_half<const R: usize, const P: usize>(
     assert!(2 * w.len() >= (R - 1) * rs + 4 * steps && a.iter().all(|a| a.len() >= 4 * steps));
     let wp = w.as_ptr().cast::<__m128i>();
     let ap: [*const __m256i; P] = std::array::from_fn(|p| a[p].as_ptr().cast::<__m256i>());
-    let chain = |c: usize, pf: &mut LinePrefetch| {
-        let mut acc = [[_mm512_setzero_ps(); R]; P];
-        for s in 0..steps {
-            let i = c * steps + s;
-            // SAFETY (all loads): i < 4 * steps, inside `a` and `w` (checked above).
-            let y: [__m512; P] =
-                std::array::from_fn(|p| _mm512_cvtph_ps(_mm256_load_si256(ap[p].add(i))));
-            #[allow(clippy::needless_range_loop)]
-            for r in 0..R {
-                let h = _mm256_broadcastsi128_si256(_mm_load_si128(wp.add(r * rs + i)));
-                let wz = _mm512_cvtph_ps(h);
-                for p in 0..P {
-                    acc[p][r] = _mm512_fmadd_ps(wz, y[p], acc[p][r]);
-                }
-            }
-            pf.step();
-        }
-        acc
-    };
-    combine_chains!(chain, pf)
+    // SAFETY (all loads): every entry i < 4 * steps, inside `a` and `w` (checked above).
+    tile_chains!(
+        steps,
+        pf,
+        1,
+        |i, p| _mm512_cvtph_ps(_mm256_load_si256(ap[p].add(i))),
+        |r| _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_load_si128(
+            wp.add(r * rs + i)
+        ))),
+        |acc, wz, y| _mm512_fmadd_ps(wz, y, acc)
+    )
 }
 
 /// Each of up to eight rows' lanes (`s[i]`: row i's eight lanes of token 0 in lanes 0..8, of token

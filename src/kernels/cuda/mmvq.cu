@@ -384,25 +384,45 @@ struct mmvq_iq4_xs_t {
 // bytes each) by 2-byte loads, all by __ldg (read-only global loads: the addresses, rebuilt from
 // integers, would otherwise compile to generic ones); nothing outside [src, src + n) is read.
 // Called by a whole warp.
-__device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int lane) {
+// How stage_bytes (and the pipelined kernels' loads) cut [src, src + n): offsets from base, the
+// 16-byte aligned address at or below src, which stands for the buffer's first byte.
+struct byte_span {
+    u64 base;
+    int off;    // src's offset (src % 16)
+    int mid_at; // the aligned middle's offset
+    int n16;    // 16-byte words in the middle
+    int ht_at;  // this lane's head or tail u16 offset, -1 for none (lanes 0-7 head, 8-15 tail)
+};
+
+__device__ __forceinline__ byte_span span_of(const u8* src, int n, int lane) {
     const u64 s = (u64)src, e = s + (u64)n;
-    const u64 base = s & ~(u64)15; // dst[0] stands for global address base
+    const u64 base = s & ~(u64)15;
     const u64 up = (s + 15) & ~(u64)15, down = e & ~(u64)15;
     const u64 head_end = up < e ? up : e;
     const u64 tail_beg = down > head_end ? down : head_end;
-    if (lane < 8) {
-        const u64 g = s + 2 * lane;
-        if (g < head_end) *(u16*)(dst + (g - base)) = __ldg((const u16*)g);
-    } else if (lane < 16) {
-        const u64 g = tail_beg + 2 * (lane - 8);
-        if (g < e) *(u16*)(dst + (g - base)) = __ldg((const u16*)g);
-    }
-    const int n16 = (int)((tail_beg - head_end) >> 4);
-    const uint4* s16 = (const uint4*)head_end;
-    uint4* d16 = (uint4*)(dst + (head_end - base));
+    const u64 g = lane < 8 ? s + 2 * lane : tail_beg + 2 * (lane - 8);
+    const bool ht = lane < 8 ? g < head_end : lane < 16 && g < e;
+    return {base, (int)(s - base), (int)(head_end - base), (int)((tail_beg - head_end) >> 4),
+            ht ? (int)(g - base) : -1};
+}
+
+__device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int lane) {
+    const byte_span sp = span_of(src, n, lane);
+    if (sp.ht_at >= 0) *(u16*)(dst + sp.ht_at) = __ldg((const u16*)(sp.base + sp.ht_at));
+    const uint4* s16 = (const uint4*)(sp.base + sp.mid_at);
+    uint4* d16 = (uint4*)(dst + sp.mid_at);
 #pragma unroll 4
-    for (int i = lane; i < n16; i += 32) d16[i] = __ldg(s16 + i);
-    return (int)(s - base);
+    for (int i = lane; i < sp.n16; i += 32) d16[i] = __ldg(s16 + i);
+    return sp.off;
+}
+
+// The alignment (2, 4 or 16) at which format T's blocks are read from a weight at w (in global
+// and so in shared memory): one choice per thread block, among the A4 / A16 its callers dispatch
+// on.
+template <class T>
+__device__ __forceinline__ int block_align(const void* w) {
+    constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
+    return ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
 }
 
 // Word i of a run of Q8_1 blocks (block i / 9: its (d, s), then 8 words of quants) into the
@@ -452,9 +472,8 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
     const int k_used = nb * T::qk;
     const u8* wrow = (const u8*)w + (i64)row * nb * T::bytes;
     const u32* xw = (const u32*)(x + (i64)t * (k / QK));
-    // Alignment of the blocks (in global and so in shared memory): one choice per block.
     constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
-    const int al = ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
+    const int al = block_align<T>(w);
 
     float acc = 0.0f;
     for (int c0 = 0; c0 < k_used; c0 += T::chunk) {
@@ -628,8 +647,7 @@ __device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const multi_row& r, c
     p.nbc = p.ne / T::qk;
     const int row = r.rb * MMVQ_ROWS + warp;
     p.active = row < r.n;
-    constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
-    p.al = ((u64)r.w & 15) == 0 ? A16 : ((u64)r.w & 3) == 0 ? A4 : 2;
+    p.al = block_align<T>(r.w);
     p.ht_at = -1;
     p.n16 = 0;
     p.off = 0;
@@ -637,28 +655,13 @@ __device__ __forceinline__ void pipe_load(pipe_regs<T>& p, const multi_row& r, c
     if (p.active) {
         const int nb = k_used / T::qk;
         const u8* src = r.w + ((i64)row * nb + c0 / T::qk) * T::bytes;
-        const u64 s = (u64)src, e = s + (u64)(p.nbc * T::bytes);
-        const u64 base = s & ~(u64)15;
-        const u64 up = (s + 15) & ~(u64)15, down = e & ~(u64)15;
-        const u64 head_end = up < e ? up : e;
-        const u64 tail_beg = down > head_end ? down : head_end;
-        if (lane < 8) {
-            const u64 g = s + 2 * lane;
-            if (g < head_end) {
-                p.ht = __ldg((const u16*)g);
-                p.ht_at = (int)(g - base);
-            }
-        } else if (lane < 16) {
-            const u64 g = tail_beg + 2 * (lane - 8);
-            if (g < e) {
-                p.ht = __ldg((const u16*)g);
-                p.ht_at = (int)(g - base);
-            }
-        }
-        p.n16 = (int)((tail_beg - head_end) >> 4);
-        p.mid_at = (int)(head_end - base);
-        p.off = (int)(s - base);
-        const uint4* s16 = (const uint4*)head_end;
+        const byte_span sp = span_of(src, p.nbc * T::bytes, lane);
+        if (sp.ht_at >= 0) p.ht = __ldg((const u16*)(sp.base + sp.ht_at));
+        p.ht_at = sp.ht_at;
+        p.n16 = sp.n16;
+        p.mid_at = sp.mid_at;
+        p.off = sp.off;
+        const uint4* s16 = (const uint4*)(sp.base + sp.mid_at);
 #pragma unroll
         for (int j = 0; j < P::u; ++j) {
             const int i = lane + 32 * j;
@@ -856,7 +859,7 @@ __device__ __forceinline__ void mmvq_direct_impl(const void* w, const i8* aq, co
     const int nb = k / T::qk;
     const u8* wrow = (const u8*)w + (i64)row * nb * T::bytes;
     constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
-    const int al = ((u64)w & 15) == 0 ? A16 : ((u64)w & 3) == 0 ? A4 : 2;
+    const int al = block_align<T>(w);
     float acc[MMVQ_DIRECT_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < MMVQ_DIRECT_MAX_TOK; ++t) acc[t] = 0.0f;
