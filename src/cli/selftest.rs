@@ -22,6 +22,7 @@ use oato::runtime::backend::{
 use oato::runtime::cuda_backend::{
     MmvqMode, attn_split_force, flash_prefill, missing_kernels, mmvq_mode, mmvq_multi, pipe_blocks,
     set_attn_split, set_flash_prefill, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
+    set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
@@ -1004,7 +1005,8 @@ fn prefill_gemm_lines(
     Ok(lines)
 }
 
-/// The staged matrix-vector kernels, then the pipelined ones at 1 to 16 thread blocks per
+/// The staged matrix-vector kernels, the split layout's (Q4_0, Q8_0: `OATO_CUDA_SPLIT`), then the
+/// pipelined ones at 1 to 16 thread blocks per
 /// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
 /// above and a decode step's others: LLaMA3-8B's attn_k / attn_v (4096 x 1024) and its output
 /// head (4096 x 128256); F16 (the float kernel) beside them as what the memory gives a plain
@@ -1016,7 +1018,10 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
     let counts = [1usize, 2, 4, 5, 8, 16];
     println!();
     println!("decode, {BACK_TO_BACK} products back to back per timing, GB/s of weight bytes:");
-    print!("{:<6} {:<12} {:>9}", "type", "k x n", "staged");
+    print!(
+        "{:<6} {:<12} {:>9} {:>9}",
+        "type", "k x n", "staged", "split"
+    );
     for b in counts {
         print!(" {:>9}", format!("pipe {b}"));
     }
@@ -1037,21 +1042,31 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
             let x = put(be, &pattern(k, 0.0))?;
             let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
             print!("{:<6} {:<12}", ty.name(), format!("{k}x{n}"));
-            let mut time = |m: MmvqMode, b: usize| -> Result<f64> {
+            let mut time = |w: &Weight, m: MmvqMode, b: usize| -> Result<f64> {
                 set_mmvq_mode(m);
                 set_pipe_blocks(b);
                 let t = median_us(be, reps, || {
                     for _ in 0..BACK_TO_BACK {
-                        be.matmul(&[&w], &x, 1, &mut [&mut y])?;
+                        be.matmul(&[w], &x, 1, &mut [&mut y])?;
                     }
                     Ok(())
                 })?;
                 Ok((BACK_TO_BACK * bytes.len()) as f64 / t / 1e3)
             };
-            print!(" {:>9.1}", time(MmvqMode::Staged, blocks)?);
+            print!(" {:>9.1}", time(&w, MmvqMode::Staged, blocks)?);
+            // The same weight held in split.cu's layout (Q4_0, Q8_0), read by mmvq_split1_*.
+            if split_kernels(ty) {
+                let was = weight_split();
+                set_weight_split(true);
+                let ws = be.upload_weight("perf split", ty, k, n, &bytes);
+                set_weight_split(was);
+                print!(" {:>9.1}", time(&ws?, MmvqMode::Staged, blocks)?);
+            } else {
+                print!(" {:>9}", "-");
+            }
             for b in counts {
                 if ty.is_quantized() {
-                    print!(" {:>9.1}", time(MmvqMode::Pipe, b)?);
+                    print!(" {:>9.1}", time(&w, MmvqMode::Pipe, b)?);
                 } else {
                     print!(" {:>9}", "-");
                 }
@@ -1065,32 +1080,51 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
 }
 
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
-/// a launch per weight against one launch for all (`mmvq_multi`); GB/s of weight bytes, each
-/// time with the activations' quantisation.
+/// a launch per weight against one launch for all (`mmvq_multi`), the pipelined kernels' one
+/// launch, and for Q4_0 the split layout's one launch; GB/s of weight bytes, each time with the
+/// activations' quantisation.
 fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     println!();
     println!(
-        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
-        "type", "k x (n + ..)", "apart us", "GB/s", "one launch", "GB/s", "pipe, one", "GB/s"
+        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
+        "type",
+        "k x (n + ..)",
+        "apart us",
+        "GB/s",
+        "one launch",
+        "GB/s",
+        "pipe, one",
+        "GB/s",
+        "split, one",
+        "GB/s"
     );
     let chosen = mmvq_multi();
     let mode = mmvq_mode();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
         for rows in [&[4096usize, 1024, 1024][..], &[14336, 14336]] {
             let k = 4096;
-            let mut ws = Vec::new();
+            let (mut ws, mut split) = (Vec::new(), Vec::new());
             let mut total = 0usize;
+            let was = weight_split();
             for (i, &r) in rows.iter().enumerate() {
                 let b = weight_bytes(ty, k, r, 21 + i as u64)?;
                 total += b.len();
-                ws.push(be.upload_weight("perf", ty, k, r, &b)?);
+                set_weight_split(false);
+                ws.push(be.upload_weight("perf", ty, k, r, &b));
+                if split_kernels(ty) {
+                    set_weight_split(true);
+                    split.push(be.upload_weight("perf split", ty, k, r, &b));
+                }
             }
+            set_weight_split(was);
+            let ws = ws.into_iter().collect::<Result<Vec<_>>>()?;
+            let split = split.into_iter().collect::<Result<Vec<_>>>()?;
             let x = put(be, &pattern(k, 0.0))?;
             let mut ys = rows
                 .iter()
                 .map(|&r| be.alloc(DType::F32, r, Category::Workspace))
                 .collect::<Result<Vec<_>>>()?;
-            let mut time = |multi: bool, m: MmvqMode| -> Result<f64> {
+            let mut time = |ws: &[Weight], multi: bool, m: MmvqMode| -> Result<f64> {
                 set_mmvq_multi(multi);
                 set_mmvq_mode(m);
                 let wr: Vec<&Weight> = ws.iter().collect();
@@ -1100,18 +1134,24 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                 })
             };
             let (apart, one) = (
-                time(false, MmvqMode::Staged)?,
-                time(true, MmvqMode::Staged)?,
+                time(&ws, false, MmvqMode::Staged)?,
+                time(&ws, true, MmvqMode::Staged)?,
             );
-            let pipe = time(true, MmvqMode::Pipe)?;
+            let pipe = time(&ws, true, MmvqMode::Pipe)?;
             let gbs = |t: f64| total as f64 / t / 1e3;
+            let split = if split.is_empty() {
+                format!("{:>12} {:>8}", "-", "-")
+            } else {
+                let t = time(&split, true, MmvqMode::Staged)?;
+                format!("{t:>12.1} {:>8.1}", gbs(t))
+            };
             let shape = rows
                 .iter()
                 .map(|r| r.to_string())
                 .collect::<Vec<_>>()
                 .join(" + ");
             println!(
-                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1} {pipe:>12.1} {:>8.1}",
+                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1} {pipe:>12.1} {:>8.1} {split}",
                 ty.name(),
                 format!("{k} x ({shape})"),
                 gbs(apart),

@@ -135,6 +135,10 @@ struct Scratch {
     mmq_act: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
+    /// Decode activations split by quantize_q8_1_split for the split layout's kernels.
+    q8s: Option<(CudaSlice<u8>, Reservation)>,
+    /// `q8s` holds the split quants of the `.1` f32 values at address `.0` (as `q8_holds`).
+    q8s_holds: Option<(u64, usize)>,
     /// `q8` holds `quantize_q8_1`'s blocks of the `.1` f32 values at address `.0` (written by a
     /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
     /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
@@ -163,6 +167,8 @@ struct CudaWeight {
     /// For a streamed weight: recorded on the copy stream after its upload; kernels that read
     /// it wait for it.
     ready: Option<CudaEvent>,
+    /// Held in split.cu's layout (quants of all rows, then their f16 scales).
+    split: bool,
 }
 
 pub struct CudaBackend {
@@ -323,6 +329,76 @@ pub fn set_flash_prefill(on: bool) {
 /// Whether prefill attention runs as the tiled kernel.
 pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
+}
+
+/// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0) are held in its split
+/// layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same bytes),
+/// so decode reads them with the `mmvq_split_*` kernels. Streamed weights keep the file's layout.
+/// Off unless `OATO_CUDA_SPLIT=1` at start-up or `set_weight_split(true)`: the kernels have not
+/// been timed on a GPU yet. The values agree with the file layout's kernels up to the order of
+/// f32 sums (as the direct kernels do).
+static WEIGHT_SPLIT: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(std::env::var("OATO_CUDA_SPLIT").is_ok_and(|v| v.trim() == "1"))
+});
+
+/// Chooses, for weights uploaded from now on by every CUDA backend of the process, the split
+/// layout (true) or the file's (false).
+pub fn set_weight_split(on: bool) {
+    WEIGHT_SPLIT.store(on, Ordering::Relaxed);
+}
+
+/// Whether weights uploaded now take the split layout where their format has one.
+pub fn weight_split() -> bool {
+    WEIGHT_SPLIT.load(Ordering::Relaxed)
+}
+
+/// split.cu's kernels for a weight type: quant bytes per 32-element block, the layout's repack
+/// kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its dequantisation kernel.
+struct SplitKernels {
+    qb: usize,
+    repack: &'static str,
+    mmvq: &'static str,
+    mmvq1: &'static str,
+    dequant: &'static str,
+}
+
+/// Whether weights of type `ty` have the split layout (`set_weight_split`).
+pub fn split_kernels(ty: GgmlType) -> bool {
+    split_kernels_of(ty).is_some()
+}
+
+fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
+    let (qb, repack, mmvq, mmvq1, dequant) = match ty {
+        GgmlType::Q4_0 => (
+            16,
+            "split_blocks_16",
+            "mmvq_split_q4_0",
+            "mmvq_split1_q4_0",
+            "dequant_split_q4_0_f16",
+        ),
+        GgmlType::IQ4_NL => (
+            16,
+            "split_blocks_16",
+            "mmvq_split_iq4_nl",
+            "mmvq_split1_iq4_nl",
+            "dequant_split_iq4_nl_f16",
+        ),
+        GgmlType::Q8_0 => (
+            32,
+            "split_blocks_32",
+            "mmvq_split_q8_0",
+            "mmvq_split1_q8_0",
+            "dequant_split_q8_0_f16",
+        ),
+        _ => return None,
+    };
+    Some(SplitKernels {
+        qb,
+        repack,
+        mmvq,
+        mmvq1,
+        dequant,
+    })
 }
 
 /// Whether the decode matmuls of two or three quantised weights of one type that read one input
@@ -644,6 +720,22 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "split.cu",
+        &[
+            "split_blocks_16",
+            "split_blocks_32",
+            "mmvq_split_q4_0",
+            "mmvq_split_iq4_nl",
+            "mmvq_split_q8_0",
+            "mmvq_split1_q4_0",
+            "mmvq_split1_iq4_nl",
+            "mmvq_split1_q8_0",
+            "dequant_split_q4_0_f16",
+            "dequant_split_iq4_nl_f16",
+            "dequant_split_q8_0_f16",
+        ],
+    ),
+    (
         "mmq.cu",
         &[
             "mmq_q4_0",
@@ -890,6 +982,39 @@ impl CudaBackend {
         Ok(self.ptr_of(&cw.buf))
     }
 
+    /// split.cu's kernels when weight `w` is held in their layout.
+    fn split_of(&self, w: &Weight) -> Result<Option<SplitKernels>> {
+        let cw = weight_storage::<CudaWeight>(w, self.id)?;
+        Ok(if cw.split {
+            split_kernels_of(w.ty)
+        } else {
+            None
+        })
+    }
+
+    /// The quants and scales of rows `r0..` of split weight `w` at `wp` (`sk.qb` quant bytes a
+    /// block): the addresses split.cu's dequantisation takes.
+    fn split_rows(w: &Weight, sk: &SplitKernels, wp: u64, r0: usize) -> (u64, u64) {
+        let nb = w.k / 32;
+        let qs = wp + (r0 * nb * sk.qb) as u64;
+        let ds = wp + (w.n * nb * sk.qb + r0 * nb * 2) as u64;
+        (qs, ds)
+    }
+
+    /// Decode activations `xp` ([n_tok, k] f32) split by quantize_q8_1_split for the split
+    /// layout's kernels, in the scratch (kept there for the next product of the same input).
+    fn split_acts(&self, s: &mut Scratch, xp: u64, n_tok: usize, k: usize) -> Result<(u64, u64)> {
+        let len = n_tok * k;
+        if s.q8s_holds == Some((xp, len)) {
+            // The scratch is at least that large, so grow only returns its address.
+            let aq = self.grow(&mut s.q8s, len / 32 * 40)?;
+            return Ok((aq, aq + len as u64));
+        }
+        let acts = self.quantize_split(&mut s.q8s, xp, n_tok, k)?;
+        s.q8s_holds = Some((xp, len));
+        Ok(acts)
+    }
+
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
     fn grow(&self, slot: &mut Option<(CudaSlice<u8>, Reservation)>, bytes: usize) -> Result<u64> {
         if slot.as_ref().is_none_or(|(b, _)| b.len() < bytes) {
@@ -1107,7 +1232,9 @@ impl CudaBackend {
     /// Before an operator that writes activations: the quantised copy in the scratch may no
     /// longer match its source.
     fn forget_q8(&self) -> Result<()> {
-        self.scratch()?.q8_holds = None;
+        let mut s = self.scratch()?;
+        s.q8_holds = None;
+        s.q8s_holds = None;
         Ok(())
     }
 
@@ -1134,26 +1261,40 @@ impl CudaBackend {
                 "{ty} as a GPU weight ({name:?})"
             )));
         }
-        // SAFETY: every byte is written by the upload below before any kernel reads it.
-        let buf = unsafe { stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
-            Error::Msg(format!(
-                "GPU allocation of {} bytes for {name:?} failed: {e:?}",
-                bytes.len()
-            ))
-        })?;
+        let alloc = || {
+            // SAFETY: every byte is written by the upload (and repacking) below before any
+            // kernel reads it.
+            unsafe { stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
+                Error::Msg(format!(
+                    "GPU allocation of {} bytes for {name:?} failed: {e:?}",
+                    bytes.len()
+                ))
+            })
+        };
+        // A weight that stays (uploaded on the compute stream) in split.cu's layout: the file's
+        // bytes go to a temporary buffer, which split_blocks rewrites into the weight's own.
+        let split =
+            split_kernels_of(ty).filter(|_| weight_split() && Arc::ptr_eq(stream, &self.stream));
+        let buf = alloc()?;
+        let raw = split.as_ref().map(|_| alloc()).transpose()?;
+        let dst = self.ptr_of(raw.as_ref().unwrap_or(&buf));
         if registered {
             // SAFETY: `bytes` is registered host memory that outlives the copy (see
             // HostRegistrations); the destination holds `bytes.len()` bytes.
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(
-                    self.ptr_of(&buf),
-                    bytes,
-                    stream.cu_stream(),
-                )
-            }
-            .map_err(drv("host to device copy"))?;
+            unsafe { cudarc::driver::result::memcpy_htod_async(dst, bytes, stream.cu_stream()) }
+                .map_err(drv("host to device copy"))?;
         } else {
-            self.upload_on(stream, self.ptr_of(&buf), bytes)?;
+            self.upload_on(stream, dst, bytes)?;
+        }
+        if let (Some(sk), Some(raw)) = (&split, raw) {
+            let blocks = bytes.len() / (2 + sk.qb);
+            let qs = self.ptr_of(&buf);
+            let ds = qs + (blocks * sk.qb) as u64;
+            launch!(self, sk.repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
+                src: u64 = dst, q: u64 = qs, d: u64 = ds, nb: i64 = blocks as i64);
+            // The temporary buffer is freed on the stream, after the repacking that reads it.
+            self.launcher.flush()?;
+            drop(raw);
         }
         let ready = if Arc::ptr_eq(stream, &self.stream) {
             None
@@ -1174,6 +1315,7 @@ impl CudaBackend {
                 buf,
                 _res: self.ledger.reserve(Category::Weights, bytes.len()),
                 ready,
+                split: split.is_some(),
             }),
         })
     }
@@ -1225,6 +1367,10 @@ impl CudaBackend {
     fn prefill_path(&self, w: &Weight, k: usize, n_tok: usize) -> Result<Prefill> {
         if !w.ty.is_quantized() {
             return Ok(Prefill::Float);
+        }
+        if self.split_of(w)?.is_some() {
+            // The int8 GEMM reads the file's layout.
+            return Ok(Prefill::Dequant);
         }
         // (k is whole blocks: `check_weight_bytes` made sure when the weight was loaded.)
         let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count) else {
@@ -1286,13 +1432,20 @@ impl CudaBackend {
         let (_, deq) = kernels_of(w.ty)
             .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
         let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{} GEMM", w.ty)))?;
+        let split = self.split_of(w)?;
         let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
         let w16 = self.grow(w16, rows * k * 2)?;
         let row_bytes = w.bytes / w.n;
         let mut r0 = 0;
         while r0 < w.n {
             let r = rows.min(w.n - r0);
-            self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?;
+            match &split {
+                Some(sk) => {
+                    let (qs, ds) = Self::split_rows(w, sk, wp, r0);
+                    self.dequant_split(sk.dequant, qs, ds, w16, r * k)?;
+                }
+                None => self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?,
+            }
             self.gemm(
                 w16,
                 x16,
@@ -1319,6 +1472,21 @@ impl CudaBackend {
     fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
             w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
+        Ok(())
+    }
+
+    /// Split.cu's dequantisation `kernel` of the `n_elems` elements whose quants are at `qs` and
+    /// scales at `ds`, to f16 at `dst`.
+    fn dequant_split(
+        &self,
+        kernel: &'static str,
+        qs: u64,
+        ds: u64,
+        dst: u64,
+        n_elems: usize,
+    ) -> Result<()> {
+        launch!(self, kernel, stride_grid(n_elems, 32), B256;
+            q: u64 = qs, d: u64 = ds, y: u64 = dst, n: i64 = n_elems as i64);
         Ok(())
     }
 }
@@ -1502,6 +1670,70 @@ impl Backend for CudaBackend {
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
         if n_tok <= MMVQ_MAX_TOKENS {
+            let split = ws
+                .iter()
+                .map(|w| self.split_of(w))
+                .collect::<Result<Vec<_>>>()?;
+            if split.iter().any(Option::is_some) {
+                let (aq, ads) = self.split_acts(&mut s, xp, n_tok, k)?;
+                // Runs of up to three split weights of one type: one launch each.
+                let mut j = 0;
+                while j < ws.len() {
+                    let Some(sk) = &split[j] else {
+                        j += 1;
+                        continue;
+                    };
+                    let mut end = j + 1;
+                    while end < ws.len()
+                        && end < j + 3
+                        && split[end].is_some()
+                        && ws[end].ty == ws[j].ty
+                    {
+                        end += 1;
+                    }
+                    let (mut wp, mut yp, mut n) = ([0u64; 3], [0u64; 3], [0i32; 3]);
+                    for (i, jj) in (j..end).enumerate() {
+                        let w = ws[jj];
+                        let p = self.f32ptr(ys[jj], n_tok * w.n, "matmul output")?;
+                        if p < xp + (n_tok * k * 4) as u64 && xp < p + (n_tok * w.n * 4) as u64 {
+                            // An output over its own input ends the holds on it.
+                            s.q8_holds = None;
+                            s.q8s_holds = None;
+                        }
+                        (wp[i], yp[i], n[i]) = (self.wptr(w)?, p, w.n as i32);
+                    }
+                    // Empty places (0 rows) are never read; they point at the first weight.
+                    for i in end - j..3 {
+                        (wp[i], yp[i]) = (wp[0], yp[0]);
+                    }
+                    let rows: usize = ws[j..end].iter().map(|w| w.n).sum();
+                    let kernel = if n_tok == 1 { sk.mmvq1 } else { sk.mmvq };
+                    launch!(self, kernel, (rows.div_ceil(4) as u32, 1, 1), (32, 4, 1);
+                        w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
+                        d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
+                        k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
+                        t_: i32 = n_tok as i32);
+                    j = end;
+                }
+                if split.iter().all(Option::is_some) {
+                    return Ok(());
+                }
+                // The others in the file's layout, as a call of their own.
+                drop(s);
+                let rest: Vec<&Weight> = ws
+                    .iter()
+                    .zip(&split)
+                    .filter(|(_, sk)| sk.is_none())
+                    .map(|(w, _)| *w)
+                    .collect();
+                let mut rest_ys: Vec<&mut Tensor> = ys
+                    .iter_mut()
+                    .zip(&split)
+                    .filter(|(_, sk)| sk.is_none())
+                    .map(|(y, _)| &mut **y)
+                    .collect();
+                return self.matmul(&rest, x, n_tok, &mut rest_ys);
+            }
             let quantized = ws.iter().any(|w| w.ty.is_quantized());
             let mode = mmvq_mode();
             let direct = quantized && mode == MmvqMode::Direct;
@@ -1697,6 +1929,7 @@ impl Backend for CudaBackend {
         let yp = self.f32ptr(y, n_rows * n, "rms_norm output")?;
         let mut s = self.scratch()?;
         s.q8_holds = None;
+        s.q8s_holds = None;
         if self.fuse_q8(n_rows, n) {
             // A held residual add into these very rows (`add`) runs with the norm.
             let held = self.launcher.take_held()?;
@@ -1861,6 +2094,7 @@ impl Backend for CudaBackend {
         // (written by the kernel that writes the output: one launch fewer).
         let mut sc = self.scratch()?;
         sc.q8_holds = None;
+        sc.q8s_holds = None;
         let oq = if self.fuse_q8(n, qd) && s.head_dim.is_multiple_of(32) {
             let q = self.grow(&mut sc.q8, n * qd / 32 * 36)?;
             sc.q8_holds = Some((op, n * qd));
@@ -1918,6 +2152,7 @@ impl Backend for CudaBackend {
         let gp = self.f32ptr(g, n, "swiglu gate")?;
         let mut s = self.scratch()?;
         s.q8_holds = None;
+        s.q8s_holds = None;
         if self.fuse_q8(n_tok, width) {
             let n_blocks = n / 32;
             let q = self.grow(&mut s.q8, n_blocks * 36)?;
@@ -1987,6 +2222,7 @@ impl Backend for CudaBackend {
         let rb = table.bytes / table.n;
         let op = self.f32ptr(out, ids.len() * k, "embedding output")?;
         let tp = self.wptr(table)?;
+        let split = self.split_of(table)?;
         let mut s = self.scratch()?;
         let row16 = self.grow(&mut s.w16, k * 2)?;
         for (t, &id) in ids.iter().enumerate() {
@@ -2009,6 +2245,12 @@ impl Backend for CudaBackend {
                     continue;
                 }
                 GgmlType::F16 => src,
+                _ if split.is_some() => {
+                    let sk = split.as_ref().expect("checked");
+                    let (qs, ds) = Self::split_rows(table, sk, tp, id as usize);
+                    self.dequant_split(sk.dequant, qs, ds, row16, k)?;
+                    row16
+                }
                 ty => {
                     let (_, deq) = kernels_of(ty)
                         .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;

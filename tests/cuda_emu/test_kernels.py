@@ -386,6 +386,116 @@ def check_mmvq_direct(g, t):
     g.exact("n_tok=9: nothing written", y.get(np.float32), np.zeros(9, np.float32))
 
 
+# split.cu: weights in the split layout (all rows' quants, 16-byte aligned, then their f16
+# scales). split_blocks must give numpy's split of the file's blocks byte for byte; the
+# matrix-vector kernels the reference within check_mmvq's tolerance (the same per-block values,
+# another order of f32 sums); the dequantisation dequant_<type>_f16's bits.
+
+SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0")
+
+
+def split_layout(blocks):
+    """The split layout of [n_blocks, 2 + QB] file blocks: (quants, scales) as u8 arrays."""
+    return blocks[:, 2:].reshape(-1).copy(), blocks[:, :2].reshape(-1).copy()
+
+
+def split_weight(blocks):
+    """A weight buffer in the split layout (quants then scales), 16-byte aligned."""
+    qs, ds = split_layout(blocks)
+    return Buf.of(np.concatenate([qs, ds]))
+
+
+def check_split_blocks(g):
+    for t in SPLIT_TYPES:
+        qb = refs.QTYPES[t][2] - 2
+        for n_blocks, src_off, grid, block in ((37, 0, 1, 256), (300, 2, 1, 64), (513, 6, 3, 256)):
+            blocks = refs.random_blocks(rng_for(f"split {t} {n_blocks}"), t, n_blocks)
+            qs = Buf.out(np.uint8, n_blocks * qb)
+            ds = Buf.out(np.uint8, n_blocks * 2)
+            E.launch(f"split_blocks_{qb}", (grid,), (block,), Buf.of(blocks, src_off), qs, ds,
+                     i64(n_blocks))
+            want_q, want_d = split_layout(blocks)
+            g.exact(f"{t}: {n_blocks} blocks src+{src_off} grid {grid}x{block}: quants",
+                    qs.get(np.uint8), want_q, dims=("byte",))
+            g.exact(f"{t}: {n_blocks} blocks src+{src_off} grid {grid}x{block}: scales",
+                    ds.get(np.uint8), want_d, dims=("byte",))
+
+
+def check_mmvq_split(g, t):
+    # One weight: rows not a multiple of 4 (a partial thread block), k under one lane's unrolled
+    # step (20 blocks), past it (150: partial second step) and the 8B shapes' kind of row (448
+    # blocks, 14336 elements), 1, 3 and 8 tokens. Then three weights (5, 4 and 7 rows: thread
+    # blocks straddle weights) and two (the second place empty), each output checked.
+    for nblk, rows, n_tok in ((20, 6, 3), (150, 5, 8), (448, 3, 1), (1, 1, 1)):
+        k = 32 * nblk
+        rng = rng_for(f"mmvq split {t} {k}")
+        blocks = refs.random_blocks(rng, t, rows * nblk)
+        x = rng.standard_normal(n_tok * k).astype(np.float32)
+        ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
+        aq, ads = quantize_q8_1_split(x)
+        w = split_weight(blocks)
+        dummy = Buf.out(np.float32, 4)
+        for kern in [f"mmvq_split_{t}"] + ([f"mmvq_split1_{t}"] if n_tok == 1 else []):
+            y = Buf.out(np.float32, n_tok * rows)
+            E.launch(kern, (cdiv(rows, 4),), (32, 4), w, w, w, aq, ads, dummy, dummy, y, i32(k),
+                     i32(0), i32(0), i32(rows), i32(n_tok))
+            g.close(f"{kern} k={k} rows={rows} n_tok={n_tok}",
+                    y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag, dims=("t", "row"),
+                    metric="err/mag")
+    k, nblk = 32 * 40, 40
+    for rows, n_tok, kern in (((5, 4, 7), 2, f"mmvq_split_{t}"), ((6, 0, 3), 1, f"mmvq_split_{t}"),
+                              ((5, 4, 7), 1, f"mmvq_split1_{t}")):
+        rng = rng_for(f"mmvq split multi {t} {rows}")
+        x = rng.standard_normal(n_tok * k).astype(np.float32)
+        aq, ads = quantize_q8_1_split(x)
+        act = refs.quantize_q8_1(x)
+        ws, ys, refs_ = [], [], []
+        for n in rows:
+            blocks = refs.random_blocks(rng, t, max(n, 1) * nblk)
+            ws.append(split_weight(blocks))
+            ys.append(Buf.out(np.float32, max(n_tok * n, 1)))
+            refs_.append(refs.mmvq(t, blocks, n, k, act) if n else None)
+        E.launch(kern, (cdiv(sum(rows), 4),), (32, 4), *ws, aq, ads, *ys, i32(k),
+                 *(i32(n) for n in rows), i32(n_tok))
+        for j, (n, r) in enumerate(zip(rows, refs_)):
+            if n:
+                ref, mag = r
+                g.close(f"{kern} weights {rows}, n_tok={n_tok}: weight {j}",
+                        ys[j].get(np.float32).reshape(n_tok, n), ref, 1e-5, mag,
+                        dims=("t", "row"), metric="err/mag")
+            else:
+                g.exact(f"weights {rows}: the empty place's output untouched",
+                        ys[j].u8, np.full(4, 0xFF, np.uint8))
+    # More than 8 tokens (more than 1 for mmvq_split1): nothing written.
+    w = split_weight(refs.random_blocks(rng_for("split 9"), t, 1))
+    for kern, nt in ((f"mmvq_split_{t}", 9), (f"mmvq_split1_{t}", 2)):
+        y = Buf(4 * nt, fill=0)
+        E.launch(kern, (1,), (32, 4), w, w, w, aq, ads, y, y, y, i32(32), i32(0), i32(0), i32(1),
+                 i32(nt))
+        g.exact(f"{kern} n_tok={nt}: nothing written", y.get(np.float32), np.zeros(nt, np.float32))
+
+
+def check_dequant_split(g, t):
+    # Rows r0.. of a 7-row weight (the host's GEMM slices): the same f16 bits as dequant_<t>_f16
+    # of those rows in the file's layout; y + 2 bytes takes the element stores, grid 1 x 32 the
+    # grid-stride loop.
+    rows, nblk = 7, 12
+    k = 32 * nblk
+    blocks = refs.random_blocks(rng_for(f"dequant split {t}"), t, rows * nblk)
+    qs, ds = split_layout(blocks)
+    qb = refs.QTYPES[t][2] - 2
+    for r0, r, y_off, grid, block in ((0, 7, 0, 2, 256), (3, 2, 1, 1, 32), (6, 1, 0, 1, 256)):
+        n = r * k
+        want = dequant(f"dequant_{t}_f16", blocks[r0 * nblk:(r0 + r) * nblk], n, 0, 0,
+                       cdiv(n, 2048))
+        y = Buf.out(np.float16, n, off=2 * y_off)
+        E.launch(f"dequant_split_{t}_f16", (grid,), (block,),
+                 Buf.of(qs[r0 * nblk * qb:(r0 + r) * nblk * qb]),
+                 Buf.of(ds[r0 * nblk * 2:(r0 + r) * nblk * 2]), y, i64(n))
+        g.exact(f"rows {r0}..{r0 + r} y+{2 * y_off} grid {grid}x{block} = dequant_{t}_f16's",
+                y.get(np.float16), want, dims=("elem",))
+
+
 # mmq.cu: the prefill GEMM on int8 (64- and 32-row tiles), against the same float64 reference
 # (exact activation sums for the min term), metric and tolerance as check_mmvq. Shapes: one whole
 # 64 x 64 tile; a partial last step of k (32-element formats) with partial row and token tiles;
@@ -915,6 +1025,11 @@ def main():
     r.run("quantize_q8_1_split", check_quantize_split)
     for t in refs.QTYPES:
         r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)
+    r.run("split_blocks", check_split_blocks)
+    for t in SPLIT_TYPES:
+        r.run(f"mmvq_split_{t}", check_mmvq_split, t)
+    for t in SPLIT_TYPES:
+        r.run(f"dequant_split_{t}_f16", check_dequant_split, t)
     for w in ("f32", "f16", "bf16"):
         r.run(f"mmv_{w}w", check_mmv, w)
     for t in MMQ_TYPES:

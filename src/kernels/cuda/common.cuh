@@ -190,6 +190,27 @@ __device__ __forceinline__ float f16f(__half h) {
     return __half2float(h);
 }
 
+// Byte j (0..8) of the pair (a, b).
+__device__ __forceinline__ u32 byte8(u32 a, u32 b, int j) {
+    return ((j < 4 ? a : b) >> (8 * (j & 3))) & 0xFFu;
+}
+
+// Store 8 values at y[i..i + 8] as f16.
+__device__ __forceinline__ void store8_f16(__half* y, i64 i, const float* v, bool vec) {
+    if (vec) {
+        u32 words[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            words[j] = (u32)__half_as_ushort(__float2half_rn(v[2 * j])) |
+                       ((u32)__half_as_ushort(__float2half_rn(v[2 * j + 1])) << 16);
+        }
+        *(uint4*)(y + i) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[i + j] = __float2half_rn(v[j]);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grid-stride loop: i takes this thread's indices in 0..n, for any grid.
 #define GRID_STRIDE_LOOP(i, n)                                                                 \

@@ -15,22 +15,6 @@
 
 #define DQ_ELEMS 8
 
-// Store 8 values at y[i..i + 8] as f16.
-__device__ __forceinline__ void store8_f16(__half* y, i64 i, const float* v, bool vec) {
-    if (vec) {
-        u32 words[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            words[j] = (u32)__half_as_ushort(__float2half_rn(v[2 * j])) |
-                       ((u32)__half_as_ushort(__float2half_rn(v[2 * j + 1])) << 16);
-        }
-        *(uint4*)(y + i) = make_uint4(words[0], words[1], words[2], words[3]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) y[i + j] = __float2half_rn(v[j]);
-    }
-}
-
 // Grid-stride over the n_elems / 8 units; `unit(w, u, v)` fills v[0..8] with elements 8u..8u + 8.
 template <class F>
 __device__ __forceinline__ void dequant_loop(const void* w, __half* y, i64 n_elems, F unit) {
@@ -48,11 +32,6 @@ __device__ __forceinline__ void dequant_loop(const void* w, __half* y, i64 n_ele
 __device__ __forceinline__ void ld8(const u8* p, u32& a, u32& b) {
     a = ld_u32_a2(p);
     b = ld_u32_a2(p + 4);
-}
-
-// Byte j (0..8) of the pair (a, b).
-__device__ __forceinline__ u32 byte8(u32 a, u32 b, int j) {
-    return ((j < 4 ? a : b) >> (8 * (j & 3))) & 0xFFu;
 }
 
 // ---------------------------------------------------------------------------------------------

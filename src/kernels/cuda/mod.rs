@@ -30,6 +30,10 @@ pub const SOURCES: &[Source] = &[
         code: include_str!("mmvq.cu"),
     },
     Source {
+        name: "split.cu",
+        code: include_str!("split.cu"),
+    },
+    Source {
         name: "mmq.cu",
         code: include_str!("mmq.cu"),
     },
