@@ -188,6 +188,10 @@ pub struct CudaBackend {
     sm_count: usize,
     /// `OATO_CUDA_MMQ=auto`'s choices between the int8 GEMM and cuBLAS, per shape.
     mmq_choices: MmqChoices,
+    /// A weight in split.cu's layout has been uploaded: the fused RMSNorm, SwiGLU and attention
+    /// kernels then also write their output's Q8_1 split (quantize_q8_1_split's layout), which
+    /// its matrix-vector kernels read, besides the blocks mmvq.cu's kernels read.
+    split_live: AtomicBool,
     funcs: HashMap<String, CudaFunction>,
     scratch: Mutex<Scratch>,
     host: Mutex<HostRegistrations>,
@@ -916,6 +920,7 @@ impl CudaBackend {
             arch,
             sm_count,
             mmq_choices: MmqChoices::default(),
+            split_live: AtomicBool::new(false),
             funcs,
             scratch: Mutex::new(Scratch {
                 pinned,
@@ -1013,6 +1018,18 @@ impl CudaBackend {
         let acts = self.quantize_split(&mut s.q8s, xp, n_tok, k)?;
         s.q8s_holds = Some((xp, len));
         Ok(acts)
+    }
+
+    /// Where a fused kernel writing the `len` f32 values at `yp` also writes their Q8_1 split for
+    /// split.cu's kernels (quants, scales; held in the scratch as `split_acts` would make them),
+    /// or (0, 0) while no weight is held split.
+    fn split_sink(&self, s: &mut Scratch, yp: u64, len: usize) -> Result<(u64, u64)> {
+        if !self.split_live.load(Ordering::Relaxed) {
+            return Ok((0, 0));
+        }
+        let aq = self.grow(&mut s.q8s, len / 32 * 40)?;
+        s.q8s_holds = Some((yp, len));
+        Ok((aq, aq + len as u64))
     }
 
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
@@ -1287,6 +1304,7 @@ impl CudaBackend {
             self.upload_on(stream, dst, bytes)?;
         }
         if let (Some(sk), Some(raw)) = (&split, raw) {
+            self.split_live.store(true, Ordering::Relaxed);
             let blocks = bytes.len() / (2 + sk.qb);
             let qs = self.ptr_of(&buf);
             let ds = qs + (blocks * sk.qb) as u64;
@@ -1938,14 +1956,15 @@ impl Backend for CudaBackend {
                 self.launcher.unhold(held)?;
             }
             let q = self.grow(&mut s.q8, n_rows * n / 32 * 36)?;
+            let (aq, ads) = self.split_sink(&mut s, yp, n_rows * n)?;
             if let Some(rp) = add_from {
                 launch!(self, "add_rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
                     a: u64 = xp, r: u64 = rp, b: u64 = wp, c: u64 = yp, qq: u64 = q,
-                    nn: i32 = n as i32, e: f32 = eps);
+                    sq: u64 = aq, sd: u64 = ads, nn: i32 = n as i32, e: f32 = eps);
             } else {
                 launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
-                    a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, nn: i32 = n as i32,
-                    e: f32 = eps, xs: i32 = x_stride as i32);
+                    a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, sq: u64 = aq,
+                    sd: u64 = ads, nn: i32 = n as i32, e: f32 = eps, xs: i32 = x_stride as i32);
             }
             s.q8_holds = Some((yp, n_rows * n));
         } else {
@@ -2095,12 +2114,13 @@ impl Backend for CudaBackend {
         let mut sc = self.scratch()?;
         sc.q8_holds = None;
         sc.q8s_holds = None;
-        let oq = if self.fuse_q8(n, qd) && s.head_dim.is_multiple_of(32) {
+        let (oq, oaq, oads) = if self.fuse_q8(n, qd) && s.head_dim.is_multiple_of(32) {
             let q = self.grow(&mut sc.q8, n * qd / 32 * 36)?;
             sc.q8_holds = Some((op, n * qd));
-            q
+            let (aq, ads) = self.split_sink(&mut sc, op, n * qd)?;
+            (q, aq, ads)
         } else {
-            0
+            (0, 0, 0)
         };
         if let Some(p) = split {
             // [n_tok, n_head, n_split] partial states: head_dim sums, then (m, l) pairs.
@@ -2114,8 +2134,8 @@ impl Backend for CudaBackend {
                 p0: i32 = call.pos0 as i32, sc_: f32 = scale, gq: i32 = p.gq as i32,
                 chunk: i32 = p.chunk as i32, ns: i32 = p.n_split as i32);
             launch!(self, "attention_merge_f32", (s.n_head as u32, n as u32, 1), (128, 1, 1);
-                a: u64 = part, b: u64 = op, q_: u64 = oq, nt_: i32 = nt, nh_: i32 = nh,
-                hd_: i32 = hd, ns: i32 = p.n_split as i32);
+                a: u64 = part, b: u64 = op, q_: u64 = oq, sq: u64 = oaq, sd: u64 = oads,
+                nt_: i32 = nt, nh_: i32 = nh, hd_: i32 = hd, ns: i32 = p.n_split as i32);
             return Ok(());
         }
         if n > MMVQ_MAX_TOKENS && FLASH_PREFILL.load(Ordering::Relaxed) {
@@ -2129,14 +2149,19 @@ impl Backend for CudaBackend {
         }
         for t0 in (0..n).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n - t0);
-            let oq_t = if oq == 0 {
-                0
-            } else {
-                oq + (t0 * qd / 32 * 36) as u64
+            // The sinks from token t0 on (null stays null).
+            let at = |p: u64, bytes_per_block: usize| {
+                if p == 0 {
+                    0
+                } else {
+                    p + (t0 * qd / 32 * bytes_per_block) as u64
+                }
             };
+            let (oq_t, oaq_t, oads_t) = (at(oq, 36), at(oaq, 32), at(oads, 8));
             launch!(self, "attention_f16kv", (s.n_head as u32, len as u32, 1), (128, 1, 1);
                 a: u64 = qp + (t0 * qd * 4) as u64, b: u64 = kp, c: u64 = vp,
-                d: u64 = op + (t0 * qd * 4) as u64, q_: u64 = oq_t, nt: i32 = len as i32,
+                d: u64 = op + (t0 * qd * 4) as u64, q_: u64 = oq_t, sq: u64 = oaq_t,
+                sd: u64 = oads_t, nt: i32 = len as i32,
                 nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
                 hd: i32 = s.head_dim as i32, p0: i32 = (call.pos0 + t0) as i32,
                 scale: f32 = scale);
@@ -2156,8 +2181,10 @@ impl Backend for CudaBackend {
         if self.fuse_q8(n_tok, width) {
             let n_blocks = n / 32;
             let q = self.grow(&mut s.q8, n_blocks * 36)?;
+            let (aq, ads) = self.split_sink(&mut s, gp, n)?;
             launch!(self, "swiglu_q8_1", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
-                a: u64 = gp, b: u64 = up, qq: u64 = q, nb: i32 = n_blocks as i32);
+                a: u64 = gp, b: u64 = up, qq: u64 = q, sq: u64 = aq, sd: u64 = ads,
+                nb: i32 = n_blocks as i32);
             s.q8_holds = Some((gp, n));
         } else {
             launch!(self, "swiglu_f32", stride_grid(n, 4), B256;

@@ -592,9 +592,24 @@ def check_rms_norm(g):
                 dims=("row", "i"), metric="err/max|y|")
 
 
+def split_sink(n_values):
+    """Output buffers for a fused kernel's Q8_1 split (quants, (d, s)) of n_values values."""
+    return Buf.out(np.int8, n_values), Buf.out(np.float32, n_values // 32 * 2)
+
+
+def check_split_sink(g, label, aq, ads, y):
+    """The fused kernel's split = quantize_q8_1_split of its f32 output y, bit for bit."""
+    want_q, want_d = quantize_q8_1_split(y)
+    g.exact(label + ": split quants = quantize_q8_1_split's", aq.get(np.int8),
+            want_q.get(np.int8), dims=("i",))
+    g.exact(label + ": split (d, s) = quantize_q8_1_split's", ads.get(np.float32),
+            want_d.get(np.float32), dims=("i",))
+
+
 def check_fused_q8_1(g, kernel):
     # The fused kernels write exactly what the plain kernel and then quantize_q8_1 write: the
-    # f32 output and the Q8_1 blocks, bit for bit.
+    # f32 output and the Q8_1 blocks, bit for bit; and the split quants and (d, s) as
+    # quantize_q8_1_split writes them (also with the blocks' pointer null, in the last case).
     if kernel == "rms_norm_q8_1":
         cases = ((4096, 2, 256, False), (4096, 1, 128, True), (96, 3, 64, False),
                  (4096, 2, 64, True))
@@ -605,7 +620,9 @@ def check_fused_q8_1(g, kernel):
         x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
         u = rng.standard_normal((n_rows, n)).astype(np.float32)
         nb = n_rows * n // 32
-        q = Buf.out(np.uint8, nb * 36)
+        only_split = (n, n_rows, block, inplace) == cases[-1]
+        q = None if only_split else Buf.out(np.uint8, nb * 36)
+        aq, ads = split_sink(n_rows * n)
         if kernel == "rms_norm_q8_1":
             w = cos_pattern(n)
             plain = Buf.out(np.float32, x.size)
@@ -613,17 +630,20 @@ def check_fused_q8_1(g, kernel):
                      f32(1e-5), i32(n))
             xb = Buf.of(x)
             y = xb if inplace else Buf.out(np.float32, x.size)
-            E.launch(kernel, (n_rows,), (block,), xb, Buf.of(w), y, q, i32(n), f32(1e-5), i32(n))
+            E.launch(kernel, (n_rows,), (block,), xb, Buf.of(w), y, q, aq, ads, i32(n), f32(1e-5),
+                     i32(n))
         else:
             plain = Buf.of(x)
             E.launch("swiglu_f32", (cdiv(x.size, 256),), (256,), plain, Buf.of(u), i64(x.size))
             y = Buf.of(x)
-            E.launch(kernel, (cdiv(nb, 8),), (block,), y, Buf.of(u), q, i32(nb))
+            E.launch(kernel, (cdiv(nb, 8),), (block,), y, Buf.of(u), q, aq, ads, i32(nb))
         want_y = plain.get(np.float32)
         label = f"n={n} rows={n_rows} block={block}{' in place' if inplace else ''}"
         g.exact(label + ": f32 output = plain kernel's", y.get(np.float32), want_y)
-        g.exact(label + ": blocks = quantize_q8_1 of it", q.get(np.uint8).reshape(nb, 36),
-                quantize_q8_1(want_y), dims=("block", "byte"))
+        if q is not None:
+            g.exact(label + ": blocks = quantize_q8_1 of it", q.get(np.uint8).reshape(nb, 36),
+                    quantize_q8_1(want_y), dims=("block", "byte"))
+        check_split_sink(g, label, aq, ads, want_y)
 
 
 def check_add_rms_norm_q8_1(g):
@@ -641,20 +661,22 @@ def check_add_rms_norm_q8_1(g):
         E.launch("add_f32", (cdiv(x.size, 1024),), (256,), px, Buf.of(r), i64(x.size))
         py = Buf.out(np.float32, x.size)
         pq = Buf.out(np.uint8, nb * 36)
-        E.launch("rms_norm_q8_1", (n_rows,), (block,), px, Buf.of(w), py, pq, i32(n), f32(1e-5),
-                 i32(n))
+        E.launch("rms_norm_q8_1", (n_rows,), (block,), px, Buf.of(w), py, pq, None, None, i32(n),
+                 f32(1e-5), i32(n))
         # The fused kernel.
         fx, fr = Buf.of(x), Buf.of(r)
         fy = {"apart": Buf.out(np.float32, x.size), "x": fx, "r": fr}[y_is]
         fq = Buf.out(np.uint8, nb * 36)
-        E.launch("add_rms_norm_q8_1", (n_rows,), (block,), fx, fr, Buf.of(w), fy, fq, i32(n),
-                 f32(1e-5))
+        aq, ads = split_sink(n_rows * n)
+        E.launch("add_rms_norm_q8_1", (n_rows,), (block,), fx, fr, Buf.of(w), fy, fq, aq, ads,
+                 i32(n), f32(1e-5))
         label = f"n={n} rows={n_rows} block={block} y {y_is}"
         if y_is != "x":
             g.exact(label + ": x = add_f32's", fx.get(np.float32), px.get(np.float32))
         g.exact(label + ": y = rms_norm_q8_1's", fy.get(np.float32), py.get(np.float32))
         g.exact(label + ": blocks = rms_norm_q8_1's", fq.get(np.uint8).reshape(nb, 36),
                 pq.get(np.uint8).reshape(nb, 36), dims=("block", "byte"))
+        check_split_sink(g, label, aq, ads, py.get(np.float32))
 
 
 def check_rope(g):
@@ -820,25 +842,28 @@ def check_attention(g):
         scale = 1.0 / np.sqrt(hd)
         out = Buf.out(np.float32, q.size)
         E.launch("attention_f16kv", (nh, n_tok), (block,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
-                 None, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+                 None, None, None, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
         want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
         g.close(label, out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
                 np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
-        # With out_q: the same output, and its Q8_1 blocks as quantize_q8_1 writes them.
+        # With out_q: the same output, and its Q8_1 blocks as quantize_q8_1 writes them (and its
+        # split as quantize_q8_1_split does).
         out2 = Buf.out(np.float32, q.size)
         oq = Buf.out(np.uint8, q.size // 32 * 36)
+        aq, ads = split_sink(q.size)
         E.launch("attention_f16kv", (nh, n_tok), (block,), Buf.of(q), Buf.of(kc), Buf.of(vc),
-                 out2, oq, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+                 out2, oq, aq, ads, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
         g.exact(label + ": output with out_q", out2.get(np.float32), out.get(np.float32))
         g.exact(label + ": out_q = quantize_q8_1 of it", oq.get(np.uint8).reshape(-1, 36),
                 quantize_q8_1(out.get(np.float32)), dims=("block", "byte"))
+        check_split_sink(g, label, aq, ads, out.get(np.float32))
     # Unsupported shapes write NaN rows and touch nothing else (guard bytes): head_dim 48 (not a
     # multiple of 32), 5 warps, a partial warp.
     for hd, block in ((48, 128), (64, 160), (64, 48)):
         out = Buf(4 * 2 * hd, fill=0)
         z = Buf.of(np.zeros(hd, np.float16))
         E.launch("attention_f16kv", (2, 1), (block,), Buf.of(np.zeros(2 * hd, np.float32)), z, z,
-                 out, None, i32(1), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
+                 out, None, None, None, i32(1), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
 
 
@@ -915,19 +940,22 @@ def flash_decode(g, label, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, gq, chunk
              Buf.of(kc, k_off), Buf.of(vc), part, i32(n_tok), i32(nh), i32(nkv), i32(hd),
              i32(pos0), f32(scale), i32(gq), i32(chunk), i32(n_split))
     out = Buf.out(np.float32, n_tok * nh * hd)
-    E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out, None, i32(n_tok), i32(nh),
-             i32(hd), i32(n_split))
+    E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out, None, None, None, i32(n_tok),
+             i32(nh), i32(hd), i32(n_split))
     if hd % 32 == 0:
         # With out_q: the same output, and its Q8_1 blocks as quantize_q8_1 writes them.
         out2 = Buf.out(np.float32, n_tok * nh * hd)
         oq = Buf.out(np.uint8, n_tok * nh * hd // 32 * 36)
-        E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out2, oq, i32(n_tok), i32(nh),
-                 i32(hd), i32(n_split))
+        aq, ads = split_sink(n_tok * nh * hd)
+        E.launch("attention_merge_f32", (nh, n_tok), (128,), part, out2, oq, aq, ads, i32(n_tok),
+                 i32(nh), i32(hd), i32(n_split))
         got = out.get(np.float32)
         g.true(label + ": output with out_q",
                np.array_equal(out2.get(np.float32), got, equal_nan=True))
         g.exact(label + ": out_q = quantize_q8_1 of it", oq.get(np.uint8).reshape(-1, 36),
                 quantize_q8_1(got), dims=("block", "byte"))
+        if np.isfinite(got).all():
+            check_split_sink(g, label, aq, ads, got)
     return out.get(np.float32).reshape(n_tok, nh, hd)
 
 

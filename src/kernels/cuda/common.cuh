@@ -255,25 +255,49 @@ static __device__ __forceinline__ int q8_lane(float v, float& d) {
     return r != r ? 0 : max(-128, min(127, __float2int_rz(r)));
 }
 
-// The Q8_1 block of the 32 values a warp holds (lane i's v is element i), written to *b. All 32
-// lanes must call it.
-static __device__ __forceinline__ void store_q8_1(block_q8_1* b, float v) {
+// Where a kernel that writes activations also writes their Q8_1 blocks: as blocks (q, what
+// quantize_q8_1 writes, for mmvq.cu's kernels) and / or split (aq, ads: what quantize_q8_1_split
+// writes, for split.cu's), each null when not wanted. at(b) is the sink of block b onwards.
+struct q8_sink {
+    block_q8_1* q;
+    i8* aq;
+    float2* ads;
+    __device__ __forceinline__ bool on() const { return q != nullptr || aq != nullptr; }
+    __device__ __forceinline__ q8_sink at(i64 b) const {
+        return {q ? q + b : nullptr, aq ? aq + b * QK : nullptr, ads ? ads + b : nullptr};
+    }
+};
+
+// The Q8_1 block of the 32 values a warp holds (lane i's v is element i), written to the sink's
+// first block in each layout it has. All 32 lanes must call it.
+static __device__ __forceinline__ void store_q8(q8_sink o, float v) {
     float df;
     const int q = q8_lane(v, df);
     const int sum = warp_sum_int(q);
-    b->qs[threadIdx.x & 31] = (i8)q;
-    if ((threadIdx.x & 31) == 0)
-        *(__half2*)&b->d = __halves2half2(__float2half_rn(df), __float2half_rn((float)sum * df));
+    const int lane = threadIdx.x & 31;
+    const __half d = __float2half_rn(df), s = __float2half_rn((float)sum * df);
+    if (o.q) {
+        o.q->qs[lane] = (i8)q;
+        if (lane == 0) *(__half2*)&o.q->d = __halves2half2(d, s);
+    }
+    if (o.aq) {
+        o.aq[lane] = (i8)q;
+        if (lane == 0) *o.ads = make_float2(__half2float(d), __half2float(s));
+    }
+}
+
+static __device__ __forceinline__ void store_q8_1(block_q8_1* b, float v) {
+    store_q8({b, nullptr, nullptr}, v);
 }
 
 // One row of n values written by one thread block: o[i] = value(i), each i by one thread; when
-// q is not null also the row's Q8_1 blocks of those values (q: the row's first block; n a
-// multiple of 32), a warp per 32-element block, as quantize_q8_1 writes them (decode's next
-// matrix-vector product reads them). The values are the same either way; value(i) may read o[i]
-// (only its own thread writes it).
+// the sink is on also the row's Q8_1 blocks of those values (q: the row's first block; n a
+// multiple of 32), a warp per 32-element block, as quantize_q8_1 (and quantize_q8_1_split) write
+// them (decode's next matrix-vector product reads them). The values are the same either way;
+// value(i) may read o[i] (only its own thread writes it).
 template <class F>
-static __device__ __forceinline__ void write_row_q8_1(float* o, block_q8_1* q, int n, F value) {
-    if (q == nullptr) {
+static __device__ __forceinline__ void write_row_q8_1(float* o, q8_sink q, int n, F value) {
+    if (!q.on()) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = value(i);
         return;
     }
@@ -282,7 +306,7 @@ static __device__ __forceinline__ void write_row_q8_1(float* o, block_q8_1* q, i
         const int i = b * QK + lane;
         const float v = value(i);
         o[i] = v;
-        store_q8_1(q + b, v);
+        store_q8(q.at(b), v);
     }
 }
 

@@ -231,11 +231,13 @@ extern "C" __global__ void __launch_bounds__(128)
 // w_c = exp(m_c - M), M = max_c m_c; chunks with m_c = -inf add nothing (chunk 0 always holds
 // position 0, so M is finite unless a chunk stored NaN, which then reaches the output).
 // launch: grid (n_head, n_tok, 1), block (128, 1, 1) (any size: a loop over head_dim).
-// part: as attention_split_f16kv wrote it; out: [n_tok, n_head * head_dim] f32; out_q: null, or
-// quantize_q8_1 of out as attention_f16kv's (head_dim a multiple of 32, block of whole warps).
+// part: as attention_split_f16kv wrote it; out: [n_tok, n_head * head_dim] f32; out_q, out_aq,
+// out_ads: null, or quantize_q8_1 (_split) of out as attention_f16kv's (head_dim a multiple of 32,
+// block of whole warps).
 extern "C" __global__ void __launch_bounds__(128)
     attention_merge_f32(const float* __restrict__ part, float* __restrict__ out,
-                        block_q8_1* __restrict__ out_q, int n_tok, int n_head, int head_dim,
+                        block_q8_1* __restrict__ out_q, i8* __restrict__ out_aq,
+                        float2* __restrict__ out_ads, int n_tok, int n_head, int head_dim,
                         int n_split) {
     const int h = blockIdx.x, t = blockIdx.y;
     if (h >= n_head || t >= n_tok || head_dim <= 0 || n_split <= 0) return;
@@ -258,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     const float inv = __frcp_rn(sum);
     float* o = out + row * head_dim;
-    block_q8_1* oq = out_q ? out_q + row * (head_dim / QK) : nullptr;
+    const q8_sink oq = q8_sink{out_q, out_aq, out_ads}.at(row * (head_dim / QK));
     write_row_q8_1(o, oq, head_dim, [&](int d) {
         float a = 0.0f;
         for (int c = 0; c < n_split; ++c) {

@@ -31,7 +31,7 @@
 // n a multiple of 32.
 static __device__ __forceinline__ void norm_row_regs(float* x, const float* r,
                                                      const float* __restrict__ w, float* y,
-                                                     block_q8_1* q, int n, float eps) {
+                                                     q8_sink q, int n, float eps) {
     const int tid = threadIdx.x, bd = blockDim.x;
     float v[ROW_REGS], g[ROW_REGS];
 #pragma unroll
@@ -60,7 +60,7 @@ static __device__ __forceinline__ void norm_row_regs(float* x, const float* r,
         if (i < n) {
             const float val = v[k] * scale * g[k];
             y[i] = val;
-            if (q) store_q8_1(q + (i >> 5), val);
+            if (q.on()) store_q8(q.at(i >> 5), val);
         }
     }
 }
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     const float* xr = x + (i64)blockIdx.x * x_stride;
     float* yr = y + (i64)blockIdx.x * n;
     if (n <= ROW_REGS * (int)blockDim.x) {
-        norm_row_regs((float*)xr, nullptr, w, yr, nullptr, n, eps);
+        norm_row_regs((float*)xr, nullptr, w, yr, {nullptr, nullptr, nullptr}, n, eps);
         return;
     }
     const float scale = row_rms_scale(xr, n, eps);
@@ -83,29 +83,33 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 }
 
 // Row blockIdx.x of rms_norm_q8_1's outputs from its input row xr and scale: y (may be xr) and
-// its Q8_1 blocks.
+// its Q8_1 blocks (q: the sink of the whole batch).
 static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scale,
                                                      const float* __restrict__ w, float* y,
-                                                     block_q8_1* __restrict__ q, int n) {
-    write_row_q8_1(y + (i64)blockIdx.x * n, q + (i64)blockIdx.x * (n / QK), n,
+                                                     q8_sink q, int n) {
+    write_row_q8_1(y + (i64)blockIdx.x * n, q.at((i64)blockIdx.x * (n / QK)), n,
                    [&](int i) { return xr[i] * scale * w[i]; });
 }
 
 // rms_norm_f32 and quantize_q8_1 of its output in one launch (decode's matrix-vector products
-// read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, bit for bit.
+// read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, and aq, ads
+// as quantize_q8_1_split of y writes them, bit for bit (each of q and aq may be null; ads goes
+// with aq).
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: as rms_norm_f32's; y: [n_rows, n] (may be x); w: [n]; q: [n_rows * n / 32]
-// block_q8_1, 4-byte aligned.
+// block_q8_1, 4-byte aligned; aq: [n_rows * n] i8; ads: [n_rows * n / 32] float2.
 extern "C" __global__ void __launch_bounds__(256, 1)
     rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
-                  block_q8_1* __restrict__ q, int n, float eps, int x_stride) {
+                  block_q8_1* __restrict__ q, i8* __restrict__ aq, float2* __restrict__ ads,
+                  int n, float eps, int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
+    const q8_sink qs = {q, aq, ads};
     if (n <= ROW_REGS * (int)blockDim.x) {
         norm_row_regs((float*)xr, nullptr, w, y + (i64)blockIdx.x * n,
-                      q + (i64)blockIdx.x * (n / QK), n, eps);
+                      qs.at((i64)blockIdx.x * (n / QK)), n, eps);
         return;
     }
-    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
+    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, qs, n);
 }
 
 // The residual add and the RMSNorm after it in one launch (decode: the attention's or the FFN's
@@ -113,19 +117,22 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // new x. x, y and q are what add_f32 and then rms_norm_q8_1 write, bit for bit.
 // launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
 // of 32. x: [n_rows, n], the residual stream, updated in place; r: [n_rows, n]; w: [n];
-// y: [n_rows, n] (may be x or r); q: [n_rows * n / 32] block_q8_1, 4-byte aligned.
+// y: [n_rows, n] (may be x or r); q, aq, ads: as rms_norm_q8_1's.
 extern "C" __global__ void __launch_bounds__(256, 1)
     add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w, float* y,
-                      block_q8_1* __restrict__ q, int n, float eps) {
+                      block_q8_1* __restrict__ q, i8* __restrict__ aq, float2* __restrict__ ads,
+                      int n, float eps) {
     float* xr = x + (i64)blockIdx.x * n;
     const float* rr = r + (i64)blockIdx.x * n;
+    const q8_sink qs = {q, aq, ads};
     if (n <= ROW_REGS * (int)blockDim.x) {
-        norm_row_regs(xr, rr, w, y + (i64)blockIdx.x * n, q + (i64)blockIdx.x * (n / QK), n, eps);
+        norm_row_regs(xr, rr, w, y + (i64)blockIdx.x * n, qs.at((i64)blockIdx.x * (n / QK)), n,
+                      eps);
         return;
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += rr[i];
     __syncthreads(); // the whole row's sums, for row_rms_scale's reads
-    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, q, n);
+    norm_q8_1_row(xr, row_rms_scale(xr, n, eps), w, y, qs, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,10 +276,13 @@ extern "C" __global__ void swiglu_f32(float* g, const float* u, i64 n) {
 }
 
 // swiglu_f32 and quantize_q8_1 of its result in one launch (the input of ffn_down in decode): g
-// as swiglu_f32 writes it, q as quantize_q8_1 of g writes it, bit for bit.
+// as swiglu_f32 writes it, q as quantize_q8_1 of g writes it, aq and ads as quantize_q8_1_split
+// writes them, bit for bit (q or aq may be null).
 // launch: grid (ceil(n_blocks / 8), 1, 1), block (256, 1, 1): one warp per 32-element block.
-// g, u: [n_blocks * 32]; q: [n_blocks] block_q8_1, 4-byte aligned.
+// g, u: [n_blocks * 32]; q: [n_blocks] block_q8_1, 4-byte aligned; aq: [n_blocks * 32] i8; ads:
+// [n_blocks] float2.
 extern "C" __global__ void swiglu_q8_1(float* g, const float* u, block_q8_1* __restrict__ q,
+                                       i8* __restrict__ aq, float2* __restrict__ ads,
                                        int n_blocks) {
     const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (ib >= n_blocks) return; // the whole warp leaves together
@@ -280,7 +290,7 @@ extern "C" __global__ void swiglu_q8_1(float* g, const float* u, block_q8_1* __r
     const float v = g[i];
     const float r = __fdiv_rn(v, 1.0f + expf(-v)) * u[i];
     g[i] = r;
-    store_q8_1(q + ib, r);
+    store_q8(q8_sink{q, aq, ads}.at(ib), r);
 }
 
 // A step's K and V rows into the f16 cache in one launch: ck = f16(k), cv = f16(v), round to
@@ -318,12 +328,14 @@ extern "C" __global__ void store_kv_f16(const float* __restrict__ k, const float
 // (or with a block of other than 32..128 threads in whole warps) the kernel writes NaN into this
 // (t, h)'s output row and touches nothing else.
 // out_q: null, or [n_tok * n_head * head_dim / 32] block_q8_1 (4-byte aligned) that receives
-// quantize_q8_1 of out (write_row_q8_1), bit for bit.
+// quantize_q8_1 of out (write_row_q8_1), bit for bit; out_aq, out_ads: null, or the same split as
+// quantize_q8_1_split writes it ([n_tok * n_head * head_dim] i8, [.. / 32] float2).
 // launch: grid (n_head, n_tok, 1), block (128, 1, 1), no dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(128)
     attention_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
                     const __half* __restrict__ v_cache, float* __restrict__ out,
-                    block_q8_1* __restrict__ out_q, int n_tok, int n_head, int n_head_kv,
+                    block_q8_1* __restrict__ out_q, i8* __restrict__ out_aq,
+                    float2* __restrict__ out_ads, int n_tok, int n_head, int n_head_kv,
                     int head_dim, int pos0, float scale) {
     __shared__ float sm_m[ATT_MAX_WARPS];
     __shared__ float sm_l[ATT_MAX_WARPS];
@@ -425,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(128)
         if (w < n_warps) sum += sm_l[w] * f[w];
     }
     const float inv = __frcp_rn(sum);
-    block_q8_1* oq = out_q ? out_q + ((i64)t * n_head + h) * (head_dim / QK) : nullptr;
+    const q8_sink oq = q8_sink{out_q, out_aq, out_ads}.at(((i64)t * n_head + h) * (head_dim / QK));
     write_row_q8_1(o, oq, head_dim, [&](int d) {
         float a = 0.0f;
 #pragma unroll
