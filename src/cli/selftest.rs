@@ -1005,7 +1005,7 @@ fn prefill_gemm_lines(
     Ok(lines)
 }
 
-/// The staged matrix-vector kernels, the split layout's (Q4_0, Q8_0: `OATO_CUDA_SPLIT`), then the
+/// The staged matrix-vector kernels, the split layout's (Q4_0, Q8_0, Q6_K: `OATO_CUDA_SPLIT`), then the
 /// pipelined ones at 1 to 16 thread blocks per
 /// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
 /// above and a decode step's others: LLaMA3-8B's attn_k / attn_v (4096 x 1024) and its output
@@ -1054,7 +1054,7 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
                 Ok((BACK_TO_BACK * bytes.len()) as f64 / t / 1e3)
             };
             print!(" {:>9.1}", time(&w, MmvqMode::Staged, blocks)?);
-            // The same weight held in split.cu's layout (Q4_0, Q8_0), read by mmvq_split1_*.
+            // The same weight held in split.cu's layout (Q4_0, Q8_0, Q6_K), read by mmvq_split1_*.
             if split_kernels(ty) {
                 let was = weight_split();
                 set_weight_split(true);

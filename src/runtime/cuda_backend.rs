@@ -335,9 +335,10 @@ pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
 }
 
-/// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0) are held in its split
-/// layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same bytes),
-/// so decode reads them with the `mmvq_split_*` kernels. Streamed weights keep the file's layout.
+/// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0, Q6_K) are held in its
+/// split layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same
+/// bytes), so decode reads them with the `mmvq_split_*` kernels. Streamed weights keep the
+/// file's layout.
 /// Off unless `OATO_CUDA_SPLIT=1` at start-up or `set_weight_split(true)`: the kernels have not
 /// been timed on a GPU yet. The values agree with the file layout's kernels up to the order of
 /// f32 sums (as the direct kernels do).
@@ -356,9 +357,10 @@ pub fn weight_split() -> bool {
     WEIGHT_SPLIT.load(Ordering::Relaxed)
 }
 
-/// split.cu's kernels for a weight type: quant bytes per 32-element block, the layout's repack
+/// split.cu's kernels for a weight type: elements and quant bytes per block, the layout's repack
 /// kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its dequantisation kernel.
 struct SplitKernels {
+    qk: usize,
     qb: usize,
     repack: &'static str,
     mmvq: &'static str,
@@ -372,8 +374,9 @@ pub fn split_kernels(ty: GgmlType) -> bool {
 }
 
 fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
-    let (qb, repack, mmvq, mmvq1, dequant) = match ty {
+    let (qk, qb, repack, mmvq, mmvq1, dequant) = match ty {
         GgmlType::Q4_0 => (
+            32,
             16,
             "split_blocks_16",
             "mmvq_split_q4_0",
@@ -381,6 +384,7 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
             "dequant_split_q4_0_f16",
         ),
         GgmlType::IQ4_NL => (
+            32,
             16,
             "split_blocks_16",
             "mmvq_split_iq4_nl",
@@ -389,14 +393,24 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         ),
         GgmlType::Q8_0 => (
             32,
+            32,
             "split_blocks_32",
             "mmvq_split_q8_0",
             "mmvq_split1_q8_0",
             "dequant_split_q8_0_f16",
         ),
+        GgmlType::Q6_K => (
+            256,
+            208,
+            "split_blocks_208",
+            "mmvq_split_q6_K",
+            "mmvq_split1_q6_K",
+            "dequant_split_q6_K_f16",
+        ),
         _ => return None,
     };
     Some(SplitKernels {
+        qk,
         qb,
         repack,
         mmvq,
@@ -728,15 +742,19 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         &[
             "split_blocks_16",
             "split_blocks_32",
+            "split_blocks_208",
             "mmvq_split_q4_0",
             "mmvq_split_iq4_nl",
             "mmvq_split_q8_0",
+            "mmvq_split_q6_K",
             "mmvq_split1_q4_0",
             "mmvq_split1_iq4_nl",
             "mmvq_split1_q8_0",
+            "mmvq_split1_q6_K",
             "dequant_split_q4_0_f16",
             "dequant_split_iq4_nl_f16",
             "dequant_split_q8_0_f16",
+            "dequant_split_q6_K_f16",
         ],
     ),
     (
@@ -1000,7 +1018,7 @@ impl CudaBackend {
     /// The quants and scales of rows `r0..` of split weight `w` at `wp` (`sk.qb` quant bytes a
     /// block): the addresses split.cu's dequantisation takes.
     fn split_rows(w: &Weight, sk: &SplitKernels, wp: u64, r0: usize) -> (u64, u64) {
-        let nb = w.k / 32;
+        let nb = w.k / sk.qk;
         let qs = wp + (r0 * nb * sk.qb) as u64;
         let ds = wp + (w.n * nb * sk.qb + r0 * nb * 2) as u64;
         (qs, ds)

@@ -391,11 +391,14 @@ def check_mmvq_direct(g, t):
 # matrix-vector kernels the reference within check_mmvq's tolerance (the same per-block values,
 # another order of f32 sums); the dequantisation dequant_<type>_f16's bits.
 
-SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0")
+SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q6_K")
 
 
 def split_layout(blocks):
-    """The split layout of [n_blocks, 2 + QB] file blocks: (quants, scales) as u8 arrays."""
+    """The split layout of [n_blocks, 2 + QB] file blocks (d first, or last for Q6_K): (quants,
+    scales) as u8 arrays."""
+    if blocks.shape[1] == 210:  # Q6_K: ql, qh, scales, then d
+        return blocks[:, :208].reshape(-1).copy(), blocks[:, 208:].reshape(-1).copy()
     return blocks[:, 2:].reshape(-1).copy(), blocks[:, :2].reshape(-1).copy()
 
 
@@ -426,8 +429,11 @@ def check_mmvq_split(g, t):
     # step (20 blocks), past it (150: partial second step) and the 8B shapes' kind of row (448
     # blocks, 14336 elements), 1, 3 and 8 tokens. Then three weights (5, 4 and 7 rows: thread
     # blocks straddle weights) and two (the second place empty), each output checked.
-    for nblk, rows, n_tok in ((20, 6, 3), (150, 5, 8), (448, 3, 1), (1, 1, 1)):
-        k = 32 * nblk
+    qk = refs.QTYPES[t][1]
+    cases = (((20, 6, 3), (150, 5, 8), (448, 3, 1), (1, 1, 1)) if qk == 32 else
+             ((3, 6, 3), (19, 5, 8), (56, 3, 1), (1, 1, 1)))
+    for nblk, rows, n_tok in cases:
+        k = qk * nblk
         rng = rng_for(f"mmvq split {t} {k}")
         blocks = refs.random_blocks(rng, t, rows * nblk)
         x = rng.standard_normal(n_tok * k).astype(np.float32)
@@ -442,7 +448,8 @@ def check_mmvq_split(g, t):
             g.close(f"{kern} k={k} rows={rows} n_tok={n_tok}",
                     y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag, dims=("t", "row"),
                     metric="err/mag")
-    k, nblk = 32 * 40, 40
+    nblk = 40 if qk == 32 else 5
+    k = qk * nblk
     for rows, n_tok, kern in (((5, 4, 7), 2, f"mmvq_split_{t}"), ((6, 0, 3), 1, f"mmvq_split_{t}"),
                               ((5, 4, 7), 1, f"mmvq_split1_{t}")):
         rng = rng_for(f"mmvq split multi {t} {rows}")
@@ -470,7 +477,7 @@ def check_mmvq_split(g, t):
     w = split_weight(refs.random_blocks(rng_for("split 9"), t, 1))
     for kern, nt in ((f"mmvq_split_{t}", 9), (f"mmvq_split1_{t}", 2)):
         y = Buf(4 * nt, fill=0)
-        E.launch(kern, (1,), (32, 4), w, w, w, aq, ads, y, y, y, i32(32), i32(0), i32(0), i32(1),
+        E.launch(kern, (1,), (32, 4), w, w, w, aq, ads, y, y, y, i32(qk), i32(0), i32(0), i32(1),
                  i32(nt))
         g.exact(f"{kern} n_tok={nt}: nothing written", y.get(np.float32), np.zeros(nt, np.float32))
 
@@ -479,8 +486,9 @@ def check_dequant_split(g, t):
     # Rows r0.. of a 7-row weight (the host's GEMM slices): the same f16 bits as dequant_<t>_f16
     # of those rows in the file's layout; y + 2 bytes takes the element stores, grid 1 x 32 the
     # grid-stride loop.
-    rows, nblk = 7, 12
-    k = 32 * nblk
+    qk = refs.QTYPES[t][1]
+    rows, nblk = 7, (12 if qk == 32 else 2)
+    k = qk * nblk
     blocks = refs.random_blocks(rng_for(f"dequant split {t}"), t, rows * nblk)
     qs, ds = split_layout(blocks)
     qb = refs.QTYPES[t][2] - 2

@@ -190,6 +190,12 @@ __device__ __forceinline__ float f16f(__half h) {
     return __half2float(h);
 }
 
+// Eight bytes at a 2-byte aligned address, as two little-endian words.
+__device__ __forceinline__ void ld8(const u8* p, u32& a, u32& b) {
+    a = ld_u32_a2(p);
+    b = ld_u32_a2(p + 4);
+}
+
 // Byte j (0..8) of the pair (a, b).
 __device__ __forceinline__ u32 byte8(u32 a, u32 b, int j) {
     return ((j < 4 ? a : b) >> (8 * (j & 3))) & 0xFFu;
@@ -208,6 +214,26 @@ __device__ __forceinline__ void store8_f16(__half* y, i64 i, const float* v, boo
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[i + j] = __float2half_rn(v[j]);
+    }
+}
+
+// Q6_K elements e0..e0 + 8 (e0 a multiple of 8) of the super-block whose ql, qh and scales start
+// at b (2-byte aligned, the file's offsets: ql @0, qh @128, scales @192) and whose scale is d:
+// y = (d * sc) * (q - 32); element e = 128h + 32k + l is the low (k < 2) or high nibble of
+// ql[64h + 32 * (k & 1) + l] with bits 2k of qh[32h + l] above it, scale 8h + 2k + l / 16
+// (= e / 16). Each product rounded on its own, as dequantize.rs.
+__device__ __forceinline__ void dq_q6_k_unit(const u8* b, float d, int e0, float* v) {
+    const int h = e0 >> 7, k = (e0 >> 5) & 3, l0 = e0 & 31;
+    u32 a0, a1, q0, q1;
+    ld8(b + 64 * h + 32 * (k & 1) + l0, a0, a1);
+    ld8(b + 128 + 32 * h + l0, q0, q1);
+    const int shl = k < 2 ? 0 : 4;
+    const float dl = d * (float)((const i8*)b)[192 + (e0 >> 4)];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int q = (int)(((byte8(a0, a1, e) >> shl) & 0x0F) |
+                            (((byte8(q0, q1, e) >> (2 * k)) & 3) << 4));
+        v[e] = dl * (float)(q - 32);
     }
 }
 

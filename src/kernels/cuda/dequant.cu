@@ -28,12 +28,6 @@ __device__ __forceinline__ void dequant_loop(const void* w, __half* y, i64 n_ele
     }
 }
 
-// Eight bytes at a 2-byte aligned address, as two little-endian words.
-__device__ __forceinline__ void ld8(const u8* p, u32& a, u32& b) {
-    a = ld_u32_a2(p);
-    b = ld_u32_a2(p + 4);
-}
-
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks: 4 units per block; unit j holds elements 8j..8j + 8, the low nibbles of
 // qs[8j..8j + 8] for j < 2 and the high nibbles of qs[8(j - 2)..] for j >= 2.
@@ -216,24 +210,10 @@ struct dq_q5_K {
     }
 };
 
-// y = (d * sc) * (q - 32); element e = 128h + 32k + l: low (k < 2) or high nibble of
-// ql[64h + 32 * (k & 1) + l], bits 2k of qh[32h + l], scale 8h + 2k + l / 16 (= e / 16).
 struct dq_q6_K {
     __device__ void operator()(const u8* w, i64 u, float* v) const {
         const block_q6_K* b = (const block_q6_K*)w + (u >> 5);
-        const int e0 = 8 * (int)(u & 31);
-        const int h = e0 >> 7, k = (e0 >> 5) & 3, l0 = e0 & 31;
-        u32 a0, a1, q0, q1;
-        ld8(b->ql + 64 * h + 32 * (k & 1) + l0, a0, a1);
-        ld8(b->qh + 32 * h + l0, q0, q1);
-        const int shl = k < 2 ? 0 : 4;
-        const float dl = f16f(b->d) * (float)b->scales[e0 >> 4];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int q = (int)(((byte8(a0, a1, e) >> shl) & 0x0F) |
-                                (((byte8(q0, q1, e) >> (2 * k)) & 3) << 4));
-            v[e] = dl * (float)(q - 32);
-        }
+        dq_q6_k_unit((const u8*)b, f16f(b->d), 8 * (int)(u & 31), v);
     }
 };
 

@@ -1,59 +1,63 @@
-// split.cu: weights of the 32-element formats whose block is an f16 scale d then its quants
-// (Q4_0 and IQ4_NL: 16 bytes of nibbles; Q8_0: 32 bytes of int8) held on the GPU in a split
-// layout, and the kernels that read it: decode matrix-vector products, dequantisation for
-// prefill and embedding rows.
+// split.cu: quantised weights held on the GPU in a split layout, and the kernels that read it:
+// decode matrix-vector products, dequantisation for prefill and embedding rows. The formats are
+// those whose blocks are an f16 scale d and bytes that 16-byte loads cannot reach in the file's
+// layout: Q4_0 and IQ4_NL (d, then 16 bytes of nibbles: 18-byte blocks), Q8_0 (d, then 32
+// int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d: 210 bytes).
 //
-// Why. In the file's layout a block is 18 (34) bytes and 2-byte aligned, so the quants of a block
-// cannot be read with one 16-byte load: the kernels of mmvq.cu either stage whole rows through
-// shared memory or read 2-byte words. Split, the quants of block b of row r are the 16 (32) bytes
-// at qs + (r * nb + b) * QB, 16-byte aligned, and the scales follow all the quants as one f16
-// array, ds[r * nb + b] (nb = k / 32 blocks a row). The weight takes the same bytes.
+// Why. In the file's layout those blocks are 2-byte aligned, so the kernels of mmvq.cu either
+// stage whole rows through shared memory or read 2-byte words. Split, the rest of block b of
+// row r (QB bytes: 16, 32 or 208, each a multiple of 16) is at qs + (r * nb + b) * QB, 16-byte
+// aligned, in the file's order, and the scales d follow all of them as one f16 array,
+// ds[r * nb + b] (nb blocks a row). The weight takes the same bytes.
 //
 //   [ quants: n * nb * QB bytes ][ scales: n * nb f16 ]
 //
-// split_blocks writes the layout from the file's bytes on the GPU, once, when a weight is
+// split_blocks_* write the layout from the file's bytes on the GPU, once, when a weight is
 // uploaded (the host keeps the file's layout for weights it streams). Every kernel here needs the
 // weight's base 16-byte aligned (a cudaMalloc pointer is 256-byte aligned).
 //
 // The matrix-vector kernels (mmvq_split_<type>) take activations split by quantize_q8_1_split
-// (quants aq [n_tok, k] i8, 16-byte aligned; (d, s) ads [n_tok, k / 32] float2) and, like
-// mmvq_direct_*, apply each weight load to every token of the batch (up to 8). A warp takes one
-// row; lane l takes blocks l, l + 32, ..., SPLIT_UNROLL of them loaded before the first is used
-// (a 4096-element row is 128 blocks: one 16-byte load each for four, all in flight together).
-// Per block the exact integer sum of the 32 products (__dp4a), then (d * d_a) * sum in f32,
-// added to the lane's sum in block order; then the warp's sum. The values per block are
-// src/quant/dot.rs's (one exact integer a block, one f32 scale step); the order of the f32 sums
-// is the direct kernel's (per lane, then the warp), so results match the reference within f32
-// rounding, not mmvq_<type>'s bits.
+// (or by the fused kernels that write the same: quants aq [n_tok, k] i8, 16-byte aligned; (d, s)
+// ads [n_tok, k / 32] float2) and, like mmvq_direct_*, apply each weight load to every token of
+// the batch (up to 8). A warp takes one row; a block is cut into UPB units (the whole block for
+// the 32-element formats; Q6_K's 8 units of mmvq.cu), and lane l takes units l, l + 32, ...,
+// SPLIT_UNROLL of them loaded before the first is used (a 4096-element Q4_0 row is 128 blocks: one
+// 16-byte load each for four, all in flight together). Per unit the exact integer sums (__dp4a)
+// and the format's f32 scale steps, added to the lane's sum in unit order; then the warp's sum.
+// The values per block are src/quant/dot.rs's for the 32-element formats (one exact integer a
+// block, one f32 scale step) and mmvq.cu's units for Q6_K; the order of the f32 sums is the
+// direct kernel's (per lane, then the warp), so results match the reference within f32 rounding,
+// not mmvq_<type>'s bits.
 
 #include "common.cuh"
 
 #define SPLIT_ROWS 4   // warps per thread block, one row each: blockDim (32, 4)
 #define SPLIT_MAX_TOK 8
-#define SPLIT_UNROLL 4 // blocks a lane loads before it computes
+#define SPLIT_UNROLL 4 // units a lane loads before it computes
 
 // ---------------------------------------------------------------------------------------------
-// Per-format block dot products: the exact i32 sum of a block's 32 products with the activation
-// quants a[0..32] (16-byte aligned), the block's quants in q[0..W] (W 16-byte words).
+// Formats. Each has qk (elements a block), qb (bytes a block in the quants part), upb (units a
+// block), W (a unit's weight registers), load(q, p) (unit p of the block whose quants are at q,
+// 16-byte aligned) and dot(w, d, a, ads) (the unit's f32 contribution with the activation quants
+// a of the block's elements, 16-byte aligned, and their (d, s) ads, one per 32 elements; d the
+// block's scale).
 
-// Q4_0 (M = nib_minus8_w) and IQ4_NL (M = nib_iq4_w): byte j of the 16 holds element j in its low
-// nibble and element 16 + j in its high one.
+// The exact i32 sum of the 32 products of a Q4_0 / IQ4_NL block's quants q (byte j: element j in
+// its low nibble, element 16 + j in its high one; M maps four nibbles to four int8) with the
+// activation quants a.
 template <class M>
-struct split_nib_t {
-    enum : int { qb = 16, words = 1 };
-    static __device__ __forceinline__ int dot(const uint4* q, const i8* a) {
-        const int4 lo = __ldg((const int4*)a), hi = __ldg((const int4*)(a + 16));
-        const u32 v[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-        const int al[4] = {lo.x, lo.y, lo.z, lo.w}, ah[4] = {hi.x, hi.y, hi.z, hi.w};
-        int s = 0;
+__device__ __forceinline__ int split_nib_sum(uint4 q, const i8* a) {
+    const int4 lo = __ldg((const int4*)a), hi = __ldg((const int4*)(a + 16));
+    const u32 v[4] = {q.x, q.y, q.z, q.w};
+    const int al[4] = {lo.x, lo.y, lo.z, lo.w}, ah[4] = {hi.x, hi.y, hi.z, hi.w};
+    int s = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            s = __dp4a((int)M::map(v[i] & 0x0F0F0F0Fu), al[i], s);
-            s = __dp4a((int)M::map((v[i] >> 4) & 0x0F0F0F0Fu), ah[i], s);
-        }
-        return s;
+    for (int i = 0; i < 4; ++i) {
+        s = __dp4a((int)M::map(v[i] & 0x0F0F0F0Fu), al[i], s);
+        s = __dp4a((int)M::map((v[i] >> 4) & 0x0F0F0F0Fu), ah[i], s);
     }
-};
+    return s;
+}
 
 struct split_minus8 { // Q4_0: q - 8
     static __device__ __forceinline__ u32 map(u32 q) { return (u32)bytes_sub(q, 0x08080808u); }
@@ -62,23 +66,82 @@ struct split_iq4 { // IQ4_NL: IQ4_VALUES[q]
     static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
 };
 
+// Q4_0 and IQ4_NL: one unit a block, its 16 bytes of nibbles.
+template <class M>
+struct split_nib_t {
+    enum : int { qk = QK, qb = 16, upb = 1 };
+    typedef uint4 W;
+    static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
+    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+                                                const float2* ads) {
+        return d * __ldg(ads).x * (float)split_nib_sum<M>(w, a);
+    }
+};
+
 typedef split_nib_t<split_minus8> split_q4_0_t;
 typedef split_nib_t<split_iq4> split_iq4_nl_t;
 
-// Q8_0: byte j of the 32 is element j.
+// Q8_0: one unit a block, its 32 int8 (byte j is element j).
 struct split_q8_0_t {
-    enum : int { qb = 32, words = 2 };
-    static __device__ __forceinline__ int dot(const uint4* q, const i8* a) {
+    enum : int { qk = QK, qb = 32, upb = 1 };
+    struct W {
+        uint4 lo, hi;
+    };
+    static __device__ __forceinline__ W load(const u8* q, int) {
+        return {__ldg((const uint4*)q), __ldg((const uint4*)q + 1)};
+    }
+    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+                                                const float2* ads) {
         const int4 a0 = __ldg((const int4*)a), a1 = __ldg((const int4*)(a + 16));
-        int s = __dp4a((int)q[0].x, a0.x, 0);
-        s = __dp4a((int)q[0].y, a0.y, s);
-        s = __dp4a((int)q[0].z, a0.z, s);
-        s = __dp4a((int)q[0].w, a0.w, s);
-        s = __dp4a((int)q[1].x, a1.x, s);
-        s = __dp4a((int)q[1].y, a1.y, s);
-        s = __dp4a((int)q[1].z, a1.z, s);
-        s = __dp4a((int)q[1].w, a1.w, s);
-        return s;
+        int s = __dp4a((int)w.lo.x, a0.x, 0);
+        s = __dp4a((int)w.lo.y, a0.y, s);
+        s = __dp4a((int)w.lo.z, a0.z, s);
+        s = __dp4a((int)w.lo.w, a0.w, s);
+        s = __dp4a((int)w.hi.x, a1.x, s);
+        s = __dp4a((int)w.hi.y, a1.y, s);
+        s = __dp4a((int)w.hi.z, a1.z, s);
+        s = __dp4a((int)w.hi.w, a1.w, s);
+        return d * __ldg(ads).x * (float)s;
+    }
+};
+
+// Q6_K: mmvq.cu's 8 units a super-block. Unit p (h = p / 4, l0 = 8 (p % 4)) holds
+// ql[64h + l0..+8], ql[64h + 32 + l0..+8] and qh[32h + l0..+8]: elements 128h + 32j + l0..+8 for
+// j = 0..3, each in activation block 4h + j and scale group 8h + 2j + l0 / 16. Per j the exact
+// i32 sum, then d_a * (sc * sum) in f32, summed over j; then d times that (mmvq_q6_K_t's steps).
+// The quants part keeps the file's offsets: ql @0, qh @128, scales @192 (208 bytes; d apart).
+struct split_q6_K_t {
+    enum : int { qk = QK_K, qb = 208, upb = 8 };
+    struct W {
+        uint2 la, lb, h; // ql[64h + l0..], ql[64h + 32 + l0..], qh[32h + l0..]
+        uint2 sc;        // scales[8h..8h + 8]
+        int p;
+    };
+    static __device__ __forceinline__ W load(const u8* q, int p) {
+        const int h = p >> 2, l0 = 8 * (p & 3);
+        return {__ldg((const uint2*)(q + 64 * h + l0)), __ldg((const uint2*)(q + 64 * h + 32 + l0)),
+                __ldg((const uint2*)(q + 128 + 32 * h + l0)), __ldg((const uint2*)(q + 192 + 8 * h)),
+                p};
+    }
+    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+                                                const float2* ads) {
+        const int h = w.p >> 2, l0 = 8 * (w.p & 3);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 n0 = j == 0 ? w.la.x : j == 1 ? w.lb.x : j == 2 ? w.la.x >> 4 : w.lb.x >> 4;
+            const u32 n1 = j == 0 ? w.la.y : j == 1 ? w.lb.y : j == 2 ? w.la.y >> 4 : w.lb.y >> 4;
+            const u32 q0 = (n0 & 0x0F0F0F0Fu) | (((w.h.x >> (2 * j)) & 0x03030303u) << 4);
+            const u32 q1 = (n1 & 0x0F0F0F0Fu) | (((w.h.y >> (2 * j)) & 0x03030303u) << 4);
+            const int2 av = __ldg((const int2*)(a + 32 * (4 * h + j) + l0));
+            int sumi = __dp4a(bytes_sub(q0, 0x20202020u), av.x, 0);
+            sumi = __dp4a(bytes_sub(q1, 0x20202020u), av.y, sumi);
+            // scales[8h + 2j + l0 / 16]: byte 2j + l0 / 16 of the eight.
+            const int si = 2 * j + (l0 >> 4);
+            const int sc = (int)(i8)((si < 4 ? w.sc.x : w.sc.y) >> (8 * (si & 3)));
+            sum += __ldg(ads + 4 * h + j).x * (float)(sc * sumi);
+        }
+        return d * sum;
     }
 };
 
@@ -91,33 +154,43 @@ __device__ __forceinline__ float split_scale(const u16* p) {
 // The layout from the file's blocks.
 
 // launch: grid (min(ceil(n_blocks / 256), 65535), 1, 1), block (256, 1, 1); any grid (grid-stride
-// over blocks). src: n_blocks blocks of 2 + QB bytes in the file's layout (2-byte aligned); qs:
-// n_blocks * QB bytes, 16-byte aligned; ds: n_blocks f16. src must not overlap qs or ds.
-template <int QB>
+// over blocks). src: n_blocks blocks of 2 + QB bytes in the file's layout (2-byte aligned), d at
+// byte D_AT of each (0, or QB: after the rest); qs: n_blocks * QB bytes, 16-byte aligned; ds:
+// n_blocks f16. src must not overlap qs or ds.
+template <int QB, int D_AT>
 __device__ __forceinline__ void split_blocks_impl(const u8* __restrict__ src, u8* __restrict__ qs,
                                                   u16* __restrict__ ds, i64 n_blocks) {
+    constexpr int skip = D_AT == 0 ? 1 : 0; // u16 words before the quants
     GRID_STRIDE_LOOP(b, n_blocks) {
         const u16* s = (const u16*)(src + b * (2 + QB));
-        ds[b] = s[0];
-        u32 w[QB / 4];
-#pragma unroll
-        for (int i = 0; i < QB / 4; ++i) w[i] = (u32)s[1 + 2 * i] | ((u32)s[2 + 2 * i] << 16);
+        ds[b] = s[D_AT / 2];
         uint4* d = (uint4*)(qs + b * QB);
-#pragma unroll
+#pragma unroll 1
         for (int i = 0; i < QB / 16; ++i) {
-            d[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+            u32 w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int at = skip + 8 * i + 2 * j;
+                w[j] = (u32)s[at] | ((u32)s[at + 1] << 16);
+            }
+            d[i] = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
 }
 
 extern "C" __global__ void split_blocks_16(const u8* __restrict__ src, u8* __restrict__ qs,
                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<16>(src, qs, ds, n_blocks);
+    split_blocks_impl<16, 0>(src, qs, ds, n_blocks);
 }
 
 extern "C" __global__ void split_blocks_32(const u8* __restrict__ src, u8* __restrict__ qs,
                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<32>(src, qs, ds, n_blocks);
+    split_blocks_impl<32, 0>(src, qs, ds, n_blocks);
+}
+
+extern "C" __global__ void split_blocks_208(const u8* __restrict__ src, u8* __restrict__ qs,
+                                            u16* __restrict__ ds, i64 n_blocks) {
+    split_blocks_impl<208, 208>(src, qs, ds, n_blocks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -148,34 +221,34 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
         return; // whole warp
     }
     const int lane = threadIdx.x;
-    const int nb = k / QK;
-    const uint4* qs = (const uint4*)(w + (i64)row * nb * T::qb);
+    const int nb = k / T::qk, units = nb * T::upb;
+    const u8* qs = w + (i64)row * nb * T::qb;
     const u16* ds = (const u16*)(w + (i64)n * nb * T::qb) + (i64)row * nb;
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
-    for (int b0 = lane; b0 < nb; b0 += 32 * SPLIT_UNROLL) {
-        uint4 q[SPLIT_UNROLL][T::words];
+    for (int u0 = lane; u0 < units; u0 += 32 * SPLIT_UNROLL) {
+        typename T::W q[SPLIT_UNROLL];
         float d[SPLIT_UNROLL];
 #pragma unroll
-        for (int u = 0; u < SPLIT_UNROLL; ++u) {
-            const int b = b0 + 32 * u;
-            if (b < nb) {
-#pragma unroll
-                for (int i = 0; i < T::words; ++i) q[u][i] = __ldg(qs + (i64)b * T::words + i);
-                d[u] = split_scale(ds + b);
+        for (int i = 0; i < SPLIT_UNROLL; ++i) {
+            const int u = u0 + 32 * i;
+            if (u < units) {
+                const int b = u / T::upb;
+                q[i] = T::load(qs + (i64)b * T::qb, u - b * T::upb);
+                d[i] = split_scale(ds + b);
             }
         }
 #pragma unroll
-        for (int u = 0; u < SPLIT_UNROLL; ++u) {
-            const int b = b0 + 32 * u;
-            if (b < nb) {
+        for (int i = 0; i < SPLIT_UNROLL; ++i) {
+            const int u = u0 + 32 * i;
+            if (u < units) {
+                const int b = u / T::upb;
 #pragma unroll
                 for (int t = 0; t < MAXT; ++t) {
                     if (t < n_tok) {
-                        const int sumi = T::dot(q[u], aq + (i64)t * k + QK * b);
-                        const float da = __ldg(ads + (i64)t * nb + b).x;
-                        acc[t] += d[u] * da * (float)sumi;
+                        acc[t] += T::dot(q[i], d[i], aq + (i64)t * k + (i64)b * T::qk,
+                                         ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK));
                     }
                 }
             }
@@ -194,10 +267,12 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
 // exactly, no shared memory. wi: ni rows of k in the split layout (16-byte aligned; a weight with
 // ni = 0 is not read, nor its yi); aq, ads: quantize_q8_1_split's [n_tok, k] quants (16-byte
 // aligned) and [n_tok, k / 32] (d, s); yi: [n_tok, ni] f32; 1 <= n_tok <= 8 (else nothing is
-// written); k a multiple of 32. mmvq_split1_<type>: the same for n_tok = 1 only (one sum a lane:
-// 48-64 registers on sm_90 against 70-94 for eight, so more warps fit a multiprocessor).
-#define MMVQ_SPLIT_KERNEL(name, MAXT, T)                                                        \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
+// written); k a multiple of the block size. mmvq_split1_<type>: the same for n_tok = 1 only (one
+// sum a lane: fewer registers than for eight, so more warps fit a multiprocessor). The register
+// bounds (__launch_bounds__ minimum blocks: 8 for one token of Q4_0 / IQ4_NL, 6 for Q8_0 / Q6_K
+// whose units hold more bytes, 4 for eight tokens) keep ptxas from spilling on sm_80..sm_120.
+#define MMVQ_SPLIT_KERNEL(name, MAXT, MINB, T)                                                  \
+    extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
         name(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
              const i8* __restrict__ aq, const float2* __restrict__ ads, float* __restrict__ y0, \
              float* __restrict__ y1, float* __restrict__ y2, int k, int n0, int n1, int n2,     \
@@ -205,17 +280,19 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
         mmvq_split_impl<T, MAXT>(w0, w1, w2, aq, ads, y0, y1, y2, k, n0, n1, n2, n_tok);        \
     }
 
-MMVQ_SPLIT_KERNEL(mmvq_split_q4_0, SPLIT_MAX_TOK, split_q4_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_iq4_nl, SPLIT_MAX_TOK, split_iq4_nl_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q8_0, SPLIT_MAX_TOK, split_q8_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q4_0, 1, split_q4_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_iq4_nl, 1, split_iq4_nl_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, split_q8_0_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q4_0, 1, 8, split_q4_0_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_iq4_nl, 1, 8, split_iq4_nl_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, 6, split_q8_0_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q6_K, 1, 6, split_q6_K_t)
 
 // ---------------------------------------------------------------------------------------------
 // Dequantisation to f16 (prefill's GEMM, embedding rows): dequant.cu's values step for step, so
-// the same bits as dequant_<type>_f16 of the file's layout. Unit u: elements 8u..8u + 8, of block
-// u / 4.
+// the same bits as dequant_<type>_f16 of the file's layout. Unit j of a block: its elements
+// 8j..8j + 8.
 
 // The 8 nibbles of unit j (0..4) of a block's 16 quant bytes (16-byte aligned), one a byte:
 // elements 8j..8j + 8 are the low nibbles of bytes 8(j % 2).. for j < 2, the high ones after.
@@ -253,22 +330,30 @@ struct dq_split_q8_0 { // q * d
     }
 };
 
+struct dq_split_q6_K { // (d * sc) * (q - 32), dequant.cu's dq_q6_K on the quants part
+    __device__ void operator()(const u8* q, int j, float d, float* v) const {
+        dq_q6_k_unit(q, d, 8 * j, v);
+    }
+};
+
 // launch (every dequant_split_*_f16): grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256,
-// 1, 1), any grid (grid-stride). qs: the quants of n_elems / 32 blocks (16-byte aligned), ds their
-// scales; y: [n_elems] f16. n_elems a multiple of 32 (the blocks of a range of whole rows: qs and
-// ds advanced by the rows before it).
-#define DEQUANT_SPLIT_KERNEL(name, QB, F)                                                       \
+// 1, 1), any grid (grid-stride). qs: the quants of n_elems / QK blocks (16-byte aligned), ds their
+// scales; y: [n_elems] f16. n_elems a multiple of the block size QK (the blocks of a range of
+// whole rows: qs and ds advanced by the rows before it).
+#define DEQUANT_SPLIT_KERNEL(name, QKB, QB, F)                                                  \
     extern "C" __global__ void name(const u8* __restrict__ qs, const u16* __restrict__ ds,     \
                                     __half* __restrict__ y, i64 n_elems) {                     \
+        constexpr int upb = QKB / 8; /* units a block */                                       \
         const bool vec = ((u64)y & 15) == 0;                                                   \
         GRID_STRIDE_LOOP(u, n_elems / 8) {                                                     \
+            const i64 b = u / upb;                                                             \
             float v[8];                                                                        \
-            F()(qs + (u >> 2) * QB, (int)(u & 3), __half2float(__ushort_as_half(ds[u >> 2])),  \
-                v);                                                                            \
+            F()(qs + b * QB, (int)(u - b * upb), __half2float(__ushort_as_half(ds[b])), v);    \
             store8_f16(y, u * 8, v, vec);                                                      \
         }                                                                                      \
     }
 
-DEQUANT_SPLIT_KERNEL(dequant_split_q4_0_f16, 16, dq_split_q4_0)
-DEQUANT_SPLIT_KERNEL(dequant_split_iq4_nl_f16, 16, dq_split_iq4_nl)
-DEQUANT_SPLIT_KERNEL(dequant_split_q8_0_f16, 32, dq_split_q8_0)
+DEQUANT_SPLIT_KERNEL(dequant_split_q4_0_f16, QK, 16, dq_split_q4_0)
+DEQUANT_SPLIT_KERNEL(dequant_split_iq4_nl_f16, QK, 16, dq_split_iq4_nl)
+DEQUANT_SPLIT_KERNEL(dequant_split_q8_0_f16, QK, 32, dq_split_q8_0)
+DEQUANT_SPLIT_KERNEL(dequant_split_q6_K_f16, QK_K, 208, dq_split_q6_K)
