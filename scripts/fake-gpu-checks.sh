@@ -76,7 +76,8 @@ step "split layout: the GPU selftest with every split format's weights held spli
 # through split_blocks_*, mmvq_split* and dequant_split_*: each kernel must have run.
 OATO_CUDA_SPLIT=1 OATO_FAKE_CUDA_LOG=1 fake "$OATO" selftest --device gpu 2>"$W/split-st.log" | tail -1
 for k in split_blocks_16 split_blocks_32 split_blocks_208 mmvq_split_q4_0 mmvq_split1_q4_0 \
-    mmvq_split_q6_K mmvq_split1_q6_K mmvq_split1_q8_0 dequant_split_q4_0_f16 dequant_split_q6_K_f16; do
+    mmvq_split_q6_K mmvq_split1_q6_K mmvq_split1_q8_0 mmvq_split1_q4_K mmvq_split1_q5_K \
+    dequant_split_q4_0_f16 dequant_split_q6_K_f16; do
     if ! grep -q "$k" "$W/split-st.log"; then
         echo "FAIL split selftest: $k never launched" >&2
         exit 1

@@ -337,8 +337,9 @@ pub fn flash_prefill() -> bool {
 
 /// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0, Q6_K) are held in its
 /// split layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same
-/// bytes), so decode reads them with the `mmvq_split_*` kernels. Streamed weights keep the
-/// file's layout.
+/// bytes), so decode reads them with the `mmvq_split_*` kernels; Q4_K and Q5_K (blocks 16-byte
+/// multiples already) keep their layout and take the `mmvq_split_*` kernels too. Streamed
+/// weights keep the file's layout and kernels.
 /// Off unless `OATO_CUDA_SPLIT=1` at start-up or `set_weight_split(true)`: the kernels have not
 /// been timed on a GPU yet. The values agree with the file layout's kernels up to the order of
 /// f32 sums (as the direct kernels do).
@@ -359,13 +360,15 @@ pub fn weight_split() -> bool {
 
 /// split.cu's kernels for a weight type: elements and quant bytes per block, the layout's repack
 /// kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its dequantisation kernel.
+/// Q4_K and Q5_K keep the file's layout (no repack, the file layout's dequantisation) and take
+/// only the matrix-vector kernels.
 struct SplitKernels {
     qk: usize,
     qb: usize,
-    repack: &'static str,
+    repack: Option<&'static str>,
     mmvq: &'static str,
     mmvq1: &'static str,
-    dequant: &'static str,
+    dequant: Option<&'static str>,
 }
 
 /// Whether weights of type `ty` have the split layout (`set_weight_split`).
@@ -374,39 +377,42 @@ pub fn split_kernels(ty: GgmlType) -> bool {
 }
 
 fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
+    use GgmlType as T;
     let (qk, qb, repack, mmvq, mmvq1, dequant) = match ty {
-        GgmlType::Q4_0 => (
+        T::Q4_0 => (
             32,
             16,
-            "split_blocks_16",
+            Some("split_blocks_16"),
             "mmvq_split_q4_0",
             "mmvq_split1_q4_0",
-            "dequant_split_q4_0_f16",
+            Some("dequant_split_q4_0_f16"),
         ),
-        GgmlType::IQ4_NL => (
+        T::IQ4_NL => (
             32,
             16,
-            "split_blocks_16",
+            Some("split_blocks_16"),
             "mmvq_split_iq4_nl",
             "mmvq_split1_iq4_nl",
-            "dequant_split_iq4_nl_f16",
+            Some("dequant_split_iq4_nl_f16"),
         ),
-        GgmlType::Q8_0 => (
+        T::Q8_0 => (
             32,
             32,
-            "split_blocks_32",
+            Some("split_blocks_32"),
             "mmvq_split_q8_0",
             "mmvq_split1_q8_0",
-            "dequant_split_q8_0_f16",
+            Some("dequant_split_q8_0_f16"),
         ),
-        GgmlType::Q6_K => (
+        T::Q6_K => (
             256,
             208,
-            "split_blocks_208",
+            Some("split_blocks_208"),
             "mmvq_split_q6_K",
             "mmvq_split1_q6_K",
-            "dequant_split_q6_K_f16",
+            Some("dequant_split_q6_K_f16"),
         ),
+        T::Q4_K => (256, 144, None, "mmvq_split_q4_K", "mmvq_split1_q4_K", None),
+        T::Q5_K => (256, 176, None, "mmvq_split_q5_K", "mmvq_split1_q5_K", None),
         _ => return None,
     };
     Some(SplitKernels {
@@ -747,10 +753,14 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_split_iq4_nl",
             "mmvq_split_q8_0",
             "mmvq_split_q6_K",
+            "mmvq_split_q4_K",
+            "mmvq_split_q5_K",
             "mmvq_split1_q4_0",
             "mmvq_split1_iq4_nl",
             "mmvq_split1_q8_0",
             "mmvq_split1_q6_K",
+            "mmvq_split1_q4_K",
+            "mmvq_split1_q5_K",
             "dequant_split_q4_0_f16",
             "dequant_split_iq4_nl_f16",
             "dequant_split_q8_0_f16",
@@ -1311,7 +1321,11 @@ impl CudaBackend {
         let split =
             split_kernels_of(ty).filter(|_| weight_split() && Arc::ptr_eq(stream, &self.stream));
         let buf = alloc()?;
-        let raw = split.as_ref().map(|_| alloc()).transpose()?;
+        let raw = split
+            .as_ref()
+            .and_then(|sk| sk.repack)
+            .map(|_| alloc())
+            .transpose()?;
         let dst = self.ptr_of(raw.as_ref().unwrap_or(&buf));
         if registered {
             // SAFETY: `bytes` is registered host memory that outlives the copy (see
@@ -1321,12 +1335,15 @@ impl CudaBackend {
         } else {
             self.upload_on(stream, dst, bytes)?;
         }
-        if let (Some(sk), Some(raw)) = (&split, raw) {
+        if split.is_some() {
             self.split_live.store(true, Ordering::Relaxed);
+        }
+        if let (Some(sk), Some(raw)) = (&split, raw) {
+            let repack = sk.repack.expect("a temporary buffer only for a repack");
             let blocks = bytes.len() / (2 + sk.qb);
             let qs = self.ptr_of(&buf);
             let ds = qs + (blocks * sk.qb) as u64;
-            launch!(self, sk.repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
+            launch!(self, repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
                 src: u64 = dst, q: u64 = qs, d: u64 = ds, nb: i64 = blocks as i64);
             // The temporary buffer is freed on the stream, after the repacking that reads it.
             self.launcher.flush()?;
@@ -1468,7 +1485,8 @@ impl CudaBackend {
         let (_, deq) = kernels_of(w.ty)
             .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
         let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{} GEMM", w.ty)))?;
-        let split = self.split_of(w)?;
+        // Split weights in their own layout (Q4_K / Q5_K keep the file's).
+        let split = self.split_of(w)?.filter(|sk| sk.dequant.is_some());
         let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
         let w16 = self.grow(w16, rows * k * 2)?;
         let row_bytes = w.bytes / w.n;
@@ -1478,7 +1496,7 @@ impl CudaBackend {
             match &split {
                 Some(sk) => {
                     let (qs, ds) = Self::split_rows(w, sk, wp, r0);
-                    self.dequant_split(sk.dequant, qs, ds, w16, r * k)?;
+                    self.dequant_split(sk.dequant.expect("filtered"), qs, ds, w16, r * k)?;
                 }
                 None => self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?,
             }
@@ -2267,7 +2285,7 @@ impl Backend for CudaBackend {
         let rb = table.bytes / table.n;
         let op = self.f32ptr(out, ids.len() * k, "embedding output")?;
         let tp = self.wptr(table)?;
-        let split = self.split_of(table)?;
+        let split = self.split_of(table)?.filter(|sk| sk.dequant.is_some());
         let mut s = self.scratch()?;
         let row16 = self.grow(&mut s.w16, k * 2)?;
         for (t, &id) in ids.iter().enumerate() {
@@ -2293,7 +2311,7 @@ impl Backend for CudaBackend {
                 _ if split.is_some() => {
                     let sk = split.as_ref().expect("checked");
                     let (qs, ds) = Self::split_rows(table, sk, tp, id as usize);
-                    self.dequant_split(sk.dequant, qs, ds, row16, k)?;
+                    self.dequant_split(sk.dequant.expect("filtered"), qs, ds, row16, k)?;
                     row16
                 }
                 ty => {

@@ -391,7 +391,8 @@ def check_mmvq_direct(g, t):
 # matrix-vector kernels the reference within check_mmvq's tolerance (the same per-block values,
 # another order of f32 sums); the dequantisation dequant_<type>_f16's bits.
 
-SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q6_K")
+SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q6_K")  # rewritten into the split layout
+SPLIT_MMVQ_TYPES = SPLIT_TYPES + ("q4_K", "q5_K")  # Q4_K / Q5_K: the file's layout as it is
 
 
 def split_layout(blocks):
@@ -402,8 +403,11 @@ def split_layout(blocks):
     return blocks[:, 2:].reshape(-1).copy(), blocks[:, :2].reshape(-1).copy()
 
 
-def split_weight(blocks):
-    """A weight buffer in the split layout (quants then scales), 16-byte aligned."""
+def split_weight(blocks, t):
+    """A weight buffer in the split layout (quants then scales), 16-byte aligned; Q4_K and Q5_K
+    as the file's blocks."""
+    if t not in SPLIT_TYPES:
+        return Buf.of(blocks)
     qs, ds = split_layout(blocks)
     return Buf.of(np.concatenate([qs, ds]))
 
@@ -439,7 +443,7 @@ def check_mmvq_split(g, t):
         x = rng.standard_normal(n_tok * k).astype(np.float32)
         ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
         aq, ads = quantize_q8_1_split(x)
-        w = split_weight(blocks)
+        w = split_weight(blocks, t)
         dummy = Buf.out(np.float32, 4)
         for kern in [f"mmvq_split_{t}"] + ([f"mmvq_split1_{t}"] if n_tok == 1 else []):
             y = Buf.out(np.float32, n_tok * rows)
@@ -459,7 +463,7 @@ def check_mmvq_split(g, t):
         ws, ys, refs_ = [], [], []
         for n in rows:
             blocks = refs.random_blocks(rng, t, max(n, 1) * nblk)
-            ws.append(split_weight(blocks))
+            ws.append(split_weight(blocks, t))
             ys.append(Buf.out(np.float32, max(n_tok * n, 1)))
             refs_.append(refs.mmvq(t, blocks, n, k, act) if n else None)
         E.launch(kern, (cdiv(sum(rows), 4),), (32, 4), *ws, aq, ads, *ys, i32(k),
@@ -474,7 +478,7 @@ def check_mmvq_split(g, t):
                 g.exact(f"weights {rows}: the empty place's output untouched",
                         ys[j].u8, np.full(4, 0xFF, np.uint8))
     # More than 8 tokens (more than 1 for mmvq_split1): nothing written.
-    w = split_weight(refs.random_blocks(rng_for("split 9"), t, 1))
+    w = split_weight(refs.random_blocks(rng_for("split 9"), t, 1), t)
     for kern, nt in ((f"mmvq_split_{t}", 9), (f"mmvq_split1_{t}", 2)):
         y = Buf(4 * nt, fill=0)
         E.launch(kern, (1,), (32, 4), w, w, w, aq, ads, y, y, y, i32(qk), i32(0), i32(0), i32(1),
@@ -1062,7 +1066,7 @@ def main():
     for t in refs.QTYPES:
         r.run(f"mmvq_direct_{t}", check_mmvq_direct, t)
     r.run("split_blocks", check_split_blocks)
-    for t in SPLIT_TYPES:
+    for t in SPLIT_MMVQ_TYPES:
         r.run(f"mmvq_split_{t}", check_mmvq_split, t)
     for t in SPLIT_TYPES:
         r.run(f"dequant_split_{t}_f16", check_dequant_split, t)

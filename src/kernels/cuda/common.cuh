@@ -237,6 +237,60 @@ __device__ __forceinline__ void dq_q6_k_unit(const u8* b, float d, int e0, float
     }
 }
 
+// Q4_K / Q5_K scale and min of group j (0..8) from the 12 packed bytes held as words s0, s1, s2
+// (k4_scale_min on registers).
+__device__ __forceinline__ void k4_scale_min_w(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
+    const int sh = 8 * (j & 3);
+    if (j < 4) {
+        sc = (int)((s0 >> sh) & 63u);
+        m = (int)((s1 >> sh) & 63u);
+    } else {
+        const u32 r = (s2 >> sh) & 0xFFu; // raw[j + 4]
+        sc = (int)((r & 0x0F) | (((s0 >> sh) >> 6) & 3u) << 4);
+        m = (int)((r >> 4) | (((s1 >> sh) >> 6) & 3u) << 4);
+    }
+}
+
+// Q4_K / Q5_K decode products, 8 units per super-block: unit p (c = p / 2, l0 = 16 * (p % 2))
+// holds qs[32c + l0..+16]: elements 64c + l0..+16 (low nibbles, group 2c) and 64c + 32 + l0..+16
+// (high nibbles, group 2c + 1). With HAS_QH (Q5_K) bit 2c / 2c + 1 of qh[l0..+16] adds 16. The
+// unit's f32 contribution from its registers: head the block's first 16 bytes (d, dmin | scales),
+// v those qs bytes, hv qh[l0..+16] (Q5_K); a the activation quants of element 64c + l0 on
+// (16-byte aligned; elements + 32 for the high nibbles), ads their blocks' (d, s) from group 2c.
+// The exact i32 sums per group (quants, and activation sums for the mins), then the f32 steps.
+template <bool HAS_QH>
+__device__ __forceinline__ float k4_unit_dot(uint4 head, uint4 v, uint4 hv, const i8* a,
+                                             const float2* ads, int p) {
+    const int c = p >> 1;
+    const u32 vw[4] = {v.x, v.y, v.z, v.w};
+    const u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
+    const int4 alo = *(const int4*)a, ahi = *(const int4*)(a + 32);
+    const int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
+    int sumi_lo = 0, sumi_hi = 0, suma_lo = 0, suma_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 lo = vw[i] & 0x0F0F0F0Fu;
+        u32 hi = (vw[i] >> 4) & 0x0F0F0F0Fu;
+        if (HAS_QH) {
+            lo |= ((hw[i] >> (2 * c)) & 0x01010101u) << 4;
+            hi |= ((hw[i] >> (2 * c + 1)) & 0x01010101u) << 4;
+        }
+        sumi_lo = __dp4a((int)lo, al[i], sumi_lo);
+        sumi_hi = __dp4a((int)hi, ah[i], sumi_hi);
+        suma_lo = __dp4a(0x01010101, al[i], suma_lo);
+        suma_hi = __dp4a(0x01010101, ah[i], suma_hi);
+    }
+    int sc_lo, m_lo, sc_hi, m_hi;
+    k4_scale_min_w(head.y, head.z, head.w, 2 * c, sc_lo, m_lo);
+    k4_scale_min_w(head.y, head.z, head.w, 2 * c + 1, sc_hi, m_hi);
+    const float da_lo = ads[0].x, da_hi = ads[1].x;
+    const float d = __half2float(__ushort_as_half((u16)(head.x & 0xFFFFu)));
+    const float dmin = __half2float(__ushort_as_half((u16)(head.x >> 16)));
+    const float sd = da_lo * (float)(sc_lo * sumi_lo) + da_hi * (float)(sc_hi * sumi_hi);
+    const float sm = da_lo * (float)(m_lo * suma_lo) + da_hi * (float)(m_hi * suma_hi);
+    return d * sd - dmin * sm;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grid-stride loop: i takes this thread's indices in 0..n, for any grid.
 #define GRID_STRIDE_LOOP(i, n)                                                                 \

@@ -249,60 +249,15 @@ struct mmvq_q3_K_t {
     }
 };
 
-// Q4_K / Q5_K scale and min of group j (0..8) from the 12 packed bytes held as words s0, s1, s2
-// (k4_scale_min on registers).
-__device__ __forceinline__ void k4_scale_min_w(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
-    const int sh = 8 * (j & 3);
-    if (j < 4) {
-        sc = (int)((s0 >> sh) & 63u);
-        m = (int)((s1 >> sh) & 63u);
-    } else {
-        const u32 r = (s2 >> sh) & 0xFFu; // raw[j + 4]
-        sc = (int)((r & 0x0F) | (((s0 >> sh) >> 6) & 3u) << 4);
-        m = (int)((r >> 4) | (((s1 >> sh) >> 6) & 3u) << 4);
-    }
-}
-
-// Q4_K / Q5_K, 8 units per super-block: unit p (c = p / 2, l0 = 16 * (p % 2)) holds
-// qs[32c + l0..+16]: elements 64c + l0..+16 (low nibbles, group 2c) and 64c + 32 + l0..+16
-// (high nibbles, group 2c + 1). With HAS_QH (Q5_K) bit 2c / 2c + 1 of qh[l0..+16] adds 16.
+// Q4_K / Q5_K, 8 units per super-block (k4_unit_dot in common.cuh: the unit's loads are here).
 // Fields: d @0, dmin @2, scales @4, then Q4_K: qs @16; Q5_K: qh @16, qs @48.
 template <bool HAS_QH, int AL>
 __device__ __forceinline__ float vdot_k4(const u8* b, const i8* aq, const float2* ads, int p) {
     const int c = p >> 1, l0 = 16 * (p & 1);
     const uint4 head = lds_u128<AL>(b); // d, dmin | scales[0..4] | scales[4..8] | scales[8..12]
     const uint4 v = lds_u128<AL>(b + (HAS_QH ? 48 : 16) + 32 * c + l0);
-    const u32 vw[4] = {v.x, v.y, v.z, v.w};
-    u32 hw[4] = {0, 0, 0, 0};
-    if (HAS_QH) {
-        const uint4 hv = lds_u128<AL>(b + 16 + l0);
-        hw[0] = hv.x; hw[1] = hv.y; hw[2] = hv.z; hw[3] = hv.w;
-    }
-    const int4 alo = act4(aq + 64 * c + l0, 0), ahi = act4(aq + 64 * c + 32 + l0, 0);
-    const int al[4] = {alo.x, alo.y, alo.z, alo.w}, ah[4] = {ahi.x, ahi.y, ahi.z, ahi.w};
-    int sumi_lo = 0, sumi_hi = 0, suma_lo = 0, suma_hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        u32 lo = vw[i] & 0x0F0F0F0Fu;
-        u32 hi = (vw[i] >> 4) & 0x0F0F0F0Fu;
-        if (HAS_QH) {
-            lo |= ((hw[i] >> (2 * c)) & 0x01010101u) << 4;
-            hi |= ((hw[i] >> (2 * c + 1)) & 0x01010101u) << 4;
-        }
-        sumi_lo = __dp4a((int)lo, al[i], sumi_lo);
-        sumi_hi = __dp4a((int)hi, ah[i], sumi_hi);
-        suma_lo = __dp4a(0x01010101, al[i], suma_lo);
-        suma_hi = __dp4a(0x01010101, ah[i], suma_hi);
-    }
-    int sc_lo, m_lo, sc_hi, m_hi;
-    k4_scale_min_w(head.y, head.z, head.w, 2 * c, sc_lo, m_lo);
-    k4_scale_min_w(head.y, head.z, head.w, 2 * c + 1, sc_hi, m_hi);
-    const float da_lo = ads[2 * c].x, da_hi = ads[2 * c + 1].x;
-    const float d = __half2float(__ushort_as_half((u16)(head.x & 0xFFFFu)));
-    const float dmin = __half2float(__ushort_as_half((u16)(head.x >> 16)));
-    const float sd = da_lo * (float)(sc_lo * sumi_lo) + da_hi * (float)(sc_hi * sumi_hi);
-    const float sm = da_lo * (float)(m_lo * suma_lo) + da_hi * (float)(m_hi * suma_hi);
-    return d * sd - dmin * sm;
+    const uint4 hv = HAS_QH ? lds_u128<AL>(b + 16 + l0) : make_uint4(0, 0, 0, 0);
+    return k4_unit_dot<HAS_QH>(head, v, hv, aq + 64 * c + l0, ads + 2 * c, p);
 }
 
 struct mmvq_q4_K_t {

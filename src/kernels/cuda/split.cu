@@ -2,7 +2,9 @@
 // decode matrix-vector products, dequantisation for prefill and embedding rows. The formats are
 // those whose blocks are an f16 scale d and bytes that 16-byte loads cannot reach in the file's
 // layout: Q4_0 and IQ4_NL (d, then 16 bytes of nibbles: 18-byte blocks), Q8_0 (d, then 32
-// int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d: 210 bytes).
+// int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d: 210 bytes). Q4_K and Q5_K
+// blocks (144 and 176 bytes) are 16-byte multiples already: they keep the file's layout (no
+// scales array, no rewriting) and only their decode kernels are this file's.
 //
 // Why. In the file's layout those blocks are 2-byte aligned, so the kernels of mmvq.cu either
 // stage whole rows through shared memory or read 2-byte words. Split, the rest of block b of
@@ -20,12 +22,12 @@
 // (or by the fused kernels that write the same: quants aq [n_tok, k] i8, 16-byte aligned; (d, s)
 // ads [n_tok, k / 32] float2) and, like mmvq_direct_*, apply each weight load to every token of
 // the batch (up to 8). A warp takes one row; a block is cut into UPB units (the whole block for
-// the 32-element formats; Q6_K's 8 units of mmvq.cu), and lane l takes units l, l + 32, ...,
+// the 32-element formats; the K-quants' 8 units of mmvq.cu), and lane l takes units l, l + 32, ...,
 // SPLIT_UNROLL of them loaded before the first is used (a 4096-element Q4_0 row is 128 blocks: one
 // 16-byte load each for four, all in flight together). Per unit the exact integer sums (__dp4a)
 // and the format's f32 scale steps, added to the lane's sum in unit order; then the warp's sum.
 // The values per block are src/quant/dot.rs's for the 32-element formats (one exact integer a
-// block, one f32 scale step) and mmvq.cu's units for Q6_K; the order of the f32 sums is the
+// block, one f32 scale step) and mmvq.cu's units for the K-quants; the order of the f32 sums is the
 // direct kernel's (per lane, then the warp), so results match the reference within f32 rounding,
 // not mmvq_<type>'s bits.
 
@@ -37,10 +39,10 @@
 
 // ---------------------------------------------------------------------------------------------
 // Formats. Each has qk (elements a block), qb (bytes a block in the quants part), upb (units a
-// block), W (a unit's weight registers), load(q, p) (unit p of the block whose quants are at q,
-// 16-byte aligned) and dot(w, d, a, ads) (the unit's f32 contribution with the activation quants
-// a of the block's elements, 16-byte aligned, and their (d, s) ads, one per 32 elements; d the
-// block's scale).
+// block), ds (whether the scales are an array apart), W (a unit's weight registers), load(q, p)
+// (unit p of the block whose quants are at q, 16-byte aligned) and dot(w, d, a, ads) (the unit's
+// f32 contribution with the activation quants a of the block's elements, 16-byte aligned, and
+// their (d, s) ads, one per 32 elements; d the block's scale, 0 without the array).
 
 // The exact i32 sum of the 32 products of a Q4_0 / IQ4_NL block's quants q (byte j: element j in
 // its low nibble, element 16 + j in its high one; M maps four nibbles to four int8) with the
@@ -69,7 +71,7 @@ struct split_iq4 { // IQ4_NL: IQ4_VALUES[q]
 // Q4_0 and IQ4_NL: one unit a block, its 16 bytes of nibbles.
 template <class M>
 struct split_nib_t {
-    enum : int { qk = QK, qb = 16, upb = 1 };
+    enum : int { qk = QK, qb = 16, upb = 1, ds = 1 };
     typedef uint4 W;
     static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
     static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
@@ -83,7 +85,7 @@ typedef split_nib_t<split_iq4> split_iq4_nl_t;
 
 // Q8_0: one unit a block, its 32 int8 (byte j is element j).
 struct split_q8_0_t {
-    enum : int { qk = QK, qb = 32, upb = 1 };
+    enum : int { qk = QK, qb = 32, upb = 1, ds = 1 };
     struct W {
         uint4 lo, hi;
     };
@@ -111,7 +113,7 @@ struct split_q8_0_t {
 // i32 sum, then d_a * (sc * sum) in f32, summed over j; then d times that (mmvq_q6_K_t's steps).
 // The quants part keeps the file's offsets: ql @0, qh @128, scales @192 (208 bytes; d apart).
 struct split_q6_K_t {
-    enum : int { qk = QK_K, qb = 208, upb = 8 };
+    enum : int { qk = QK_K, qb = 208, upb = 8, ds = 1 };
     struct W {
         uint2 la, lb, h; // ql[64h + l0..], ql[64h + 32 + l0..], qh[32h + l0..]
         uint2 sc;        // scales[8h..8h + 8]
@@ -144,6 +146,32 @@ struct split_q6_K_t {
         return d * sum;
     }
 };
+
+// Q4_K (HAS_QH false) and Q5_K: the file's blocks (16-byte multiples), mmvq.cu's 8 units a
+// super-block (k4_unit_dot): the block's first 16 bytes and 16 bytes of qs (and of qh for Q5_K)
+// a unit.
+template <bool HAS_QH>
+struct split_k4_t {
+    enum : int { qk = QK_K, qb = HAS_QH ? 176 : 144, upb = 8, ds = 0 };
+    struct W {
+        uint4 head, v, hv;
+        int p;
+    };
+    static __device__ __forceinline__ W load(const u8* q, int p) {
+        const int c = p >> 1, l0 = 16 * (p & 1);
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        return {__ldg((const uint4*)q), __ldg((const uint4*)(q + (HAS_QH ? 48 : 16) + 32 * c + l0)),
+                HAS_QH ? __ldg((const uint4*)(q + 16 + l0)) : z, p};
+    }
+    static __device__ __forceinline__ float dot(const W& w, float, const i8* a,
+                                                const float2* ads) {
+        const int c = w.p >> 1, l0 = 16 * (w.p & 1);
+        return k4_unit_dot<HAS_QH>(w.head, w.v, w.hv, a + 64 * c + l0, ads + 2 * c, w.p);
+    }
+};
+
+typedef split_k4_t<false> split_q4_K_t;
+typedef split_k4_t<true> split_q5_K_t;
 
 // The f16 scale at p (2-byte aligned), read-only, widened.
 __device__ __forceinline__ float split_scale(const u16* p) {
@@ -236,7 +264,7 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
             if (u < units) {
                 const int b = u / T::upb;
                 q[i] = T::load(qs + (i64)b * T::qb, u - b * T::upb);
-                d[i] = split_scale(ds + b);
+                d[i] = T::ds ? split_scale(ds + b) : 0.0f;
             }
         }
 #pragma unroll
@@ -269,8 +297,10 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
 // aligned) and [n_tok, k / 32] (d, s); yi: [n_tok, ni] f32; 1 <= n_tok <= 8 (else nothing is
 // written); k a multiple of the block size. mmvq_split1_<type>: the same for n_tok = 1 only (one
 // sum a lane: fewer registers than for eight, so more warps fit a multiprocessor). The register
-// bounds (__launch_bounds__ minimum blocks: 8 for one token of Q4_0 / IQ4_NL, 6 for Q8_0 / Q6_K
-// whose units hold more bytes, 4 for eight tokens) keep ptxas from spilling on sm_80..sm_120.
+// bounds (__launch_bounds__ minimum blocks: for one token 8 (Q4_0, IQ4_NL), 6 (Q8_0, Q6_K,
+// Q4_K), 5 (Q5_K: 48 bytes a unit); for eight tokens 4, 2 for Q4_K / Q5_K) keep ptxas from
+// spilling on sm_75..sm_120.
+// For Q4_K / Q5_K (no scales array) wi is the file's layout.
 #define MMVQ_SPLIT_KERNEL(name, MAXT, MINB, T)                                                  \
     extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
         name(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
@@ -284,10 +314,14 @@ MMVQ_SPLIT_KERNEL(mmvq_split_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q4_K, SPLIT_MAX_TOK, 2, split_q4_K_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q5_K, SPLIT_MAX_TOK, 2, split_q5_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q4_0, 1, 8, split_q4_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_iq4_nl, 1, 8, split_iq4_nl_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, 6, split_q8_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q6_K, 1, 6, split_q6_K_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q4_K, 1, 6, split_q4_K_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q5_K, 1, 5, split_q5_K_t)
 
 // ---------------------------------------------------------------------------------------------
 // Dequantisation to f16 (prefill's GEMM, embedding rows): dequant.cu's values step for step, so
