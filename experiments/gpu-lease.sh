@@ -178,6 +178,15 @@ s_sweep() {
         POLICIES="oato oato-paper layer-split" REPS=$REPS experiments/placement-sweep.sh
     { header; cat "$RES/placement-sweep-8b.md"; } > "$RES/placement-sweep-8b.header.md"
 }
+# Issues 10 and 12 with the weights in split.cu's layout (OATO_CUDA_SPLIT=1): a profile of its
+# own (the profile cache keys the layout apart) and the 50% / 75% sweep of the three policies.
+s_split_sweep() {
+    header
+    OATO_CUDA_SPLIT=1 "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b-split.json"
+    OATO_CUDA_SPLIT=1 OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-split" PLAIN="" \
+        THREADS=$THREADS BUDGETS="50% 75%" POLICIES="oato oato-paper layer-split" REPS=$REPS \
+        experiments/placement-sweep.sh
+}
 s_build_peer() { # only without the prebuilt peer
     JOBS=16 PREFIX=$LEASE/llamacpp TARBALL=$LEASE/lease-bin/llamacpp-src.tar.xz experiments/build-llamacpp-cuda.sh
     rm -rf "$LLAMA" && mkdir -p "$LLAMA" && cp -a "$LEASE"/llamacpp/llama.cpp/build/bin/. "$LLAMA/"
@@ -334,6 +343,7 @@ stages_8b() {
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     peer_ready && stage kernels 150 s_kernels
     stage perf 50 s_perf
+    [ -f "$MODEL8" ] && stage split_sweep 120 s_split_sweep
     [ -f "$MODEL8" ] && stage gputrace 60 s_gputrace
     stage ncu 260 s_ncu
     # Measured on the H200 of 2026-11-28 (results/gpu-2026-11-28-h200): last, for a lease of

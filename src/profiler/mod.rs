@@ -797,8 +797,14 @@ pub fn cache_path(
     gpu_name: Option<&str>,
     opts: &ProfileOptions,
 ) -> Option<PathBuf> {
+    // The GPU's weight layout (OATO_CUDA_SPLIT) changes its decode kernels, so its profile.
+    let layout = if gpu_name.is_some() && crate::runtime::cuda_backend::weight_split() {
+        "|split"
+    } else {
+        ""
+    };
     let key = format!(
-        "{}|{}|{threads}|{}|{:?}|{}",
+        "{}|{}|{threads}|{}|{:?}|{}{layout}",
         cpu_name(),
         isa().name(),
         gpu_name.unwrap_or("-"),
