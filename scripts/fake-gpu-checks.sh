@@ -69,12 +69,14 @@ step "the whole model on the GPU, direct matrix-vector kernels and split decode 
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
 step "the whole model on the GPU, pipelined matrix-vector kernels"
 OATO_CUDA_MMVQ=pipe golden --device gpu
-step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: the Q8_0 embedding and head)"
-OATO_CUDA_SPLIT=1 golden --device gpu
+step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: the Q8_0 embedding and head, rewritten 1 MiB at a time)"
+OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1048576 golden --device gpu
 step "split layout: the GPU selftest with every split format's weights held split"
 # Its matmul and embedding cases (Q4_0, IQ4_NL, Q8_0, Q6_K; decode and prefill) against the CPU,
-# through split_blocks_*, mmvq_split* and dequant_split_*: each kernel must have run.
-OATO_CUDA_SPLIT=1 OATO_FAKE_CUDA_LOG=1 fake "$OATO" selftest --device gpu 2>"$W/split-st.log" | tail -1
+# through split_blocks_*, mmvq_split* and dequant_split_*: each kernel must have run. The weights
+# are rewritten 1000 bytes (at least a row) at a time, so in many slices.
+OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1000 OATO_FAKE_CUDA_LOG=1 fake "$OATO" selftest --device gpu \
+    2>"$W/split-st.log" | tail -1
 for k in split_blocks_16 split_blocks_32 split_blocks_208 mmvq_split_q4_0 mmvq_split1_q4_0 \
     mmvq_split_q6_K mmvq_split1_q6_K mmvq_split1_q8_0 mmvq_split1_q4_K mmvq_split1_q5_K \
     dequant_split_q4_0_f16 dequant_split_q6_K_f16; do

@@ -335,6 +335,14 @@ pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
 }
 
+/// The most bytes of a weight in the file's layout held on the GPU at once while it is rewritten
+/// into the split layout (whole rows, at least one; a weight's upload needs that much beyond its
+/// own size): 32 MiB, or `OATO_CUDA_SPLIT_STAGE` bytes (the stand-in checks use small ones, so
+/// that a weight goes in many slices).
+static SPLIT_STAGE_BYTES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    crate::kernels::cpu::matmul::env_bytes("OATO_CUDA_SPLIT_STAGE", 32 << 20).max(1)
+});
+
 /// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0, Q6_K) are held in its
 /// split layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same
 /// bytes), so decode reads them with the `mmvq_split_*` kernels; Q4_K and Q5_K (blocks 16-byte
@@ -1306,48 +1314,59 @@ impl CudaBackend {
                 "{ty} as a GPU weight ({name:?})"
             )));
         }
-        let alloc = || {
+        let alloc = |len: usize| {
             // SAFETY: every byte is written by the upload (and repacking) below before any
             // kernel reads it.
-            unsafe { stream.alloc::<u8>(bytes.len().max(1)) }.map_err(|e| {
+            unsafe { stream.alloc::<u8>(len.max(1)) }.map_err(|e| {
                 Error::Msg(format!(
-                    "GPU allocation of {} bytes for {name:?} failed: {e:?}",
-                    bytes.len()
+                    "GPU allocation of {len} bytes for {name:?} failed: {e:?}"
                 ))
             })
         };
-        // A weight that stays (uploaded on the compute stream) in split.cu's layout: the file's
-        // bytes go to a temporary buffer, which split_blocks rewrites into the weight's own.
+        let upload = |dst: u64, src: &[u8]| -> Result<()> {
+            if registered {
+                // SAFETY: `src` is registered host memory that outlives the copy (see
+                // HostRegistrations); the destination holds `src.len()` bytes.
+                unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
+                    .map_err(drv("host to device copy"))
+            } else {
+                self.upload_on(stream, dst, src)
+            }
+        };
+        // A weight that stays (uploaded on the compute stream) may take split.cu's layout.
         let split =
             split_kernels_of(ty).filter(|_| weight_split() && Arc::ptr_eq(stream, &self.stream));
-        let buf = alloc()?;
-        let raw = split
-            .as_ref()
-            .and_then(|sk| sk.repack)
-            .map(|_| alloc())
-            .transpose()?;
-        let dst = self.ptr_of(raw.as_ref().unwrap_or(&buf));
-        if registered {
-            // SAFETY: `bytes` is registered host memory that outlives the copy (see
-            // HostRegistrations); the destination holds `bytes.len()` bytes.
-            unsafe { cudarc::driver::result::memcpy_htod_async(dst, bytes, stream.cu_stream()) }
-                .map_err(drv("host to device copy"))?;
-        } else {
-            self.upload_on(stream, dst, bytes)?;
+        let buf = alloc(bytes.len())?;
+        match split.as_ref().and_then(|sk| sk.repack.map(|r| (sk, r))) {
+            Some((sk, repack)) => {
+                // The file's rows go a slice at a time (at most SPLIT_STAGE_BYTES, whole rows)
+                // to a temporary buffer, which split_blocks rewrites into the weight's own: the
+                // quants of rows r0.. at r0 * nb * qb, their scales after all the quants.
+                let nb = k / sk.qk;
+                let row_bytes = bytes.len() / n.max(1);
+                let rows = (*SPLIT_STAGE_BYTES / row_bytes.max(1)).clamp(1, n.max(1));
+                let raw = alloc(rows * row_bytes)?;
+                let (rp, qs) = (self.ptr_of(&raw), self.ptr_of(&buf));
+                let ds = qs + (n * nb * sk.qb) as u64;
+                let mut r0 = 0;
+                while r0 < n {
+                    let r = rows.min(n - r0);
+                    upload(rp, &bytes[r0 * row_bytes..(r0 + r) * row_bytes])?;
+                    let blocks = r * nb;
+                    launch!(self, repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
+                        src: u64 = rp, q: u64 = qs + (r0 * nb * sk.qb) as u64,
+                        d: u64 = ds + (r0 * nb * 2) as u64, nb_: i64 = blocks as i64);
+                    // Queued now, before the next slice's copy (same stream) overwrites it.
+                    self.launcher.flush()?;
+                    r0 += r;
+                }
+                // Freed on the stream, after the last repacking that reads it.
+                drop(raw);
+            }
+            None => upload(self.ptr_of(&buf), bytes)?,
         }
         if split.is_some() {
             self.split_live.store(true, Ordering::Relaxed);
-        }
-        if let (Some(sk), Some(raw)) = (&split, raw) {
-            let repack = sk.repack.expect("a temporary buffer only for a repack");
-            let blocks = bytes.len() / (2 + sk.qb);
-            let qs = self.ptr_of(&buf);
-            let ds = qs + (blocks * sk.qb) as u64;
-            launch!(self, repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
-                src: u64 = dst, q: u64 = qs, d: u64 = ds, nb: i64 = blocks as i64);
-            // The temporary buffer is freed on the stream, after the repacking that reads it.
-            self.launcher.flush()?;
-            drop(raw);
         }
         let ready = if Arc::ptr_eq(stream, &self.stream) {
             None
