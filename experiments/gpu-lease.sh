@@ -299,6 +299,7 @@ golden() { # name, oato run flags...
 }
 s_golden_gpu() { golden gpu --device gpu; }
 s_golden_graphs_off() { OATO_CUDA_GRAPHS=0 golden gpu-graphs-off --device gpu; }
+s_golden_split() { OATO_CUDA_SPLIT=1 golden gpu-split --device gpu; }
 s_golden_hybrid() { # policy, budget
     golden "$1-${2%\%}" --vram-budget "$2" --policy "$1"
 }
@@ -354,6 +355,7 @@ stages_8b() {
 }
 stages_golden() {
     stage golden_gpu 60 s_golden_gpu
+    stage golden_split 30 s_golden_split
     stage golden_oato_50 20 s_golden_hybrid oato 50%
     stage golden_layer_split_25 20 s_golden_hybrid layer-split 25%
     stage golden_graphs_off 20 s_golden_graphs_off
