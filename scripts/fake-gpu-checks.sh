@@ -11,7 +11,7 @@
 # OATO_CUDA_MMVQ=direct and OATO_CUDA_ATTN_SPLIT=1 (the direct matrix-vector kernels, and split
 # decode attention, which the short prompts would not choose on their own); then a third time with
 # OATO_CUDA_MMVQ=pipe (the pipelined matrix-vector kernels), and a fourth with OATO_CUDA_SPLIT=1
-# (weights in split.cu's layout: on this file the Q8_0 embedding and head), then the GPU selftest
+# (weights in split.cu's layout; also layer-split that way), then the GPU selftest
 # with split weights and, where the Q4_0 / Q8_0 files were fetched, their split greedy ids against
 # the CPU's. Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
@@ -69,7 +69,7 @@ step "the whole model on the GPU, direct matrix-vector kernels and split decode 
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
 step "the whole model on the GPU, pipelined matrix-vector kernels"
 OATO_CUDA_MMVQ=pipe golden --device gpu
-step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: the Q8_0 embedding and head, rewritten 1 MiB at a time)"
+step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: Q4_1 layers, Q8_0 embedding and head, rewritten 1 MiB at a time)"
 OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1048576 golden --device gpu
 step "split layout: the GPU selftest with every split format's weights held split"
 # Its matmul and embedding cases (Q4_0, IQ4_NL, Q8_0, Q6_K; decode and prefill) against the CPU,
@@ -79,6 +79,7 @@ OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1000 OATO_FAKE_CUDA_LOG=1 fake "$OATO" s
     2>"$W/split-st.log" | tail -1
 for k in split_blocks_16 split_blocks_32 split_blocks_208 mmvq_split_q4_0 mmvq_split1_q4_0 \
     mmvq_split_q6_K mmvq_split1_q6_K mmvq_split1_q8_0 mmvq_split1_q4_K mmvq_split1_q5_K \
+    mmvq_split1_q4_1 \
     dequant_split_q4_0_f16 dequant_split_q6_K_f16; do
     if ! grep -q "$k" "$W/split-st.log"; then
         echo "FAIL split selftest: $k never launched" >&2
@@ -125,6 +126,8 @@ for policy in layer-split flexgen oato; do
         -o "$W/$policy.json" | tail -2
     golden --placement "$W/$policy.json"
 done
+step "layer-split at 50%, the GPU's weights in the split layout"
+OATO_CUDA_SPLIT=1 golden --placement "$W/layer-split.json"
 step "a mixed placement (every third target weight on the GPU)"
 # Two hand-made placements from layer-split's: every third target weight on the GPU (mixed), and
 # every third layer's weights (mixed-layers, for the CUDA-graph check below).

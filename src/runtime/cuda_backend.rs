@@ -343,7 +343,7 @@ static SPLIT_STAGE_BYTES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(
     crate::kernels::cpu::matmul::env_bytes("OATO_CUDA_SPLIT_STAGE", 32 << 20).max(1)
 });
 
-/// Whether weights of the formats split.cu handles (Q4_0, IQ4_NL, Q8_0, Q6_K) are held in its
+/// Whether weights of the formats split.cu handles (Q4_0, Q4_1, IQ4_NL, Q8_0, Q6_K) are held in its
 /// split layout when they are uploaded to stay (quants 16-byte aligned, scales apart; the same
 /// bytes), so decode reads them with the `mmvq_split_*` kernels; Q4_K and Q5_K (blocks 16-byte
 /// multiples already) keep their layout and take the `mmvq_split_*` kernels too. Streamed
@@ -366,13 +366,14 @@ pub fn weight_split() -> bool {
     WEIGHT_SPLIT.load(Ordering::Relaxed)
 }
 
-/// split.cu's kernels for a weight type: elements and quant bytes per block, the layout's repack
-/// kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its dequantisation kernel.
-/// Q4_K and Q5_K keep the file's layout (no repack, the file layout's dequantisation) and take
-/// only the matrix-vector kernels.
+/// split.cu's kernels for a weight type: elements, quant bytes and scale bytes per block, the
+/// layout's repack kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its
+/// dequantisation kernel. Q4_K and Q5_K keep the file's layout (no repack, the file layout's
+/// dequantisation) and take only the matrix-vector kernels.
 struct SplitKernels {
     qk: usize,
     qb: usize,
+    sb: usize,
     repack: Option<&'static str>,
     mmvq: &'static str,
     mmvq1: &'static str,
@@ -386,18 +387,29 @@ pub fn split_kernels(ty: GgmlType) -> bool {
 
 fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
     use GgmlType as T;
-    let (qk, qb, repack, mmvq, mmvq1, dequant) = match ty {
+    let (qk, qb, sb, repack, mmvq, mmvq1, dequant) = match ty {
         T::Q4_0 => (
             32,
             16,
+            2,
             Some("split_blocks_16"),
             "mmvq_split_q4_0",
             "mmvq_split1_q4_0",
             Some("dequant_split_q4_0_f16"),
         ),
+        T::Q4_1 => (
+            32,
+            16,
+            4,
+            Some("split_blocks_16m"),
+            "mmvq_split_q4_1",
+            "mmvq_split1_q4_1",
+            Some("dequant_split_q4_1_f16"),
+        ),
         T::IQ4_NL => (
             32,
             16,
+            2,
             Some("split_blocks_16"),
             "mmvq_split_iq4_nl",
             "mmvq_split1_iq4_nl",
@@ -406,6 +418,7 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         T::Q8_0 => (
             32,
             32,
+            2,
             Some("split_blocks_32"),
             "mmvq_split_q8_0",
             "mmvq_split1_q8_0",
@@ -414,18 +427,36 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         T::Q6_K => (
             256,
             208,
+            2,
             Some("split_blocks_208"),
             "mmvq_split_q6_K",
             "mmvq_split1_q6_K",
             Some("dequant_split_q6_K_f16"),
         ),
-        T::Q4_K => (256, 144, None, "mmvq_split_q4_K", "mmvq_split1_q4_K", None),
-        T::Q5_K => (256, 176, None, "mmvq_split_q5_K", "mmvq_split1_q5_K", None),
+        T::Q4_K => (
+            256,
+            144,
+            0,
+            None,
+            "mmvq_split_q4_K",
+            "mmvq_split1_q4_K",
+            None,
+        ),
+        T::Q5_K => (
+            256,
+            176,
+            0,
+            None,
+            "mmvq_split_q5_K",
+            "mmvq_split1_q5_K",
+            None,
+        ),
         _ => return None,
     };
     Some(SplitKernels {
         qk,
         qb,
+        sb,
         repack,
         mmvq,
         mmvq1,
@@ -755,21 +786,25 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         "split.cu",
         &[
             "split_blocks_16",
+            "split_blocks_16m",
             "split_blocks_32",
             "split_blocks_208",
             "mmvq_split_q4_0",
+            "mmvq_split_q4_1",
             "mmvq_split_iq4_nl",
             "mmvq_split_q8_0",
             "mmvq_split_q6_K",
             "mmvq_split_q4_K",
             "mmvq_split_q5_K",
             "mmvq_split1_q4_0",
+            "mmvq_split1_q4_1",
             "mmvq_split1_iq4_nl",
             "mmvq_split1_q8_0",
             "mmvq_split1_q6_K",
             "mmvq_split1_q4_K",
             "mmvq_split1_q5_K",
             "dequant_split_q4_0_f16",
+            "dequant_split_q4_1_f16",
             "dequant_split_iq4_nl_f16",
             "dequant_split_q8_0_f16",
             "dequant_split_q6_K_f16",
@@ -1038,7 +1073,7 @@ impl CudaBackend {
     fn split_rows(w: &Weight, sk: &SplitKernels, wp: u64, r0: usize) -> (u64, u64) {
         let nb = w.k / sk.qk;
         let qs = wp + (r0 * nb * sk.qb) as u64;
-        let ds = wp + (w.n * nb * sk.qb + r0 * nb * 2) as u64;
+        let ds = wp + (w.n * nb * sk.qb + r0 * nb * sk.sb) as u64;
         (qs, ds)
     }
 
@@ -1355,7 +1390,7 @@ impl CudaBackend {
                     let blocks = r * nb;
                     launch!(self, repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
                         src: u64 = rp, q: u64 = qs + (r0 * nb * sk.qb) as u64,
-                        d: u64 = ds + (r0 * nb * 2) as u64, nb_: i64 = blocks as i64);
+                        d: u64 = ds + (r0 * nb * sk.sb) as u64, nb_: i64 = blocks as i64);
                     // Queued now, before the next slice's copy (same stream) overwrites it.
                     self.launcher.flush()?;
                     r0 += r;

@@ -391,16 +391,21 @@ def check_mmvq_direct(g, t):
 # matrix-vector kernels the reference within check_mmvq's tolerance (the same per-block values,
 # another order of f32 sums); the dequantisation dequant_<type>_f16's bits.
 
-SPLIT_TYPES = ("q4_0", "iq4_nl", "q8_0", "q6_K")  # rewritten into the split layout
+# Rewritten into the split layout: (split_blocks kernel, scale bytes a block).
+SPLIT = {"q4_0": ("split_blocks_16", 2), "q4_1": ("split_blocks_16m", 4),
+         "iq4_nl": ("split_blocks_16", 2), "q8_0": ("split_blocks_32", 2),
+         "q6_K": ("split_blocks_208", 2)}
+SPLIT_TYPES = tuple(SPLIT)
 SPLIT_MMVQ_TYPES = SPLIT_TYPES + ("q4_K", "q5_K")  # Q4_K / Q5_K: the file's layout as it is
 
 
-def split_layout(blocks):
-    """The split layout of [n_blocks, 2 + QB] file blocks (d first, or last for Q6_K): (quants,
-    scales) as u8 arrays."""
-    if blocks.shape[1] == 210:  # Q6_K: ql, qh, scales, then d
+def split_layout(blocks, t):
+    """The split layout of [n_blocks, SB + QB] file blocks of type t (scales first, or d last for
+    Q6_K): (quants, scales) as u8 arrays."""
+    if t == "q6_K":  # ql, qh, scales, then d
         return blocks[:, :208].reshape(-1).copy(), blocks[:, 208:].reshape(-1).copy()
-    return blocks[:, 2:].reshape(-1).copy(), blocks[:, :2].reshape(-1).copy()
+    sb = SPLIT[t][1]
+    return blocks[:, sb:].reshape(-1).copy(), blocks[:, :sb].reshape(-1).copy()
 
 
 def split_weight(blocks, t):
@@ -408,20 +413,19 @@ def split_weight(blocks, t):
     as the file's blocks."""
     if t not in SPLIT_TYPES:
         return Buf.of(blocks)
-    qs, ds = split_layout(blocks)
+    qs, ds = split_layout(blocks, t)
     return Buf.of(np.concatenate([qs, ds]))
 
 
 def check_split_blocks(g):
-    for t in SPLIT_TYPES:
-        qb = refs.QTYPES[t][2] - 2
+    for t, (kernel, sb) in SPLIT.items():
+        qb = refs.QTYPES[t][2] - sb
         for n_blocks, src_off, grid, block in ((37, 0, 1, 256), (300, 2, 1, 64), (513, 6, 3, 256)):
             blocks = refs.random_blocks(rng_for(f"split {t} {n_blocks}"), t, n_blocks)
             qs = Buf.out(np.uint8, n_blocks * qb)
-            ds = Buf.out(np.uint8, n_blocks * 2)
-            E.launch(f"split_blocks_{qb}", (grid,), (block,), Buf.of(blocks, src_off), qs, ds,
-                     i64(n_blocks))
-            want_q, want_d = split_layout(blocks)
+            ds = Buf.out(np.uint8, n_blocks * sb)
+            E.launch(kernel, (grid,), (block,), Buf.of(blocks, src_off), qs, ds, i64(n_blocks))
+            want_q, want_d = split_layout(blocks, t)
             g.exact(f"{t}: {n_blocks} blocks src+{src_off} grid {grid}x{block}: quants",
                     qs.get(np.uint8), want_q, dims=("byte",))
             g.exact(f"{t}: {n_blocks} blocks src+{src_off} grid {grid}x{block}: scales",
@@ -494,8 +498,9 @@ def check_dequant_split(g, t):
     rows, nblk = 7, (12 if qk == 32 else 2)
     k = qk * nblk
     blocks = refs.random_blocks(rng_for(f"dequant split {t}"), t, rows * nblk)
-    qs, ds = split_layout(blocks)
-    qb = refs.QTYPES[t][2] - 2
+    qs, ds = split_layout(blocks, t)
+    sb = SPLIT[t][1]
+    qb = refs.QTYPES[t][2] - sb
     for r0, r, y_off, grid, block in ((0, 7, 0, 2, 256), (3, 2, 1, 1, 32), (6, 1, 0, 1, 256)):
         n = r * k
         want = dequant(f"dequant_{t}_f16", blocks[r0 * nblk:(r0 + r) * nblk], n, 0, 0,
@@ -503,7 +508,7 @@ def check_dequant_split(g, t):
         y = Buf.out(np.float16, n, off=2 * y_off)
         E.launch(f"dequant_split_{t}_f16", (grid,), (block,),
                  Buf.of(qs[r0 * nblk * qb:(r0 + r) * nblk * qb]),
-                 Buf.of(ds[r0 * nblk * 2:(r0 + r) * nblk * 2]), y, i64(n))
+                 Buf.of(ds[r0 * nblk * sb:(r0 + r) * nblk * sb]), y, i64(n))
         g.exact(f"rows {r0}..{r0 + r} y+{2 * y_off} grid {grid}x{block} = dequant_{t}_f16's",
                 y.get(np.float16), want, dims=("elem",))
 

@@ -1,18 +1,20 @@
 // split.cu: quantised weights held on the GPU in a split layout, and the kernels that read it:
 // decode matrix-vector products, dequantisation for prefill and embedding rows. The formats are
-// those whose blocks are an f16 scale d and bytes that 16-byte loads cannot reach in the file's
-// layout: Q4_0 and IQ4_NL (d, then 16 bytes of nibbles: 18-byte blocks), Q8_0 (d, then 32
-// int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d: 210 bytes). Q4_K and Q5_K
+// those whose blocks are f16 scales and bytes that 16-byte loads cannot reach in the file's
+// layout: Q4_0 and IQ4_NL (d, then 16 bytes of nibbles: 18-byte blocks), Q4_1 (d, m, then 16
+// bytes: 20), Q8_0 (d, then 32 int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d:
+// 210 bytes). Q4_K and Q5_K
 // blocks (144 and 176 bytes) are 16-byte multiples already: they keep the file's layout (no
 // scales array, no rewriting) and only their decode kernels are this file's.
 //
 // Why. In the file's layout those blocks are 2-byte aligned, so the kernels of mmvq.cu either
 // stage whole rows through shared memory or read 2-byte words. Split, the rest of block b of
 // row r (QB bytes: 16, 32 or 208, each a multiple of 16) is at qs + (r * nb + b) * QB, 16-byte
-// aligned, in the file's order, and the scales d follow all of them as one f16 array,
-// ds[r * nb + b] (nb blocks a row). The weight takes the same bytes.
+// aligned, in the file's order, and the scales follow all of them as one array of SB bytes a
+// block (d, or Q4_1's d and m), ds + (r * nb + b) * SB (nb blocks a row). The weight takes the
+// same bytes.
 //
-//   [ quants: n * nb * QB bytes ][ scales: n * nb f16 ]
+//   [ quants: n * nb * QB bytes ][ scales: n * nb * SB bytes ]
 //
 // split_blocks_* write the layout from the file's bytes on the GPU, once, when a weight is
 // uploaded (the host keeps the file's layout for weights it streams). Every kernel here needs the
@@ -39,10 +41,19 @@
 
 // ---------------------------------------------------------------------------------------------
 // Formats. Each has qk (elements a block), qb (bytes a block in the quants part), upb (units a
-// block), ds (whether the scales are an array apart), W (a unit's weight registers), load(q, p)
-// (unit p of the block whose quants are at q, 16-byte aligned) and dot(w, d, a, ads) (the unit's
-// f32 contribution with the activation quants a of the block's elements, 16-byte aligned, and
-// their (d, s) ads, one per 32 elements; d the block's scale, 0 without the array).
+// block), sb (bytes a block in the scales array: 2, 4, or 0 for none), W (a unit's weight
+// registers), load(q, p) (unit p of the block whose quants are at q, 16-byte aligned) and
+// dot(w, sc, a, ads) (the unit's f32 contribution with the activation quants a of the block's
+// elements, 16-byte aligned, and their (d, s) ads, one per 32 elements; sc the block's scale
+// bytes as a little-endian word, 0 without the array).
+
+// The f16 in the low (high) half of a scale word, widened.
+__device__ __forceinline__ float split_lo(u32 sc) {
+    return __half2float(__ushort_as_half((u16)(sc & 0xFFFFu)));
+}
+__device__ __forceinline__ float split_hi(u32 sc) {
+    return __half2float(__ushort_as_half((u16)(sc >> 16)));
+}
 
 // The exact i32 sum of the 32 products of a Q4_0 / IQ4_NL block's quants q (byte j: element j in
 // its low nibble, element 16 + j in its high one; M maps four nibbles to four int8) with the
@@ -67,32 +78,49 @@ struct split_minus8 { // Q4_0: q - 8
 struct split_iq4 { // IQ4_NL: IQ4_VALUES[q]
     static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
 };
+struct split_plain { // Q4_1: q (its min term is added apart)
+    static __device__ __forceinline__ u32 map(u32 q) { return q; }
+};
 
 // Q4_0 and IQ4_NL: one unit a block, its 16 bytes of nibbles.
 template <class M>
 struct split_nib_t {
-    enum : int { qk = QK, qb = 16, upb = 1, ds = 1 };
+    enum : int { qk = QK, qb = 16, upb = 1, sb = 2 };
     typedef uint4 W;
     static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
-    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+    static __device__ __forceinline__ float dot(const W& w, u32 sc, const i8* a,
                                                 const float2* ads) {
-        return d * __ldg(ads).x * (float)split_nib_sum<M>(w, a);
+        return split_lo(sc) * __ldg(ads).x * (float)split_nib_sum<M>(w, a);
     }
 };
 
 typedef split_nib_t<split_minus8> split_q4_0_t;
 typedef split_nib_t<split_iq4> split_iq4_nl_t;
 
+// Q4_1: one unit a block, Q4_0's nibbles unsigned; d and m apart (4 bytes). d * d_a * sum of
+// q * a_q, plus m * s_a with the activation block's f16 s (as ggml and mmvq_q4_1_t do).
+struct split_q4_1_t {
+    enum : int { qk = QK, qb = 16, upb = 1, sb = 4 };
+    typedef uint4 W;
+    static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
+    static __device__ __forceinline__ float dot(const W& w, u32 sc, const i8* a,
+                                                const float2* ads) {
+        const float2 ds = __ldg(ads);
+        return split_lo(sc) * ds.x * (float)split_nib_sum<split_plain>(w, a) +
+               split_hi(sc) * ds.y;
+    }
+};
+
 // Q8_0: one unit a block, its 32 int8 (byte j is element j).
 struct split_q8_0_t {
-    enum : int { qk = QK, qb = 32, upb = 1, ds = 1 };
+    enum : int { qk = QK, qb = 32, upb = 1, sb = 2 };
     struct W {
         uint4 lo, hi;
     };
     static __device__ __forceinline__ W load(const u8* q, int) {
         return {__ldg((const uint4*)q), __ldg((const uint4*)q + 1)};
     }
-    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+    static __device__ __forceinline__ float dot(const W& w, u32 sc, const i8* a,
                                                 const float2* ads) {
         const int4 a0 = __ldg((const int4*)a), a1 = __ldg((const int4*)(a + 16));
         int s = __dp4a((int)w.lo.x, a0.x, 0);
@@ -103,7 +131,7 @@ struct split_q8_0_t {
         s = __dp4a((int)w.hi.y, a1.y, s);
         s = __dp4a((int)w.hi.z, a1.z, s);
         s = __dp4a((int)w.hi.w, a1.w, s);
-        return d * __ldg(ads).x * (float)s;
+        return split_lo(sc) * __ldg(ads).x * (float)s;
     }
 };
 
@@ -113,7 +141,7 @@ struct split_q8_0_t {
 // i32 sum, then d_a * (sc * sum) in f32, summed over j; then d times that (mmvq_q6_K_t's steps).
 // The quants part keeps the file's offsets: ql @0, qh @128, scales @192 (208 bytes; d apart).
 struct split_q6_K_t {
-    enum : int { qk = QK_K, qb = 208, upb = 8, ds = 1 };
+    enum : int { qk = QK_K, qb = 208, upb = 8, sb = 2 };
     struct W {
         uint2 la, lb, h; // ql[64h + l0..], ql[64h + 32 + l0..], qh[32h + l0..]
         uint2 sc;        // scales[8h..8h + 8]
@@ -125,7 +153,7 @@ struct split_q6_K_t {
                 __ldg((const uint2*)(q + 128 + 32 * h + l0)), __ldg((const uint2*)(q + 192 + 8 * h)),
                 p};
     }
-    static __device__ __forceinline__ float dot(const W& w, float d, const i8* a,
+    static __device__ __forceinline__ float dot(const W& w, u32 sc_w, const i8* a,
                                                 const float2* ads) {
         const int h = w.p >> 2, l0 = 8 * (w.p & 3);
         float sum = 0.0f;
@@ -143,7 +171,7 @@ struct split_q6_K_t {
             const int sc = (int)(i8)((si < 4 ? w.sc.x : w.sc.y) >> (8 * (si & 3)));
             sum += __ldg(ads + 4 * h + j).x * (float)(sc * sumi);
         }
-        return d * sum;
+        return split_lo(sc_w) * sum;
     }
 };
 
@@ -152,7 +180,7 @@ struct split_q6_K_t {
 // a unit.
 template <bool HAS_QH>
 struct split_k4_t {
-    enum : int { qk = QK_K, qb = HAS_QH ? 176 : 144, upb = 8, ds = 0 };
+    enum : int { qk = QK_K, qb = HAS_QH ? 176 : 144, upb = 8, sb = 0 };
     struct W {
         uint4 head, v, hv;
         int p;
@@ -163,7 +191,7 @@ struct split_k4_t {
         return {__ldg((const uint4*)q), __ldg((const uint4*)(q + (HAS_QH ? 48 : 16) + 32 * c + l0)),
                 HAS_QH ? __ldg((const uint4*)(q + 16 + l0)) : z, p};
     }
-    static __device__ __forceinline__ float dot(const W& w, float, const i8* a,
+    static __device__ __forceinline__ float dot(const W& w, u32, const i8* a,
                                                 const float2* ads) {
         const int c = w.p >> 1, l0 = 16 * (w.p & 1);
         return k4_unit_dot<HAS_QH>(w.head, w.v, w.hv, a + 64 * c + l0, ads + 2 * c, w.p);
@@ -173,25 +201,27 @@ struct split_k4_t {
 typedef split_k4_t<false> split_q4_K_t;
 typedef split_k4_t<true> split_q5_K_t;
 
-// The f16 scale at p (2-byte aligned), read-only, widened.
-__device__ __forceinline__ float split_scale(const u16* p) {
-    return __half2float(__ushort_as_half(__ldg(p)));
+// Block b's scale bytes (SB of them at ds + b * SB) as a little-endian word, read-only.
+template <int SB>
+__device__ __forceinline__ u32 split_scales(const u8* ds, i64 b) {
+    return SB == 4 ? __ldg((const u32*)(ds + 4 * b)) : SB == 2 ? (u32)__ldg((const u16*)(ds + 2 * b)) : 0u;
 }
 
 // ---------------------------------------------------------------------------------------------
 // The layout from the file's blocks.
 
 // launch: grid (min(ceil(n_blocks / 256), 65535), 1, 1), block (256, 1, 1); any grid (grid-stride
-// over blocks). src: n_blocks blocks of 2 + QB bytes in the file's layout (2-byte aligned), d at
-// byte D_AT of each (0, or QB: after the rest); qs: n_blocks * QB bytes, 16-byte aligned; ds:
-// n_blocks f16. src must not overlap qs or ds.
-template <int QB, int D_AT>
+// over blocks). src: n_blocks blocks of SB + QB bytes in the file's layout (2-byte aligned), the
+// SB scale bytes at byte D_AT of each (0, or QB: after the rest); qs: n_blocks * QB bytes, 16-byte
+// aligned; ds: n_blocks * SB bytes. src must not overlap qs or ds.
+template <int QB, int SB, int D_AT>
 __device__ __forceinline__ void split_blocks_impl(const u8* __restrict__ src, u8* __restrict__ qs,
                                                   u16* __restrict__ ds, i64 n_blocks) {
-    constexpr int skip = D_AT == 0 ? 1 : 0; // u16 words before the quants
+    constexpr int skip = D_AT == 0 ? SB / 2 : 0; // u16 words before the quants
     GRID_STRIDE_LOOP(b, n_blocks) {
-        const u16* s = (const u16*)(src + b * (2 + QB));
-        ds[b] = s[D_AT / 2];
+        const u16* s = (const u16*)(src + b * (SB + QB));
+#pragma unroll
+        for (int i = 0; i < SB / 2; ++i) ds[b * (SB / 2) + i] = s[D_AT / 2 + i];
         uint4* d = (uint4*)(qs + b * QB);
 #pragma unroll 1
         for (int i = 0; i < QB / 16; ++i) {
@@ -208,17 +238,22 @@ __device__ __forceinline__ void split_blocks_impl(const u8* __restrict__ src, u8
 
 extern "C" __global__ void split_blocks_16(const u8* __restrict__ src, u8* __restrict__ qs,
                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<16, 0>(src, qs, ds, n_blocks);
+    split_blocks_impl<16, 2, 0>(src, qs, ds, n_blocks);
+}
+
+extern "C" __global__ void split_blocks_16m(const u8* __restrict__ src, u8* __restrict__ qs,
+                                            u16* __restrict__ ds, i64 n_blocks) {
+    split_blocks_impl<16, 4, 0>(src, qs, ds, n_blocks);
 }
 
 extern "C" __global__ void split_blocks_32(const u8* __restrict__ src, u8* __restrict__ qs,
                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<32, 0>(src, qs, ds, n_blocks);
+    split_blocks_impl<32, 2, 0>(src, qs, ds, n_blocks);
 }
 
 extern "C" __global__ void split_blocks_208(const u8* __restrict__ src, u8* __restrict__ qs,
                                             u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<208, 208>(src, qs, ds, n_blocks);
+    split_blocks_impl<208, 2, 208>(src, qs, ds, n_blocks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,20 +286,20 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
     const int lane = threadIdx.x;
     const int nb = k / T::qk, units = nb * T::upb;
     const u8* qs = w + (i64)row * nb * T::qb;
-    const u16* ds = (const u16*)(w + (i64)n * nb * T::qb) + (i64)row * nb;
+    const u8* ds = w + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
     for (int u0 = lane; u0 < units; u0 += 32 * SPLIT_UNROLL) {
         typename T::W q[SPLIT_UNROLL];
-        float d[SPLIT_UNROLL];
+        u32 sc[SPLIT_UNROLL];
 #pragma unroll
         for (int i = 0; i < SPLIT_UNROLL; ++i) {
             const int u = u0 + 32 * i;
             if (u < units) {
                 const int b = u / T::upb;
                 q[i] = T::load(qs + (i64)b * T::qb, u - b * T::upb);
-                d[i] = T::ds ? split_scale(ds + b) : 0.0f;
+                sc[i] = split_scales<T::sb>(ds, b);
             }
         }
 #pragma unroll
@@ -275,7 +310,7 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
 #pragma unroll
                 for (int t = 0; t < MAXT; ++t) {
                     if (t < n_tok) {
-                        acc[t] += T::dot(q[i], d[i], aq + (i64)t * k + (i64)b * T::qk,
+                        acc[t] += T::dot(q[i], sc[i], aq + (i64)t * k + (i64)b * T::qk,
                                          ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK));
                     }
                 }
@@ -312,12 +347,14 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
 
 MMVQ_SPLIT_KERNEL(mmvq_split_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
+MMVQ_SPLIT_KERNEL(mmvq_split_q4_1, SPLIT_MAX_TOK, 4, split_q4_1_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q4_K, SPLIT_MAX_TOK, 2, split_q4_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split_q5_K, SPLIT_MAX_TOK, 2, split_q5_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q4_0, 1, 8, split_q4_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_iq4_nl, 1, 8, split_iq4_nl_t)
+MMVQ_SPLIT_KERNEL(mmvq_split1_q4_1, 1, 8, split_q4_1_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, 6, split_q8_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q6_K, 1, 6, split_q6_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q4_K, 1, 6, split_q4_K_t)
@@ -338,7 +375,8 @@ __device__ __forceinline__ void split_nibbles8(const u8* q, int j, u32& a0, u32&
 }
 
 struct dq_split_q4_0 { // (q - 8) * d
-    __device__ void operator()(const u8* q, int j, float d, float* v) const {
+    __device__ void operator()(const u8* q, int j, u32 sc, float* v) const {
+        const float d = split_lo(sc);
         u32 a0, a1;
         split_nibbles8(q, j, a0, a1);
 #pragma unroll
@@ -346,8 +384,19 @@ struct dq_split_q4_0 { // (q - 8) * d
     }
 };
 
+struct dq_split_q4_1 { // q * d + m
+    __device__ void operator()(const u8* q, int j, u32 sc, float* v) const {
+        const float d = split_lo(sc), m = split_hi(sc);
+        u32 a0, a1;
+        split_nibbles8(q, j, a0, a1);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = __fadd_rn(__fmul_rn((float)byte8(a0, a1, e), d), m);
+    }
+};
+
 struct dq_split_iq4_nl { // d * IQ4_VALUES[q]
-    __device__ void operator()(const u8* q, int j, float d, float* v) const {
+    __device__ void operator()(const u8* q, int j, u32 sc, float* v) const {
+        const float d = split_lo(sc);
         u32 a0, a1;
         split_nibbles8(q, j, a0, a1);
         const u32 q0 = iq4_values4(a0), q1 = iq4_values4(a1);
@@ -357,7 +406,8 @@ struct dq_split_iq4_nl { // d * IQ4_VALUES[q]
 };
 
 struct dq_split_q8_0 { // q * d
-    __device__ void operator()(const u8* q, int j, float d, float* v) const {
+    __device__ void operator()(const u8* q, int j, u32 sc, float* v) const {
+        const float d = split_lo(sc);
         const uint2 w = *(const uint2*)(q + 8 * j);
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = (float)(int)(i8)byte8(w.x, w.y, e) * d;
@@ -365,29 +415,30 @@ struct dq_split_q8_0 { // q * d
 };
 
 struct dq_split_q6_K { // (d * sc) * (q - 32), dequant.cu's dq_q6_K on the quants part
-    __device__ void operator()(const u8* q, int j, float d, float* v) const {
-        dq_q6_k_unit(q, d, 8 * j, v);
+    __device__ void operator()(const u8* q, int j, u32 sc, float* v) const {
+        dq_q6_k_unit(q, split_lo(sc), 8 * j, v);
     }
 };
 
 // launch (every dequant_split_*_f16): grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256,
 // 1, 1), any grid (grid-stride). qs: the quants of n_elems / QK blocks (16-byte aligned), ds their
-// scales; y: [n_elems] f16. n_elems a multiple of the block size QK (the blocks of a range of
-// whole rows: qs and ds advanced by the rows before it).
-#define DEQUANT_SPLIT_KERNEL(name, QKB, QB, F)                                                  \
-    extern "C" __global__ void name(const u8* __restrict__ qs, const u16* __restrict__ ds,     \
+// scales (SB bytes a block); y: [n_elems] f16. n_elems a multiple of the block size QK (the
+// blocks of a range of whole rows: qs and ds advanced by the rows before it).
+#define DEQUANT_SPLIT_KERNEL(name, QKB, QB, SB, F)                                              \
+    extern "C" __global__ void name(const u8* __restrict__ qs, const u8* __restrict__ ds,      \
                                     __half* __restrict__ y, i64 n_elems) {                     \
         constexpr int upb = QKB / 8; /* units a block */                                       \
         const bool vec = ((u64)y & 15) == 0;                                                   \
         GRID_STRIDE_LOOP(u, n_elems / 8) {                                                     \
             const i64 b = u / upb;                                                             \
             float v[8];                                                                        \
-            F()(qs + b * QB, (int)(u - b * upb), __half2float(__ushort_as_half(ds[b])), v);    \
+            F()(qs + b * QB, (int)(u - b * upb), split_scales<SB>(ds, b), v);                   \
             store8_f16(y, u * 8, v, vec);                                                      \
         }                                                                                      \
     }
 
-DEQUANT_SPLIT_KERNEL(dequant_split_q4_0_f16, QK, 16, dq_split_q4_0)
-DEQUANT_SPLIT_KERNEL(dequant_split_iq4_nl_f16, QK, 16, dq_split_iq4_nl)
-DEQUANT_SPLIT_KERNEL(dequant_split_q8_0_f16, QK, 32, dq_split_q8_0)
-DEQUANT_SPLIT_KERNEL(dequant_split_q6_K_f16, QK_K, 208, dq_split_q6_K)
+DEQUANT_SPLIT_KERNEL(dequant_split_q4_0_f16, QK, 16, 2, dq_split_q4_0)
+DEQUANT_SPLIT_KERNEL(dequant_split_q4_1_f16, QK, 16, 4, dq_split_q4_1)
+DEQUANT_SPLIT_KERNEL(dequant_split_iq4_nl_f16, QK, 16, 2, dq_split_iq4_nl)
+DEQUANT_SPLIT_KERNEL(dequant_split_q8_0_f16, QK, 32, 2, dq_split_q8_0)
+DEQUANT_SPLIT_KERNEL(dequant_split_q6_K_f16, QK_K, 208, 2, dq_split_q6_K)
