@@ -82,34 +82,25 @@ struct split_plain { // Q4_1: q (its min term is added apart)
     static __device__ __forceinline__ u32 map(u32 q) { return q; }
 };
 
-// Q4_0 and IQ4_NL: one unit a block, its 16 bytes of nibbles.
-template <class M>
+// Q4_0, IQ4_NL and (MIN) Q4_1: one unit a block, its 16 bytes of nibbles; d * d_a * the exact
+// sum, and for Q4_1 (d and m apart, 4 bytes; its nibbles unsigned) plus m * s_a with the
+// activation block's f16 s (as ggml and mmvq_q4_1_t do).
+template <class M, bool MIN>
 struct split_nib_t {
-    enum : int { qk = QK, qb = 16, upb = 1, sb = 2 };
-    typedef uint4 W;
-    static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
-    static __device__ __forceinline__ float dot(const W& w, u32 sc, const i8* a,
-                                                const float2* ads) {
-        return split_lo(sc) * __ldg(ads).x * (float)split_nib_sum<M>(w, a);
-    }
-};
-
-typedef split_nib_t<split_minus8> split_q4_0_t;
-typedef split_nib_t<split_iq4> split_iq4_nl_t;
-
-// Q4_1: one unit a block, Q4_0's nibbles unsigned; d and m apart (4 bytes). d * d_a * sum of
-// q * a_q, plus m * s_a with the activation block's f16 s (as ggml and mmvq_q4_1_t do).
-struct split_q4_1_t {
-    enum : int { qk = QK, qb = 16, upb = 1, sb = 4 };
+    enum : int { qk = QK, qb = 16, upb = 1, sb = MIN ? 4 : 2 };
     typedef uint4 W;
     static __device__ __forceinline__ W load(const u8* q, int) { return __ldg((const uint4*)q); }
     static __device__ __forceinline__ float dot(const W& w, u32 sc, const i8* a,
                                                 const float2* ads) {
         const float2 ds = __ldg(ads);
-        return split_lo(sc) * ds.x * (float)split_nib_sum<split_plain>(w, a) +
-               split_hi(sc) * ds.y;
+        const float r = split_lo(sc) * ds.x * (float)split_nib_sum<M>(w, a);
+        return MIN ? r + split_hi(sc) * ds.y : r;
     }
 };
+
+typedef split_nib_t<split_minus8, false> split_q4_0_t;
+typedef split_nib_t<split_iq4, false> split_iq4_nl_t;
+typedef split_nib_t<split_plain, true> split_q4_1_t;
 
 // Q8_0: one unit a block, its 32 int8 (byte j is element j).
 struct split_q8_0_t {
