@@ -227,9 +227,12 @@ s_diag75() {
 s_gputrace() {
     header
     local mode
-    for mode in staged pipe; do
-        echo "== OATO_CUDA_MMVQ=$mode"
-        OATO_CUDA_MMVQ=$mode OATO_TRACE_STEPS=gpu "$OATO" run "$MODEL8" --device gpu -p hello -n 64 \
+    for mode in staged split pipe; do
+        echo "== $mode"
+        # split: the file layout's kernels' mode with the weights split (split.cu's kernels).
+        OATO_CUDA_SPLIT=$([ $mode = split ] && echo 1 || echo 0) \
+            OATO_CUDA_MMVQ=$([ $mode = split ] && echo staged || echo $mode) \
+            OATO_TRACE_STEPS=gpu "$OATO" run "$MODEL8" --device gpu -p hello -n 64 \
             --temp 0 --ignore-eos -t "$THREADS" 2>&1 | grep -E 'TTFT|TPOT|trace|n=1 '
     done
 }
@@ -238,8 +241,8 @@ s_gputrace() {
 # memory per thread block, warp stall cycles (the raw CSV has the stall reasons), so the
 # matrix-vector kernels' 26% of HBM has a cause. Few launches each
 # (ncu prints its table only at the end): oato's first decode step after prefill, 45 launches (three
-# layers); its pipelined matrix-vector kernels (OATO_CUDA_MMVQ=pipe), 16 launches (four layers);
-# llama.cpp's matrix-vector kernels, 24 launches.
+# layers); the split layout's matrix-vector kernels (OATO_CUDA_SPLIT=1) and the pipelined ones
+# (OATO_CUDA_MMVQ=pipe), 16 launches each; llama.cpp's matrix-vector kernels, 24 launches.
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
 s_ncu() {
     header
@@ -251,6 +254,12 @@ s_ncu() {
     OATO_CUDA_GRAPHS=0 timeout 150 "$ncu" --launch-skip 700 --launch-count 45 $NCU_SECTIONS --csv \
         "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
         > "$RES/ncu-oato.csv" 2> "$RES/ncu-oato.err" || echo "ncu on oato: exit $?"
+    echo "== oato (OATO_CUDA_SPLIT=1, OATO_CUDA_GRAPHS=0): the split layout's matrix-vector kernels, 16 launches"
+    # shellcheck disable=SC2086
+    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 timeout 100 "$ncu" --kernel-name regex:mmvq_split \
+        --launch-skip 140 --launch-count 16 $NCU_SECTIONS --csv \
+        "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
+        > "$RES/ncu-oato-split.csv" 2> "$RES/ncu-oato-split.err" || echo "ncu on oato (split): exit $?"
     echo "== oato (OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPHS=0): the pipelined matrix-vector kernels, 16 launches"
     # shellcheck disable=SC2086
     OATO_CUDA_MMVQ=pipe OATO_CUDA_GRAPHS=0 timeout 100 "$ncu" --kernel-name regex:mmvq_pipe \
