@@ -1646,12 +1646,17 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "gpu ({}, sm_{}; kernels ready in {:.0} ms, {}/{} from the cache)",
+            "gpu ({}, sm_{}; kernels ready in {:.0} ms, {}/{} from the cache{})",
             self.name,
             self.arch,
             self.compile_ms,
             self.kernels_from_cache,
-            SOURCES.len()
+            SOURCES.len(),
+            if weight_split() {
+                "; split weights"
+            } else {
+                ""
+            }
         )
     }
 
