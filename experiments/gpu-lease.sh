@@ -20,17 +20,19 @@
 #   since the last GPU session has never run on a GPU), synth, profile (link: weight uploads,
 #   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), the
 #   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
-#   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_GRAPHS=0,
-#   OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0),
-#   selftest --perf (kernel bandwidths, the pipelined kernels at 1-16 thread blocks a
-#   multiprocessor, copies staged and direct), an all-GPU decode's steps by the GPU's clock,
-#   staged and pipelined kernels (gputrace), Nsight Compute's per-kernel figures of a decode
-#   step, the pipelined matrix-vector kernels and llama.cpp's (ncu), llama.cpp -ngl at the
-#   sweep's shares (op offload on; measured on 2026-11-28, so late), the 75% step traces of
-#   oato's and oato-paper's plans (diag75);
-#   once the test model is whole: golden greedy ids on the GPU (all-GPU, graphs off, oato,
-#   layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU against
-#   llama.cpp (issue 13).
+#   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1,
+#   OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
+#   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, the split
+#   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
+#   and direct), the 50% / 75% sweep again with split weights and their own profile
+#   (split_sweep), an all-GPU decode's steps by the GPU's clock, staged, split and pipelined
+#   kernels (gputrace), Nsight Compute's per-kernel figures of a decode step, the split and the
+#   pipelined matrix-vector kernels and llama.cpp's (ncu), llama.cpp -ngl at the sweep's shares
+#   (op offload on; measured on 2026-11-28, so late), the 75% step traces of oato's and
+#   oato-paper's plans (diag75);
+#   once the test model is whole: golden greedy ids on the GPU (all-GPU, split weights, graphs
+#   off, oato, layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU
+#   against llama.cpp (issue 13).
 # Without the prebuilt peer, the first call builds llama.cpp on the device (~5 min) in the
 # background while selftest and synth run, and the timed stages wait for it. Do not hold a lease
 # back for the prebuild: on 2026-11-28 a session that built it first (22 min on a Zen 5 VM) found
