@@ -3,9 +3,9 @@
 // those whose blocks are f16 scales and bytes that 16-byte loads cannot reach in the file's
 // layout: Q4_0 and IQ4_NL (d, then 16 bytes of nibbles: 18-byte blocks), Q4_1 (d, m, then 16
 // bytes: 20), Q8_0 (d, then 32 int8: 34 bytes) and Q6_K (ql, qh and scales, 208 bytes, then d:
-// 210 bytes). Q4_K and Q5_K
-// blocks (144 and 176 bytes) are 16-byte multiples already: they keep the file's layout (no
-// scales array, no rewriting) and only their decode kernels are this file's.
+// 210 bytes). Q4_K and Q5_K blocks (144 and 176 bytes) are 16-byte multiples already: they keep
+// the file's layout (no scales array, no rewriting) and only their decode kernels are this
+// file's.
 //
 // Why. In the file's layout those blocks are 2-byte aligned, so the kernels of mmvq.cu either
 // stage whole rows through shared memory or read 2-byte words. Split, the rest of block b of
@@ -24,14 +24,15 @@
 // (or by the fused kernels that write the same: quants aq [n_tok, k] i8, 16-byte aligned; (d, s)
 // ads [n_tok, k / 32] float2) and, like mmvq_direct_*, apply each weight load to every token of
 // the batch (up to 8). A warp takes one row; a block is cut into UPB units (the whole block for
-// the 32-element formats; the K-quants' 8 units of mmvq.cu), and lane l takes units l, l + 32, ...,
-// SPLIT_UNROLL of them loaded before the first is used (a 4096-element Q4_0 row is 128 blocks: one
-// 16-byte load each for four, all in flight together). Per unit the exact integer sums (__dp4a)
-// and the format's f32 scale steps, added to the lane's sum in unit order; then the warp's sum.
+// the 32-element formats; the K-quants' 8 units of mmvq.cu), and lane l takes units l, l + 32,
+// ..., SPLIT_UNROLL of them loaded before the first is used (a 4096-element Q4_0 row is 128
+// blocks: one 16-byte load each for four, all in flight together). Per unit the exact integer
+// sums (__dp4a) and the format's f32 scale steps, added to the lane's sum in unit order; then the
+// warp's sum.
 // The values per block are src/quant/dot.rs's for the 32-element formats (one exact integer a
-// block, one f32 scale step) and mmvq.cu's units for the K-quants; the order of the f32 sums is the
-// direct kernel's (per lane, then the warp), so results match the reference within f32 rounding,
-// not mmvq_<type>'s bits.
+// block, one f32 scale step) and mmvq.cu's units for the K-quants; the order of the f32 sums is
+// the direct kernel's (per lane, then the warp), so results match the reference within f32
+// rounding, not mmvq_<type>'s bits.
 
 #include "common.cuh"
 
@@ -55,9 +56,9 @@ __device__ __forceinline__ float split_hi(u32 sc) {
     return __half2float(__ushort_as_half((u16)(sc >> 16)));
 }
 
-// The exact i32 sum of the 32 products of a Q4_0 / IQ4_NL block's quants q (byte j: element j in
-// its low nibble, element 16 + j in its high one; M maps four nibbles to four int8) with the
-// activation quants a.
+// The exact i32 sum of the 32 products of a Q4_0 / IQ4_NL / Q4_1 block's quants q (byte j:
+// element j in its low nibble, element 16 + j in its high one; M maps four nibbles to the four
+// factors __dp4a takes) with the activation quants a.
 template <class M>
 __device__ __forceinline__ int split_nib_sum(uint4 q, const i8* a) {
     const int4 lo = __ldg((const int4*)a), hi = __ldg((const int4*)(a + 16));
@@ -140,9 +141,9 @@ struct split_q6_K_t {
     };
     static __device__ __forceinline__ W load(const u8* q, int p) {
         const int h = p >> 2, l0 = 8 * (p & 3);
-        return {__ldg((const uint2*)(q + 64 * h + l0)), __ldg((const uint2*)(q + 64 * h + 32 + l0)),
-                __ldg((const uint2*)(q + 128 + 32 * h + l0)), __ldg((const uint2*)(q + 192 + 8 * h)),
-                p};
+        const uint2* w = (const uint2*)q;
+        return {__ldg(w + 8 * h + l0 / 8), __ldg(w + 8 * h + 4 + l0 / 8),
+                __ldg(w + 16 + 4 * h + l0 / 8), __ldg(w + 24 + h), p};
     }
     static __device__ __forceinline__ float dot(const W& w, u32 sc_w, const i8* a,
                                                 const float2* ads) {
@@ -195,7 +196,8 @@ typedef split_k4_t<true> split_q5_K_t;
 // Block b's scale bytes (SB of them at ds + b * SB) as a little-endian word, read-only.
 template <int SB>
 __device__ __forceinline__ u32 split_scales(const u8* ds, i64 b) {
-    return SB == 4 ? __ldg((const u32*)(ds + 4 * b)) : SB == 2 ? (u32)__ldg((const u16*)(ds + 2 * b)) : 0u;
+    if (SB == 4) return __ldg((const u32*)(ds + 4 * b));
+    return SB == 2 ? (u32)__ldg((const u16*)(ds + 2 * b)) : 0u;
 }
 
 // ---------------------------------------------------------------------------------------------
