@@ -2436,6 +2436,53 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// split.cu's table: each type's block split into quant and scale bytes that add up to the
+    /// file's block (none for the types that keep the file layout, whose quant part is the whole
+    /// block), quant parts in 16-byte multiples (the kernels' wide loads), and every kernel named
+    /// is one the backend loads from split.cu.
+    #[test]
+    fn split_kernels_match_the_block_layouts() {
+        let loaded = kernels_in("split.cu");
+        let mut n = 0;
+        use GgmlType as T;
+        let types = [
+            T::F32,
+            T::F16,
+            T::BF16,
+            T::Q4_0,
+            T::Q4_1,
+            T::Q5_0,
+            T::Q5_1,
+            T::Q8_0,
+            T::Q2_K,
+            T::Q3_K,
+            T::Q4_K,
+            T::Q5_K,
+            T::Q6_K,
+            T::IQ4_NL,
+            T::IQ4_XS,
+        ];
+        for ty in types {
+            let Some(sk) = split_kernels_of(ty) else {
+                continue;
+            };
+            n += 1;
+            assert_eq!(sk.qk, ty.block_size(), "{ty}");
+            assert_eq!(sk.qb + sk.sb, ty.type_size(), "{ty}");
+            assert_eq!(sk.qb % 16, 0, "{ty}");
+            assert_eq!(sk.sb == 0, sk.repack.is_none(), "{ty}");
+            assert_eq!(sk.repack.is_none(), sk.dequant.is_none(), "{ty}");
+            let names = [Some(sk.mmvq), Some(sk.mmvq1), sk.repack, sk.dequant];
+            for k in names.into_iter().flatten() {
+                assert!(
+                    loaded.contains(&k),
+                    "{ty}: {k} is not among split.cu's kernels"
+                );
+            }
+        }
+        assert_eq!(n, 7);
+    }
+
     /// `OATO_CUDA_MMVQ`'s values name the three modes; anything else is an error that says what
     /// the variable takes.
     #[test]
