@@ -244,6 +244,23 @@ fn compare(
 }
 
 /// A tensor on `be` holding `v`.
+/// A perf weight uploaded in the split layout of split.cu (`split`) or the file's, whatever
+/// `OATO_CUDA_SPLIT` says for the rest of the run.
+fn upload_as(
+    be: &dyn Backend,
+    split: bool,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    bytes: &[u8],
+) -> Result<Weight> {
+    let was = weight_split();
+    set_weight_split(split);
+    let w = be.upload_weight(if split { "perf split" } else { "perf" }, ty, k, n, bytes);
+    set_weight_split(was);
+    w
+}
+
 fn put(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
     let mut t = be.alloc(DType::F32, v.len(), Category::Workspace)?;
     be.write(&mut t, 0, v)?;
@@ -829,7 +846,8 @@ fn perf(be: &dyn Backend) -> Result<()> {
     for ty in WEIGHT_TYPES {
         for &(k, n) in shapes {
             let bytes = weight_bytes(ty, k, n, 1)?;
-            let w = be.upload_weight("perf", ty, k, n, &bytes)?;
+            // The file's layout: these columns are mmvq.cu's kernels.
+            let w = upload_as(be, false, ty, k, n, &bytes)?;
             let gbs = |t: f64| bytes.len() as f64 / t / 1e3;
             let decode = |n_tok: usize, mode: MmvqMode| -> Result<String> {
                 if mode != MmvqMode::Staged && !(gpu && ty.is_quantized()) {
@@ -1005,7 +1023,7 @@ fn prefill_gemm_lines(
     Ok(lines)
 }
 
-/// The staged matrix-vector kernels, the split layout's (Q4_0, Q8_0, Q6_K: `OATO_CUDA_SPLIT`), then the
+/// The staged matrix-vector kernels, split.cu's (`OATO_CUDA_SPLIT`: Q4_0, Q8_0, Q4_K, Q6_K), then the
 /// pipelined ones at 1 to 16 thread blocks per
 /// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
 /// above and a decode step's others: LLaMA3-8B's attn_k / attn_v (4096 x 1024) and its output
@@ -1038,7 +1056,7 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
     ] {
         for &(k, n) in &all {
             let bytes = weight_bytes(ty, k, n, 1)?;
-            let w = be.upload_weight("perf", ty, k, n, &bytes)?;
+            let w = upload_as(be, false, ty, k, n, &bytes)?;
             let x = put(be, &pattern(k, 0.0))?;
             let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
             print!("{:<6} {:<12}", ty.name(), format!("{k}x{n}"));
@@ -1054,13 +1072,10 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
                 Ok((BACK_TO_BACK * bytes.len()) as f64 / t / 1e3)
             };
             print!(" {:>9.1}", time(&w, MmvqMode::Staged, blocks)?);
-            // The same weight held in split.cu's layout (Q4_0, Q8_0, Q6_K), read by mmvq_split1_*.
+            // The same weight held for split.cu's kernels, read by mmvq_split1_*.
             if split_kernels(ty) {
-                let was = weight_split();
-                set_weight_split(true);
-                let ws = be.upload_weight("perf split", ty, k, n, &bytes);
-                set_weight_split(was);
-                print!(" {:>9.1}", time(&ws?, MmvqMode::Staged, blocks)?);
+                let ws = upload_as(be, true, ty, k, n, &bytes)?;
+                print!(" {:>9.1}", time(&ws, MmvqMode::Staged, blocks)?);
             } else {
                 print!(" {:>9}", "-");
             }
@@ -1081,8 +1096,8 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
 
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
 /// a launch per weight against one launch for all (`mmvq_multi`), the pipelined kernels' one
-/// launch, and for Q4_0 the split layout's one launch; GB/s of weight bytes, each time with the
-/// activations' quantisation.
+/// launch, and split.cu's one launch; GB/s of weight bytes, each time with the activations'
+/// quantisation.
 fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     println!();
     println!(
@@ -1105,20 +1120,14 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
             let k = 4096;
             let (mut ws, mut split) = (Vec::new(), Vec::new());
             let mut total = 0usize;
-            let was = weight_split();
             for (i, &r) in rows.iter().enumerate() {
                 let b = weight_bytes(ty, k, r, 21 + i as u64)?;
                 total += b.len();
-                set_weight_split(false);
-                ws.push(be.upload_weight("perf", ty, k, r, &b));
+                ws.push(upload_as(be, false, ty, k, r, &b)?);
                 if split_kernels(ty) {
-                    set_weight_split(true);
-                    split.push(be.upload_weight("perf split", ty, k, r, &b));
+                    split.push(upload_as(be, true, ty, k, r, &b)?);
                 }
             }
-            set_weight_split(was);
-            let ws = ws.into_iter().collect::<Result<Vec<_>>>()?;
-            let split = split.into_iter().collect::<Result<Vec<_>>>()?;
             let x = put(be, &pattern(k, 0.0))?;
             let mut ys = rows
                 .iter()

@@ -145,6 +145,17 @@ struct Scratch {
     q8_holds: Option<(u64, usize)>,
 }
 
+impl Scratch {
+    /// An output of `y.1` f32 at `y.0` over the `x.1` inputs at `x.0` (never in the forward
+    /// pass) ends the holds on their quantised copies.
+    fn forget_if_written(&mut self, x: (u64, usize), y: (u64, usize)) {
+        if y.0 < x.0 + (x.1 * 4) as u64 && x.0 < y.0 + (y.1 * 4) as u64 {
+            self.q8_holds = None;
+            self.q8s_holds = None;
+        }
+    }
+}
+
 /// Recorded after the last direct copy between the device and page-locked activation memory
 /// (`PageLocked`), and whether a host-to-device one may not have run yet.
 struct DirectCopies {
@@ -366,18 +377,39 @@ pub fn weight_split() -> bool {
     WEIGHT_SPLIT.load(Ordering::Relaxed)
 }
 
-/// split.cu's kernels for a weight type: elements, quant bytes and scale bytes per block, the
-/// layout's repack kernel, its matrix-vector kernels (1 to 8 tokens; exactly 1) and its
-/// dequantisation kernel. Q4_K and Q5_K keep the file's layout (no repack, the file layout's
-/// dequantisation) and take only the matrix-vector kernels.
+/// split.cu's kernels for a weight type: its matrix-vector kernels (1 to 8 tokens; exactly 1),
+/// and for the types it rewrites, how (None: Q4_K and Q5_K, read in the file's layout).
 struct SplitKernels {
-    qk: usize,
-    qb: usize,
-    sb: usize,
-    repack: Option<&'static str>,
     mmvq: &'static str,
     mmvq1: &'static str,
-    dequant: Option<&'static str>,
+    rewrite: Option<SplitRewrite>,
+}
+
+/// A type split.cu rewrites: each block's `sb` scale bytes go to an array after all the quants,
+/// by `repack`; `dequant` reads the result.
+#[derive(Clone, Copy)]
+struct SplitRewrite {
+    ty: GgmlType,
+    sb: usize,
+    repack: &'static str,
+    dequant: &'static str,
+}
+
+impl SplitRewrite {
+    /// Quant bytes a block.
+    fn qb(&self) -> usize {
+        self.ty.type_size() - self.sb
+    }
+
+    /// The quants and the scales of rows `r0..` of an `n`-row weight of `k` columns at `base`.
+    fn rows(&self, base: u64, k: usize, n: usize, r0: usize) -> (u64, u64) {
+        let nb = k / self.ty.block_size();
+        let (qb, sb) = (self.qb(), self.sb);
+        (
+            base + (r0 * nb * qb) as u64,
+            base + (n * nb * qb + r0 * nb * sb) as u64,
+        )
+    }
 }
 
 /// Whether weights of type `ty` have the split layout (`set_weight_split`).
@@ -387,80 +419,46 @@ pub fn split_kernels(ty: GgmlType) -> bool {
 
 fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
     use GgmlType as T;
-    let (qk, qb, sb, repack, mmvq, mmvq1, dequant) = match ty {
+    // (kernel, kernel for one token, (scale bytes, repack, dequantisation) when rewritten)
+    let (mmvq, mmvq1, rewrite) = match ty {
         T::Q4_0 => (
-            32,
-            16,
-            2,
-            Some("split_blocks_16"),
             "mmvq_split_q4_0",
             "mmvq_split1_q4_0",
-            Some("dequant_split_q4_0_f16"),
+            Some((2, "split_blocks_16", "dequant_split_q4_0_f16")),
         ),
         T::Q4_1 => (
-            32,
-            16,
-            4,
-            Some("split_blocks_16m"),
             "mmvq_split_q4_1",
             "mmvq_split1_q4_1",
-            Some("dequant_split_q4_1_f16"),
+            Some((4, "split_blocks_16m", "dequant_split_q4_1_f16")),
         ),
         T::IQ4_NL => (
-            32,
-            16,
-            2,
-            Some("split_blocks_16"),
             "mmvq_split_iq4_nl",
             "mmvq_split1_iq4_nl",
-            Some("dequant_split_iq4_nl_f16"),
+            Some((2, "split_blocks_16", "dequant_split_iq4_nl_f16")),
         ),
         T::Q8_0 => (
-            32,
-            32,
-            2,
-            Some("split_blocks_32"),
             "mmvq_split_q8_0",
             "mmvq_split1_q8_0",
-            Some("dequant_split_q8_0_f16"),
+            Some((2, "split_blocks_32", "dequant_split_q8_0_f16")),
         ),
         T::Q6_K => (
-            256,
-            208,
-            2,
-            Some("split_blocks_208"),
             "mmvq_split_q6_K",
             "mmvq_split1_q6_K",
-            Some("dequant_split_q6_K_f16"),
+            Some((2, "split_blocks_208", "dequant_split_q6_K_f16")),
         ),
-        T::Q4_K => (
-            256,
-            144,
-            0,
-            None,
-            "mmvq_split_q4_K",
-            "mmvq_split1_q4_K",
-            None,
-        ),
-        T::Q5_K => (
-            256,
-            176,
-            0,
-            None,
-            "mmvq_split_q5_K",
-            "mmvq_split1_q5_K",
-            None,
-        ),
+        T::Q4_K => ("mmvq_split_q4_K", "mmvq_split1_q4_K", None),
+        T::Q5_K => ("mmvq_split_q5_K", "mmvq_split1_q5_K", None),
         _ => return None,
     };
     Some(SplitKernels {
-        qk,
-        qb,
-        sb,
-        repack,
         mmvq,
         mmvq1,
-        dequant,
+        rewrite: rewrite.map(|(sb, repack, dequant)| SplitRewrite {
+            ty,
+            sb,
+            repack,
+            dequant,
+        }),
     })
 }
 
@@ -1068,13 +1066,9 @@ impl CudaBackend {
         })
     }
 
-    /// The quants and scales of rows `r0..` of split weight `w` at `wp` (`sk.qb` quant bytes a
-    /// block): the addresses split.cu's dequantisation takes.
-    fn split_rows(w: &Weight, sk: &SplitKernels, wp: u64, r0: usize) -> (u64, u64) {
-        let nb = w.k / sk.qk;
-        let qs = wp + (r0 * nb * sk.qb) as u64;
-        let ds = wp + (w.n * nb * sk.qb + r0 * nb * sk.sb) as u64;
-        (qs, ds)
+    /// How weight `w` was rewritten into split.cu's layout, if it was.
+    fn rewrite_of(&self, w: &Weight) -> Result<Option<SplitRewrite>> {
+        Ok(self.split_of(w)?.and_then(|sk| sk.rewrite))
     }
 
     /// Decode activations `xp` ([n_tok, k] f32) split by quantize_q8_1_split for the split
@@ -1082,9 +1076,7 @@ impl CudaBackend {
     fn split_acts(&self, s: &mut Scratch, xp: u64, n_tok: usize, k: usize) -> Result<(u64, u64)> {
         let len = n_tok * k;
         if s.q8s_holds == Some((xp, len)) {
-            // The scratch is at least that large, so grow only returns its address.
-            let aq = self.grow(&mut s.q8s, len / 32 * 40)?;
-            return Ok((aq, aq + len as u64));
+            return self.split_slot(&mut s.q8s, len);
         }
         let acts = self.quantize_split(&mut s.q8s, xp, n_tok, k)?;
         s.q8s_holds = Some((xp, len));
@@ -1098,9 +1090,8 @@ impl CudaBackend {
         if !self.split_live.load(Ordering::Relaxed) {
             return Ok((0, 0));
         }
-        let aq = self.grow(&mut s.q8s, len / 32 * 40)?;
         s.q8s_holds = Some((yp, len));
-        Ok((aq, aq + len as u64))
+        self.split_slot(&mut s.q8s, len)
     }
 
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
@@ -1372,25 +1363,22 @@ impl CudaBackend {
         let split =
             split_kernels_of(ty).filter(|_| weight_split() && Arc::ptr_eq(stream, &self.stream));
         let buf = alloc(bytes.len())?;
-        match split.as_ref().and_then(|sk| sk.repack.map(|r| (sk, r))) {
-            Some((sk, repack)) => {
+        match split.as_ref().and_then(|sk| sk.rewrite) {
+            Some(rw) => {
                 // The file's rows go a slice at a time (at most SPLIT_STAGE_BYTES, whole rows)
-                // to a temporary buffer, which split_blocks rewrites into the weight's own: the
-                // quants of rows r0.. at r0 * nb * qb, their scales after all the quants.
-                let nb = k / sk.qk;
+                // to a temporary buffer, which split_blocks rewrites into the weight's own.
                 let row_bytes = bytes.len() / n.max(1);
                 let rows = (*SPLIT_STAGE_BYTES / row_bytes.max(1)).clamp(1, n.max(1));
                 let raw = alloc(rows * row_bytes)?;
-                let (rp, qs) = (self.ptr_of(&raw), self.ptr_of(&buf));
-                let ds = qs + (n * nb * sk.qb) as u64;
+                let (rp, base) = (self.ptr_of(&raw), self.ptr_of(&buf));
                 let mut r0 = 0;
                 while r0 < n {
                     let r = rows.min(n - r0);
                     upload(rp, &bytes[r0 * row_bytes..(r0 + r) * row_bytes])?;
-                    let blocks = r * nb;
-                    launch!(self, repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
-                        src: u64 = rp, q: u64 = qs + (r0 * nb * sk.qb) as u64,
-                        d: u64 = ds + (r0 * nb * sk.sb) as u64, nb_: i64 = blocks as i64);
+                    let (qs, ds) = rw.rows(base, k, n, r0);
+                    let blocks = r * k / ty.block_size();
+                    launch!(self, rw.repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
+                        src: u64 = rp, q: u64 = qs, d: u64 = ds, nb_: i64 = blocks as i64);
                     // Queued now, before the next slice's copy (same stream) overwrites it.
                     self.launcher.flush()?;
                     r0 += r;
@@ -1463,11 +1451,21 @@ impl CudaBackend {
             return Err(Error::Msg(format!("matmul: k={k} is not a multiple of 32")));
         }
         let n_blocks = n_tok * k / 32;
-        let aq = self.grow(slot, n_blocks * 40)?;
-        let ads = aq + (n_blocks * 32) as u64;
+        let (aq, ads) = self.split_slot(slot, n_tok * k)?;
         launch!(self, "quantize_q8_1_split", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
             xx: u64 = xp, a: u64 = aq, d: u64 = ads, nb: i32 = n_blocks as i32);
         Ok((aq, ads))
+    }
+
+    /// Scratch `slot` laid out as quantize_q8_1_split's output for `len` values (grown when
+    /// needed): the i8 quants' address and the (d, s) pairs' after them.
+    fn split_slot(
+        &self,
+        slot: &mut Option<(CudaSlice<u8>, Reservation)>,
+        len: usize,
+    ) -> Result<(u64, u64)> {
+        let aq = self.grow(slot, len / 32 * 40)?;
+        Ok((aq, aq + len as u64))
     }
 
     /// How weight `w` is multiplied by a prefill batch of `n_tok` tokens (see [`Prefill`]).
@@ -1539,8 +1537,8 @@ impl CudaBackend {
         let (_, deq) = kernels_of(w.ty)
             .ok_or_else(|| Error::UnsupportedType(format!("{} on the GPU", w.ty)))?;
         let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{} GEMM", w.ty)))?;
-        // Split weights in their own layout (Q4_K / Q5_K keep the file's).
-        let split = self.split_of(w)?.filter(|sk| sk.dequant.is_some());
+        // Rewritten split weights in their own layout (Q4_K / Q5_K keep the file's).
+        let split = self.rewrite_of(w)?;
         let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
         let w16 = self.grow(w16, rows * k * 2)?;
         let row_bytes = w.bytes / w.n;
@@ -1548,9 +1546,9 @@ impl CudaBackend {
         while r0 < w.n {
             let r = rows.min(w.n - r0);
             match &split {
-                Some(sk) => {
-                    let (qs, ds) = Self::split_rows(w, sk, wp, r0);
-                    self.dequant_split(sk.dequant.expect("filtered"), qs, ds, w16, r * k)?;
+                Some(rw) => {
+                    let (qs, ds) = rw.rows(wp, k, w.n, r0);
+                    self.dequant_split(rw.dequant, qs, ds, w16, r * k)?;
                 }
                 None => self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?,
             }
@@ -1808,11 +1806,7 @@ impl Backend for CudaBackend {
                     for (i, jj) in (j..end).enumerate() {
                         let w = ws[jj];
                         let p = self.f32ptr(ys[jj], n_tok * w.n, "matmul output")?;
-                        if p < xp + (n_tok * k * 4) as u64 && xp < p + (n_tok * w.n * 4) as u64 {
-                            // An output over its own input ends the holds on it.
-                            s.q8_holds = None;
-                            s.q8s_holds = None;
-                        }
+                        s.forget_if_written((xp, n_tok * k), (p, n_tok * w.n));
                         (wp[i], yp[i], n[i]) = (self.wptr(w)?, p, w.n as i32);
                     }
                     // Empty places (0 rows) are never read; they point at the first weight.
@@ -1873,9 +1867,7 @@ impl Backend for CudaBackend {
             let mut yps = Vec::with_capacity(ws.len());
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
-                if yp < xp + (n_tok * k * 4) as u64 && xp < yp + (n_tok * w.n * 4) as u64 {
-                    s.q8_holds = None;
-                }
+                s.forget_if_written((xp, n_tok * k), (yp, n_tok * w.n));
                 yps.push(yp);
             }
             // Two or three weights of one quantised type, all but the last whole thread blocks
@@ -2344,7 +2336,7 @@ impl Backend for CudaBackend {
         let rb = table.bytes / table.n;
         let op = self.f32ptr(out, ids.len() * k, "embedding output")?;
         let tp = self.wptr(table)?;
-        let split = self.split_of(table)?.filter(|sk| sk.dequant.is_some());
+        let split = self.rewrite_of(table)?;
         let mut s = self.scratch()?;
         let row16 = self.grow(&mut s.w16, k * 2)?;
         for (t, &id) in ids.iter().enumerate() {
@@ -2367,10 +2359,9 @@ impl Backend for CudaBackend {
                     continue;
                 }
                 GgmlType::F16 => src,
-                _ if split.is_some() => {
-                    let sk = split.as_ref().expect("checked");
-                    let (qs, ds) = Self::split_rows(table, sk, tp, id as usize);
-                    self.dequant_split(sk.dequant.expect("filtered"), qs, ds, row16, k)?;
+                _ if let Some(rw) = split => {
+                    let (qs, ds) = rw.rows(tp, k, table.n, id as usize);
+                    self.dequant_split(rw.dequant, qs, ds, row16, k)?;
                     row16
                 }
                 ty => {
@@ -2436,10 +2427,10 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
-    /// split.cu's table: each type's block split into quant and scale bytes that add up to the
-    /// file's block (none for the types that keep the file layout, whose quant part is the whole
-    /// block), quant parts in 16-byte multiples (the kernels' wide loads), and every kernel named
-    /// is one the backend loads from split.cu.
+    /// split.cu's table: rewritten types put each block's quants (16-byte multiples, for the
+    /// kernels' wide loads) first and the scales after all of them, ending at the weight's size;
+    /// types read in the file's layout have 16-byte multiple blocks; every kernel named is one
+    /// the backend loads from split.cu.
     #[test]
     fn split_kernels_match_the_block_layouts() {
         let loaded = kernels_in("split.cu");
@@ -2467,13 +2458,28 @@ mod tests {
                 continue;
             };
             n += 1;
-            assert_eq!(sk.qk, ty.block_size(), "{ty}");
-            assert_eq!(sk.qb + sk.sb, ty.type_size(), "{ty}");
-            assert_eq!(sk.qb % 16, 0, "{ty}");
-            assert_eq!(sk.sb == 0, sk.repack.is_none(), "{ty}");
-            assert_eq!(sk.repack.is_none(), sk.dequant.is_none(), "{ty}");
-            let names = [Some(sk.mmvq), Some(sk.mmvq1), sk.repack, sk.dequant];
-            for k in names.into_iter().flatten() {
+            let mut names = vec![sk.mmvq, sk.mmvq1];
+            match sk.rewrite {
+                Some(rw) => {
+                    assert!(rw.sb > 0 && rw.qb() > 0, "{ty}");
+                    assert_eq!(rw.qb() % 16, 0, "{ty}");
+                    // A 3-row weight of two blocks a row: quants from the start, the scales
+                    // right after them, the last row's scales ending at the weight's size.
+                    let k = 2 * ty.block_size();
+                    assert_eq!(rw.rows(1000, k, 3, 0), (1000, 1000 + 6 * rw.qb() as u64));
+                    let (q2, d2) = rw.rows(1000, k, 3, 2);
+                    assert_eq!(q2, 1000 + 4 * rw.qb() as u64, "{ty}");
+                    assert_eq!(
+                        d2 + 2 * rw.sb as u64,
+                        1000 + 6 * ty.type_size() as u64,
+                        "{ty}"
+                    );
+                    names.extend([rw.repack, rw.dequant]);
+                }
+                // Read in the file's layout: its blocks must allow the 16-byte loads.
+                None => assert_eq!(ty.type_size() % 16, 0, "{ty}"),
+            }
+            for k in names {
                 assert!(
                     loaded.contains(&k),
                     "{ty}: {k} is not among split.cu's kernels"

@@ -361,18 +361,26 @@ def check_quantize_split(g):
             np.stack([d, s], axis=1).astype(np.float32), dims=("block", "field"))
 
 
+def split_act_case(tag, t, nblk, rows, n_tok):
+    """k, random weight blocks of type t (rows x nblk blocks), n_tok tokens of activations split
+    by quantize_q8_1_split (aq, ads), and the float64 reference with its magnitude; seeded by tag,
+    t and k."""
+    k = refs.QTYPES[t][1] * nblk
+    rng = rng_for(f"{tag} {t} {k}")
+    blocks = refs.random_blocks(rng, t, rows * nblk)
+    x = rng.standard_normal(n_tok * k).astype(np.float32)
+    ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
+    aq, ads = quantize_q8_1_split(x)
+    return k, blocks, aq, ads, ref, mag
+
+
 def check_mmvq_direct(g, t):
     qk = refs.QTYPES[t][1]
     small = qk == 32
     for nblk, rows, n_tok, w_offs in ((20 if small else 5, 10, 3, (0, 2, 4)),
                                       (87 if small else 19, 6, 8, (0, 6, 14)),
                                       (4 if small else 1, 1, 1, (0,))):
-        k = qk * nblk
-        rng = rng_for(f"mmvq direct {t} {k}")
-        blocks = refs.random_blocks(rng, t, rows * nblk)
-        x = rng.standard_normal(n_tok * k).astype(np.float32)
-        ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
-        aq, ads = quantize_q8_1_split(x)
+        k, blocks, aq, ads, ref, mag = split_act_case("mmvq direct", t, nblk, rows, n_tok)
         for w_off in w_offs:
             y = Buf.out(np.float32, n_tok * rows)
             E.launch(f"mmvq_direct_{t}", (cdiv(rows, 4),), (32, 4), Buf.of(blocks, w_off), aq, ads,
@@ -441,12 +449,7 @@ def check_mmvq_split(g, t):
     cases = (((20, 6, 3), (150, 5, 8), (448, 3, 1), (1, 1, 1)) if qk == 32 else
              ((3, 6, 3), (19, 5, 8), (56, 3, 1), (1, 1, 1)))
     for nblk, rows, n_tok in cases:
-        k = qk * nblk
-        rng = rng_for(f"mmvq split {t} {k}")
-        blocks = refs.random_blocks(rng, t, rows * nblk)
-        x = rng.standard_normal(n_tok * k).astype(np.float32)
-        ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x))
-        aq, ads = quantize_q8_1_split(x)
+        k, blocks, aq, ads, ref, mag = split_act_case("mmvq split", t, nblk, rows, n_tok)
         w = split_weight(blocks, t)
         dummy = Buf.out(np.float32, 4)
         for kern in [f"mmvq_split_{t}"] + ([f"mmvq_split1_{t}"] if n_tok == 1 else []):

@@ -499,3 +499,39 @@ __device__ __forceinline__ int iq4xs_scale(u32 scales_h, u32 scales_l, int j) {
              const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
         IMPL(w, aq, ads, y, k, n, n_tok);                                                       \
     }
+
+// Nibble maps: four nibbles (one a byte, 0..16) to the four factors __dp4a takes.
+struct nib_minus8 { // Q4_0: q - 8
+    static __device__ __forceinline__ u32 map(u32 q) { return (u32)bytes_sub(q, 0x08080808u); }
+};
+struct nib_plain { // Q4_1: q (its min term is added apart)
+    static __device__ __forceinline__ u32 map(u32 q) { return q; }
+};
+struct nib_iq4 { // IQ4_NL, IQ4_XS: IQ4_VALUES[q]
+    static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
+};
+
+// Q6_K decode products, 8 units per super-block: unit p (h = p / 4, l0 = 8 (p % 4)) holds
+// ql[64h + l0..+8], ql[64h + 32 + l0..+8] and qh[32h + l0..+8], that is elements 128h + 32j +
+// l0..+8 for j = 0..3, each in activation block 4h + j and scale group 8h + 2j + l0 / 16. From
+// registers: la0 / la1 and lb0 / lb1 the words of those ql bytes, h0 / h1 of the qh bytes, sc[j]
+// scale 8h + 2j + l0 / 16; a the super-block's activation quants from element l0 on, ads its
+// blocks' (d, s). Per j the exact i32 sum, then d_a * (sc * sum) in f32, summed over j; the caller
+// multiplies by the super-block's d.
+__device__ __forceinline__ float q6k_unit_sum(u32 la0, u32 la1, u32 lb0, u32 lb1, u32 h0, u32 h1,
+                                              const int* sc, const i8* a, const float2* ads,
+                                              int h) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 n0 = j == 0 ? la0 : j == 1 ? lb0 : j == 2 ? la0 >> 4 : lb0 >> 4;
+        const u32 n1 = j == 0 ? la1 : j == 1 ? lb1 : j == 2 ? la1 >> 4 : lb1 >> 4;
+        const u32 q0 = (n0 & 0x0F0F0F0Fu) | (((h0 >> (2 * j)) & 0x03030303u) << 4);
+        const u32 q1 = (n1 & 0x0F0F0F0Fu) | (((h1 >> (2 * j)) & 0x03030303u) << 4);
+        const int2 av = *(const int2*)(a + 32 * (4 * h + j));
+        int sumi = __dp4a(bytes_sub(q0, 0x20202020u), av.x, 0);
+        sumi = __dp4a(bytes_sub(q1, 0x20202020u), av.y, sumi);
+        sum += ads[4 * h + j].x * (float)(sc[j] * sumi);
+    }
+    return sum;
+}

@@ -91,15 +91,7 @@ __device__ __forceinline__ int nib_half_dot(u32 v0, u32 v1, const i8* aq, int h,
     return sumi;
 }
 
-struct nib_minus8 { // Q4_0: q - 8
-    static __device__ __forceinline__ u32 map(u32 q) { return (u32)bytes_sub(q, 0x08080808u); }
-};
-struct nib_plain { // Q4_1: q (its min term is added apart)
-    static __device__ __forceinline__ u32 map(u32 q) { return q; }
-};
-struct nib_iq4 { // IQ4_NL, IQ4_XS: IQ4_VALUES[q]
-    static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
-};
+// (nib_minus8, nib_plain, nib_iq4: common.cuh)
 
 // Q4_0 (M = nib_minus8) and IQ4_NL (M = nib_iq4), 2 units per block: unit p holds qs[8p..8p + 8],
 // i.e. elements 8p..8p + 8 (low nibbles) and 16 + 8p..16 + 8p + 8 (high nibbles). Fields: d @0,
@@ -278,9 +270,7 @@ struct mmvq_q5_K_t {
     }
 };
 
-// Q6_K, 8 units per super-block: unit p (h = p / 4, l0 = 8 * (p % 4)) holds ql[64h + l0..+8],
-// ql[64h + 32 + l0..+8] and qh[32h + l0..+8], that is elements 128h + 32k + l0..+8 for k = 0..3,
-// each within activation block 4h + k and scale group 8h + 2k + l0 / 16.
+// Q6_K, 8 units per super-block (q6k_unit_sum in common.cuh: the unit's loads are here).
 // Fields: ql @0, qh @128, scales @192, d @208.
 struct mmvq_q6_K_t {
     enum : int { qk = QK_K, bytes = 210, upb = 8, al_max = 2, chunk = 4096 };
@@ -289,22 +279,11 @@ struct mmvq_q6_K_t {
                                                 int p) {
         const int h = p >> 2, l0 = 8 * (p & 3);
         const u8* ql = b + 64 * h + l0;
-        const u32 la0 = ld_u32_a2(ql), la1 = ld_u32_a2(ql + 4);       // ql[l]: k = 0 and 2
-        const u32 lb0 = ld_u32_a2(ql + 32), lb1 = ld_u32_a2(ql + 36); // ql[l + 32]: k = 1, 3
-        const u32 h0 = ld_u32_a2(b + 128 + 32 * h + l0), h1 = ld_u32_a2(b + 132 + 32 * h + l0);
-        const i8* sc = (const i8*)b + 192 + 8 * h + (l0 >> 4);
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const u32 n0 = k == 0 ? la0 : k == 1 ? lb0 : k == 2 ? la0 >> 4 : lb0 >> 4;
-            const u32 n1 = k == 0 ? la1 : k == 1 ? lb1 : k == 2 ? la1 >> 4 : lb1 >> 4;
-            const u32 q0 = (n0 & 0x0F0F0F0Fu) | (((h0 >> (2 * k)) & 0x03030303u) << 4);
-            const u32 q1 = (n1 & 0x0F0F0F0Fu) | (((h1 >> (2 * k)) & 0x03030303u) << 4);
-            const int2 a = act2(aq + 32 * (4 * h + k), l0 / 4);
-            int sumi = __dp4a(bytes_sub(q0, 0x20202020u), a.x, 0);
-            sumi = __dp4a(bytes_sub(q1, 0x20202020u), a.y, sumi);
-            sum += ads[4 * h + k].x * (float)((int)sc[2 * k] * sumi);
-        }
+        const i8* s = (const i8*)b + 192 + 8 * h + (l0 >> 4);
+        const int sc[4] = {s[0], s[2], s[4], s[6]};
+        const float sum = q6k_unit_sum(ld_u32_a2(ql), ld_u32_a2(ql + 4), ld_u32_a2(ql + 32),
+                                       ld_u32_a2(ql + 36), ld_u32_a2(b + 128 + 32 * h + l0),
+                                       ld_u32_a2(b + 132 + 32 * h + l0), sc, aq + l0, ads, h);
         return f16_at(b + 208) * sum;
     }
 };

@@ -19,9 +19,9 @@
 // thread's elements threadIdx.x + k * blockDim.x in v[k]: every load of the row (and of w, and of
 // the added residual) is issued before the first result is needed, one memory round trip, where
 // the loops below can wait for one each time round (the stores of y, which may be x, keep the
-// compiler from moving later loads ahead; read from the code, not profiled). The per-thread sums run over the same elements in the
-// same order either way, so both paths give the same bits (checked in the emulator, rows of 576
-// to 8192). The registers (121 to 242 a thread on sm_90) limit these kernels to 256 threads a
+// compiler from moving later loads ahead; read from the code, not profiled). The per-thread sums
+// run over the same elements in the same order either way, so both paths give the same bits
+// (checked in the emulator, rows of 576 to 8192). The registers (121 to 242 a thread on sm_90) limit these kernels to 256 threads a
 // block (__launch_bounds__).
 #define ROW_REGS 32
 

@@ -5,21 +5,6 @@
 
 #include "common.cuh"
 
-// The block of this warp (one per warp of the grid): false past n_blocks (the whole warp leaves
-// together); else its index ib, this lane's q (lane i quantises element i) and the block's d and
-// s = sum(q) * d as stored in f16.
-static __device__ __forceinline__ bool q8_warp_block(const float* x, int n_blocks, i64& ib,
-                                                     int& q, __half& d, __half& s) {
-    ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (ib >= n_blocks) return false;
-    float df;
-    q = q8_lane(x[ib * QK + (threadIdx.x & 31)], df);
-    const int sum = warp_sum_int(q);
-    d = __float2half_rn(df);
-    s = __float2half_rn((float)sum * df);
-    return true;
-}
-
 // launch: grid (ceil(n_blocks / 8), 1, 1), block (256, 1, 1): one warp per 32-element block,
 // lane i quantises element i. x: [n_blocks * 32] f32; y: [n_blocks] block_q8_1, 4-byte aligned.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1* __restrict__ y,
@@ -29,18 +14,15 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, block_q8_1
     store_q8_1(y + ib, x[ib * QK + (threadIdx.x & 31)]);
 }
 
-// The same blocks split in two arrays, for the mmvq_direct_* kernels: the quants of block ib at
-// aq[32 ib..32 ib + 32] and its (d, s), widened exactly from the f16 values quantize_q8_1 stores,
-// at ads[ib]. launch: as quantize_q8_1. x: [n_blocks * 32] f32; aq: [n_blocks * 32] i8;
-// ads: [n_blocks] float2, 8-byte aligned.
+// The same blocks split in two arrays, for the mmvq_direct_* and mmvq_split_* kernels: the quants
+// of block ib at aq[32 ib..32 ib + 32] and its (d, s), widened exactly from the f16 values
+// quantize_q8_1 stores, at ads[ib] (store_q8's split sink). launch: as quantize_q8_1. x:
+// [n_blocks * 32] f32; aq: [n_blocks * 32] i8; ads: [n_blocks] float2, 8-byte aligned.
 extern "C" __global__ void quantize_q8_1_split(const float* __restrict__ x, i8* __restrict__ aq,
                                                float2* __restrict__ ads, int n_blocks) {
-    i64 ib;
-    int q;
-    __half d, s;
-    if (!q8_warp_block(x, n_blocks, ib, q, d, s)) return;
-    aq[ib * QK + (threadIdx.x & 31)] = (i8)q;
-    if ((threadIdx.x & 31) == 0) ads[ib] = make_float2(__half2float(d), __half2float(s));
+    const i64 ib = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (ib >= n_blocks) return; // the whole warp leaves together
+    store_q8(q8_sink{nullptr, aq, ads}.at(ib), x[ib * QK + (threadIdx.x & 31)]);
 }
 
 // Activations of a prefill GEMM with a quantised weight: each 32-element block rounded exactly as

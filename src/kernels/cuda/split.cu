@@ -73,16 +73,6 @@ __device__ __forceinline__ int split_nib_sum(uint4 q, const i8* a) {
     return s;
 }
 
-struct split_minus8 { // Q4_0: q - 8
-    static __device__ __forceinline__ u32 map(u32 q) { return (u32)bytes_sub(q, 0x08080808u); }
-};
-struct split_iq4 { // IQ4_NL: IQ4_VALUES[q]
-    static __device__ __forceinline__ u32 map(u32 q) { return iq4_values4(q); }
-};
-struct split_plain { // Q4_1: q (its min term is added apart)
-    static __device__ __forceinline__ u32 map(u32 q) { return q; }
-};
-
 // Q4_0, IQ4_NL and (MIN) Q4_1: one unit a block, its 16 bytes of nibbles; d * d_a * the exact
 // sum, and for Q4_1 (d and m apart, 4 bytes; its nibbles unsigned) plus m * s_a with the
 // activation block's f16 s (as ggml and mmvq_q4_1_t do).
@@ -99,9 +89,9 @@ struct split_nib_t {
     }
 };
 
-typedef split_nib_t<split_minus8, false> split_q4_0_t;
-typedef split_nib_t<split_iq4, false> split_iq4_nl_t;
-typedef split_nib_t<split_plain, true> split_q4_1_t;
+typedef split_nib_t<nib_minus8, false> split_q4_0_t;
+typedef split_nib_t<nib_iq4, false> split_iq4_nl_t;
+typedef split_nib_t<nib_plain, true> split_q4_1_t;
 
 // Q8_0: one unit a block, its 32 int8 (byte j is element j).
 struct split_q8_0_t {
@@ -127,11 +117,9 @@ struct split_q8_0_t {
     }
 };
 
-// Q6_K: mmvq.cu's 8 units a super-block. Unit p (h = p / 4, l0 = 8 (p % 4)) holds
-// ql[64h + l0..+8], ql[64h + 32 + l0..+8] and qh[32h + l0..+8]: elements 128h + 32j + l0..+8 for
-// j = 0..3, each in activation block 4h + j and scale group 8h + 2j + l0 / 16. Per j the exact
-// i32 sum, then d_a * (sc * sum) in f32, summed over j; then d times that (mmvq_q6_K_t's steps).
-// The quants part keeps the file's offsets: ql @0, qh @128, scales @192 (208 bytes; d apart).
+// Q6_K: mmvq.cu's 8 units a super-block (q6k_unit_sum), then d times that. The quants part keeps
+// the file's offsets: ql @0, qh @128, scales @192 (208 bytes; d apart); a unit's ql, qh and
+// scale bytes are four 8-byte loads.
 struct split_q6_K_t {
     enum : int { qk = QK_K, qb = 208, upb = 8, sb = 2 };
     struct W {
@@ -145,25 +133,15 @@ struct split_q6_K_t {
         return {__ldg(w + 8 * h + l0 / 8), __ldg(w + 8 * h + 4 + l0 / 8),
                 __ldg(w + 16 + 4 * h + l0 / 8), __ldg(w + 24 + h), p};
     }
-    static __device__ __forceinline__ float dot(const W& w, u32 sc_w, const i8* a,
+    static __device__ __forceinline__ float dot(const W& w, u32 d, const i8* a,
                                                 const float2* ads) {
         const int h = w.p >> 2, l0 = 8 * (w.p & 3);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 n0 = j == 0 ? w.la.x : j == 1 ? w.lb.x : j == 2 ? w.la.x >> 4 : w.lb.x >> 4;
-            const u32 n1 = j == 0 ? w.la.y : j == 1 ? w.lb.y : j == 2 ? w.la.y >> 4 : w.lb.y >> 4;
-            const u32 q0 = (n0 & 0x0F0F0F0Fu) | (((w.h.x >> (2 * j)) & 0x03030303u) << 4);
-            const u32 q1 = (n1 & 0x0F0F0F0Fu) | (((w.h.y >> (2 * j)) & 0x03030303u) << 4);
-            const int2 av = __ldg((const int2*)(a + 32 * (4 * h + j) + l0));
-            int sumi = __dp4a(bytes_sub(q0, 0x20202020u), av.x, 0);
-            sumi = __dp4a(bytes_sub(q1, 0x20202020u), av.y, sumi);
-            // scales[8h + 2j + l0 / 16]: byte 2j + l0 / 16 of the eight.
-            const int si = 2 * j + (l0 >> 4);
-            const int sc = (int)(i8)((si < 4 ? w.sc.x : w.sc.y) >> (8 * (si & 3)));
-            sum += __ldg(ads + 4 * h + j).x * (float)(sc * sumi);
-        }
-        return split_lo(sc_w) * sum;
+        // scales[8h + 2j + l0 / 16]: byte 2j + l0 / 16 of the eight.
+        const u32 s = (l0 >> 4) ? (w.sc.x >> 8) | (w.sc.y << 24) : w.sc.x;
+        const u32 t = (l0 >> 4) ? w.sc.y >> 8 : w.sc.y;
+        const int sc[4] = {(i8)s, (i8)(s >> 16), (i8)t, (i8)(t >> 16)};
+        return split_lo(d) *
+               q6k_unit_sum(w.la.x, w.la.y, w.lb.x, w.lb.y, w.h.x, w.h.y, sc, a + l0, ads, h);
     }
 };
 
@@ -229,25 +207,16 @@ __device__ __forceinline__ void split_blocks_impl(const u8* __restrict__ src, u8
     }
 }
 
-extern "C" __global__ void split_blocks_16(const u8* __restrict__ src, u8* __restrict__ qs,
-                                           u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<16, 2, 0>(src, qs, ds, n_blocks);
-}
+#define SPLIT_BLOCKS_KERNEL(name, QB, SB, D_AT)                                                \
+    extern "C" __global__ void name(const u8* __restrict__ src, u8* __restrict__ qs,           \
+                                    u16* __restrict__ ds, i64 n_blocks) {                      \
+        split_blocks_impl<QB, SB, D_AT>(src, qs, ds, n_blocks);                                \
+    }
 
-extern "C" __global__ void split_blocks_16m(const u8* __restrict__ src, u8* __restrict__ qs,
-                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<16, 4, 0>(src, qs, ds, n_blocks);
-}
-
-extern "C" __global__ void split_blocks_32(const u8* __restrict__ src, u8* __restrict__ qs,
-                                           u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<32, 2, 0>(src, qs, ds, n_blocks);
-}
-
-extern "C" __global__ void split_blocks_208(const u8* __restrict__ src, u8* __restrict__ qs,
-                                            u16* __restrict__ ds, i64 n_blocks) {
-    split_blocks_impl<208, 2, 208>(src, qs, ds, n_blocks);
-}
+SPLIT_BLOCKS_KERNEL(split_blocks_16, 16, 2, 0)   // Q4_0, IQ4_NL
+SPLIT_BLOCKS_KERNEL(split_blocks_16m, 16, 4, 0)  // Q4_1
+SPLIT_BLOCKS_KERNEL(split_blocks_32, 32, 2, 0)   // Q8_0
+SPLIT_BLOCKS_KERNEL(split_blocks_208, 208, 2, 208) // Q6_K
 
 // ---------------------------------------------------------------------------------------------
 // Decode matrix-vector products.
