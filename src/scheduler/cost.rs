@@ -445,9 +445,9 @@ impl CostModel {
     /// placed by rule 2, each copy at the measured crossing cost, parts of a matmul group on
     /// different devices at the same time, the logits read back. `attn`: each layer's
     /// attention device. `streamed`: every weight computes on the GPU and the ones on `Cpu` are
-    /// uploaded for each pass, a layer's upload overlapping the previous layer's compute.
-    /// `prefill_stream` (by operator; empty: none): CPU-resident weights computed on the GPU in
-    /// the prefill, uploaded as `streamed` ones are (rule 5).
+    /// uploaded for each pass. `prefill_stream` (by operator; empty: none): CPU-resident
+    /// weights computed on the GPU in the prefill, uploaded as `streamed` ones are (rule 5).
+    /// Uploads are timed as the executor queues them (`runtime::forward`), by [`Pipeline`].
     /// Returns the times and the copies of the prefill and of a decode step.
     pub fn predict_plan(
         &self,
@@ -489,7 +489,7 @@ impl CostModel {
             let (devs, norm) =
                 place_non_target(&layers, head_out, &self.widths, n_tok, &self.cross, 0, 0);
             let mut v = Validity::only(plan::Val::X, 0);
-            let mut total = 0.0;
+            let mut pipe = Pipeline::new(prefill);
             let run = |steps: Vec<Step>,
                        layer: Option<usize>,
                        v: &mut Validity,
@@ -505,25 +505,23 @@ impl CostModel {
                 }
                 t
             };
-            for (l, (t, d)) in layers.iter().zip(&devs).enumerate() {
-                let compute = run(layer_steps(t, d, 0), Some(l), &mut v, &mut crossings[k]);
-                let upload: f64 = (0..self.ops.len())
-                    .filter(|&i| self.ops[i].layer == Some(l) && is_streamed(i, prefill))
+            let upload = |layer: Option<usize>| -> f64 {
+                (0..self.ops.len())
+                    .filter(|&i| self.ops[i].layer == layer && is_streamed(i, prefill))
                     .map(|i| self.ops[i].stream_us)
-                    .sum();
-                total += compute.max(upload);
+                    .sum()
+            };
+            for (l, (t, d)) in layers.iter().zip(&devs).enumerate() {
+                let steps = layer_steps(t, d, 0);
+                let host = steps.iter().any(on_host);
+                let compute = run(steps, Some(l), &mut v, &mut crossings[k]);
+                pipe.layer(upload(Some(l)), compute, host);
             }
-            let head = run(
-                head_steps(norm, head_out, 0),
-                None,
-                &mut v,
-                &mut crossings[k],
-            );
-            let head_upload: f64 = (0..self.ops.len())
-                .filter(|&i| self.ops[i].layer.is_none() && is_streamed(i, prefill))
-                .map(|i| self.ops[i].stream_us)
-                .sum();
-            total += head.max(head_upload);
+            let steps = head_steps(norm, head_out, 0);
+            let host = steps.iter().any(on_host);
+            let head = run(steps, None, &mut v, &mut crossings[k]);
+            pipe.layer(upload(None), head, host);
+            let mut total = pipe.done;
             if head_out != 0 {
                 // The logits of the last token come back to the host for sampling.
                 total += self.cross.copy_us(4 * self.widths.vocab, head_out, 0, 0);
@@ -842,6 +840,71 @@ impl Reservations {
             v.push(("two streamed layers".to_string(), self.stream_bytes));
         }
         v
+    }
+}
+
+/// Whether the host takes part in step `s` (device 0 is the CPU): it computes there, so it
+/// waits for the step's inputs and queues nothing meanwhile.
+fn on_host(s: &Step) -> bool {
+    match &s.op {
+        OpKind::Matmul { parts } => parts.iter().any(|p| p.0 == 0),
+        _ => s.dev == 0,
+    }
+}
+
+/// One pass's timeline with streamed weights, as the executor (`runtime::forward`) queues their
+/// copies: the copy stream runs the uploads back to back in layer order, each from the moment
+/// the host queues it (in a prefill, layer l + 1's when the host starts layer l; in a streamed
+/// decode, when the host has queued layer l), and a layer's work starts when the previous
+/// layer's is done and its own weights are in. The host runs ahead of the GPU's queue except
+/// in a layer with a step of its own (a CPU step waits for its inputs), which it leaves when
+/// that layer is done. A pass without uploads is the sum of its layers' times.
+pub(crate) struct Pipeline {
+    prefill: bool,
+    /// When the copies queued so far are done.
+    copies: f64,
+    /// When the last layer's work is done.
+    pub(crate) done: f64,
+    /// When the host started the last layer, and when it left it.
+    host_start: f64,
+    host_end: f64,
+    first: bool,
+}
+
+impl Pipeline {
+    pub(crate) fn new(prefill: bool) -> Pipeline {
+        Pipeline {
+            prefill,
+            copies: 0.0,
+            done: 0.0,
+            host_start: 0.0,
+            host_end: 0.0,
+            first: true,
+        }
+    }
+
+    /// The next layer (or the head): `upload` us of its weights' copies, `compute` us of work,
+    /// `host`: a step of it runs on the host.
+    pub(crate) fn layer(&mut self, upload: f64, compute: f64, host: bool) {
+        let queued = if self.first {
+            0.0
+        } else if self.prefill {
+            self.host_start
+        } else {
+            self.host_end
+        };
+        let start = if upload > 0.0 {
+            self.copies = self.copies.max(queued) + upload;
+            self.done.max(self.copies)
+        } else {
+            self.done
+        };
+        self.done = start + compute;
+        self.host_start = self.host_end;
+        if host {
+            self.host_end = self.done;
+        }
+        self.first = false;
     }
 }
 

@@ -1158,3 +1158,55 @@ fn the_oato_policy_pairs_weights_that_share_an_input_when_jobs_cost() {
     );
     assert!(p.predicted.tpot_ms < none.predicted.tpot_ms);
 }
+
+/// The streamed pass's timeline: copies queue back to back ahead of the work while the host is
+/// free; a layer waits for its own copy; a layer with a host step holds the next copies back.
+#[test]
+fn streamed_copies_run_ahead_of_the_work_unless_the_host_waits() {
+    use super::cost::Pipeline;
+    let run = |prefill: bool, layers: &[(f64, f64, bool)]| {
+        let mut p = Pipeline::new(prefill);
+        for &(u, c, h) in layers {
+            p.layer(u, c, h);
+        }
+        p.done
+    };
+    // No copies: the sum of the layers.
+    assert_eq!(run(true, &[(0.0, 5.0, false), (0.0, 7.0, true)]), 12.0);
+    // Copy-bound: every copy after the last, then the last layer's work (the drain).
+    assert_eq!(run(true, &[(10.0, 1.0, false); 4]), 41.0);
+    // Compute-bound: the first copy (the fill), then the work back to back.
+    assert_eq!(run(true, &[(1.0, 10.0, false); 4]), 41.0);
+    // Copies run ahead through unstreamed layers: two layers of 10 without copies, then two
+    // streamed ones whose copies of 8 were done during them (the host queued both at once).
+    assert_eq!(
+        run(
+            true,
+            &[
+                (0.0, 10.0, false),
+                (0.0, 10.0, false),
+                (8.0, 1.0, false),
+                (8.0, 1.0, false)
+            ]
+        ),
+        22.0
+    );
+    // A layer with a host step: in a prefill the host queues layer 2's copy when it starts
+    // layer 1, i.e. when layer 0 (its own step) is done at 10; the copy ends at 18, layer 2 at 19.
+    assert_eq!(
+        run(
+            true,
+            &[(0.0, 10.0, true), (0.0, 1.0, true), (8.0, 1.0, false)]
+        ),
+        19.0
+    );
+    // In a streamed decode the next layer's copy is queued once the host has left the layer:
+    // layer 1 done at 11, the copy of layer 2 from 11 to 19, layer 2 done at 20.
+    assert_eq!(
+        run(
+            false,
+            &[(0.0, 10.0, true), (0.0, 1.0, true), (8.0, 1.0, false)]
+        ),
+        20.0
+    );
+}
