@@ -110,6 +110,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             prof.host.threads
         );
     }
+    if let Some(g) = gpu {
+        for line in g.choices() {
+            eprintln!("gpu: {line}");
+        }
+    }
     eprintln!("wrote {}", a.output.display());
     Ok(())
 }

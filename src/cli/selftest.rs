@@ -815,9 +815,10 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
 
 fn perf(be: &dyn Backend) -> Result<()> {
     let gpu = be.kind() == oato::runtime::backend::DeviceKind::Gpu;
-    // Large matrices on a GPU (LLaMA3-8B's attn_q and ffn_up), the test model's on a CPU.
+    // Large matrices on a GPU (LLaMA3-8B's attn_q, attn_k / attn_v, ffn_up, ffn_down), the
+    // test model's on a CPU.
     let shapes: &[(usize, usize)] = if gpu {
-        &[(4096, 4096), (4096, 14336), (14336, 4096)]
+        &[(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]
     } else {
         &[(576, 576), (576, 1536)]
     };

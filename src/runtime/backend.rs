@@ -342,6 +342,13 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// What the backend chose by timing while it ran, one line each, for logs (the CUDA
+    /// backend: each quantised weight shape's prefill GEMM, the int8 kernel or dequantisation
+    /// + cuBLAS, with both times). Empty where nothing was chosen.
+    fn choices(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Host memory this device reaches by DMA (page-locked and known to it), for the CPU's
     /// activation buffers: a copy between such a buffer and the device is one DMA, no staging
     /// copy (DESIGN.md rule 8). `None` (the default) where copies need no such thing.

@@ -2378,6 +2378,10 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn choices(&self) -> Vec<String> {
+        self.mmq_choices.lines().unwrap_or_default()
+    }
+
     fn pinned_copy_gbps(&self, bytes: usize) -> Result<Option<(f64, f64)>> {
         self.bind()?;
         self.launcher.flush()?;

@@ -158,6 +158,26 @@ impl MmqChoices {
         Ok(c)
     }
 
+    /// Every choice so far, by type, then n, k and token bucket: one line each.
+    pub fn lines(&self) -> Result<Vec<String>> {
+        let mut all: Vec<(ShapeKey, MmqChoice)> =
+            self.lock()?.iter().map(|(k, c)| (*k, *c)).collect();
+        all.sort_by_key(|((ty, n, k, b), _)| (ty.name(), *n, *k, *b));
+        Ok(all
+            .into_iter()
+            .map(|((ty, n, k, b), c)| {
+                format!(
+                    "prefill GEMM {} {k}x{n}, batches up to {b}: int8 {:.1} us, dequantise + \
+                     cuBLAS {:.1} us: {}",
+                    ty.name(),
+                    c.mmq_us,
+                    c.cublas_us,
+                    if c.mmq { "int8" } else { "cuBLAS" }
+                )
+            })
+            .collect())
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<ShapeKey, MmqChoice>>> {
         self.0
             .lock()
