@@ -24,9 +24,9 @@ fn cuda_venv() -> Option<PathBuf> {
 }
 
 /// Greedy ids of `prompt` under `OATO_CUDA_MMQ=mode` with the whole model on the stand-in GPU,
-/// and how many times the int8 GEMM (either tile size) and the Q4_1 dequantisation kernels were
-/// launched.
-fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize) {
+/// and how many times the int8 GEMM (either tile size), the Q4_1 dequantisation kernels and the
+/// stopwatch's lead-in (`gpu_sleep`, one per timing) were launched.
+fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize, usize) {
     let out = Command::new(repo().join("scripts/fake-gpu.sh"))
         .arg(env!("CARGO_BIN_EXE_oato"))
         .args(["run", &model_path().display().to_string(), "-p", prompt])
@@ -68,6 +68,7 @@ fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize) {
         ids(&v["output_ids"]),
         launches("mmq_q4_1"),
         launches("dequant_q4_1_f16"),
+        launches("gpu_sleep"),
     )
 }
 
@@ -91,25 +92,36 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
     // Weight products of the whole run, as OATO_CUDA_MMQ=1 counts them (the first mode).
     let mut products = 0;
     for mode in ["1", "0", "auto"] {
-        let (got, mmq, deq) = run(mode, prompt, want.len());
-        println!("OATO_CUDA_MMQ={mode}: {got:?}; {mmq} mmq_q4_1, {deq} dequant_q4_1_f16 launches");
+        let (got, mmq, deq, sleeps) = run(mode, prompt, want.len());
+        println!(
+            "OATO_CUDA_MMQ={mode}: {got:?}; {mmq} mmq_q4_1, {deq} dequant_q4_1_f16, {sleeps} \
+             gpu_sleep launches"
+        );
         if let Err(e) = check_parity(&got, &want, top_choices(p)) {
             panic!("OATO_CUDA_MMQ={mode}: {e}\n  ours: {got:?}\n  llama.cpp: {want:?}");
         }
         match mode {
             "1" => {
                 assert!(mmq >= per_prefill && deq == 0, "{mmq} mmq, {deq} dequant");
+                assert_eq!(sleeps, 0, "nothing timed");
                 products = mmq;
             }
-            "0" => assert!(mmq == 0 && deq == products, "{mmq} mmq, {deq} dequant"),
+            "0" => {
+                assert!(mmq == 0 && deq == products, "{mmq} mmq, {deq} dequant");
+                assert_eq!(sleeps, 0, "nothing timed");
+            }
             // Each of the 4 weight shapes (q and o, k and v, gate and up, down) runs both ways
             // twice (untimed, timed) instead of once when first seen (3 more launches), once
             // more where the int8 kernel wins, then the faster for every layer: a shape timed
             // twice would exceed the bound.
-            _ => assert!(
-                mmq >= 8 && deq >= 8 && (products + 12..=products + 16).contains(&(mmq + deq)),
-                "{mmq} mmq, {deq} dequant"
-            ),
+            // Every timing (2 per shape) starts behind the stopwatch's lead-in.
+            _ => {
+                assert!(
+                    mmq >= 8 && deq >= 8 && (products + 12..=products + 16).contains(&(mmq + deq)),
+                    "{mmq} mmq, {deq} dequant"
+                );
+                assert_eq!(sleeps, 8, "one gpu_sleep per timing");
+            }
         }
     }
     // A value the switch does not know: an error that names it, not a panic.

@@ -797,11 +797,19 @@ pub fn cache_path(
     gpu_name: Option<&str>,
     opts: &ProfileOptions,
 ) -> Option<PathBuf> {
-    // The GPU's weight layout (OATO_CUDA_SPLIT) changes its decode kernels, so its profile.
-    let layout = if gpu_name.is_some() && crate::runtime::cuda_backend::weight_split() {
-        "|split"
-    } else {
-        ""
+    // The GPU's weight layout (OATO_CUDA_SPLIT) changes its decode kernels, so its profile;
+    // the stopwatch's lead-in (OATO_CUDA_TIMER_LEAD_US) what its times include.
+    let layout = match gpu_name {
+        Some(_) => format!(
+            "{}|lead{}",
+            if crate::runtime::cuda_backend::weight_split() {
+                "|split"
+            } else {
+                ""
+            },
+            crate::runtime::cuda_backend::timer_lead_us()
+        ),
+        None => String::new(),
     };
     let key = format!(
         "{}|{}|{threads}|{}|{:?}|{}{layout}",

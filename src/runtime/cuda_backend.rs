@@ -346,6 +346,20 @@ pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
 }
 
+/// Microseconds of `gpu_sleep` (ops.cu) the stopwatch queues before its start event: the GPU
+/// is busy that long while the host queues the work being timed, so the time is the GPU's alone
+/// and not the host's launch latency (a single small kernel timed from an idle GPU measured
+/// several microseconds of host time). 50, or `OATO_CUDA_TIMER_LEAD_US` (0: none, the GPU idle
+/// at the start event as before).
+static TIMER_LEAD_US: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    crate::kernels::cpu::matmul::env_bytes("OATO_CUDA_TIMER_LEAD_US", 50).min(100_000)
+});
+
+/// The stopwatch's lead-in in microseconds ([`TIMER_LEAD_US`]; 0: none).
+pub fn timer_lead_us() -> usize {
+    *TIMER_LEAD_US
+}
+
 /// The most bytes of a weight in the file's layout held on the GPU at once while it is rewritten
 /// into the split layout (whole rows, at least one; a weight's upload needs that much beyond its
 /// own size): 32 MiB, or `OATO_CUDA_SPLIT_STAGE` bytes (the stand-in checks use small ones, so
@@ -862,6 +876,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "swiglu_q8_1",
             "scale_f32",
             "copy_cols_f32",
+            "gpu_sleep",
             "store_kv_f16",
             "rope_store_kv_f16",
             "attention_f16kv",
@@ -1610,6 +1625,14 @@ impl Stopwatch for EventClock<'_> {
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(drv("event"))?;
         self.b.launcher.flush()?;
+        let lead = *TIMER_LEAD_US;
+        if lead > 0 {
+            let b = self.b;
+            b.bind()?;
+            launch!(b, "gpu_sleep", (1, 1, 1), (32, 1, 1); us: i32 = lead as i32);
+            // Issued now, not deferred into a decode segment: the event must follow it.
+            b.launcher.flush()?;
+        }
         e.record(&self.b.stream).map_err(drv("event record"))?;
         self.start = Some(e);
         Ok(())

@@ -132,6 +132,9 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
 // ---------------------------------------------------------------------------------------------
 // Intrinsics
 
+// The emulator has no clock to wait on: a sleep returns at once.
+inline void __nanosleep(unsigned) {}
+
 // Four signed (int) or unsigned byte products, summed into c.
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));

@@ -815,6 +815,14 @@ def check_elementwise(g, kernel):
                     dims=("i",), metric="rel err")
 
 
+def check_gpu_sleep(g):
+    # No output: the stopwatch's lead-in. It must build and return (the emulator's sleep is a
+    # no-op; on a GPU it waits about `us` microseconds), on any launch shape.
+    for grid, block in (((1,), (32,)), ((2,), (64,))):
+        E.launch("gpu_sleep", grid, block, i32(3))  # raises (a failed check) if it faults
+        g.true(f"gpu_sleep(3) on {grid[0]} x {block[0]} ran", "gpu_sleep" in E.launched)
+
+
 def check_copy_cols(g):
     # A copy: bit-exact. Latent attention's key assembly: each head's non-RoPE columns, then the
     # token's shared RoPE key repeated into every head (src_rep = n_head); its value, padded.
@@ -1091,6 +1099,7 @@ def main():
     for k in ("add_f32", "add_bias_f32", "scale_f32", "swiglu_f32"):
         r.run(k, check_elementwise, k)
     r.run("copy_cols_f32", check_copy_cols)
+    r.run("gpu_sleep", check_gpu_sleep)
     r.run("attention_f16kv", check_attention)
     r.run("flash_decode", check_flash_decode)
     r.run("attention_flash_f16kv", check_flash_prefill)

@@ -226,6 +226,20 @@ extern "C" __global__ void rope_store_kv_f16(float* q, float* k, const float* __
 }
 
 // ---------------------------------------------------------------------------------------------
+// Timing
+
+// Keeps the GPU busy for about `us` microseconds and writes nothing: one thread sleeping 1 us
+// at a time (__nanosleep's time is approximate, which does not matter here). The backend's
+// stopwatch queues it before its start event, so the work it times has been queued by the host
+// by the time the GPU reaches it, and the time measured is the GPU's, not the host's launches.
+// launch: grid (1, 1, 1), block (32, 1, 1) (any).
+extern "C" __global__ void gpu_sleep(int us) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        for (int i = 0; i < us; ++i) __nanosleep(1000);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Element-wise (grid-stride; any grid, e.g. min(ceil(n / 256), 65535))
 
 // x += y.
