@@ -30,7 +30,8 @@
 // - Exact fast-math results: expf / sqrtf / division keep host (libm, IEEE) accuracy where the GPU
 //   uses approximations (__expf ~2 ulp); the tests' tolerances allow for the GPU's.
 // - Races between blocks (blocks run in sequence) and inside a warp between sync points beyond
-//   what the two thread orders expose; memory-model and atomics questions (none are used).
+//   what the two thread orders expose; memory-model and atomics questions (atomicAdd and
+//   __threadfence are plain: one thread runs the fibers, blocks one after another).
 // - Reads of uninitialised shared memory (statics start at zero and keep the last block's data).
 // - Out-of-bounds reads of global memory, unless built with OATO_CUDA_EMU_SAN=1 (AddressSanitizer
 //   with exact-size buffers); out-of-bounds writes are caught by the tests' guard bytes.
@@ -201,6 +202,17 @@ inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return
 
 template <class T>
 T __ldg(const T* p) { return *p; }
+template <class T>
+T __ldcg(const T* p) { return *p; }
+
+// Device-wide fences and atomics: one OS thread runs every fiber and switches only at the sync
+// points above, so a fence has nothing to order and an atomic read-modify-write is a plain one.
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 
 // CUDA's integer and float min / max overloads.
 inline int max(int a, int b) { return a > b ? a : b; }

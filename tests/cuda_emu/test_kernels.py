@@ -493,6 +493,71 @@ def check_mmvq_split(g, t):
         g.exact(f"{kern} n_tok={nt}: nothing written", y.get(np.float32), np.zeros(nt, np.float32))
 
 
+def check_mmvq_split_glu(g, t):
+    # Gate, up and SwiGLU in one launch = mmvq_split_<t> of (gate, up), then swiglu_q8_1 of the
+    # two outputs: g, u, the Q8_1 blocks and the split quants bit for bit; the counters back at
+    # zero, and a second launch on them the same. Rows 32 to 96 (groups of 32 spanning thread
+    # blocks), k as check_mmvq_split's, 1, 3 and 8 tokens; one case with the blocks' pointer null.
+    qk = refs.QTYPES[t][1]
+    cases = (((20, 64, 3), (150, 32, 8), (448, 96, 1), (1, 32, 1)) if qk == 32 else
+             ((3, 64, 3), (19, 32, 8), (56, 32, 1), (1, 32, 1)))
+    for nblk, n, n_tok in cases:
+        k = qk * nblk
+        rng = rng_for(f"mmvq split glu {t} {k} {n}")
+        wg = split_weight(refs.random_blocks(rng, t, n * nblk), t)
+        wu = split_weight(refs.random_blocks(rng, t, n * nblk), t)
+        x = rng.standard_normal(n_tok * k).astype(np.float32)
+        aq, ads = quantize_q8_1_split(x)
+        nb = n_tok * n // 32
+        dummy = Buf.out(np.float32, 4)
+        kernels = [("", "mmvq_split")] + ([("1", "mmvq_split1")] if n_tok == 1 else [])
+        for one, plain_kern in kernels:
+            # The two launches it replaces.
+            yg, yu = Buf.out(np.float32, n_tok * n), Buf.out(np.float32, n_tok * n)
+            E.launch(f"{plain_kern}_{t}", (cdiv(2 * n, 4),), (32, 4), wg, wu, wg, aq, ads, yg, yu,
+                     dummy, i32(k), i32(n), i32(n), i32(0), i32(n_tok))
+            want_u = yu.get(np.float32)
+            want_q = Buf.out(np.uint8, nb * 36)
+            want_aq, want_ads = split_sink(n_tok * n)
+            E.launch("swiglu_q8_1", (cdiv(nb, 8),), (256,), yg, yu, want_q, want_aq, want_ads,
+                     i32(nb))
+            kern = f"mmvq_split{one}_glu_{t}"
+            only_split = (nblk, n, n_tok) == cases[-1]
+            counters = Buf.of(np.zeros(n // 32, np.uint32))
+            for launch in (1, 2):
+                gb, ub = Buf.out(np.float32, n_tok * n), Buf.out(np.float32, n_tok * n)
+                q = None if only_split else Buf.out(np.uint8, nb * 36)
+                saq, sads = split_sink(n_tok * n)
+                E.launch(kern, (cdiv(n, 4),), (32, 4), wg, wu, aq, ads, gb, ub, q, saq, sads,
+                         counters, i32(k), i32(n), i32(n_tok))
+                label = f"{kern} k={k} n={n} n_tok={n_tok} launch {launch}"
+                g.exact(label + ": g = swiglu of the products", gb.get(np.float32),
+                        yg.get(np.float32))
+                g.exact(label + ": u = up's product", ub.get(np.float32), want_u)
+                if q is not None:
+                    g.exact(label + ": blocks = swiglu_q8_1's", q.get(np.uint8),
+                            want_q.get(np.uint8), dims=("byte",))
+                g.exact(label + ": split quants = swiglu_q8_1's", saq.get(np.int8),
+                        want_aq.get(np.int8), dims=("i",))
+                g.exact(label + ": split (d, s) = swiglu_q8_1's", sads.get(np.float32),
+                        want_ads.get(np.float32), dims=("i",))
+                g.exact(label + ": counters back at zero", counters.get(np.uint32),
+                        np.zeros(n // 32, np.uint32))
+    # Rows not a multiple of 32, or more tokens than the kernel takes: nothing written.
+    w = split_weight(refs.random_blocks(rng_for("split glu bad"), t, 40), t)
+    x = rng_for("split glu bad x").standard_normal(2 * qk).astype(np.float32)
+    aq, ads = quantize_q8_1_split(x)
+    for kern, n, nt in ((f"mmvq_split_glu_{t}", 40, 1), (f"mmvq_split_glu_{t}", 32, 9),
+                        (f"mmvq_split1_glu_{t}", 32, 2)):
+        gb = Buf(4 * nt * n, fill=0)
+        saq, sads = split_sink(nt * 64)
+        counters = Buf.of(np.zeros(2, np.uint32))
+        E.launch(kern, (cdiv(n, 4),), (32, 4), w, w, aq, ads, gb, gb, None, saq, sads, counters,
+                 i32(qk), i32(n), i32(nt))
+        g.exact(f"{kern} n={n} n_tok={nt}: nothing written", gb.get(np.float32),
+                np.zeros(nt * n, np.float32))
+
+
 def check_dequant_split(g, t):
     # Rows r0.. of a 7-row weight (the host's GEMM slices): the same f16 bits as dequant_<t>_f16
     # of those rows in the file's layout; y + 2 bytes takes the element stores, grid 1 x 32 the
@@ -1084,6 +1149,7 @@ def main():
     r.run("split_blocks", check_split_blocks)
     for t in SPLIT_MMVQ_TYPES:
         r.run(f"mmvq_split_{t}", check_mmvq_split, t)
+        r.run(f"mmvq_split_glu_{t}", check_mmvq_split_glu, t)
     for t in SPLIT_TYPES:
         r.run(f"dequant_split_{t}_f16", check_dequant_split, t)
     for w in ("f32", "f16", "bf16"):

@@ -323,6 +323,123 @@ MMVQ_SPLIT_KERNEL(mmvq_split1_q4_K, 1, 6, split_q4_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q5_K, 1, 5, split_q5_K_t)
 
 // ---------------------------------------------------------------------------------------------
+// Gate, up and SwiGLU in one launch: decode's FFN when gate and up are split weights of one type
+// and SwiGLU runs on the GPU, one launch where there were two (mmvq_split_<type> of gate and up,
+// then swiglu_q8_1). Warp r takes row r of both weights, each unit of each as mmvq_split_impl
+// takes it (the same sums in the same order), and writes u[t, r] = up and g[t, r] =
+// silu(gate) * up as swiglu_f32 computes it. The last warp of each group of 32 rows to finish
+// (a counter per group: a fence, then atomicAdd; that warp sets the counter back to 0 for the
+// next launch, so the counters stay zero between launches) reads the group's 32 values of g back
+// and writes their Q8_1 blocks for every token as swiglu_q8_1 does. So g, u and the blocks are
+// the bits of the two launches it replaces.
+template <class T, int MAXT>
+__device__ __forceinline__ void mmvq_split_glu_impl(const u8* wg, const u8* wu,
+                                                    const i8* __restrict__ aq,
+                                                    const float2* __restrict__ ads, float* g,
+                                                    float* u, q8_sink sink, u32* counters, int k,
+                                                    int n, int n_tok) {
+    if (blockDim.x != 32 || blockDim.y != SPLIT_ROWS || n_tok < 1 || n_tok > MAXT || n % QK) {
+        return; // whole block
+    }
+    const int row = (int)blockIdx.x * SPLIT_ROWS + (int)threadIdx.y;
+    if (row >= n) return; // whole warp
+    const int lane = threadIdx.x;
+    const int nb = k / T::qk, units = nb * T::upb;
+    const u8* qg = wg + (i64)row * nb * T::qb;
+    const u8* dg = wg + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
+    const u8* qu = wu + (i64)row * nb * T::qb;
+    const u8* du = wu + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
+    float ag[MAXT], au[MAXT];
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) ag[t] = au[t] = 0.0f;
+    for (int u0 = lane; u0 < units; u0 += 32 * SPLIT_UNROLL) {
+        typename T::W wgq[SPLIT_UNROLL], wuq[SPLIT_UNROLL];
+        u32 scg[SPLIT_UNROLL], scu[SPLIT_UNROLL];
+#pragma unroll
+        for (int i = 0; i < SPLIT_UNROLL; ++i) {
+            const int un = u0 + 32 * i;
+            if (un < units) {
+                const int b = un / T::upb;
+                wgq[i] = T::load(qg + (i64)b * T::qb, un - b * T::upb);
+                wuq[i] = T::load(qu + (i64)b * T::qb, un - b * T::upb);
+                scg[i] = split_scales<T::sb>(dg, b);
+                scu[i] = split_scales<T::sb>(du, b);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < SPLIT_UNROLL; ++i) {
+            const int un = u0 + 32 * i;
+            if (un < units) {
+                const int b = un / T::upb;
+#pragma unroll
+                for (int t = 0; t < MAXT; ++t) {
+                    if (t < n_tok) {
+                        const i8* a = aq + (i64)t * k + (i64)b * T::qk;
+                        const float2* d = ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK);
+                        ag[t] += T::dot(wgq[i], scg[i], a, d);
+                        au[t] += T::dot(wuq[i], scu[i], a, d);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+        if (t < n_tok) {
+            const float gv = warp_sum(ag[t]), uv = warp_sum(au[t]);
+            if (lane == 0) {
+                u[(i64)t * n + row] = uv;
+                g[(i64)t * n + row] = __fdiv_rn(gv, 1.0f + expf(-gv)) * uv;
+            }
+        }
+    }
+    // This row's values are visible to the device before the counter says so.
+    __threadfence();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counters + row / QK, 1u) == QK - 1;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return; // whole warp
+    __threadfence();
+    const int r0 = row / QK * QK;
+    for (int t = 0; t < n_tok; ++t) {
+        const i64 at = (i64)t * n + r0;
+        store_q8(sink.at(at / QK), __ldcg(g + at + lane));
+    }
+    if (lane == 0) counters[row / QK] = 0u;
+}
+
+// launch: grid (ceil(n / 4), 1, 1), block (32, 4, 1) exactly, no shared memory. wg, wu: n rows
+// of k in the split layout (the file's for Q4_K / Q5_K); aq, ads: as mmvq_split_*'s; g, u:
+// [n_tok, n] f32; q: [n_tok * n / 32] block_q8_1 (4-byte aligned) and saq, sads: [n_tok * n] i8
+// and [n_tok * n / 32] float2, each null when not wanted (sads with saq); counters: n / 32 u32,
+// zero before the first launch (and after every one); n a multiple of 32, 1 <= n_tok <= 8
+// (mmvq_split1_glu_<type>: 1); else nothing is written. Register bounds as mmvq_split_*'s, for
+// two weights' loads in flight.
+#define MMVQ_SPLIT_GLU_KERNEL(name, MAXT, MINB, T)                                              \
+    extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
+        name(const u8* __restrict__ wg, const u8* __restrict__ wu, const i8* __restrict__ aq,   \
+             const float2* __restrict__ ads, float* g, float* u, block_q8_1* __restrict__ q,    \
+             i8* __restrict__ saq, float2* __restrict__ sads, u32* counters, int k, int n,      \
+             int n_tok) {                                                                       \
+        mmvq_split_glu_impl<T, MAXT>(wg, wu, aq, ads, g, u, q8_sink{q, saq, sads}, counters, k, \
+                                     n, n_tok);                                                 \
+    }
+
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_0, SPLIT_MAX_TOK, 2, split_q4_0_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_iq4_nl, SPLIT_MAX_TOK, 2, split_iq4_nl_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_1, SPLIT_MAX_TOK, 2, split_q4_1_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q8_0, SPLIT_MAX_TOK, 2, split_q8_0_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q6_K, SPLIT_MAX_TOK, 2, split_q6_K_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_K, SPLIT_MAX_TOK, 1, split_q4_K_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q5_K, SPLIT_MAX_TOK, 1, split_q5_K_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_0, 1, 6, split_q4_0_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_iq4_nl, 1, 6, split_iq4_nl_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_1, 1, 6, split_q4_1_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q8_0, 1, 4, split_q8_0_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q6_K, 1, 4, split_q6_K_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_K, 1, 4, split_q4_K_t)
+MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q5_K, 1, 3, split_q5_K_t)
+
+// ---------------------------------------------------------------------------------------------
 // Dequantisation to f16 (prefill's GEMM, embedding rows): dequant.cu's values step for step, so
 // the same bits as dequant_<type>_f16 of the file's layout. Unit j of a block: its elements
 // 8j..8j + 8.
