@@ -135,10 +135,16 @@ struct Scratch {
     mmq_act: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
-    /// Decode activations split by quantize_q8_1_split for the split layout's kernels.
-    q8s: Option<(CudaSlice<u8>, Reservation)>,
-    /// `q8s` holds the split quants of the `.1` f32 values at address `.0` (as `q8_holds`).
+    /// Decode activations split by quantize_q8_1_split for the split layout's kernels: two
+    /// slots, `q8s_at` the current one (the fused gate / up / SwiGLU kernel writes its output's
+    /// split into the other while it reads its input's from the current, then swaps them).
+    q8s: [Option<(CudaSlice<u8>, Reservation)>; 2],
+    q8s_at: usize,
+    /// The current `q8s` slot holds the split quants of the `.1` f32 values at address `.0` (as
+    /// `q8_holds`).
     q8s_holds: Option<(u64, usize)>,
+    /// mmvq_split_glu's counters, one u32 a group of 32 rows, zero between launches.
+    glu_counters: Option<(CudaSlice<u8>, Reservation)>,
     /// `q8` holds `quantize_q8_1`'s blocks of the `.1` f32 values at address `.0` (written by a
     /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
     /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
@@ -396,6 +402,9 @@ pub fn weight_split() -> bool {
 struct SplitKernels {
     mmvq: &'static str,
     mmvq1: &'static str,
+    /// Gate, up and SwiGLU in one launch (`mmvq_split_glu_<type>`, one token: `glu1`).
+    glu: &'static str,
+    glu1: &'static str,
     rewrite: Option<SplitRewrite>,
 }
 
@@ -464,15 +473,84 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         T::Q5_K => ("mmvq_split_q5_K", "mmvq_split1_q5_K", None),
         _ => return None,
     };
+    let (glu, glu1) = match ty {
+        T::Q4_0 => ("mmvq_split_glu_q4_0", "mmvq_split1_glu_q4_0"),
+        T::Q4_1 => ("mmvq_split_glu_q4_1", "mmvq_split1_glu_q4_1"),
+        T::IQ4_NL => ("mmvq_split_glu_iq4_nl", "mmvq_split1_glu_iq4_nl"),
+        T::Q8_0 => ("mmvq_split_glu_q8_0", "mmvq_split1_glu_q8_0"),
+        T::Q6_K => ("mmvq_split_glu_q6_K", "mmvq_split1_glu_q6_K"),
+        T::Q4_K => ("mmvq_split_glu_q4_K", "mmvq_split1_glu_q4_K"),
+        _ => ("mmvq_split_glu_q5_K", "mmvq_split1_glu_q5_K"),
+    };
     Some(SplitKernels {
         mmvq,
         mmvq1,
+        glu,
+        glu1,
         rewrite: rewrite.map(|(sb, repack, dequant)| SplitRewrite {
             ty,
             sb,
             repack,
             dequant,
         }),
+    })
+}
+
+/// Whether decode's gate and up products in the split layout and the SwiGLU of their outputs run
+/// as one kernel (`mmvq_split_glu_<type>`: the same bits, one launch fewer a layer). On unless
+/// `OATO_CUDA_GLU=0` at start-up.
+static GLU: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_GLU"));
+
+/// What mmvq_split_glu takes over from a held gate / up launch: the fused kernel and the held
+/// launch's weights (gate, up), activations (quants, scales) and k, as it passed them.
+struct GluCall {
+    kernel: &'static str,
+    wg: [u8; 8],
+    wu: [u8; 8],
+    aq: [u8; 8],
+    ads: [u8; 8],
+    k: [u8; 8],
+}
+
+/// The fused call for `held` when it is exactly one split matrix-vector launch of two weights
+/// of `width` rows writing `g` and `u` for `n_tok` tokens (the matmul's held gate and up): what
+/// `swiglu` replaces with mmvq_split_glu.
+fn glu_of(held: &[Launch], g: u64, u: u64, width: usize, n_tok: usize) -> Option<GluCall> {
+    use GgmlType as T;
+    let [l] = held else { return None };
+    let kernel = [
+        T::Q4_0,
+        T::Q4_1,
+        T::IQ4_NL,
+        T::Q8_0,
+        T::Q6_K,
+        T::Q4_K,
+        T::Q5_K,
+    ]
+    .into_iter()
+    .filter_map(split_kernels_of)
+    .find_map(|sk| {
+        (l.name == sk.mmvq)
+            .then_some(sk.glu)
+            .or((l.name == sk.mmvq1).then_some(sk.glu1))
+    })?;
+    // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
+    let a = &l.args;
+    let ok = a.len() == 13
+        && a[5] == g.slot()
+        && a[6] == u.slot()
+        && a[9] == (width as i32).slot()
+        && a[10] == (width as i32).slot()
+        && a[11] == 0i32.slot()
+        && a[12] == (n_tok as i32).slot();
+    ok.then_some(GluCall {
+        kernel,
+        wg: a[0],
+        wu: a[1],
+        aq: a[3],
+        ads: a[4],
+        k: a[8],
     })
 }
 
@@ -815,6 +893,20 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_split1_q6_K",
             "mmvq_split1_q4_K",
             "mmvq_split1_q5_K",
+            "mmvq_split_glu_q4_0",
+            "mmvq_split_glu_q4_1",
+            "mmvq_split_glu_iq4_nl",
+            "mmvq_split_glu_q8_0",
+            "mmvq_split_glu_q6_K",
+            "mmvq_split_glu_q4_K",
+            "mmvq_split_glu_q5_K",
+            "mmvq_split1_glu_q4_0",
+            "mmvq_split1_glu_q4_1",
+            "mmvq_split1_glu_iq4_nl",
+            "mmvq_split1_glu_q8_0",
+            "mmvq_split1_glu_q6_K",
+            "mmvq_split1_glu_q4_K",
+            "mmvq_split1_glu_q5_K",
             "dequant_split_q4_0_f16",
             "dequant_split_q4_1_f16",
             "dequant_split_iq4_nl_f16",
@@ -1090,10 +1182,11 @@ impl CudaBackend {
     /// layout's kernels, in the scratch (kept there for the next product of the same input).
     fn split_acts(&self, s: &mut Scratch, xp: u64, n_tok: usize, k: usize) -> Result<(u64, u64)> {
         let len = n_tok * k;
+        let at = s.q8s_at;
         if s.q8s_holds == Some((xp, len)) {
-            return self.split_slot(&mut s.q8s, len);
+            return self.split_slot(&mut s.q8s[at], len);
         }
-        let acts = self.quantize_split(&mut s.q8s, xp, n_tok, k)?;
+        let acts = self.quantize_split(&mut s.q8s[at], xp, n_tok, k)?;
         s.q8s_holds = Some((xp, len));
         Ok(acts)
     }
@@ -1106,7 +1199,28 @@ impl CudaBackend {
             return Ok((0, 0));
         }
         s.q8s_holds = Some((yp, len));
-        self.split_slot(&mut s.q8s, len)
+        let at = s.q8s_at;
+        self.split_slot(&mut s.q8s[at], len)
+    }
+
+    /// mmvq_split_glu's counters for `groups` groups of 32 rows: zeroed when (re)allocated, and
+    /// each launch leaves them zero.
+    fn glu_counters(&self, s: &mut Scratch, groups: usize) -> Result<u64> {
+        let fresh = s
+            .glu_counters
+            .as_ref()
+            .is_none_or(|(b, _)| b.len() < groups * 4);
+        let p = self.grow(&mut s.glu_counters, groups * 4)?;
+        if fresh {
+            let len = s.glu_counters.as_ref().map_or(0, |(b, _)| b.len());
+            // Ordered after the launches issued so far (grow flushed them) and before the ones
+            // that follow on this stream.
+            self.launcher.flush()?;
+            // SAFETY: `p` is the start of a live allocation of `len` bytes on this context.
+            unsafe { cudarc::driver::result::memset_d8_async(p, 0, len, self.stream.cu_stream()) }
+                .map_err(drv("memset"))?;
+        }
+        Ok(p)
     }
 
     /// A scratch buffer of at least `bytes`, grown (and re-counted as workspace) when needed.
@@ -1838,11 +1952,27 @@ impl Backend for CudaBackend {
                     }
                     let rows: usize = ws[j..end].iter().map(|w| w.n).sum();
                     let kernel = if n_tok == 1 { sk.mmvq1 } else { sk.mmvq };
-                    launch!(self, kernel, (rows.div_ceil(4) as u32, 1, 1), (32, 4, 1);
-                        w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
-                        d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
-                        k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
-                        t_: i32 = n_tok as i32);
+                    let grid = (rows.div_ceil(4) as u32, 1, 1);
+                    // Gate and up alone (two weights of one shape): held, so that a SwiGLU of
+                    // their outputs next runs with them as one kernel (`swiglu`, glu_of).
+                    let glu = *GLU
+                        && ws.len() == 2
+                        && end - j == 2
+                        && ws[0].n == ws[1].n
+                        && self.fuse_q8(n_tok, ws[0].n);
+                    if glu {
+                        launch!(hold self, kernel, grid, (32, 4, 1);
+                            w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
+                            d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
+                            k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
+                            t_: i32 = n_tok as i32);
+                    } else {
+                        launch!(self, kernel, grid, (32, 4, 1);
+                            w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
+                            d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
+                            k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
+                            t_: i32 = n_tok as i32);
+                    }
                     j = end;
                 }
                 if split.iter().all(Option::is_some) {
@@ -2290,6 +2420,26 @@ impl Backend for CudaBackend {
         s.q8s_holds = None;
         if self.fuse_q8(n_tok, width) {
             let n_blocks = n / 32;
+            let held = self.launcher.take_held()?;
+            if let Some(c) = glu_of(&held, gp, up, width, n_tok) {
+                // The held gate and up and this SwiGLU as one kernel. Its output's split goes
+                // to the other slot (it reads its input's from the current one), which becomes
+                // the current one.
+                let q = self.grow(&mut s.q8, n_blocks * 36)?;
+                let other = 1 - s.q8s_at;
+                let (saq, sads) = self.split_slot(&mut s.q8s[other], n)?;
+                s.q8s_at = other;
+                s.q8s_holds = Some((gp, n));
+                let counters = self.glu_counters(&mut s, width / 32)?;
+                launch!(self, c.kernel, (width.div_ceil(4) as u32, 1, 1), (32, 4, 1);
+                    wg: [u8; 8] = c.wg, wu: [u8; 8] = c.wu, a: [u8; 8] = c.aq,
+                    d: [u8; 8] = c.ads, g_: u64 = gp, u_: u64 = up, qq: u64 = q, sq: u64 = saq,
+                    sd: u64 = sads, cn: u64 = counters, k_: [u8; 8] = c.k,
+                    n_: i32 = width as i32, t_: i32 = n_tok as i32);
+                s.q8_holds = Some((gp, n));
+                return Ok(());
+            }
+            self.launcher.unhold(held)?;
             let q = self.grow(&mut s.q8, n_blocks * 36)?;
             let (aq, ads) = self.split_sink(&mut s, gp, n)?;
             launch!(self, "swiglu_q8_1", ((n_blocks.div_ceil(8)) as u32, 1, 1), B256;
@@ -2454,6 +2604,106 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// The held gate / up launch swiglu fuses: exactly one split matrix-vector launch of two
+    /// weights of the SwiGLU's width writing its g and u for its tokens; its weights,
+    /// activations and k carried over, the one-token kernel for the one-token launch.
+    #[test]
+    fn glu_takes_only_the_held_gate_and_up_of_its_swiglu() {
+        let args = |y0: u64, y1: u64, n0: i32, n1: i32, n2: i32, t: i32| -> Vec<[u8; 8]> {
+            let mut a = vec![
+                11u64.slot(),
+                12u64.slot(),
+                11u64.slot(),
+                13u64.slot(),
+                14u64.slot(),
+            ];
+            a.extend([y0.slot(), y1.slot(), y0.slot(), 4096i32.slot()]);
+            a.extend([n0.slot(), n1.slot(), n2.slot(), t.slot()]);
+            a
+        };
+        let l = |name, a: Vec<[u8; 8]>| {
+            Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (32, 4, 1), &a)
+        };
+        let held = [l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))];
+        let c = glu_of(&held, 100, 200, 64, 3).expect("gate and up of this swiglu");
+        assert_eq!(c.kernel, "mmvq_split_glu_q4_0");
+        assert_eq!(
+            (c.wg, c.wu, c.aq, c.ads),
+            (11u64.slot(), 12u64.slot(), 13u64.slot(), 14u64.slot())
+        );
+        assert_eq!(c.k, 4096i32.slot());
+        let one = [l("mmvq_split1_q6_K", args(100, 200, 64, 64, 0, 1))];
+        assert_eq!(
+            glu_of(&one, 100, 200, 64, 1).map(|c| c.kernel),
+            Some("mmvq_split1_glu_q6_K")
+        );
+        // Anything else stays as it was.
+        for (held, g, u, w, t) in [
+            (
+                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))],
+                100,
+                300,
+                64,
+                3,
+            ),
+            (
+                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))],
+                100,
+                200,
+                64,
+                2,
+            ),
+            (
+                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 8, 3))],
+                100,
+                200,
+                64,
+                3,
+            ),
+            (
+                vec![l("mmvq_split_q4_0", args(100, 200, 64, 32, 0, 3))],
+                100,
+                200,
+                64,
+                3,
+            ),
+            (
+                vec![l("mmvq_multi_q4_0", args(100, 200, 64, 64, 0, 3))],
+                100,
+                200,
+                64,
+                3,
+            ),
+            (
+                vec![l(
+                    "add_f32",
+                    vec![100u64.slot(), 200u64.slot(), 64i64.slot()],
+                )],
+                100,
+                200,
+                64,
+                3,
+            ),
+            (
+                vec![
+                    l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3)),
+                    l("add_f32", vec![100u64.slot(), 200u64.slot(), 64i64.slot()]),
+                ],
+                100,
+                200,
+                64,
+                3,
+            ),
+            (vec![], 100, 200, 64, 3),
+        ] {
+            assert!(
+                glu_of(&held, g, u, w, t).is_none(),
+                "{:?}",
+                held.iter().map(|l| l.name).collect::<Vec<_>>()
+            );
+        }
+    }
+
     /// split.cu's table: rewritten types put each block's quants (16-byte multiples, for the
     /// kernels' wide loads) first and the scales after all of them, ending at the weight's size;
     /// types read in the file's layout have 16-byte multiple blocks; every kernel named is one
@@ -2485,7 +2735,10 @@ mod tests {
                 continue;
             };
             n += 1;
-            let mut names = vec![sk.mmvq, sk.mmvq1];
+            let mut names = vec![sk.mmvq, sk.mmvq1, sk.glu, sk.glu1];
+            // The fused gate / up / SwiGLU kernels are the type's own.
+            assert_eq!(sk.glu, sk.mmvq.replace("split_", "split_glu_"), "{ty}");
+            assert_eq!(sk.glu1, sk.mmvq1.replace("split1_", "split1_glu_"), "{ty}");
             match sk.rewrite {
                 Some(rw) => {
                     assert!(rw.sb > 0 && rw.qb() > 0, "{ty}");
