@@ -558,6 +558,69 @@ def check_mmvq_split_glu(g, t):
                 np.zeros(nt * n, np.float32))
 
 
+def check_mmvq_split_qkv_rope(g, t):
+    # q, k, v, RoPE and the KV store in one launch = mmvq_split_<t> of (q, k, v), then
+    # rope_store_kv_f16: q, k, v and both caches bit for bit, the counters back at zero, and a
+    # second launch on them the same. Heads of 32 to 128 rows (spanning thread blocks), neox or
+    # not, freq factors, a partial rotation at an offset, 1 and 3 tokens (8 for one case).
+    qk = refs.QTYPES[t][1]
+    nblk = 3 if qk == 32 else 1
+    k = qk * nblk
+    cases = [  # neox, freq factors, n_tok, n_head, n_head_kv, head_dim, n_dims, pos0, offset
+        (0, False, 1, 4, 2, 64, 64, 0, 0),
+        (1, True, 3, 2, 1, 128, 128, 37, 0),
+        (1, False, 8, 3, 1, 64, 32, 500, 32),
+    ]
+    for neox, use_ff, n_tok, nh, nkv, hd, n_dims, pos0, off in cases:
+        label = (f"{t} neox={neox} ff={int(use_ff)} n_tok={n_tok} heads={nh}/{nkv} hd={hd} "
+                 f"n_dims={n_dims} pos0={pos0}" + (f" offset={off}" if off else ""))
+        rng = rng_for("split qkv rope " + label)
+        nq, nkvr = nh * hd, nkv * hd
+        ws = [split_weight(refs.random_blocks(rng, t, r * nblk), t) for r in (nq, nkvr, nkvr)]
+        x = rng.standard_normal(n_tok * k).astype(np.float32)
+        aq, ads = quantize_q8_1_split(x)
+        ff = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if use_ff else None
+        rope = (i32(n_dims), i32(pos0), f32(10000.0), f32(0.5), i32(neox),
+                Buf.of(ff) if ff is not None else None, i32(off))
+        n = n_tok * nkvr
+        kernels = [("", "mmvq_split")] + ([("1", "mmvq_split1")] if n_tok == 1 else [])
+        for one, plain_kern in kernels:
+            # The two launches it replaces.
+            qa, ka, va = (Buf.out(np.float32, n_tok * r) for r in (nq, nkvr, nkvr))
+            E.launch(f"{plain_kern}_{t}", (cdiv(nq + 2 * nkvr, 4),), (32, 4), *ws, aq, ads, qa,
+                     ka, va, i32(k), i32(nq), i32(nkvr), i32(nkvr), i32(n_tok))
+            cka, cva = Buf.out(np.float16, n), Buf.out(np.float16, n)
+            E.launch("rope_store_kv_f16", (nh + nkv, n_tok), (128,), qa, ka, va, cka, cva,
+                     i32(n_tok), i32(nh), i32(nkv), i32(hd), *rope)
+            kern = f"mmvq_split{one}_qkv_rope_{t}"
+            counters = Buf.of(np.zeros(nh + 2 * nkv, np.uint32))
+            for launch in (1, 2):
+                qb, kb, vb = (Buf.out(np.float32, n_tok * r) for r in (nq, nkvr, nkvr))
+                ckb, cvb = Buf.out(np.float16, n), Buf.out(np.float16, n)
+                E.launch(kern, (cdiv(nq + 2 * nkvr, 4),), (32, 4), *ws, aq, ads, qb, kb, vb, ckb,
+                         cvb, counters, i32(k), i32(nh), i32(nkv), i32(hd), i32(n_tok), *rope)
+                for what, got, want, dt in (("q", qb, qa, np.float32), ("k", kb, ka, np.float32),
+                                            ("v", vb, va, np.float32),
+                                            ("k cache", ckb, cka, np.float16),
+                                            ("v cache", cvb, cva, np.float16)):
+                    g.exact(f"{kern} {label} launch {launch}: {what}", got.get(dt), want.get(dt))
+                g.exact(f"{kern} {label} launch {launch}: counters back at zero",
+                        counters.get(np.uint32), np.zeros(nh + 2 * nkv, np.uint32))
+    # A head size not a multiple of 32, or too many tokens: nothing written.
+    w = split_weight(refs.random_blocks(rng_for("split qkv bad"), t, 48 * nblk), t)
+    x = rng_for("split qkv bad x").standard_normal(k).astype(np.float32)
+    aq, ads = quantize_q8_1_split(x)
+    for kern, hd, nt in ((f"mmvq_split_qkv_rope_{t}", 16, 1), (f"mmvq_split_qkv_rope_{t}", 32, 9),
+                         (f"mmvq_split1_qkv_rope_{t}", 32, 2)):
+        y = Buf(4 * nt * 48, fill=0)
+        c = Buf(2 * nt * 16, fill=0)
+        E.launch(kern, (12,), (32, 4), w, w, w, aq, ads, y, y, y, c, c,
+                 Buf.of(np.zeros(3, np.uint32)), i32(k), i32(1), i32(1), i32(hd), i32(nt),
+                 i32(hd), i32(0), f32(10000.0), f32(1.0), i32(0), None, i32(0))
+        g.exact(f"{kern} hd={hd} n_tok={nt}: nothing written", y.get(np.float32),
+                np.zeros(nt * 48, np.float32))
+
+
 def check_dequant_split(g, t):
     # Rows r0.. of a 7-row weight (the host's GEMM slices): the same f16 bits as dequant_<t>_f16
     # of those rows in the file's layout; y + 2 bytes takes the element stores, grid 1 x 32 the
@@ -1150,6 +1213,7 @@ def main():
     for t in SPLIT_MMVQ_TYPES:
         r.run(f"mmvq_split_{t}", check_mmvq_split, t)
         r.run(f"mmvq_split_glu_{t}", check_mmvq_split_glu, t)
+        r.run(f"mmvq_split_qkv_rope_{t}", check_mmvq_split_qkv_rope, t)
     for t in SPLIT_TYPES:
         r.run(f"dequant_split_{t}_f16", check_dequant_split, t)
     for w in ("f32", "f16", "bf16"):

@@ -148,39 +148,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // paths lose digits). The rotated dimensions start at dim_offset in each head (latent attention
 // rotates a head's trailing dimensions); the others are untouched.
 // launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
-// One head's rotation (head points at its first rotated dimension), at position pos; when cache
-// is not null the rotated values are also written there as f16 (round to nearest even), at the
-// same offsets. Shared by rope_f32 and rope_store_kv_f16, so both round alike.
-static __device__ __forceinline__ void rope_head(float* head, __half* cache, int pos, int n_dims,
-                                                 float freq_base, float freq_scale, int neox,
-                                                 const float* __restrict__ freq_factors) {
-    const int half = n_dims / 2;
-    const float theta_scale = (float)pow((double)freq_base, -2.0 / (double)n_dims);
-    float theta = (float)pos * freq_scale;
-    int at = 0; // theta == theta_0 * theta_scale^at
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        for (; at < i; ++at) theta *= theta_scale;
-        const float a = freq_factors ? __fdiv_rn(theta, freq_factors[i]) : theta;
-        double sd, cd;
-        sincos((double)a, &sd, &cd);
-        const float s = (float)sd, c = (float)cd;
-        const int i0 = neox ? i : 2 * i;
-        const int i1 = neox ? i + half : 2 * i + 1;
-        const float x0 = head[i0], x1 = head[i1];
-        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-        head[i0] = y0;
-        head[i1] = y1;
-        if (cache) {
-            cache[i0] = __float2half_rn(y0);
-            cache[i1] = __float2half_rn(y1);
-        }
-    }
-}
-
-static __device__ __forceinline__ bool rope_shape_ok(int head_dim, int n_dims, int dim_offset) {
-    return dim_offset >= 0 && dim_offset + n_dims <= head_dim && n_dims >= 2;
-}
+// rope_head and rope_shape_ok: common.cuh (split.cu's fused q/k/v kernels use them too).
 
 extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
                                     int pos0, float freq_base, float freq_scale, int neox,

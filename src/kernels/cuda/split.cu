@@ -221,30 +221,13 @@ SPLIT_BLOCKS_KERNEL(split_blocks_208, 208, 2, 208) // Q6_K
 // ---------------------------------------------------------------------------------------------
 // Decode matrix-vector products.
 
-// Up to three weights that read one activation (q, k and v; gate and up) in one launch: the
-// grid's warps are w0's rows, then w1's, then w2's (ni rows each, any ni >= 0), one row a warp.
+// Row `row` of the split weight w (n rows of k) times every token's activations: each lane's
+// units (SPLIT_UNROLL loaded before the first is used), the warp's sum, y[t * n + row] written
+// by lane 0. All 32 lanes of the warp call it.
 template <class T, int MAXT>
-__device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, const u8* w2,
-                                                const i8* __restrict__ aq,
-                                                const float2* __restrict__ ads, float* y0,
-                                                float* y1, float* y2, int k, int n0, int n1,
-                                                int n2, int n_tok) {
-    if (blockDim.x != 32 || blockDim.y != SPLIT_ROWS || n_tok < 1 || n_tok > MAXT) {
-        return; // whole block
-    }
-    int row = (int)blockIdx.x * SPLIT_ROWS + (int)threadIdx.y;
-    const u8* w;
-    float* y;
-    int n;
-    if (row < n0) {
-        w = w0, y = y0, n = n0;
-    } else if (row < n0 + n1) {
-        w = w1, y = y1, n = n1, row -= n0;
-    } else if (row < n0 + n1 + n2) {
-        w = w2, y = y2, n = n2, row -= n0 + n1;
-    } else {
-        return; // whole warp
-    }
+__device__ __forceinline__ void split_row(const u8* w, int n, int row, const i8* __restrict__ aq,
+                                          const float2* __restrict__ ads, float* y, int k,
+                                          int n_tok) {
     const int lane = threadIdx.x;
     const int nb = k / T::qk, units = nb * T::upb;
     const u8* qs = w + (i64)row * nb * T::qb;
@@ -288,6 +271,35 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
     }
 }
 
+// Which of up to three weights (n0, n1, n2 rows) this warp's row of the grid falls in, and the
+// row within it: the grid's warps are w0's rows, then w1's, then w2's. -1: past them all.
+__device__ __forceinline__ int split_pick(int n0, int n1, int n2, int& row) {
+    row = (int)blockIdx.x * SPLIT_ROWS + (int)threadIdx.y;
+    if (row < n0) return 0;
+    if (row < n0 + n1) return row -= n0, 1;
+    if (row < n0 + n1 + n2) return row -= n0 + n1, 2;
+    return -1;
+}
+
+// Up to three weights that read one activation (q, k and v; gate and up) in one launch, one row
+// a warp (any ni >= 0).
+template <class T, int MAXT>
+__device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, const u8* w2,
+                                                const i8* __restrict__ aq,
+                                                const float2* __restrict__ ads, float* y0,
+                                                float* y1, float* y2, int k, int n0, int n1,
+                                                int n2, int n_tok) {
+    if (blockDim.x != 32 || blockDim.y != SPLIT_ROWS || n_tok < 1 || n_tok > MAXT) {
+        return; // whole block
+    }
+    int row;
+    const int which = split_pick(n0, n1, n2, row);
+    if (which < 0) return; // whole warp
+    const u8* w = which == 0 ? w0 : which == 1 ? w1 : w2;
+    float* y = which == 0 ? y0 : which == 1 ? y1 : y2;
+    split_row<T, MAXT>(w, which == 0 ? n0 : which == 1 ? n1 : n2, row, aq, ads, y, k, n_tok);
+}
+
 // launch (every mmvq_split_* kernel): grid (ceil((n0 + n1 + n2) / 4), 1, 1), block (32, 4, 1)
 // exactly, no shared memory. wi: ni rows of k in the split layout (16-byte aligned; a weight with
 // ni = 0 is not read, nor its yi); aq, ads: quantize_q8_1_split's [n_tok, k] quants (16-byte
@@ -321,6 +333,101 @@ MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, 6, split_q8_0_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q6_K, 1, 6, split_q6_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q4_K, 1, 6, split_q4_K_t)
 MMVQ_SPLIT_KERNEL(mmvq_split1_q5_K, 1, 5, split_q5_K_t)
+
+// ---------------------------------------------------------------------------------------------
+// q, k and v, their RoPE and the KV store in one launch: decode's attention input when the three
+// are split weights of one type (one mmvq_split launch) and RoPE runs with the store, one launch
+// where there were two (mmvq_split_<type>, then rope_store_kv_f16). Each warp takes a row as
+// mmvq_split does (the same sums); the last warp of each head to finish (a counter per head:
+// q's n_head, then k's and v's n_head_kv each; a fence, then atomicAdd; it sets the counter back
+// to 0) finishes the head for every token as rope_store_kv_f16 does: q's rotated in place, k's
+// rotated in place and into ck, v's into cv. So q, k, v and the caches get the bits of the two
+// launches it replaces.
+template <class T, int MAXT>
+__device__ __forceinline__ void mmvq_split_qkv_rope_impl(
+    const u8* w0, const u8* w1, const u8* w2, const i8* __restrict__ aq,
+    const float2* __restrict__ ads, float* q, float* kk, float* v, __half* ck, __half* cv,
+    u32* counters, int k, int n_head, int n_head_kv, int head_dim, int n_tok, int n_dims,
+    int pos0, float freq_base, float freq_scale, int neox, const float* freq_factors,
+    int dim_offset) {
+    if (blockDim.x != 32 || blockDim.y != SPLIT_ROWS || n_tok < 1 || n_tok > MAXT ||
+        head_dim < 1 || head_dim % 32 || n_head < 1 || n_head_kv < 1) {
+        return; // whole block
+    }
+    const int nq = n_head * head_dim, nkv = n_head_kv * head_dim;
+    int row;
+    const int which = split_pick(nq, nkv, nkv, row);
+    if (which < 0) return; // whole warp
+    const int n = which == 0 ? nq : nkv;
+    float* y = which == 0 ? q : which == 1 ? kk : v;
+    split_row<T, MAXT>(which == 0 ? w0 : which == 1 ? w1 : w2, n, row, aq, ads, y, k, n_tok);
+    // This row's values are visible to the device before the counter says so.
+    __threadfence();
+    const int head = row / head_dim;
+    const int c = which == 0 ? head : n_head + (which - 1) * n_head_kv + head;
+    int last = 0;
+    if (threadIdx.x == 0) last = atomicAdd(counters + c, 1u) == (unsigned)head_dim - 1;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return; // whole warp
+    __threadfence();
+    const bool ok = rope_shape_ok(head_dim, n_dims, dim_offset);
+    for (int t = 0; t < n_tok; ++t) {
+        const i64 at = ((i64)t * (n / head_dim) + head) * head_dim;
+        if (which == 0) {
+            if (ok) {
+                rope_head(q + at + dim_offset, nullptr, pos0 + t, n_dims, freq_base, freq_scale,
+                          neox, freq_factors);
+            }
+        } else if (which == 1) {
+            if (ok) {
+                rope_head(kk + at + dim_offset, ck + at + dim_offset, pos0 + t, n_dims, freq_base,
+                          freq_scale, neox, freq_factors);
+            }
+            for (int d = threadIdx.x; d < head_dim; d += 32) {
+                if (!ok || d < dim_offset || d >= dim_offset + n_dims) {
+                    ck[at + d] = __float2half_rn(kk[at + d]);
+                }
+            }
+        } else {
+            for (int d = threadIdx.x; d < head_dim; d += 32) cv[at + d] = __float2half_rn(v[at + d]);
+        }
+    }
+    if (threadIdx.x == 0) counters[c] = 0u;
+}
+
+// launch: grid (ceil((n_head + 2 n_head_kv) head_dim / 4), 1, 1), block (32, 4, 1) exactly, no
+// shared memory. w0, w1, w2: q's, k's and v's weights (n_head * head_dim, n_head_kv * head_dim
+// and n_head_kv * head_dim rows of k) in the split layout (the file's for Q4_K / Q5_K); aq, ads:
+// as mmvq_split_*'s; q, kk, v: [n_tok, rows] f32 outputs; ck, cv: the f16 caches at position
+// pos0 ([n_tok, n_head_kv * head_dim]); counters: n_head + 2 n_head_kv u32, zero before the first
+// launch (and after every one); the RoPE arguments as rope_store_kv_f16's. head_dim a multiple of
+// 32, 1 <= n_tok <= 8 (mmvq_split1_qkv_rope_<type>: 1); else nothing is written.
+#define MMVQ_SPLIT_QKV_KERNEL(name, MAXT, MINB, T)                                              \
+    extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
+        name(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,   \
+             const i8* __restrict__ aq, const float2* __restrict__ ads, float* q, float* kk,    \
+             float* v, __half* __restrict__ ck, __half* __restrict__ cv, u32* counters, int k,  \
+             int n_head, int n_head_kv, int head_dim, int n_tok, int n_dims, int pos0,          \
+             float freq_base, float freq_scale, int neox, const float* __restrict__ ff,         \
+             int dim_offset) {                                                                  \
+        mmvq_split_qkv_rope_impl<T, MAXT>(w0, w1, w2, aq, ads, q, kk, v, ck, cv, counters, k,   \
+                                          n_head, n_head_kv, head_dim, n_tok, n_dims, pos0,     \
+                                          freq_base, freq_scale, neox, ff, dim_offset);         \
+    }
+
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_1, SPLIT_MAX_TOK, 4, split_q4_1_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_K, SPLIT_MAX_TOK, 2, split_q4_K_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q5_K, SPLIT_MAX_TOK, 2, split_q5_K_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_0, 1, 8, split_q4_0_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_iq4_nl, 1, 8, split_iq4_nl_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_1, 1, 8, split_q4_1_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q8_0, 1, 6, split_q8_0_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q6_K, 1, 6, split_q6_K_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_K, 1, 6, split_q4_K_t)
+MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q5_K, 1, 5, split_q5_K_t)
 
 // ---------------------------------------------------------------------------------------------
 // Gate, up and SwiGLU in one launch: decode's FFN when gate and up are split weights of one type
