@@ -4,8 +4,9 @@
 # llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
 # attention as llama-bench sets it, CUDA graphs on) and for oato thirteen ways: its default
 # kernels, the weights it keeps in the split layout of split.cu with its matrix-vector kernels
-# (OATO_CUDA_SPLIT=1; gate, up and SwiGLU one kernel), the same with gate / up and SwiGLU as two
-# launches (split-glu-off: OATO_CUDA_SPLIT=1 OATO_CUDA_GLU=0), the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), the pipelined ones
+# (OATO_CUDA_SPLIT=1; gate, up and SwiGLU one kernel, q, k, v, RoPE and the KV store one
+# kernel), the same with those as the launches they replace (split-fused-off: OATO_CUDA_SPLIT=1
+# OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), the pipelined ones
 # (OATO_CUDA_MMVQ=pipe), q/k/v and gate/up as a launch per
 # weight rather than one (OATO_CUDA_MMVQ_MULTI=0), split-K decode attention forced off
 # (OATO_CUDA_ATTN_SPLIT=0), RMSNorm / SwiGLU without their fused Q8_1 quantisation and the
@@ -50,11 +51,11 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in ${VARIANTS:-default split split-glu-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
+for variant in ${VARIANTS:-default split split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     split) env=(OATO_CUDA_SPLIT=1) ;;
-    split-glu-off) env=(OATO_CUDA_SPLIT=1 OATO_CUDA_GLU=0) ;;
+    split-fused-off) env=(OATO_CUDA_SPLIT=1 OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0) ;;
     mmvq-direct) env=(OATO_CUDA_MMVQ=direct) ;;
     mmvq-pipe) env=(OATO_CUDA_MMVQ=pipe) ;;
     multi-off) env=(OATO_CUDA_MMVQ_MULTI=0) ;;

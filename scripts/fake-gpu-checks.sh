@@ -71,26 +71,31 @@ step "the whole model on the GPU, pipelined matrix-vector kernels"
 OATO_CUDA_MMVQ=pipe golden --device gpu
 step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: Q4_1 layers, Q8_0 embedding and head, rewritten 1 MiB at a time)"
 OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1048576 golden --device gpu
-step "split layout: gate, up and SwiGLU as one kernel (mmvq_split_glu) or as two (OATO_CUDA_GLU=0)"
-# Graphs off, so every launch is logged: the fused kernel replaces each swiglu_q8_1 launch (one a
-# layer and pass), and the greedy ids are the same either way (the same bits).
-glu_run() {
+step "split layout: fused kernels (gate / up / SwiGLU: mmvq_split_glu; q / k / v / RoPE / KV store: mmvq_split_qkv_rope) or not (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0)"
+# Graphs off, so every launch is logged: each fused kernel replaces one launch of the kernel it
+# absorbs (swiglu_q8_1, rope_store_kv_f16), and the greedy ids are the same either way (the same
+# bits).
+fused_run() {
     local ids='import json,sys; print(json.load(sys.stdin)["output_ids"])'
-    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 OATO_CUDA_GLU="$1" OATO_FAKE_CUDA_LOG=1 fake "$OATO" run \
-        models/SmolLM2-135M-Instruct.Q4_1.gguf \
+    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 OATO_CUDA_GLU="$1" OATO_CUDA_QKV_ROPE="$1" \
+        OATO_FAKE_CUDA_LOG=1 fake "$OATO" run models/SmolLM2-135M-Instruct.Q4_1.gguf \
         -p "The capital of France is" -n 2 --temp 0 --ignore-eos --json -c 256 --device gpu \
-        2>"$W/glu$1.log" | python3 -c "$ids"
+        2>"$W/fused$1.log" | python3 -c "$ids"
 }
-fused=$(glu_run 1)
-plain=$(glu_run 0)
-n_glu=$(grep -c "launch mmvq_split1\?_glu_" "$W/glu1.log" || true)
-n_swiglu=$(grep -c "launch swiglu_q8_1" "$W/glu0.log" || true)
-left=$(grep -c "launch swiglu_q8_1" "$W/glu1.log" || true)
-if [ "$fused" != "$plain" ] || [ "$n_glu" -lt 1 ] || [ "$n_glu" != "$n_swiglu" ] || [ "$left" != 0 ]; then
-    echo "FAIL glu: ids $fused fused, $plain not; $n_glu glu launches, $n_swiglu swiglu_q8_1 without, $left with" >&2
+fused=$(fused_run 1)
+plain=$(fused_run 0)
+count() { grep -c "launch $1" "$2" || true; }
+n_glu=$(count "mmvq_split1\?_glu_" "$W/fused1.log")
+n_qkv=$(count "mmvq_split1\?_qkv_rope_" "$W/fused1.log")
+n_swiglu=$(count swiglu_q8_1 "$W/fused0.log")
+n_rope=$(count rope_store_kv_f16 "$W/fused0.log")
+left=$(($(count swiglu_q8_1 "$W/fused1.log") + $(count rope_store_kv_f16 "$W/fused1.log")))
+if [ "$fused" != "$plain" ] || [ "$n_glu" -lt 1 ] || [ "$n_glu" != "$n_swiglu" ] \
+    || [ "$n_qkv" -lt 1 ] || [ "$n_qkv" != "$n_rope" ] || [ "$left" != 0 ]; then
+    echo "FAIL fused: ids $fused fused, $plain not; $n_glu glu for $n_swiglu swiglu_q8_1, $n_qkv qkv_rope for $n_rope rope_store_kv_f16, $left of those left" >&2
     exit 1
 fi
-echo "OK   glu: $fused either way; $n_glu mmvq_split_glu launches for $n_swiglu swiglu_q8_1"
+echo "OK   fused: $fused either way; $n_glu mmvq_split_glu for $n_swiglu swiglu_q8_1, $n_qkv mmvq_split_qkv_rope for $n_rope rope_store_kv_f16"
 step "split layout: the GPU selftest with every split format's weights held split"
 # Its matmul and embedding cases (Q4_0, IQ4_NL, Q8_0, Q6_K; decode and prefill) against the CPU,
 # through split_blocks_*, mmvq_split* and dequant_split_*: each kernel must have run. The weights

@@ -143,8 +143,10 @@ struct Scratch {
     /// The current `q8s` slot holds the split quants of the `.1` f32 values at address `.0` (as
     /// `q8_holds`).
     q8s_holds: Option<(u64, usize)>,
-    /// mmvq_split_glu's counters, one u32 a group of 32 rows, zero between launches.
-    glu_counters: Option<(CudaSlice<u8>, Reservation)>,
+    /// The counters of split.cu's fused kernels (mmvq_split_glu: one a group of 32 rows;
+    /// mmvq_split_qkv_rope: one a head), zero between launches; one buffer, as the launches
+    /// run one after another on the stream.
+    row_counters: Option<(CudaSlice<u8>, Reservation)>,
     /// `q8` holds `quantize_q8_1`'s blocks of the `.1` f32 values at address `.0` (written by a
     /// fused RMSNorm or SwiGLU, or by the last matrix-vector product's own quantisation), so a
     /// matmul of that input skips the quantisation launch. Every operator but matmul forgets it.
@@ -405,6 +407,9 @@ struct SplitKernels {
     /// Gate, up and SwiGLU in one launch (`mmvq_split_glu_<type>`, one token: `glu1`).
     glu: &'static str,
     glu1: &'static str,
+    /// q, k, v, RoPE and the KV store in one launch (`mmvq_split_qkv_rope_<type>`, `qkv1`).
+    qkv: &'static str,
+    qkv1: &'static str,
     rewrite: Option<SplitRewrite>,
 }
 
@@ -473,20 +478,57 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         T::Q5_K => ("mmvq_split_q5_K", "mmvq_split1_q5_K", None),
         _ => return None,
     };
-    let (glu, glu1) = match ty {
-        T::Q4_0 => ("mmvq_split_glu_q4_0", "mmvq_split1_glu_q4_0"),
-        T::Q4_1 => ("mmvq_split_glu_q4_1", "mmvq_split1_glu_q4_1"),
-        T::IQ4_NL => ("mmvq_split_glu_iq4_nl", "mmvq_split1_glu_iq4_nl"),
-        T::Q8_0 => ("mmvq_split_glu_q8_0", "mmvq_split1_glu_q8_0"),
-        T::Q6_K => ("mmvq_split_glu_q6_K", "mmvq_split1_glu_q6_K"),
-        T::Q4_K => ("mmvq_split_glu_q4_K", "mmvq_split1_glu_q4_K"),
-        _ => ("mmvq_split_glu_q5_K", "mmvq_split1_glu_q5_K"),
+    let (glu, glu1, qkv, qkv1) = match ty {
+        T::Q4_0 => (
+            "mmvq_split_glu_q4_0",
+            "mmvq_split1_glu_q4_0",
+            "mmvq_split_qkv_rope_q4_0",
+            "mmvq_split1_qkv_rope_q4_0",
+        ),
+        T::Q4_1 => (
+            "mmvq_split_glu_q4_1",
+            "mmvq_split1_glu_q4_1",
+            "mmvq_split_qkv_rope_q4_1",
+            "mmvq_split1_qkv_rope_q4_1",
+        ),
+        T::IQ4_NL => (
+            "mmvq_split_glu_iq4_nl",
+            "mmvq_split1_glu_iq4_nl",
+            "mmvq_split_qkv_rope_iq4_nl",
+            "mmvq_split1_qkv_rope_iq4_nl",
+        ),
+        T::Q8_0 => (
+            "mmvq_split_glu_q8_0",
+            "mmvq_split1_glu_q8_0",
+            "mmvq_split_qkv_rope_q8_0",
+            "mmvq_split1_qkv_rope_q8_0",
+        ),
+        T::Q6_K => (
+            "mmvq_split_glu_q6_K",
+            "mmvq_split1_glu_q6_K",
+            "mmvq_split_qkv_rope_q6_K",
+            "mmvq_split1_qkv_rope_q6_K",
+        ),
+        T::Q4_K => (
+            "mmvq_split_glu_q4_K",
+            "mmvq_split1_glu_q4_K",
+            "mmvq_split_qkv_rope_q4_K",
+            "mmvq_split1_qkv_rope_q4_K",
+        ),
+        _ => (
+            "mmvq_split_glu_q5_K",
+            "mmvq_split1_glu_q5_K",
+            "mmvq_split_qkv_rope_q5_K",
+            "mmvq_split1_qkv_rope_q5_K",
+        ),
     };
     Some(SplitKernels {
         mmvq,
         mmvq1,
         glu,
         glu1,
+        qkv,
+        qkv1,
         rewrite: rewrite.map(|(sb, repack, dequant)| SplitRewrite {
             ty,
             sb,
@@ -501,6 +543,88 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
 /// `OATO_CUDA_GLU=0` at start-up.
 static GLU: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_GLU"));
+
+/// The fused kernel `pick` gives (for eight tokens, for one) of the split type whose
+/// matrix-vector kernel is `name` (mmvq_split_<type>: the first, mmvq_split1_<type>: the second).
+fn split_fused(
+    name: &str,
+    pick: impl Fn(&SplitKernels) -> (&'static str, &'static str),
+) -> Option<&'static str> {
+    use GgmlType as T;
+    [
+        T::Q4_0,
+        T::Q4_1,
+        T::IQ4_NL,
+        T::Q8_0,
+        T::Q6_K,
+        T::Q4_K,
+        T::Q5_K,
+    ]
+    .into_iter()
+    .filter_map(split_kernels_of)
+    .find_map(|sk| {
+        let (many, one) = pick(&sk);
+        if name == sk.mmvq {
+            Some(many)
+        } else if name == sk.mmvq1 {
+            Some(one)
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether decode's q, k and v products in the split layout (one launch), their RoPE and the
+/// KV store run as one kernel (`mmvq_split_qkv_rope_<type>`: the same bits, one launch fewer a
+/// layer). On unless `OATO_CUDA_QKV_ROPE=0` at start-up.
+static QKV_ROPE: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_QKV_ROPE"));
+
+/// What mmvq_split_qkv_rope takes over from a held q / k / v launch and the two held RoPEs: the
+/// fused kernel, the weights, activations and k as the q / k / v launch passed them, and the
+/// RoPE arguments as `fused_rope` gives them.
+struct QkvCall {
+    kernel: &'static str,
+    w: [[u8; 8]; 3],
+    aq: [u8; 8],
+    ads: [u8; 8],
+    k: [u8; 8],
+    rope: [[u8; 8]; 7],
+}
+
+/// The fused call for `held` when it is exactly one split matrix-vector launch of three weights
+/// writing `q`, `k` and `v` (the attention's q, k and v rows for `n_tok` tokens of shape `s`),
+/// then the RoPE of q and k that `fused_rope` takes.
+fn qkv_rope_of(
+    held: &[Launch],
+    q: u64,
+    k: u64,
+    v: u64,
+    n_tok: usize,
+    s: AttnShape,
+) -> Option<QkvCall> {
+    let [l, ropes @ ..] = held else { return None };
+    let rope = fused_rope(ropes, q, k, n_tok, s)?;
+    let kernel = split_fused(l.name, |sk| (sk.qkv, sk.qkv1))?;
+    let (nq, nkv) = (
+        (s.n_head * s.head_dim) as i32,
+        (s.n_head_kv * s.head_dim) as i32,
+    );
+    // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
+    let a = &l.args;
+    let ok = a.len() == 13
+        && s.head_dim.is_multiple_of(32)
+        && a[5..8] == [q.slot(), k.slot(), v.slot()]
+        && a[9..13] == [nq.slot(), nkv.slot(), nkv.slot(), (n_tok as i32).slot()];
+    ok.then_some(QkvCall {
+        kernel,
+        w: [a[0], a[1], a[2]],
+        aq: a[3],
+        ads: a[4],
+        k: a[8],
+        rope,
+    })
+}
 
 /// What mmvq_split_glu takes over from a held gate / up launch: the fused kernel and the held
 /// launch's weights (gate, up), activations (quants, scales) and k, as it passed them.
@@ -517,24 +641,8 @@ struct GluCall {
 /// of `width` rows writing `g` and `u` for `n_tok` tokens (the matmul's held gate and up): what
 /// `swiglu` replaces with mmvq_split_glu.
 fn glu_of(held: &[Launch], g: u64, u: u64, width: usize, n_tok: usize) -> Option<GluCall> {
-    use GgmlType as T;
     let [l] = held else { return None };
-    let kernel = [
-        T::Q4_0,
-        T::Q4_1,
-        T::IQ4_NL,
-        T::Q8_0,
-        T::Q6_K,
-        T::Q4_K,
-        T::Q5_K,
-    ]
-    .into_iter()
-    .filter_map(split_kernels_of)
-    .find_map(|sk| {
-        (l.name == sk.mmvq)
-            .then_some(sk.glu)
-            .or((l.name == sk.mmvq1).then_some(sk.glu1))
-    })?;
+    let kernel = split_fused(l.name, |sk| (sk.glu, sk.glu1))?;
     // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
     let a = &l.args;
     let ok = a.len() == 13
@@ -907,6 +1015,20 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "mmvq_split1_glu_q6_K",
             "mmvq_split1_glu_q4_K",
             "mmvq_split1_glu_q5_K",
+            "mmvq_split_qkv_rope_q4_0",
+            "mmvq_split_qkv_rope_iq4_nl",
+            "mmvq_split_qkv_rope_q4_1",
+            "mmvq_split_qkv_rope_q8_0",
+            "mmvq_split_qkv_rope_q6_K",
+            "mmvq_split_qkv_rope_q4_K",
+            "mmvq_split_qkv_rope_q5_K",
+            "mmvq_split1_qkv_rope_q4_0",
+            "mmvq_split1_qkv_rope_iq4_nl",
+            "mmvq_split1_qkv_rope_q4_1",
+            "mmvq_split1_qkv_rope_q8_0",
+            "mmvq_split1_qkv_rope_q6_K",
+            "mmvq_split1_qkv_rope_q4_K",
+            "mmvq_split1_qkv_rope_q5_K",
             "dequant_split_q4_0_f16",
             "dequant_split_q4_1_f16",
             "dequant_split_iq4_nl_f16",
@@ -1203,16 +1325,16 @@ impl CudaBackend {
         self.split_slot(&mut s.q8s[at], len)
     }
 
-    /// mmvq_split_glu's counters for `groups` groups of 32 rows: zeroed when (re)allocated, and
-    /// each launch leaves them zero.
-    fn glu_counters(&self, s: &mut Scratch, groups: usize) -> Result<u64> {
+    /// `count` counters for split.cu's fused kernels: zeroed when (re)allocated, and each
+    /// launch leaves them zero.
+    fn row_counters(&self, s: &mut Scratch, count: usize) -> Result<u64> {
         let fresh = s
-            .glu_counters
+            .row_counters
             .as_ref()
-            .is_none_or(|(b, _)| b.len() < groups * 4);
-        let p = self.grow(&mut s.glu_counters, groups * 4)?;
+            .is_none_or(|(b, _)| b.len() < count * 4);
+        let p = self.grow(&mut s.row_counters, count * 4)?;
         if fresh {
-            let len = s.glu_counters.as_ref().map_or(0, |(b, _)| b.len());
+            let len = s.row_counters.as_ref().map_or(0, |(b, _)| b.len());
             // Ordered after the launches issued so far (grow flushed them) and before the ones
             // that follow on this stream.
             self.launcher.flush()?;
@@ -1960,7 +2082,13 @@ impl Backend for CudaBackend {
                         && end - j == 2
                         && ws[0].n == ws[1].n
                         && self.fuse_q8(n_tok, ws[0].n);
-                    if glu {
+                    // q, k and v alone in one launch: held likewise, for the RoPE and KV
+                    // store that follow (`attention`, qkv_rope_of).
+                    let qkv = *QKV_ROPE
+                        && ws.len() == 3
+                        && end - j == 3
+                        && FUSE_Q8.load(Ordering::Relaxed);
+                    if glu || qkv {
                         launch!(hold self, kernel, grid, (32, 4, 1);
                             w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
                             d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
@@ -2323,9 +2451,32 @@ impl Backend for CudaBackend {
         }
         let [(ks, kc), (vs, vc)] = at;
         let qp = self.f32ptr(q, n * qd, "attention query")?;
-        // q's and k's RoPE, held by `rope`, fused with the store when they are exactly that.
-        let held = self.launcher.take_held()?;
-        if let Some(rope) = fused_rope(&held, qp, ks, n, s) {
+        // q's and k's RoPE, held by `rope`, fused with the store when they are exactly that;
+        // with the q / k / v products too when the matmul held them as one split launch.
+        let mut held = self.launcher.take_held()?;
+        if let Some(c) = qkv_rope_of(&held, qp, ks, vs, n, s) {
+            let counters = {
+                let mut sc = self.scratch()?;
+                self.row_counters(&mut sc, s.n_head + 2 * s.n_head_kv)?
+            };
+            let rows = (s.n_head + 2 * s.n_head_kv) * s.head_dim;
+            let r = c.rope;
+            launch!(self, c.kernel, (rows.div_ceil(4) as u32, 1, 1), (32, 4, 1);
+                w0: [u8; 8] = c.w[0], w1: [u8; 8] = c.w[1], w2: [u8; 8] = c.w[2],
+                a: [u8; 8] = c.aq, d: [u8; 8] = c.ads, y0: u64 = qp, y1: u64 = ks, y2: u64 = vs,
+                ck: u64 = kc, cv: u64 = vc, cn: u64 = counters, k_: [u8; 8] = c.k,
+                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+                hd: i32 = s.head_dim as i32, nt: i32 = n as i32, nd: [u8; 8] = r[0],
+                p0: [u8; 8] = r[1], base: [u8; 8] = r[2], scale: [u8; 8] = r[3],
+                neox: [u8; 8] = r[4], f: [u8; 8] = r[5], off: [u8; 8] = r[6]);
+        } else if let Some(rope) = {
+            // A launch held before the two RoPEs (the q / k / v products) is issued first.
+            if held.len() == 3 && fused_rope(&held[1..], qp, ks, n, s).is_some() {
+                let first = held.remove(0);
+                self.launcher.unhold(vec![first])?;
+            }
+            fused_rope(&held, qp, ks, n, s)
+        } {
             launch!(self, "rope_store_kv_f16", ((s.n_head + s.n_head_kv) as u32, n as u32, 1),
                 (128, 1, 1);
                 a: u64 = qp, b: u64 = ks, c: u64 = vs, d: u64 = kc, e: u64 = vc, nt: i32 = n as i32,
@@ -2430,7 +2581,7 @@ impl Backend for CudaBackend {
                 let (saq, sads) = self.split_slot(&mut s.q8s[other], n)?;
                 s.q8s_at = other;
                 s.q8s_holds = Some((gp, n));
-                let counters = self.glu_counters(&mut s, width / 32)?;
+                let counters = self.row_counters(&mut s, width / 32)?;
                 launch!(self, c.kernel, (width.div_ceil(4) as u32, 1, 1), (32, 4, 1);
                     wg: [u8; 8] = c.wg, wu: [u8; 8] = c.wu, a: [u8; 8] = c.aq,
                     d: [u8; 8] = c.ads, g_: u64 = gp, u_: u64 = up, qq: u64 = q, sq: u64 = saq,
@@ -2604,6 +2755,90 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// The held launches attention fuses with q / k / v: one split matrix-vector launch of three
+    /// weights writing its q, k and v rows (n_head and n_head_kv heads), then the two RoPEs
+    /// `fused_rope` takes; its weights, activations, k and the RoPE arguments carried over.
+    #[test]
+    fn qkv_rope_takes_only_the_held_q_k_v_and_their_ropes() {
+        let s = AttnShape {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+        };
+        let (q, k, v) = (0x1000u64, 0x2000u64, 0x3000u64);
+        let mm = |name, y: [u64; 3], n: [i32; 3], t: i32| {
+            let mut a = vec![
+                11u64.slot(),
+                12u64.slot(),
+                13u64.slot(),
+                14u64.slot(),
+                15u64.slot(),
+            ];
+            a.extend(y.map(|p| p.slot()));
+            a.push(4096i32.slot());
+            a.extend(n.map(|r| r.slot()));
+            a.push(t.slot());
+            Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (32, 4, 1), &a)
+        };
+        let rope = |x: u64, heads: i32, t: i32| {
+            let args = [
+                x.slot(),
+                t.slot(),
+                heads.slot(),
+                64i32.slot(),
+                64i32.slot(),
+                7i32.slot(),
+                10000f32.slot(),
+                1f32.slot(),
+                0i32.slot(),
+                0u64.slot(),
+                0i32.slot(),
+            ];
+            Launch::new(
+                std::ptr::null_mut(),
+                "rope_f32",
+                (1, 1, 1),
+                (128, 1, 1),
+                &args,
+            )
+        };
+        let good = |name| {
+            vec![
+                mm(name, [q, k, v], [256, 128, 128], 2),
+                rope(q, 4, 2),
+                rope(k, 2, 2),
+            ]
+        };
+        let c = qkv_rope_of(&good("mmvq_split_q8_0"), q, k, v, 2, s).expect("q, k, v and ropes");
+        assert_eq!(c.kernel, "mmvq_split_qkv_rope_q8_0");
+        assert_eq!(c.w, [11u64.slot(), 12u64.slot(), 13u64.slot()]);
+        assert_eq!(
+            (c.aq, c.ads, c.k),
+            (14u64.slot(), 15u64.slot(), 4096i32.slot())
+        );
+        assert_eq!(c.rope[1], 7i32.slot());
+        let one = qkv_rope_of(&good("mmvq_split1_q4_K"), q, k, v, 2, s).map(|c| c.kernel);
+        assert_eq!(one, Some("mmvq_split1_qkv_rope_q4_K"));
+        // Anything else stays as it was.
+        let ropes = |m: Launch| vec![m, rope(q, 4, 2), rope(k, 2, 2)];
+        let bad = [
+            vec![
+                mm("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 2),
+                rope(q, 4, 2),
+            ],
+            ropes(mm("mmvq_split_q8_0", [q, v, k], [256, 128, 128], 2)),
+            ropes(mm("mmvq_split_q8_0", [q, k, v], [256, 128, 64], 2)),
+            ropes(mm("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 1)),
+            ropes(mm("mmvq_multi_q8_0", [q, k, v], [256, 128, 128], 2)),
+            vec![rope(q, 4, 2), rope(k, 2, 2)],
+            good("mmvq_split_q8_0")[..1].to_vec(),
+        ];
+        for held in bad {
+            let names: Vec<_> = held.iter().map(|l| l.name).collect();
+            assert!(qkv_rope_of(&held, q, k, v, 2, s).is_none(), "{names:?}");
+        }
+    }
+
     /// The held gate / up launch swiglu fuses: exactly one split matrix-vector launch of two
     /// weights of the SwiGLU's width writing its g and u for its tokens; its weights,
     /// activations and k carried over, the one-token kernel for the one-token launch.
@@ -2735,10 +2970,16 @@ mod tests {
                 continue;
             };
             n += 1;
-            let mut names = vec![sk.mmvq, sk.mmvq1, sk.glu, sk.glu1];
-            // The fused gate / up / SwiGLU kernels are the type's own.
+            let mut names = vec![sk.mmvq, sk.mmvq1, sk.glu, sk.glu1, sk.qkv, sk.qkv1];
+            // The fused kernels are the type's own.
             assert_eq!(sk.glu, sk.mmvq.replace("split_", "split_glu_"), "{ty}");
             assert_eq!(sk.glu1, sk.mmvq1.replace("split1_", "split1_glu_"), "{ty}");
+            assert_eq!(sk.qkv, sk.mmvq.replace("split_", "split_qkv_rope_"), "{ty}");
+            assert_eq!(
+                sk.qkv1,
+                sk.mmvq1.replace("split1_", "split1_qkv_rope_"),
+                "{ty}"
+            );
             match sk.rewrite {
                 Some(rw) => {
                     assert!(rw.sb > 0 && rw.qb() > 0, "{ty}");
