@@ -256,7 +256,7 @@ s_ncu() {
     OATO_CUDA_GRAPHS=0 timeout 150 "$ncu" --launch-skip 700 --launch-count 45 $NCU_SECTIONS --csv \
         "$OATO" run "$MODEL8" --device gpu -p hello -n 3 --temp 0 --ignore-eos -t "$THREADS" \
         > "$RES/ncu-oato.csv" 2> "$RES/ncu-oato.err" || echo "ncu on oato: exit $?"
-    echo "== oato (OATO_CUDA_SPLIT=1, OATO_CUDA_GRAPHS=0): the split layout's matrix-vector kernels, 16 launches"
+    echo "== oato (OATO_CUDA_SPLIT=1, OATO_CUDA_GRAPHS=0): the split layout's matrix-vector kernels (the fused glu / qkv_rope ones too), 16 launches"
     # shellcheck disable=SC2086
     OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 timeout 100 "$ncu" --kernel-name regex:mmvq_split \
         --launch-skip 140 --launch-count 16 $NCU_SECTIONS --csv \
@@ -278,7 +278,7 @@ s_ncu() {
             > "$RES/ncu-llamacpp.csv" 2> "$RES/ncu-llamacpp.err" || echo "ncu on llama.cpp: exit $?"
     fi
     # The table's essentials: kernel, grid, block, duration, DRAM throughput, occupancy.
-    python3 - "$RES"/ncu-oato.csv "$RES"/ncu-oato-pipe.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
+    python3 - "$RES"/ncu-oato.csv "$RES"/ncu-oato-split.csv "$RES"/ncu-oato-pipe.csv "$RES"/ncu-llamacpp.csv <<'PY' || true
 import csv, sys, collections
 want = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Registers Per Thread",
         "Static Shared Memory Per Block", "Memory Throughput", "Warp Cycles Per Issued Instruction")
