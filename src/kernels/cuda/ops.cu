@@ -356,16 +356,24 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int e = 0; e < ATT_MAX_E; ++e) acc[e] = 0.0f;
 
     for (int j0 = warp * ATT_TILE; j0 < n_kv; j0 += n_warps * ATT_TILE) {
-        // Scores of positions j0..j0 + 8 (those past n_kv: -inf). Branches are warp-uniform.
+        // The tile's V rows are loaded with its K rows, before the scores' shuffles, so the
+        // tile waits for the memory once (at short contexts, 32 blocks of a decode step, that
+        // wait is the kernel's time; read from the code, not timed). Then the scores of positions
+        // j0..j0 + 8 (those past n_kv: -inf). Branches are warp-uniform.
+        __half vt[ATT_TILE][ATT_MAX_E];
         float s[ATT_TILE];
 #pragma unroll
         for (int p = 0; p < ATT_TILE; ++p) {
             float part = 0.0f;
             if (j0 + p < n_kv) {
                 const __half* kr = kb + (i64)(j0 + p) * kv_stride;
+                const __half* vr = vb + (i64)(j0 + p) * kv_stride;
 #pragma unroll
                 for (int e = 0; e < ATT_MAX_E; ++e) {
-                    if (e < E) part = fmaf(__half2float(kr[32 * e]), qv[e], part);
+                    if (e < E) {
+                        part = fmaf(__half2float(kr[32 * e]), qv[e], part);
+                        vt[p][e] = vr[32 * e];
+                    }
                 }
             }
             s[p] = part;
@@ -388,10 +396,9 @@ extern "C" __global__ void __launch_bounds__(128)
             if (j0 + p < n_kv) {
                 const float pw = expf(s[p] - m_new);
                 l += pw;
-                const __half* vr = vb + (i64)(j0 + p) * kv_stride;
 #pragma unroll
                 for (int e = 0; e < ATT_MAX_E; ++e) {
-                    if (e < E) acc[e] = fmaf(pw, __half2float(vr[32 * e]), acc[e]);
+                    if (e < E) acc[e] = fmaf(pw, __half2float(vt[p][e]), acc[e]);
                 }
             }
         }
