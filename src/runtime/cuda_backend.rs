@@ -224,8 +224,16 @@ pub struct CudaBackend {
 
 /// Launches kernel `$name` with `grid` and `block` (at once, or deferred to the end of a decode
 /// segment: cuda_graphs.rs); each argument is typed as the kernel declares it. `launch!(hold
-/// ...)` holds the launch back for a fusion with the next one (`Launcher::hold`).
+/// ...)` holds the launch back for a fusion with the next one (`Launcher::hold`);
+/// `launch!(hold if COND, ...)` holds it when COND is true.
 macro_rules! launch {
+    (hold if $c:expr, $s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),* $(,)?) => {{
+        if $c {
+            launch!(@call hold, $s, $name, $grid, $block; $($arg: $ty = $val),*)
+        } else {
+            launch!(@call launch, $s, $name, $grid, $block; $($arg: $ty = $val),*)
+        }
+    }};
     (hold $s:expr, $name:expr, $grid:expr, $block:expr; $($arg:ident : $ty:ty = $val:expr),* $(,)?) => {{
         launch!(@call hold, $s, $name, $grid, $block; $($arg: $ty = $val),*)
     }};
@@ -2088,19 +2096,11 @@ impl Backend for CudaBackend {
                         && ws.len() == 3
                         && end - j == 3
                         && FUSE_Q8.load(Ordering::Relaxed);
-                    if glu || qkv {
-                        launch!(hold self, kernel, grid, (32, 4, 1);
-                            w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
-                            d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
-                            k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
-                            t_: i32 = n_tok as i32);
-                    } else {
-                        launch!(self, kernel, grid, (32, 4, 1);
-                            w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
-                            d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
-                            k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
-                            t_: i32 = n_tok as i32);
-                    }
+                    launch!(hold if glu || qkv, self, kernel, grid, (32, 4, 1);
+                        w0: u64 = wp[0], w1: u64 = wp[1], w2: u64 = wp[2], a: u64 = aq,
+                        d: u64 = ads, y0: u64 = yp[0], y1: u64 = yp[1], y2: u64 = yp[2],
+                        k_: i32 = k as i32, n0: i32 = n[0], n1: i32 = n[1], n2: i32 = n[2],
+                        t_: i32 = n_tok as i32);
                     j = end;
                 }
                 if split.iter().all(Option::is_some) {
