@@ -453,83 +453,79 @@ pub fn split_kernels(ty: GgmlType) -> bool {
     split_kernels_of(ty).is_some()
 }
 
+/// split.cu's decode kernels of the type whose kernel names end in `$s` (its
+/// SPLIT_DECODE_KERNELS): (mmvq, mmvq1, glu, glu1, qkv, qkv1).
+macro_rules! split_decode_names {
+    ($s:literal) => {
+        (
+            concat!("mmvq_split_", $s),
+            concat!("mmvq_split1_", $s),
+            concat!("mmvq_split_glu_", $s),
+            concat!("mmvq_split1_glu_", $s),
+            concat!("mmvq_split_qkv_rope_", $s),
+            concat!("mmvq_split1_qkv_rope_", $s),
+        )
+    };
+}
+
+/// split.cu's kernel list for `KERNELS`: the kernels named, then every type's decode kernels
+/// (`split_decode_names`).
+macro_rules! split_cu_kernels {
+    ([$($k:literal),* $(,)?]; $($s:literal),*) => {
+        &[
+            $($k,)*
+            $(
+                concat!("mmvq_split_", $s),
+                concat!("mmvq_split1_", $s),
+                concat!("mmvq_split_glu_", $s),
+                concat!("mmvq_split1_glu_", $s),
+                concat!("mmvq_split_qkv_rope_", $s),
+                concat!("mmvq_split1_qkv_rope_", $s),
+            )*
+        ]
+    };
+}
+
+/// The types split.cu takes (its SPLIT_DECODE_KERNELS).
+const SPLIT_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q8_0,
+    GgmlType::Q6_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+];
+
 fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
     use GgmlType as T;
-    // (kernel, kernel for one token, (scale bytes, repack, dequantisation) when rewritten)
-    let (mmvq, mmvq1, rewrite) = match ty {
+    // (decode kernels, (scale bytes, repack, dequantisation) when rewritten)
+    let (names, rewrite) = match ty {
         T::Q4_0 => (
-            "mmvq_split_q4_0",
-            "mmvq_split1_q4_0",
+            split_decode_names!("q4_0"),
             Some((2, "split_blocks_16", "dequant_split_q4_0_f16")),
         ),
         T::Q4_1 => (
-            "mmvq_split_q4_1",
-            "mmvq_split1_q4_1",
+            split_decode_names!("q4_1"),
             Some((4, "split_blocks_16m", "dequant_split_q4_1_f16")),
         ),
         T::IQ4_NL => (
-            "mmvq_split_iq4_nl",
-            "mmvq_split1_iq4_nl",
+            split_decode_names!("iq4_nl"),
             Some((2, "split_blocks_16", "dequant_split_iq4_nl_f16")),
         ),
         T::Q8_0 => (
-            "mmvq_split_q8_0",
-            "mmvq_split1_q8_0",
+            split_decode_names!("q8_0"),
             Some((2, "split_blocks_32", "dequant_split_q8_0_f16")),
         ),
         T::Q6_K => (
-            "mmvq_split_q6_K",
-            "mmvq_split1_q6_K",
+            split_decode_names!("q6_K"),
             Some((2, "split_blocks_208", "dequant_split_q6_K_f16")),
         ),
-        T::Q4_K => ("mmvq_split_q4_K", "mmvq_split1_q4_K", None),
-        T::Q5_K => ("mmvq_split_q5_K", "mmvq_split1_q5_K", None),
+        T::Q4_K => (split_decode_names!("q4_K"), None),
+        T::Q5_K => (split_decode_names!("q5_K"), None),
         _ => return None,
     };
-    let (glu, glu1, qkv, qkv1) = match ty {
-        T::Q4_0 => (
-            "mmvq_split_glu_q4_0",
-            "mmvq_split1_glu_q4_0",
-            "mmvq_split_qkv_rope_q4_0",
-            "mmvq_split1_qkv_rope_q4_0",
-        ),
-        T::Q4_1 => (
-            "mmvq_split_glu_q4_1",
-            "mmvq_split1_glu_q4_1",
-            "mmvq_split_qkv_rope_q4_1",
-            "mmvq_split1_qkv_rope_q4_1",
-        ),
-        T::IQ4_NL => (
-            "mmvq_split_glu_iq4_nl",
-            "mmvq_split1_glu_iq4_nl",
-            "mmvq_split_qkv_rope_iq4_nl",
-            "mmvq_split1_qkv_rope_iq4_nl",
-        ),
-        T::Q8_0 => (
-            "mmvq_split_glu_q8_0",
-            "mmvq_split1_glu_q8_0",
-            "mmvq_split_qkv_rope_q8_0",
-            "mmvq_split1_qkv_rope_q8_0",
-        ),
-        T::Q6_K => (
-            "mmvq_split_glu_q6_K",
-            "mmvq_split1_glu_q6_K",
-            "mmvq_split_qkv_rope_q6_K",
-            "mmvq_split1_qkv_rope_q6_K",
-        ),
-        T::Q4_K => (
-            "mmvq_split_glu_q4_K",
-            "mmvq_split1_glu_q4_K",
-            "mmvq_split_qkv_rope_q4_K",
-            "mmvq_split1_qkv_rope_q4_K",
-        ),
-        _ => (
-            "mmvq_split_glu_q5_K",
-            "mmvq_split1_glu_q5_K",
-            "mmvq_split_qkv_rope_q5_K",
-            "mmvq_split1_qkv_rope_q5_K",
-        ),
-    };
+    let (mmvq, mmvq1, glu, glu1, qkv, qkv1) = names;
     Some(SplitKernels {
         mmvq,
         mmvq1,
@@ -552,34 +548,55 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
 static GLU: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_GLU"));
 
-/// The fused kernel `pick` gives (for eight tokens, for one) of the split type whose
-/// matrix-vector kernel is `name` (mmvq_split_<type>: the first, mmvq_split1_<type>: the second).
-fn split_fused(
-    name: &str,
-    pick: impl Fn(&SplitKernels) -> (&'static str, &'static str),
-) -> Option<&'static str> {
-    use GgmlType as T;
-    [
-        T::Q4_0,
-        T::Q4_1,
-        T::IQ4_NL,
-        T::Q8_0,
-        T::Q6_K,
-        T::Q4_K,
-        T::Q5_K,
-    ]
-    .into_iter()
-    .filter_map(split_kernels_of)
-    .find_map(|sk| {
-        let (many, one) = pick(&sk);
-        if name == sk.mmvq {
-            Some(many)
-        } else if name == sk.mmvq1 {
-            Some(one)
-        } else {
-            None
-        }
-    })
+/// A held split matrix-vector launch (mmvq_split_<type>, mmvq_split1_<type>) as it was made:
+/// the fused kernel `pick` gives for its type (for eight tokens, for one), its weights,
+/// activations (quants, scales) and k as passed on, and its outputs, rows and tokens to match.
+struct HeldSplit {
+    fused: &'static str,
+    w: [[u8; 8]; 3],
+    aq: [u8; 8],
+    ads: [u8; 8],
+    k: [u8; 8],
+    y: [[u8; 8]; 3],
+    rows: [[u8; 8]; 3],
+    n_tok: [u8; 8],
+}
+
+impl HeldSplit {
+    fn of(
+        l: &Launch,
+        pick: impl Fn(&SplitKernels) -> (&'static str, &'static str),
+    ) -> Option<Self> {
+        let fused = SPLIT_TYPES
+            .into_iter()
+            .filter_map(split_kernels_of)
+            .find_map(|sk| {
+                let (many, one) = pick(&sk);
+                (l.name == sk.mmvq)
+                    .then_some(many)
+                    .or((l.name == sk.mmvq1).then_some(one))
+            })?;
+        // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
+        let a: &[[u8; 8]; 13] = l.args.as_slice().try_into().ok()?;
+        Some(HeldSplit {
+            fused,
+            w: [a[0], a[1], a[2]],
+            aq: a[3],
+            ads: a[4],
+            y: [a[5], a[6], a[7]],
+            k: a[8],
+            rows: [a[9], a[10], a[11]],
+            n_tok: a[12],
+        })
+    }
+
+    /// Whether it wrote `y` (the first places, in order) with `rows` rows each (0: an empty
+    /// place) for `n_tok` tokens.
+    fn wrote(&self, y: &[u64], rows: [usize; 3], n_tok: usize) -> bool {
+        y.iter().zip(&self.y).all(|(p, s)| p.slot() == *s)
+            && rows.map(|r| (r as i32).slot()) == self.rows
+            && (n_tok as i32).slot() == self.n_tok
+    }
 }
 
 /// Whether decode's q, k and v products in the split layout (one launch), their RoPE and the
@@ -588,21 +605,10 @@ fn split_fused(
 static QKV_ROPE: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_QKV_ROPE"));
 
-/// What mmvq_split_qkv_rope takes over from a held q / k / v launch and the two held RoPEs: the
-/// fused kernel, the weights, activations and k as the q / k / v launch passed them, and the
-/// RoPE arguments as `fused_rope` gives them.
-struct QkvCall {
-    kernel: &'static str,
-    w: [[u8; 8]; 3],
-    aq: [u8; 8],
-    ads: [u8; 8],
-    k: [u8; 8],
-    rope: [[u8; 8]; 7],
-}
-
-/// The fused call for `held` when it is exactly one split matrix-vector launch of three weights
-/// writing `q`, `k` and `v` (the attention's q, k and v rows for `n_tok` tokens of shape `s`),
-/// then the RoPE of q and k that `fused_rope` takes.
+/// The held q / k / v launch that mmvq_split_qkv_rope takes over with the two held RoPEs after
+/// it, and the RoPE arguments as `fused_rope` gives them: when `held` is exactly one split
+/// matrix-vector launch of three weights writing `q`, `k` and `v` (the attention's rows for
+/// `n_tok` tokens of shape `s`), then the RoPE of q and k that `fused_rope` takes.
 fn qkv_rope_of(
     held: &[Launch],
     q: u64,
@@ -610,64 +616,21 @@ fn qkv_rope_of(
     v: u64,
     n_tok: usize,
     s: AttnShape,
-) -> Option<QkvCall> {
+) -> Option<(HeldSplit, [[u8; 8]; 7])> {
     let [l, ropes @ ..] = held else { return None };
     let rope = fused_rope(ropes, q, k, n_tok, s)?;
-    let kernel = split_fused(l.name, |sk| (sk.qkv, sk.qkv1))?;
-    let (nq, nkv) = (
-        (s.n_head * s.head_dim) as i32,
-        (s.n_head_kv * s.head_dim) as i32,
-    );
-    // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
-    let a = &l.args;
-    let ok = a.len() == 13
-        && s.head_dim.is_multiple_of(32)
-        && a[5..8] == [q.slot(), k.slot(), v.slot()]
-        && a[9..13] == [nq.slot(), nkv.slot(), nkv.slot(), (n_tok as i32).slot()];
-    ok.then_some(QkvCall {
-        kernel,
-        w: [a[0], a[1], a[2]],
-        aq: a[3],
-        ads: a[4],
-        k: a[8],
-        rope,
-    })
+    let h = HeldSplit::of(l, |sk| (sk.qkv, sk.qkv1))?;
+    let (nq, nkv) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    (s.head_dim.is_multiple_of(32) && h.wrote(&[q, k, v], [nq, nkv, nkv], n_tok))
+        .then_some((h, rope))
 }
 
-/// What mmvq_split_glu takes over from a held gate / up launch: the fused kernel and the held
-/// launch's weights (gate, up), activations (quants, scales) and k, as it passed them.
-struct GluCall {
-    kernel: &'static str,
-    wg: [u8; 8],
-    wu: [u8; 8],
-    aq: [u8; 8],
-    ads: [u8; 8],
-    k: [u8; 8],
-}
-
-/// The fused call for `held` when it is exactly one split matrix-vector launch of two weights
-/// of `width` rows writing `g` and `u` for `n_tok` tokens (the matmul's held gate and up): what
-/// `swiglu` replaces with mmvq_split_glu.
-fn glu_of(held: &[Launch], g: u64, u: u64, width: usize, n_tok: usize) -> Option<GluCall> {
+/// The held gate / up launch that mmvq_split_glu takes over: when `held` is exactly one split
+/// matrix-vector launch of two weights of `width` rows writing `g` and `u` for `n_tok` tokens.
+fn glu_of(held: &[Launch], g: u64, u: u64, width: usize, n_tok: usize) -> Option<HeldSplit> {
     let [l] = held else { return None };
-    let kernel = split_fused(l.name, |sk| (sk.glu, sk.glu1))?;
-    // mmvq_split's arguments: w0 w1 w2 aq ads y0 y1 y2 k n0 n1 n2 n_tok.
-    let a = &l.args;
-    let ok = a.len() == 13
-        && a[5] == g.slot()
-        && a[6] == u.slot()
-        && a[9] == (width as i32).slot()
-        && a[10] == (width as i32).slot()
-        && a[11] == 0i32.slot()
-        && a[12] == (n_tok as i32).slot();
-    ok.then_some(GluCall {
-        kernel,
-        wg: a[0],
-        wu: a[1],
-        aq: a[3],
-        ads: a[4],
-        k: a[8],
-    })
+    let h = HeldSplit::of(l, |sk| (sk.glu, sk.glu1))?;
+    h.wrote(&[g, u], [width, width, 0], n_tok).then_some(h)
 }
 
 /// Whether the decode matmuls of two or three quantised weights of one type that read one input
@@ -990,59 +953,20 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ),
     (
         "split.cu",
-        &[
-            "split_blocks_16",
-            "split_blocks_16m",
-            "split_blocks_32",
-            "split_blocks_208",
-            "mmvq_split_q4_0",
-            "mmvq_split_q4_1",
-            "mmvq_split_iq4_nl",
-            "mmvq_split_q8_0",
-            "mmvq_split_q6_K",
-            "mmvq_split_q4_K",
-            "mmvq_split_q5_K",
-            "mmvq_split1_q4_0",
-            "mmvq_split1_q4_1",
-            "mmvq_split1_iq4_nl",
-            "mmvq_split1_q8_0",
-            "mmvq_split1_q6_K",
-            "mmvq_split1_q4_K",
-            "mmvq_split1_q5_K",
-            "mmvq_split_glu_q4_0",
-            "mmvq_split_glu_q4_1",
-            "mmvq_split_glu_iq4_nl",
-            "mmvq_split_glu_q8_0",
-            "mmvq_split_glu_q6_K",
-            "mmvq_split_glu_q4_K",
-            "mmvq_split_glu_q5_K",
-            "mmvq_split1_glu_q4_0",
-            "mmvq_split1_glu_q4_1",
-            "mmvq_split1_glu_iq4_nl",
-            "mmvq_split1_glu_q8_0",
-            "mmvq_split1_glu_q6_K",
-            "mmvq_split1_glu_q4_K",
-            "mmvq_split1_glu_q5_K",
-            "mmvq_split_qkv_rope_q4_0",
-            "mmvq_split_qkv_rope_iq4_nl",
-            "mmvq_split_qkv_rope_q4_1",
-            "mmvq_split_qkv_rope_q8_0",
-            "mmvq_split_qkv_rope_q6_K",
-            "mmvq_split_qkv_rope_q4_K",
-            "mmvq_split_qkv_rope_q5_K",
-            "mmvq_split1_qkv_rope_q4_0",
-            "mmvq_split1_qkv_rope_iq4_nl",
-            "mmvq_split1_qkv_rope_q4_1",
-            "mmvq_split1_qkv_rope_q8_0",
-            "mmvq_split1_qkv_rope_q6_K",
-            "mmvq_split1_qkv_rope_q4_K",
-            "mmvq_split1_qkv_rope_q5_K",
-            "dequant_split_q4_0_f16",
-            "dequant_split_q4_1_f16",
-            "dequant_split_iq4_nl_f16",
-            "dequant_split_q8_0_f16",
-            "dequant_split_q6_K_f16",
-        ],
+        split_cu_kernels!(
+            [
+                "split_blocks_16",
+                "split_blocks_16m",
+                "split_blocks_32",
+                "split_blocks_208",
+                "dequant_split_q4_0_f16",
+                "dequant_split_q4_1_f16",
+                "dequant_split_iq4_nl_f16",
+                "dequant_split_q8_0_f16",
+                "dequant_split_q6_K_f16",
+            ];
+            "q4_0", "q4_1", "iq4_nl", "q8_0", "q6_K", "q4_K", "q5_K"
+        ),
     ),
     (
         "mmq.cu",
@@ -1343,9 +1267,8 @@ impl CudaBackend {
         let p = self.grow(&mut s.row_counters, count * 4)?;
         if fresh {
             let len = s.row_counters.as_ref().map_or(0, |(b, _)| b.len());
-            // Ordered after the launches issued so far (grow flushed them) and before the ones
-            // that follow on this stream.
-            self.launcher.flush()?;
+            // After the launches issued so far (grow flushed them before allocating) and before
+            // the ones that follow on this stream.
             // SAFETY: `p` is the start of a live allocation of `len` bytes on this context.
             unsafe { cudarc::driver::result::memset_d8_async(p, 0, len, self.stream.cu_stream()) }
                 .map_err(drv("memset"))?;
@@ -2454,14 +2377,13 @@ impl Backend for CudaBackend {
         // q's and k's RoPE, held by `rope`, fused with the store when they are exactly that;
         // with the q / k / v products too when the matmul held them as one split launch.
         let mut held = self.launcher.take_held()?;
-        if let Some(c) = qkv_rope_of(&held, qp, ks, vs, n, s) {
+        if let Some((c, r)) = qkv_rope_of(&held, qp, ks, vs, n, s) {
             let counters = {
                 let mut sc = self.scratch()?;
                 self.row_counters(&mut sc, s.n_head + 2 * s.n_head_kv)?
             };
             let rows = (s.n_head + 2 * s.n_head_kv) * s.head_dim;
-            let r = c.rope;
-            launch!(self, c.kernel, (rows.div_ceil(4) as u32, 1, 1), (32, 4, 1);
+            launch!(self, c.fused, (rows.div_ceil(4) as u32, 1, 1), (32, 4, 1);
                 w0: [u8; 8] = c.w[0], w1: [u8; 8] = c.w[1], w2: [u8; 8] = c.w[2],
                 a: [u8; 8] = c.aq, d: [u8; 8] = c.ads, y0: u64 = qp, y1: u64 = ks, y2: u64 = vs,
                 ck: u64 = kc, cv: u64 = vc, cn: u64 = counters, k_: [u8; 8] = c.k,
@@ -2470,10 +2392,10 @@ impl Backend for CudaBackend {
                 p0: [u8; 8] = r[1], base: [u8; 8] = r[2], scale: [u8; 8] = r[3],
                 neox: [u8; 8] = r[4], f: [u8; 8] = r[5], off: [u8; 8] = r[6]);
         } else if let Some(rope) = {
-            // A launch held before the two RoPEs (the q / k / v products) is issued first.
-            if held.len() == 3 && fused_rope(&held[1..], qp, ks, n, s).is_some() {
-                let first = held.remove(0);
-                self.launcher.unhold(vec![first])?;
+            // Launches held before the two RoPEs (the q / k / v products) are issued first.
+            let ropes = held.len().saturating_sub(2);
+            if ropes > 0 && fused_rope(&held[ropes..], qp, ks, n, s).is_some() {
+                self.launcher.unhold(held.drain(..ropes).collect())?;
             }
             fused_rope(&held, qp, ks, n, s)
         } {
@@ -2582,8 +2504,8 @@ impl Backend for CudaBackend {
                 s.q8s_at = other;
                 s.q8s_holds = Some((gp, n));
                 let counters = self.row_counters(&mut s, width / 32)?;
-                launch!(self, c.kernel, (width.div_ceil(4) as u32, 1, 1), (32, 4, 1);
-                    wg: [u8; 8] = c.wg, wu: [u8; 8] = c.wu, a: [u8; 8] = c.aq,
+                launch!(self, c.fused, (width.div_ceil(4) as u32, 1, 1), (32, 4, 1);
+                    wg: [u8; 8] = c.w[0], wu: [u8; 8] = c.w[1], a: [u8; 8] = c.aq,
                     d: [u8; 8] = c.ads, g_: u64 = gp, u_: u64 = up, qq: u64 = q, sq: u64 = saq,
                     sd: u64 = sads, cn: u64 = counters, k_: [u8; 8] = c.k,
                     n_: i32 = width as i32, t_: i32 = n_tok as i32);
@@ -2755,6 +2677,23 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// A split matrix-vector launch `name` with weights 11, 12, 13, activations 14, 15 and
+    /// k = 4096, writing `y` (`n` rows each) for `t` tokens, as the matmul makes it.
+    fn split_launch(name: &'static str, y: [u64; 3], n: [i32; 3], t: i32) -> Launch {
+        let mut a = vec![
+            11u64.slot(),
+            12u64.slot(),
+            13u64.slot(),
+            14u64.slot(),
+            15u64.slot(),
+        ];
+        a.extend(y.map(|p| p.slot()));
+        a.push(4096i32.slot());
+        a.extend(n.map(|r| r.slot()));
+        a.push(t.slot());
+        Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (32, 4, 1), &a)
+    }
+
     /// The held launches attention fuses with q / k / v: one split matrix-vector launch of three
     /// weights writing its q, k and v rows (n_head and n_head_kv heads), then the two RoPEs
     /// `fused_rope` takes; its weights, activations, k and the RoPE arguments carried over.
@@ -2766,20 +2705,6 @@ mod tests {
             head_dim: 64,
         };
         let (q, k, v) = (0x1000u64, 0x2000u64, 0x3000u64);
-        let mm = |name, y: [u64; 3], n: [i32; 3], t: i32| {
-            let mut a = vec![
-                11u64.slot(),
-                12u64.slot(),
-                13u64.slot(),
-                14u64.slot(),
-                15u64.slot(),
-            ];
-            a.extend(y.map(|p| p.slot()));
-            a.push(4096i32.slot());
-            a.extend(n.map(|r| r.slot()));
-            a.push(t.slot());
-            Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (32, 4, 1), &a)
-        };
         let rope = |x: u64, heads: i32, t: i32| {
             let args = [
                 x.slot(),
@@ -2802,34 +2727,30 @@ mod tests {
                 &args,
             )
         };
-        let good = |name| {
-            vec![
-                mm(name, [q, k, v], [256, 128, 128], 2),
-                rope(q, 4, 2),
-                rope(k, 2, 2),
-            ]
-        };
-        let c = qkv_rope_of(&good("mmvq_split_q8_0"), q, k, v, 2, s).expect("q, k, v and ropes");
-        assert_eq!(c.kernel, "mmvq_split_qkv_rope_q8_0");
+        let ropes = |m: Launch| vec![m, rope(q, 4, 2), rope(k, 2, 2)];
+        // A q / k / v launch and the two RoPEs after it.
+        let held3 = |name, y, n, t| ropes(split_launch(name, y, n, t));
+        let good = |name| held3(name, [q, k, v], [256, 128, 128], 2);
+        let (c, r) = qkv_rope_of(&good("mmvq_split_q8_0"), q, k, v, 2, s).expect("q, k, v, ropes");
+        assert_eq!(c.fused, "mmvq_split_qkv_rope_q8_0");
         assert_eq!(c.w, [11u64.slot(), 12u64.slot(), 13u64.slot()]);
         assert_eq!(
             (c.aq, c.ads, c.k),
             (14u64.slot(), 15u64.slot(), 4096i32.slot())
         );
-        assert_eq!(c.rope[1], 7i32.slot());
-        let one = qkv_rope_of(&good("mmvq_split1_q4_K"), q, k, v, 2, s).map(|c| c.kernel);
+        assert_eq!(r[1], 7i32.slot());
+        let one = qkv_rope_of(&good("mmvq_split1_q4_K"), q, k, v, 2, s).map(|c| c.0.fused);
         assert_eq!(one, Some("mmvq_split1_qkv_rope_q4_K"));
         // Anything else stays as it was.
-        let ropes = |m: Launch| vec![m, rope(q, 4, 2), rope(k, 2, 2)];
         let bad = [
             vec![
-                mm("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 2),
+                split_launch("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 2),
                 rope(q, 4, 2),
             ],
-            ropes(mm("mmvq_split_q8_0", [q, v, k], [256, 128, 128], 2)),
-            ropes(mm("mmvq_split_q8_0", [q, k, v], [256, 128, 64], 2)),
-            ropes(mm("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 1)),
-            ropes(mm("mmvq_multi_q8_0", [q, k, v], [256, 128, 128], 2)),
+            held3("mmvq_split_q8_0", [q, v, k], [256, 128, 128], 2),
+            held3("mmvq_split_q8_0", [q, k, v], [256, 128, 64], 2),
+            held3("mmvq_split_q8_0", [q, k, v], [256, 128, 128], 1),
+            held3("mmvq_multi_q8_0", [q, k, v], [256, 128, 128], 2),
             vec![rope(q, 4, 2), rope(k, 2, 2)],
             good("mmvq_split_q8_0")[..1].to_vec(),
         ];
@@ -2844,98 +2765,48 @@ mod tests {
     /// activations and k carried over, the one-token kernel for the one-token launch.
     #[test]
     fn glu_takes_only_the_held_gate_and_up_of_its_swiglu() {
-        let args = |y0: u64, y1: u64, n0: i32, n1: i32, n2: i32, t: i32| -> Vec<[u8; 8]> {
-            let mut a = vec![
-                11u64.slot(),
-                12u64.slot(),
-                11u64.slot(),
-                13u64.slot(),
-                14u64.slot(),
-            ];
-            a.extend([y0.slot(), y1.slot(), y0.slot(), 4096i32.slot()]);
-            a.extend([n0.slot(), n1.slot(), n2.slot(), t.slot()]);
-            a
+        let (g, u) = (100u64, 200u64);
+        // Gate and up as the matmul launches them: the empty third place points at the first.
+        let gate_up = |name, n0: i32, n1: i32, n2: i32, t: i32| {
+            split_launch(name, [g, u, g], [n0, n1, n2], t)
         };
-        let l = |name, a: Vec<[u8; 8]>| {
-            Launch::new(std::ptr::null_mut(), name, (1, 1, 1), (32, 4, 1), &a)
-        };
-        let held = [l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))];
-        let c = glu_of(&held, 100, 200, 64, 3).expect("gate and up of this swiglu");
-        assert_eq!(c.kernel, "mmvq_split_glu_q4_0");
+        let held = [gate_up("mmvq_split_q4_0", 64, 64, 0, 3)];
+        let c = glu_of(&held, g, u, 64, 3).expect("gate and up of this swiglu");
+        assert_eq!(c.fused, "mmvq_split_glu_q4_0");
         assert_eq!(
-            (c.wg, c.wu, c.aq, c.ads),
-            (11u64.slot(), 12u64.slot(), 13u64.slot(), 14u64.slot())
+            (c.w[0], c.w[1], c.aq, c.ads),
+            (11u64.slot(), 12u64.slot(), 14u64.slot(), 15u64.slot())
         );
         assert_eq!(c.k, 4096i32.slot());
-        let one = [l("mmvq_split1_q6_K", args(100, 200, 64, 64, 0, 1))];
+        let one = [gate_up("mmvq_split1_q6_K", 64, 64, 0, 1)];
         assert_eq!(
-            glu_of(&one, 100, 200, 64, 1).map(|c| c.kernel),
+            glu_of(&one, g, u, 64, 1).map(|c| c.fused),
             Some("mmvq_split1_glu_q6_K")
         );
-        // Anything else stays as it was.
-        for (held, g, u, w, t) in [
-            (
-                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))],
-                100,
-                300,
-                64,
-                3,
-            ),
-            (
-                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3))],
-                100,
-                200,
-                64,
-                2,
-            ),
-            (
-                vec![l("mmvq_split_q4_0", args(100, 200, 64, 64, 8, 3))],
-                100,
-                200,
-                64,
-                3,
-            ),
-            (
-                vec![l("mmvq_split_q4_0", args(100, 200, 64, 32, 0, 3))],
-                100,
-                200,
-                64,
-                3,
-            ),
-            (
-                vec![l("mmvq_multi_q4_0", args(100, 200, 64, 64, 0, 3))],
-                100,
-                200,
-                64,
-                3,
-            ),
-            (
-                vec![l(
-                    "add_f32",
-                    vec![100u64.slot(), 200u64.slot(), 64i64.slot()],
-                )],
-                100,
-                200,
-                64,
-                3,
-            ),
-            (
-                vec![
-                    l("mmvq_split_q4_0", args(100, 200, 64, 64, 0, 3)),
-                    l("add_f32", vec![100u64.slot(), 200u64.slot(), 64i64.slot()]),
-                ],
-                100,
-                200,
-                64,
-                3,
-            ),
-            (vec![], 100, 200, 64, 3),
+        // Anything else stays as it was: another u or token count for this swiglu, a third
+        // weight, rows of another width, another kernel, other launches held.
+        let add = || {
+            Launch::new(
+                std::ptr::null_mut(),
+                "add_f32",
+                (1, 1, 1),
+                (256, 1, 1),
+                &[g.slot(), u.slot(), 64i64.slot()],
+            )
+        };
+        let gu = || gate_up("mmvq_split_q4_0", 64, 64, 0, 3);
+        for (held, u_, t) in [
+            (vec![gu()], 300, 3),
+            (vec![gu()], u, 2),
+            (vec![gate_up("mmvq_split_q4_0", 64, 64, 8, 3)], u, 3),
+            (vec![gate_up("mmvq_split_q4_0", 64, 32, 0, 3)], u, 3),
+            (vec![gate_up("mmvq_multi_q4_0", 64, 64, 0, 3)], u, 3),
+            (vec![add()], u, 3),
+            (vec![gu(), add()], u, 3),
+            (vec![], u, 3),
         ] {
-            assert!(
-                glu_of(&held, g, u, w, t).is_none(),
-                "{:?}",
-                held.iter().map(|l| l.name).collect::<Vec<_>>()
-            );
+            let names: Vec<_> = held.iter().map(|l| l.name).collect();
+            assert!(glu_of(&held, g, u_, 64, t).is_none(), "{names:?}");
         }
     }
 

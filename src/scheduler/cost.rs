@@ -865,10 +865,10 @@ pub(crate) struct Pipeline {
     copies: f64,
     /// When the last layer's work is done.
     pub(crate) done: f64,
-    /// When the host started the last layer, and when it left it.
+    /// When the host started the last layer, and when it left it (0 before the first: its
+    /// copies are queued at the start).
     host_start: f64,
     host_end: f64,
-    first: bool,
 }
 
 impl Pipeline {
@@ -879,16 +879,13 @@ impl Pipeline {
             done: 0.0,
             host_start: 0.0,
             host_end: 0.0,
-            first: true,
         }
     }
 
     /// The next layer (or the head): `upload` us of its weights' copies, `compute` us of work,
     /// `host`: a step of it runs on the host.
     pub(crate) fn layer(&mut self, upload: f64, compute: f64, host: bool) {
-        let queued = if self.first {
-            0.0
-        } else if self.prefill {
+        let queued = if self.prefill {
             self.host_start
         } else {
             self.host_end
@@ -904,7 +901,6 @@ impl Pipeline {
         if host {
             self.host_end = self.done;
         }
-        self.first = false;
     }
 }
 

@@ -944,11 +944,18 @@ def check_elementwise(g, kernel):
 
 
 def check_gpu_sleep(g):
-    # No output: the stopwatch's lead-in. It must build and return (the emulator's sleep is a
-    # no-op; on a GPU it waits about `us` microseconds), on any launch shape.
+    # No output: the stopwatch's lead-in (the emulator's sleep is a no-op; on a GPU it waits
+    # about `us` microseconds). It takes one int, as the host passes it: launched so it runs on
+    # any launch shape, and a 64-bit argument is refused (the emulator checks the signature).
+    def runs(grid, block, arg):
+        try:
+            E.launch("gpu_sleep", grid, block, arg)
+            return True
+        except EmuError:
+            return False
     for grid, block in (((1,), (32,)), ((2,), (64,))):
-        E.launch("gpu_sleep", grid, block, i32(3))  # raises (a failed check) if it faults
-        g.true(f"gpu_sleep(3) on {grid[0]} x {block[0]} ran", "gpu_sleep" in E.launched)
+        g.true(f"gpu_sleep(i32 3) on {grid[0]} x {block[0]} runs", runs(grid, block, i32(3)))
+    g.true("gpu_sleep(i64 3) refused: its parameter is an int", not runs((1,), (32,), i64(3)))
 
 
 def check_copy_cols(g):

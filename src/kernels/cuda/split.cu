@@ -221,30 +221,39 @@ SPLIT_BLOCKS_KERNEL(split_blocks_208, 208, 2, 208) // Q6_K
 // ---------------------------------------------------------------------------------------------
 // Decode matrix-vector products.
 
-// Row `row` of the split weight w (n rows of k) times every token's activations: each lane's
-// units (SPLIT_UNROLL loaded before the first is used), the warp's sum, y[t * n + row] written
-// by lane 0. All 32 lanes of the warp call it.
-template <class T, int MAXT>
-__device__ __forceinline__ void split_row(const u8* w, int n, int row, const i8* __restrict__ aq,
-                                          const float2* __restrict__ ads, float* y, int k,
-                                          int n_tok) {
+// Each lane's f32 sums for row `row` of NW split weights w[0..NW) (n rows of k each) times
+// every token's activations: the lane's units in order, SPLIT_UNROLL units of every weight loaded
+// before the first is used (all NW weights' loads in flight together). acc[j][t]: weight j,
+// token t, this lane's part (the warp's sum is the caller's).
+template <class T, int MAXT, int NW>
+__device__ __forceinline__ void split_dots(const u8* const (&w)[NW], int n, int row,
+                                           const i8* __restrict__ aq,
+                                           const float2* __restrict__ ads, int k, int n_tok,
+                                           float (&acc)[NW][MAXT]) {
     const int lane = threadIdx.x;
     const int nb = k / T::qk, units = nb * T::upb;
-    const u8* qs = w + (i64)row * nb * T::qb;
-    const u8* ds = w + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
-    float acc[MAXT];
+    const u8* qs[NW];
+    const u8* ds[NW];
 #pragma unroll
-    for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
+    for (int j = 0; j < NW; ++j) {
+        qs[j] = w[j] + (i64)row * nb * T::qb;
+        ds[j] = w[j] + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) acc[j][t] = 0.0f;
+    }
     for (int u0 = lane; u0 < units; u0 += 32 * SPLIT_UNROLL) {
-        typename T::W q[SPLIT_UNROLL];
-        u32 sc[SPLIT_UNROLL];
+        typename T::W q[NW][SPLIT_UNROLL];
+        u32 sc[NW][SPLIT_UNROLL];
 #pragma unroll
         for (int i = 0; i < SPLIT_UNROLL; ++i) {
             const int u = u0 + 32 * i;
             if (u < units) {
                 const int b = u / T::upb;
-                q[i] = T::load(qs + (i64)b * T::qb, u - b * T::upb);
-                sc[i] = split_scales<T::sb>(ds, b);
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    q[j][i] = T::load(qs[j] + (i64)b * T::qb, u - b * T::upb);
+                    sc[j][i] = split_scales<T::sb>(ds[j], b);
+                }
             }
         }
 #pragma unroll
@@ -255,20 +264,46 @@ __device__ __forceinline__ void split_row(const u8* w, int n, int row, const i8*
 #pragma unroll
                 for (int t = 0; t < MAXT; ++t) {
                     if (t < n_tok) {
-                        acc[t] += T::dot(q[i], sc[i], aq + (i64)t * k + (i64)b * T::qk,
-                                         ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK));
+                        const i8* a = aq + (i64)t * k + (i64)b * T::qk;
+                        const float2* d = ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK);
+#pragma unroll
+                        for (int j = 0; j < NW; ++j) acc[j][t] += T::dot(q[j][i], sc[j][i], a, d);
                     }
                 }
             }
         }
     }
+}
+
+// Row `row` of the split weight w (n rows of k) times every token's activations (split_dots),
+// the warp's sum, y[t * n + row] written by lane 0. All 32 lanes of the warp call it.
+template <class T, int MAXT>
+__device__ __forceinline__ void split_row(const u8* w, int n, int row, const i8* __restrict__ aq,
+                                          const float2* __restrict__ ads, float* y, int k,
+                                          int n_tok) {
+    const u8* const ws[1] = {w};
+    float acc[1][MAXT];
+    split_dots<T, MAXT, 1>(ws, n, row, aq, ads, k, n_tok, acc);
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) {
         if (t < n_tok) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) y[(i64)t * n + row] = v;
+            const float v = warp_sum(acc[0][t]);
+            if (threadIdx.x == 0) y[(i64)t * n + row] = v;
         }
     }
+}
+
+// Whether this warp is the last of `members` to finish its group, by the group's counter: the
+// warp's writes are made visible to the device first, then the counter counts it; the last one
+// is then ordered after every other member's writes, reads them (through L2: __ldcg) and sets
+// the counter back to 0 when done, so counters stay zero between launches. All 32 lanes call it.
+__device__ __forceinline__ bool split_last_warp(u32* counter, unsigned members) {
+    __threadfence();
+    int last = 0;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == members - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) __threadfence();
+    return last;
 }
 
 // Which of up to three weights (n0, n1, n2 rows) this warp's row of the grid falls in, and the
@@ -305,10 +340,8 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
 // ni = 0 is not read, nor its yi); aq, ads: quantize_q8_1_split's [n_tok, k] quants (16-byte
 // aligned) and [n_tok, k / 32] (d, s); yi: [n_tok, ni] f32; 1 <= n_tok <= 8 (else nothing is
 // written); k a multiple of the block size. mmvq_split1_<type>: the same for n_tok = 1 only (one
-// sum a lane: fewer registers than for eight, so more warps fit a multiprocessor). The register
-// bounds (__launch_bounds__ minimum blocks: for one token 8 (Q4_0, IQ4_NL), 6 (Q8_0, Q6_K,
-// Q4_K), 5 (Q5_K: 48 bytes a unit); for eight tokens 4, 2 for Q4_K / Q5_K) keep ptxas from
-// spilling on sm_75..sm_120.
+// sum a lane: fewer registers than for eight, so more warps fit a multiprocessor). Register
+// bounds: SPLIT_DECODE_KERNELS.
 // For Q4_K / Q5_K (no scales array) wi is the file's layout.
 #define MMVQ_SPLIT_KERNEL(name, MAXT, MINB, T)                                                  \
     extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
@@ -318,21 +351,6 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
              int n_tok) {                                                                       \
         mmvq_split_impl<T, MAXT>(w0, w1, w2, aq, ads, y0, y1, y2, k, n0, n1, n2, n_tok);        \
     }
-
-MMVQ_SPLIT_KERNEL(mmvq_split_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q4_1, SPLIT_MAX_TOK, 4, split_q4_1_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q4_K, SPLIT_MAX_TOK, 2, split_q4_K_t)
-MMVQ_SPLIT_KERNEL(mmvq_split_q5_K, SPLIT_MAX_TOK, 2, split_q5_K_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q4_0, 1, 8, split_q4_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_iq4_nl, 1, 8, split_iq4_nl_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q4_1, 1, 8, split_q4_1_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q8_0, 1, 6, split_q8_0_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q6_K, 1, 6, split_q6_K_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q4_K, 1, 6, split_q4_K_t)
-MMVQ_SPLIT_KERNEL(mmvq_split1_q5_K, 1, 5, split_q5_K_t)
 
 // ---------------------------------------------------------------------------------------------
 // q, k and v, their RoPE and the KV store in one launch: decode's attention input when the three
@@ -361,14 +379,9 @@ __device__ __forceinline__ void mmvq_split_qkv_rope_impl(
     const int n = which == 0 ? nq : nkv;
     float* y = which == 0 ? q : which == 1 ? kk : v;
     split_row<T, MAXT>(which == 0 ? w0 : which == 1 ? w1 : w2, n, row, aq, ads, y, k, n_tok);
-    // This row's values are visible to the device before the counter says so.
-    __threadfence();
     const int head = row / head_dim;
     const int c = which == 0 ? head : n_head + (which - 1) * n_head_kv + head;
-    int last = 0;
-    if (threadIdx.x == 0) last = atomicAdd(counters + c, 1u) == (unsigned)head_dim - 1;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return; // whole warp
-    __threadfence();
+    if (!split_last_warp(counters + c, head_dim)) return; // whole warp
     const bool ok = rope_shape_ok(head_dim, n_dims, dim_offset);
     for (int t = 0; t < n_tok; ++t) {
         const i64 at = ((i64)t * (n / head_dim) + head) * head_dim;
@@ -414,26 +427,11 @@ __device__ __forceinline__ void mmvq_split_qkv_rope_impl(
                                           freq_base, freq_scale, neox, ff, dim_offset);         \
     }
 
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_0, SPLIT_MAX_TOK, 4, split_q4_0_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_iq4_nl, SPLIT_MAX_TOK, 4, split_iq4_nl_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_1, SPLIT_MAX_TOK, 4, split_q4_1_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q8_0, SPLIT_MAX_TOK, 4, split_q8_0_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q6_K, SPLIT_MAX_TOK, 4, split_q6_K_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q4_K, SPLIT_MAX_TOK, 2, split_q4_K_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_q5_K, SPLIT_MAX_TOK, 2, split_q5_K_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_0, 1, 8, split_q4_0_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_iq4_nl, 1, 8, split_iq4_nl_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_1, 1, 8, split_q4_1_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q8_0, 1, 6, split_q8_0_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q6_K, 1, 6, split_q6_K_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q4_K, 1, 6, split_q4_K_t)
-MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_q5_K, 1, 5, split_q5_K_t)
-
 // ---------------------------------------------------------------------------------------------
 // Gate, up and SwiGLU in one launch: decode's FFN when gate and up are split weights of one type
 // and SwiGLU runs on the GPU, one launch where there were two (mmvq_split_<type> of gate and up,
-// then swiglu_q8_1). Warp r takes row r of both weights, each unit of each as mmvq_split_impl
-// takes it (the same sums in the same order), and writes u[t, r] = up and g[t, r] =
+// then swiglu_q8_1). Warp r takes row r of both weights (split_dots: the same sums in the same
+// order as mmvq_split), and writes u[t, r] = up and g[t, r] =
 // silu(gate) * up as swiglu_f32 computes it. The last warp of each group of 32 rows to finish
 // (a counter per group: a fence, then atomicAdd; that warp sets the counter back to 0 for the
 // next launch, so the counters stay zero between launches) reads the group's 32 values of g back
@@ -451,61 +449,20 @@ __device__ __forceinline__ void mmvq_split_glu_impl(const u8* wg, const u8* wu,
     const int row = (int)blockIdx.x * SPLIT_ROWS + (int)threadIdx.y;
     if (row >= n) return; // whole warp
     const int lane = threadIdx.x;
-    const int nb = k / T::qk, units = nb * T::upb;
-    const u8* qg = wg + (i64)row * nb * T::qb;
-    const u8* dg = wg + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
-    const u8* qu = wu + (i64)row * nb * T::qb;
-    const u8* du = wu + (i64)n * nb * T::qb + (i64)row * nb * T::sb;
-    float ag[MAXT], au[MAXT];
-#pragma unroll
-    for (int t = 0; t < MAXT; ++t) ag[t] = au[t] = 0.0f;
-    for (int u0 = lane; u0 < units; u0 += 32 * SPLIT_UNROLL) {
-        typename T::W wgq[SPLIT_UNROLL], wuq[SPLIT_UNROLL];
-        u32 scg[SPLIT_UNROLL], scu[SPLIT_UNROLL];
-#pragma unroll
-        for (int i = 0; i < SPLIT_UNROLL; ++i) {
-            const int un = u0 + 32 * i;
-            if (un < units) {
-                const int b = un / T::upb;
-                wgq[i] = T::load(qg + (i64)b * T::qb, un - b * T::upb);
-                wuq[i] = T::load(qu + (i64)b * T::qb, un - b * T::upb);
-                scg[i] = split_scales<T::sb>(dg, b);
-                scu[i] = split_scales<T::sb>(du, b);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < SPLIT_UNROLL; ++i) {
-            const int un = u0 + 32 * i;
-            if (un < units) {
-                const int b = un / T::upb;
-#pragma unroll
-                for (int t = 0; t < MAXT; ++t) {
-                    if (t < n_tok) {
-                        const i8* a = aq + (i64)t * k + (i64)b * T::qk;
-                        const float2* d = ads + (i64)t * (k / QK) + (i64)b * (T::qk / QK);
-                        ag[t] += T::dot(wgq[i], scg[i], a, d);
-                        au[t] += T::dot(wuq[i], scu[i], a, d);
-                    }
-                }
-            }
-        }
-    }
+    const u8* const ws[2] = {wg, wu};
+    float acc[2][MAXT];
+    split_dots<T, MAXT, 2>(ws, n, row, aq, ads, k, n_tok, acc);
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) {
         if (t < n_tok) {
-            const float gv = warp_sum(ag[t]), uv = warp_sum(au[t]);
+            const float gv = warp_sum(acc[0][t]), uv = warp_sum(acc[1][t]);
             if (lane == 0) {
                 u[(i64)t * n + row] = uv;
                 g[(i64)t * n + row] = __fdiv_rn(gv, 1.0f + expf(-gv)) * uv;
             }
         }
     }
-    // This row's values are visible to the device before the counter says so.
-    __threadfence();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(counters + row / QK, 1u) == QK - 1;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return; // whole warp
-    __threadfence();
+    if (!split_last_warp(counters + row / QK, QK)) return; // whole warp
     const int r0 = row / QK * QK;
     for (int t = 0; t < n_tok; ++t) {
         const i64 at = (i64)t * n + r0;
@@ -519,8 +476,7 @@ __device__ __forceinline__ void mmvq_split_glu_impl(const u8* wg, const u8* wu,
 // [n_tok, n] f32; q: [n_tok * n / 32] block_q8_1 (4-byte aligned) and saq, sads: [n_tok * n] i8
 // and [n_tok * n / 32] float2, each null when not wanted (sads with saq); counters: n / 32 u32,
 // zero before the first launch (and after every one); n a multiple of 32, 1 <= n_tok <= 8
-// (mmvq_split1_glu_<type>: 1); else nothing is written. Register bounds as mmvq_split_*'s, for
-// two weights' loads in flight.
+// (mmvq_split1_glu_<type>: 1); else nothing is written. Register bounds: SPLIT_DECODE_KERNELS.
 #define MMVQ_SPLIT_GLU_KERNEL(name, MAXT, MINB, T)                                              \
     extern "C" __global__ void __launch_bounds__(128, MINB)                                     \
         name(const u8* __restrict__ wg, const u8* __restrict__ wu, const i8* __restrict__ aq,   \
@@ -531,20 +487,24 @@ __device__ __forceinline__ void mmvq_split_glu_impl(const u8* wg, const u8* wu,
                                      n, n_tok);                                                 \
     }
 
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_0, SPLIT_MAX_TOK, 2, split_q4_0_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_iq4_nl, SPLIT_MAX_TOK, 2, split_iq4_nl_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_1, SPLIT_MAX_TOK, 2, split_q4_1_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q8_0, SPLIT_MAX_TOK, 2, split_q8_0_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q6_K, SPLIT_MAX_TOK, 2, split_q6_K_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q4_K, SPLIT_MAX_TOK, 1, split_q4_K_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_q5_K, SPLIT_MAX_TOK, 1, split_q5_K_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_0, 1, 6, split_q4_0_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_iq4_nl, 1, 6, split_iq4_nl_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_1, 1, 6, split_q4_1_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q8_0, 1, 4, split_q8_0_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q6_K, 1, 4, split_q6_K_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q4_K, 1, 4, split_q4_K_t)
-MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_q5_K, 1, 3, split_q5_K_t)
+// Every type's decode kernels, with their register bounds (__launch_bounds__ minimum blocks: for
+// eight tokens, for one; the fused q / k / v kernels take mmvq_split's, the gate / up kernels
+// theirs, for two weights' loads in flight), which keep ptxas from spilling on sm_75..sm_120.
+#define SPLIT_DECODE_KERNELS(s, T, M8, M1, G8, G1)                                              \
+    MMVQ_SPLIT_KERNEL(mmvq_split_##s, SPLIT_MAX_TOK, M8, T)                                     \
+    MMVQ_SPLIT_KERNEL(mmvq_split1_##s, 1, M1, T)                                                \
+    MMVQ_SPLIT_QKV_KERNEL(mmvq_split_qkv_rope_##s, SPLIT_MAX_TOK, M8, T)                        \
+    MMVQ_SPLIT_QKV_KERNEL(mmvq_split1_qkv_rope_##s, 1, M1, T)                                   \
+    MMVQ_SPLIT_GLU_KERNEL(mmvq_split_glu_##s, SPLIT_MAX_TOK, G8, T)                             \
+    MMVQ_SPLIT_GLU_KERNEL(mmvq_split1_glu_##s, 1, G1, T)
+
+SPLIT_DECODE_KERNELS(q4_0, split_q4_0_t, 4, 8, 2, 6)
+SPLIT_DECODE_KERNELS(iq4_nl, split_iq4_nl_t, 4, 8, 2, 6)
+SPLIT_DECODE_KERNELS(q4_1, split_q4_1_t, 4, 8, 2, 6)
+SPLIT_DECODE_KERNELS(q8_0, split_q8_0_t, 4, 6, 2, 4)
+SPLIT_DECODE_KERNELS(q6_K, split_q6_K_t, 4, 6, 2, 4)
+SPLIT_DECODE_KERNELS(q4_K, split_q4_K_t, 2, 6, 1, 4)
+SPLIT_DECODE_KERNELS(q5_K, split_q5_K_t, 2, 5, 1, 3)
 
 // ---------------------------------------------------------------------------------------------
 // Dequantisation to f16 (prefill's GEMM, embedding rows): dequant.cu's values step for step, so
