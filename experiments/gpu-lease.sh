@@ -205,7 +205,7 @@ s_peer_hybrid() {
 s_kernels() {
     peer_env
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
-        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split mma-off split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
 }
 s_perf() { header; "$OATO" selftest --device gpu --perf; }

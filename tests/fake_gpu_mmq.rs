@@ -1,6 +1,7 @@
 //! The GPU backend's prefill GEMM paths for quantised weights, end to end on the stand-in CUDA
 //! driver (scripts/fake-gpu.sh: the emulator's kernels behind the driver and cuBLAS calls):
-//! `OATO_CUDA_MMQ=1` (int8 GEMM, mmq.cu), `=0` (dequantisation + cuBLAS) and `auto` (both timed
+//! `OATO_CUDA_MMQ=1` (int8 GEMM, mmq.cu: on tensor cores, as the stand-in device is sm_90, and
+//! with `OATO_CUDA_MMA=0` on `__dp4a`), `=0` (dequantisation + cuBLAS) and `auto` (both timed
 //! once per shape, then the faster) each give greedy ids within the golden parity rule for the
 //! golden prompt whose 9 tokens make a prefill batch, and the driver's launch log shows that each
 //! run took the path it names. Skipped, saying why, where scripts/check-cuda-kernels.sh has not
@@ -23,10 +24,18 @@ fn cuda_venv() -> Option<PathBuf> {
     p.join("bin/python").exists().then_some(p)
 }
 
-/// Greedy ids of `prompt` under `OATO_CUDA_MMQ=mode` with the whole model on the stand-in GPU,
-/// and how many times the int8 GEMM (either tile size), the Q4_1 dequantisation kernels and the
-/// stopwatch's lead-in (`gpu_sleep`, one per timing) were launched.
-fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize, usize) {
+/// What one run launched: the int8 GEMM on tensor cores and on `__dp4a` (either tile size), the
+/// Q4_1 dequantisation kernels and the stopwatch's lead-in (`gpu_sleep`, one per timing).
+struct Launches {
+    mma: usize,
+    dp4a: usize,
+    deq: usize,
+    sleeps: usize,
+}
+
+/// Greedy ids of `prompt` under `OATO_CUDA_MMQ=mode` (and `OATO_CUDA_MMA=mma`) with the whole
+/// model on the stand-in GPU, and what it launched.
+fn run(mode: &str, mma: &str, prompt: &str, n: usize) -> (Vec<u32>, Launches) {
     let out = Command::new(repo().join("scripts/fake-gpu.sh"))
         .arg(env!("CARGO_BIN_EXE_oato"))
         .args(["run", &model_path().display().to_string(), "-p", prompt])
@@ -44,6 +53,7 @@ fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize, usize) {
         .current_dir(repo())
         .env_remove("OATO_MODEL")
         .env("OATO_CUDA_MMQ", mode)
+        .env("OATO_CUDA_MMA", mma)
         .env("OATO_FAKE_CUDA_LOG", "1")
         .output()
         .expect("scripts/fake-gpu.sh runs");
@@ -66,9 +76,12 @@ fn run(mode: &str, prompt: &str, n: usize) -> (Vec<u32>, usize, usize, usize) {
     };
     (
         ids(&v["output_ids"]),
-        launches("mmq_q4_1"),
-        launches("dequant_q4_1_f16"),
-        launches("gpu_sleep"),
+        Launches {
+            mma: launches("mmq_mma_q4_1"),
+            dp4a: launches("mmq_q4_1"),
+            deq: launches("dequant_q4_1_f16"),
+            sleeps: launches("gpu_sleep"),
+        },
     )
 }
 
@@ -91,22 +104,42 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
     let per_prefill = 30 * 7;
     // Weight products of the whole run, as OATO_CUDA_MMQ=1 counts them (the first mode).
     let mut products = 0;
-    for mode in ["1", "0", "auto"] {
-        let (got, mmq, deq, sleeps) = run(mode, prompt, want.len());
+    let mut dp4a_ids = Vec::new();
+    for (mode, mma) in [("1", "0"), ("1", "1"), ("0", "1"), ("auto", "1")] {
+        let (got, l) = run(mode, mma, prompt, want.len());
+        let Launches {
+            mma: tc,
+            dp4a,
+            deq,
+            sleeps,
+        } = l;
         println!(
-            "OATO_CUDA_MMQ={mode}: {got:?}; {mmq} mmq_q4_1, {deq} dequant_q4_1_f16, {sleeps} \
-             gpu_sleep launches"
+            "OATO_CUDA_MMQ={mode} OATO_CUDA_MMA={mma}: {got:?}; {tc} mmq_mma_q4_1, {dp4a} \
+             mmq_q4_1, {deq} dequant_q4_1_f16, {sleeps} gpu_sleep launches"
         );
         if let Err(e) = check_parity(&got, &want, top_choices(p)) {
             panic!("OATO_CUDA_MMQ={mode}: {e}\n  ours: {got:?}\n  llama.cpp: {want:?}");
         }
-        match mode {
-            "1" => {
-                assert!(mmq >= per_prefill && deq == 0, "{mmq} mmq, {deq} dequant");
+        // Only one of the two int8 kernels runs in a process.
+        assert!(tc == 0 || dp4a == 0, "{tc} mma, {dp4a} dp4a");
+        let mmq = tc + dp4a;
+        match (mode, mma) {
+            ("1", "0") => {
+                assert!(
+                    dp4a >= per_prefill && tc == 0 && deq == 0,
+                    "{dp4a} mmq, {deq} dequant"
+                );
                 assert_eq!(sleeps, 0, "nothing timed");
-                products = mmq;
+                products = dp4a;
+                dp4a_ids = got;
             }
-            "0" => {
+            ("1", _) => {
+                // The same sums in the same order: the same tokens.
+                assert!(tc == products && deq == 0, "{tc} mma, {deq} dequant");
+                assert_eq!(sleeps, 0, "nothing timed");
+                assert_eq!(got, dp4a_ids, "tensor cores and __dp4a");
+            }
+            ("0", _) => {
                 assert!(mmq == 0 && deq == products, "{mmq} mmq, {deq} dequant");
                 assert_eq!(sleeps, 0, "nothing timed");
             }

@@ -25,7 +25,7 @@ use oato::runtime::cuda_backend::{
     set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
-use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mmq_mode, set_mmq_mode};
+use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mma_enabled, mmq_mode, set_mma, set_mmq_mode};
 
 use super::DeviceArg;
 
@@ -327,12 +327,13 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     // "matmul-p"; then 1027 rows with k = 4608, two items a row block, one thread block per
     // multiprocessor, so that each walks two or more of the 257 row blocks) and the int8 prefill GEMM where the type has one
     // ("matmul-q": partial 64-token tiles; 67 rows take 32-row tiles, 4224 rows enough 64-row
-    // tiles to fill an H100 or the stand-in device); "matmul" then forces dequantisation +
-    // cuBLAS.
+    // tiles to fill an H100 or the stand-in device; on tensor cores where the device has them,
+    // "matmul-qd" the same on __dp4a); "matmul" then forces dequantisation + cuBLAS.
     let (k, n) = (512, 67);
     let gpu = be.kind() == DeviceKind::Gpu;
     let chosen = mmvq_mode();
     let chosen_mmq = mmq_mode();
+    let chosen_mma = mma_enabled();
     let chosen_blocks = pipe_blocks();
     use MmvqMode::{Direct, Pipe, Staged};
     let runs: &[(&str, MmvqMode, usize, usize, &[usize])] = if gpu {
@@ -343,6 +344,8 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ("matmul-p", Pipe, 4608, 1027, &[1]),
             ("matmul-q", Staged, k, n, &[9, 40, 70]),
             ("matmul-q", Staged, k, 4224, &[70]),
+            ("matmul-qd", Staged, k, n, &[9, 40, 70]),
+            ("matmul-qd", Staged, k, 4224, &[70]),
         ]
     } else {
         &[("matmul", chosen, k, n, &[1, 3, 8, 9, 40])]
@@ -351,10 +354,11 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         .into_iter()
         .flat_map(|ty| runs.iter().map(move |r| (ty, r)))
     {
-        let mmq = op == "matmul-q";
-        if mmq && !has_mmq(ty) {
+        let mmq = op.starts_with("matmul-q");
+        if mmq && !has_mmq(ty) || op == "matmul-qd" && !be.int8_tensor_cores() {
             continue;
         }
+        set_mma(op != "matmul-qd");
         set_mmvq_mode(mode);
         // The large pipelined case at one block a multiprocessor, so that blocks walk rows.
         set_pipe_blocks(if mode == Pipe && n > 1000 {
@@ -393,6 +397,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     set_mmvq_mode(chosen);
     set_pipe_blocks(chosen_blocks);
     set_mmq_mode(chosen_mmq);
+    set_mma(chosen_mma);
     // Shared input, several matrices in one call: two of other types, and three (q, k, v) or
     // two (gate, up) of one type, which a GPU runs as one launch (mmvq_multi; the last with rows
     // that do not fill a thread block); on a GPU with the staged and the pipelined kernels.
@@ -880,11 +885,21 @@ fn perf(be: &dyn Backend) -> Result<()> {
         }
     }
     if !mmq_lines.is_empty() {
-        // Quantised prefill GEMMs: the int8 kernels against dequantisation + cuBLAS.
+        // Quantised prefill GEMMs: the int8 kernels (__dp4a; tensor cores where the device has
+        // them) against dequantisation + cuBLAS.
         println!();
         println!(
-            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
-            "type", "k x n", "tokens", "mmq us", "TFLOP/s", "cuBLAS us", "TFLOP/s", "faster"
+            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>7}",
+            "type",
+            "k x n",
+            "tokens",
+            "mmq us",
+            "TFLOP/s",
+            "mma us",
+            "TFLOP/s",
+            "cuBLAS us",
+            "TFLOP/s",
+            "fastest"
         );
         for l in &mmq_lines {
             println!("{l}");
@@ -1001,26 +1016,41 @@ fn prefill_gemm_lines(
     reps: usize,
 ) -> Result<Vec<String>> {
     let chosen = mmq_mode();
+    let chosen_mma = mma_enabled();
     let mut lines = Vec::new();
     for n_tok in [64, 512] {
         let x = put(be, &pattern(n_tok * k, 0.0))?;
         let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
-        let mut time = |mode: MmqMode| -> Result<f64> {
+        let mut time = |mode: MmqMode, mma: bool| -> Result<f64> {
             set_mmq_mode(mode);
+            set_mma(mma);
             median_us(be, reps, || be.matmul(&[w], &x, n_tok, &mut [&mut y]))
         };
-        let (tq, tb) = (time(MmqMode::On)?, time(MmqMode::Off)?);
+        let tq = time(MmqMode::On, false)?;
+        let tm = if be.int8_tensor_cores() {
+            Some(time(MmqMode::On, true)?)
+        } else {
+            None
+        };
+        let tb = time(MmqMode::Off, chosen_mma)?;
         let tflops = |t: f64| 2.0 * (k * n * n_tok) as f64 / t / 1e6;
+        let best = [("mmq", Some(tq)), ("mma", tm), ("cuBLAS", Some(tb))]
+            .into_iter()
+            .filter_map(|(name, t)| Some((name, t?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or("", |(name, _)| name);
         lines.push(format!(
-            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {tb:>10.1} {:>9.2} {:>7}",
+            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {:>10} {:>9} {tb:>10.1} {:>9.2} {best:>7}",
             w.ty.name(),
             format!("{k}x{n}"),
             tflops(tq),
+            tm.map_or("-".to_string(), |t| format!("{t:.1}")),
+            tm.map_or("-".to_string(), |t| format!("{:.2}", tflops(t))),
             tflops(tb),
-            if tq < tb { "mmq" } else { "cuBLAS" }
         ));
     }
     set_mmq_mode(chosen);
+    set_mma(chosen_mma);
     Ok(lines)
 }
 

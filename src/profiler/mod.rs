@@ -798,16 +798,22 @@ pub fn cache_path(
     opts: &ProfileOptions,
 ) -> Option<PathBuf> {
     // The GPU's weight layout (OATO_CUDA_SPLIT) changes its decode kernels, so its profile;
-    // the stopwatch's lead-in (OATO_CUDA_TIMER_LEAD_US) what its times include.
+    // the stopwatch's lead-in (OATO_CUDA_TIMER_LEAD_US) what its times include; the tensor-core
+    // int8 GEMM (OATO_CUDA_MMA) its prefill kernels.
     let layout = match gpu_name {
         Some(_) => format!(
-            "{}|lead{}",
+            "{}|lead{}{}",
             if crate::runtime::cuda_backend::weight_split() {
                 "|split"
             } else {
                 ""
             },
-            crate::runtime::cuda_backend::timer_lead_us()
+            crate::runtime::cuda_backend::timer_lead_us(),
+            if crate::runtime::cuda_mmq::mma_enabled() {
+                "|mma"
+            } else {
+                ""
+            }
         ),
         None => String::new(),
     };

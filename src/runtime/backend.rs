@@ -226,6 +226,11 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String;
     /// The device's own name ("cpu", or the GPU's name).
     fn device_name(&self) -> String;
+    /// Whether the int8 prefill GEMM can run on tensor cores here (a CUDA device of compute
+    /// capability 8.0 or later; `cuda_mmq::set_mma` chooses).
+    fn int8_tensor_cores(&self) -> bool {
+        false
+    }
     fn memory(&self) -> Result<MemInfo>;
     fn usage(&self) -> Usage;
 

@@ -30,7 +30,8 @@ use crate::runtime::backend::{
 use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
 use crate::runtime::cuda_host::{HostRegistrations, PageLocked, Pinned, par_copy};
 use crate::runtime::cuda_mmq::{
-    MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mmq_kernel_of, mmq_mode, mmq_mode_from_env,
+    MMQ_KERNELS, MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mma_on, mmq_kernel_of, mmq_mode,
+    mmq_mode_from_env,
 };
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
@@ -968,27 +969,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
             "q4_0", "q4_1", "iq4_nl", "q8_0", "q6_K", "q4_K", "q5_K"
         ),
     ),
-    (
-        "mmq.cu",
-        &[
-            "mmq_q4_0",
-            "mmq_q4_1",
-            "mmq_q5_0",
-            "mmq_q5_1",
-            "mmq_q8_0",
-            "mmq_q4_K",
-            "mmq_q5_K",
-            "mmq_q6_K",
-            "mmq_q4_0_r32",
-            "mmq_q4_1_r32",
-            "mmq_q5_0_r32",
-            "mmq_q5_1_r32",
-            "mmq_q8_0_r32",
-            "mmq_q4_K_r32",
-            "mmq_q5_K_r32",
-            "mmq_q6_K_r32",
-        ],
-    ),
+    ("mmq.cu", MMQ_KERNELS),
     (
         "dequant.cu",
         &[
@@ -1660,7 +1641,7 @@ impl CudaBackend {
             return Ok(Prefill::Dequant);
         }
         // (k is whole blocks: `check_weight_bytes` made sure when the weight was loaded.)
-        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count) else {
+        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count, mma_on(self.arch)) else {
             return Ok(Prefill::Dequant);
         };
         Ok(match mmq_mode() {
@@ -1830,6 +1811,10 @@ impl Backend for CudaBackend {
 
     fn kind(&self) -> DeviceKind {
         DeviceKind::Gpu
+    }
+
+    fn int8_tensor_cores(&self) -> bool {
+        self.arch >= 80
     }
 
     fn describe(&self) -> String {

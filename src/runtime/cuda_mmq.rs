@@ -1,6 +1,7 @@
 //! How the CUDA backend multiplies a quantised weight by a prefill batch: the int8 GEMM of
 //! `src/kernels/cuda/mmq.cu` (weights unpacked to 8-bit tiles, activations as Q8_1 quants,
-//! `__dp4a`) or dequantisation to f16 and cuBLAS. `OATO_CUDA_MMQ=0` always takes cuBLAS, `1` the
+//! `__dp4a`, or tensor cores' `mma.sync` from compute capability 8.0 unless `OATO_CUDA_MMA=0`)
+//! or dequantisation to f16 and cuBLAS. `OATO_CUDA_MMQ=0` always takes cuBLAS, `1` the
 //! int8 GEMM wherever the weight type has one, `auto` (the default) times both once with CUDA
 //! events the first time a (type, n, k, token bucket) is seen and keeps the faster.
 
@@ -77,37 +78,84 @@ pub fn mmq_mode_from_env() -> Result<()> {
     Ok(())
 }
 
+/// The int8 GEMM kernels of each weight type that has them, by `[mma][r32]`: mmq.cu's
+/// `mmq_<type>` (64-row tiles), `mmq_<type>_r32` (32-row tiles), and the same on tensor cores,
+/// `mmq_mma_<type>` / `mmq_mma_<type>_r32` (compute capability 8.0 and later).
+macro_rules! mmq_names {
+    ($($ty:ident => $s:literal),* $(,)?) => {
+        /// The kernel names of `ty`, `[mma][r32]`.
+        fn mmq_names(ty: GgmlType) -> Option<[[&'static str; 2]; 2]> {
+            match ty {
+                $(GgmlType::$ty => Some([
+                    [concat!("mmq_", $s), concat!("mmq_", $s, "_r32")],
+                    [concat!("mmq_mma_", $s), concat!("mmq_mma_", $s, "_r32")],
+                ]),)*
+                _ => None,
+            }
+        }
+
+        /// Every int8 GEMM kernel (mmq.cu's exports).
+        pub const MMQ_KERNELS: &[&str] = &[$(
+            concat!("mmq_", $s), concat!("mmq_", $s, "_r32"),
+            concat!("mmq_mma_", $s), concat!("mmq_mma_", $s, "_r32"),
+        )*];
+    };
+}
+
+mmq_names!(Q4_0 => "q4_0", Q4_1 => "q4_1", Q5_0 => "q5_0", Q5_1 => "q5_1", Q8_0 => "q8_0",
+    Q4_K => "q4_K", Q5_K => "q5_K", Q6_K => "q6_K");
+
 /// The int8 GEMM kernel of a weight type for `n` rows and `n_tok` tokens on a device with
 /// `sm_count` multiprocessors, if the type has one: tiles of 64 rows, or of 32 rows (the `_r32`
-/// kernels) when 64-row tiles would give fewer thread blocks than multiprocessors.
-pub fn mmq_kernel_of(ty: GgmlType, n: usize, n_tok: usize, sm_count: usize) -> Option<MmqKernel> {
-    let (big, small) = match ty {
-        GgmlType::Q4_0 => ("mmq_q4_0", "mmq_q4_0_r32"),
-        GgmlType::Q4_1 => ("mmq_q4_1", "mmq_q4_1_r32"),
-        GgmlType::Q5_0 => ("mmq_q5_0", "mmq_q5_0_r32"),
-        GgmlType::Q5_1 => ("mmq_q5_1", "mmq_q5_1_r32"),
-        GgmlType::Q8_0 => ("mmq_q8_0", "mmq_q8_0_r32"),
-        GgmlType::Q4_K => ("mmq_q4_K", "mmq_q4_K_r32"),
-        GgmlType::Q5_K => ("mmq_q5_K", "mmq_q5_K_r32"),
-        GgmlType::Q6_K => ("mmq_q6_K", "mmq_q6_K_r32"),
-        _ => return None,
-    };
+/// kernels) when 64-row tiles would give fewer thread blocks than multiprocessors; on tensor
+/// cores (`mma`, the `mmq_mma_` kernels) or with `__dp4a`.
+pub fn mmq_kernel_of(
+    ty: GgmlType,
+    n: usize,
+    n_tok: usize,
+    sm_count: usize,
+    mma: bool,
+) -> Option<MmqKernel> {
+    let names = mmq_names(ty)?[mma as usize];
     Some(if n.div_ceil(64) * n_tok.div_ceil(MMQ_TOK) < sm_count {
         MmqKernel {
-            name: small,
+            name: names[1],
             rows: 32,
         }
     } else {
         MmqKernel {
-            name: big,
+            name: names[0],
             rows: 64,
         }
     })
 }
 
+/// Whether the int8 GEMM may run on tensor cores: on unless `OATO_CUDA_MMA=0` (read once) or
+/// `set_mma(false)`.
+static MMA: std::sync::LazyLock<std::sync::atomic::AtomicBool> = std::sync::LazyLock::new(|| {
+    std::sync::atomic::AtomicBool::new(crate::kernels::cpu::matmul::env_on("OATO_CUDA_MMA"))
+});
+
+/// Turns the tensor-core int8 GEMM on or off for every CUDA backend of the process (`selftest`
+/// checks and times both).
+pub fn set_mma(on: bool) {
+    MMA.store(on, Ordering::Relaxed);
+}
+
+/// Whether the tensor-core int8 GEMM is used on a device of compute capability `arch` (major *
+/// 10 + minor): from 8.0 (`mma.sync` on int8), unless switched off.
+pub fn mma_on(arch: u32) -> bool {
+    arch >= 80 && MMA.load(Ordering::Relaxed)
+}
+
+/// Whether the tensor-core int8 GEMM is switched on (whatever the device).
+pub fn mma_enabled() -> bool {
+    MMA.load(Ordering::Relaxed)
+}
+
 /// Whether a weight type has int8 GEMM kernels.
 pub fn has_mmq(ty: GgmlType) -> bool {
-    mmq_kernel_of(ty, 1, 1, 0).is_some()
+    mmq_names(ty).is_some()
 }
 
 /// The token bucket a batch's choice is kept under: the next power of two.
@@ -214,17 +262,21 @@ mod tests {
         assert!(has_mmq(GgmlType::Q5_K) && !has_mmq(GgmlType::Q3_K));
         // IQ4_NL / IQ4_XS prefill always dequantises (no int8 GEMM kernels for them).
         assert!(!has_mmq(GgmlType::IQ4_NL) && !has_mmq(GgmlType::IQ4_XS));
-        assert_eq!(mmq_kernel_of(GgmlType::IQ4_XS, 4096, 64, 132), None);
+        assert_eq!(mmq_kernel_of(GgmlType::IQ4_XS, 4096, 64, 132, false), None);
     }
 
     #[test]
     fn small_grids_take_32_row_tiles() {
         // 4096 rows x 64 tokens: 64 tiles of 64 rows, under an H100's 132 multiprocessors.
-        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 64, 132).unwrap();
+        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 64, 132, false).unwrap();
         assert_eq!((k.name, k.rows), ("mmq_q4_0_r32", 32));
+        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 64, 132, true).unwrap();
+        assert_eq!((k.name, k.rows), ("mmq_mma_q4_0_r32", 32));
         // 512 tokens: 512 tiles of 64 rows.
-        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 512, 132).unwrap();
+        let k = mmq_kernel_of(GgmlType::Q4_0, 4096, 512, 132, false).unwrap();
         assert_eq!((k.name, k.rows), ("mmq_q4_0", 64));
-        assert_eq!(mmq_kernel_of(GgmlType::Q2_K, 4096, 512, 132), None);
+        let k = mmq_kernel_of(GgmlType::Q6_K, 4096, 512, 132, true).unwrap();
+        assert_eq!((k.name, k.rows), ("mmq_mma_q6_K", 64));
+        assert_eq!(mmq_kernel_of(GgmlType::Q2_K, 4096, 512, 132, true), None);
     }
 }

@@ -666,18 +666,23 @@ def check_mmq(g, t):
         x = x.astype(np.float32)
         ref, mag = refs.mmvq(t, blocks, rows, k, refs.quantize_q8_1(x), min_from_s=False)
         aq, ads = quantize_q8_1_split(x)
-        for (kernel, tile), w_off in ((kt, o) for kt in ((f"mmq_{t}", 64), (f"mmq_{t}_r32", 32))
-                                      for o in w_offs):
-            y = Buf.out(np.float32, n_tok * rows)
-            E.launch(kernel, (cdiv(rows, tile), cdiv(n_tok, 64)), (32, 8),
-                     Buf.of(blocks, w_off), aq, ads, y, i32(k), i32(rows), i32(n_tok))
-            g.close(f"{kernel} k={k} rows={rows} n_tok={n_tok} w+{w_off}",
-                    y.get(np.float32).reshape(n_tok, rows), ref, 1e-5, mag,
-                    dims=("t", "row"), metric="err/mag")
+        for tile, w_off in ((tl, o) for tl in (64, 32) for o in w_offs):
+            got = {}
+            for mma in ("", "mma_"):
+                kernel = f"mmq_{mma}{t}" + ("_r32" if tile == 32 else "")
+                y = Buf.out(np.float32, n_tok * rows)
+                E.launch(kernel, (cdiv(rows, tile), cdiv(n_tok, 64)), (32, 8),
+                         Buf.of(blocks, w_off), aq, ads, y, i32(k), i32(rows), i32(n_tok))
+                got[mma] = y.get(np.float32).reshape(n_tok, rows)
+                g.close(f"{kernel} k={k} rows={rows} n_tok={n_tok} w+{w_off}", got[mma], ref,
+                        1e-5, mag, dims=("t", "row"), metric="err/mag")
+            # The tensor-core kernel takes the same per-group steps in the same order.
+            g.exact(f"{kernel} k={k} rows={rows} n_tok={n_tok} w+{w_off} = the dp4a kernel's",
+                    got["mma_"], got[""], dims=("t", "row"))
     # Launch contract broken: a block of 128 threads, or k not a multiple of the block size:
     # nothing written.
     k_bad = qk + 32 if not small else 48
-    for kernel in (f"mmq_{t}", f"mmq_{t}_r32"):
+    for kernel in (f"mmq_{t}", f"mmq_{t}_r32", f"mmq_mma_{t}", f"mmq_mma_{t}_r32"):
         for block, k, why in (((32, 4), qk, "block (32, 4)"), ((32, 8), k_bad, f"k={k_bad}")):
             y = Buf(4 * 2, fill=0)
             E.launch(kernel, (1, 1), block, Buf.of(blocks), aq, ads, y, i32(k), i32(1), i32(2))

@@ -49,16 +49,16 @@
 //
 // For the ROWS rows r < rows of the tile (w points at the tile's first row, row_bytes apart) and
 // the elements k0..k0 + 256 (ng valid 32-element groups), element e's value goes to byte e % 4 of
-// qs[r * MMQ_WSTRIDE + e / 4], the scale of each scale group j (32 elements, or 16 where
+// qs[r * WS + e / 4] (WS: ints per staged row), the scale of each scale group j (32 elements, or 16 where
 // sub = 2) to sc[r * (8 * sub + 1) + j] and, where has_min, the min of each 32-element group g to
 // mn[r * 9 + g] (subtracted: x = sc * q - mn). Rows past `rows` and groups past ng get zeros.
 // Formats with 32-element blocks unpack one block per call (T::block: its ints at o, scale at
 // *sc, min at *mn); K-quants one quarter of a super-block (T::quarter: quarter c of row r).
 
 // Zeros for row r's groups g0..g0 + ng: their ints, scales and mins.
-template <class T>
+template <class T, int WS>
 __device__ __forceinline__ void mmq_zero(int* qs, float* sc, float* mn, int r, int g0, int ng) {
-    for (int i = 8 * g0; i < 8 * (g0 + ng); ++i) qs[r * MMQ_WSTRIDE + i] = 0;
+    for (int i = 8 * g0; i < 8 * (g0 + ng); ++i) qs[r * WS + i] = 0;
     for (int j = g0 * T::sub; j < (g0 + ng) * T::sub; ++j) sc[r * (8 * T::sub + 1) + j] = 0.0f;
     if (T::has_min) {
         for (int g = g0; g < g0 + ng; ++g) mn[r * 9 + g] = 0.0f;
@@ -66,30 +66,30 @@ __device__ __forceinline__ void mmq_zero(int* qs, float* sc, float* mn, int r, i
 }
 
 // 32-element formats: thread shares are (row, block) pairs.
-template <class T, int ROWS>
+template <class T, int ROWS, int WS>
 __device__ __forceinline__ void mmq_stage32(const u8* w, i64 row_bytes, int rows, int k0, int ng,
                                             int tid, int* qs, float* sc, float* mn) {
     for (int u = tid; u < ROWS * MMQ_G; u += MMQ_THREADS) {
         const int r = u / MMQ_G, g = u % MMQ_G;
         if (r >= rows || g >= ng) {
-            mmq_zero<T>(qs, sc, mn, r, g, 1);
+            mmq_zero<T, WS>(qs, sc, mn, r, g, 1);
         } else {
             T::block(w + r * row_bytes + (i64)(k0 / QK + g) * T::bytes,
-                     qs + r * MMQ_WSTRIDE + 8 * g, sc + r * 9 + g, T::has_min ? mn + r * 9 + g : mn);
+                     qs + r * WS + 8 * g, sc + r * 9 + g, T::has_min ? mn + r * 9 + g : mn);
         }
     }
 }
 
 // K-quants (one super-block per row and step): thread shares are (row, quarter) pairs.
-template <class T, int ROWS>
+template <class T, int ROWS, int WS>
 __device__ __forceinline__ void mmq_stage_k(const u8* w, i64 row_bytes, int rows, int k0, int ng,
                                             int tid, int* qs, float* sc, float* mn) {
     for (int u = tid; u < ROWS * 4; u += MMQ_THREADS) {
         const int r = u / 4, c = u % 4;
         if (r >= rows) {
-            mmq_zero<T>(qs, sc, mn, r, 2 * c, 2);
+            mmq_zero<T, WS>(qs, sc, mn, r, 2 * c, 2);
         } else {
-            T::quarter(w + r * row_bytes + (i64)(k0 / QK_K) * T::bytes, r, c, qs, sc, mn);
+            T::quarter(w + r * row_bytes + (i64)(k0 / QK_K) * T::bytes, r, c, qs + r * WS, sc, mn);
         }
     }
 }
@@ -170,9 +170,9 @@ struct mmq_q5_1_t {
 // (2c + 1) of qh[l] adds 16 to element l of the low (high) group.
 // Fields: d @0, dmin @2, scales @4, then Q4_K: qs @16; Q5_K: qh @16, qs @48.
 template <bool HAS_QH>
-__device__ __forceinline__ void mmq_k4_quarter(const u8* b, int r, int c, int* qs, float* sc,
+__device__ __forceinline__ void mmq_k4_quarter(const u8* b, int r, int c, int* qrow, float* sc,
                                                float* mn) {
-    int* o = qs + r * MMQ_WSTRIDE + 16 * c;
+    int* o = qrow + 16 * c;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const u32 v = ld_u32_a2(b + (HAS_QH ? 48 : 16) + 32 * c + 4 * j);
@@ -198,17 +198,17 @@ __device__ __forceinline__ void mmq_k4_quarter(const u8* b, int r, int c, int* q
 
 struct mmq_q4_K_t {
     enum : int { qk = QK_K, bytes = 144, sub = 1, has_min = 1 };
-    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qrow, float* sc,
                                                    float* mn) {
-        mmq_k4_quarter<false>(b, r, c, qs, sc, mn);
+        mmq_k4_quarter<false>(b, r, c, qrow, sc, mn);
     }
 };
 
 struct mmq_q5_K_t {
     enum : int { qk = QK_K, bytes = 176, sub = 1, has_min = 1 };
-    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qrow, float* sc,
                                                    float* mn) {
-        mmq_k4_quarter<true>(b, r, c, qs, sc, mn);
+        mmq_k4_quarter<true>(b, r, c, qrow, sc, mn);
     }
 };
 
@@ -217,7 +217,7 @@ struct mmq_q5_K_t {
 // 8h + 2k + c % 2. Fields: ql @0, qh @128, scales @192, d @208.
 struct mmq_q6_K_t {
     enum : int { qk = QK_K, bytes = 210, sub = 2, has_min = 0 };
-    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qs, float* sc,
+    static __device__ __forceinline__ void quarter(const u8* b, int r, int c, int* qrow, float* sc,
                                                    float* mn) {
         const int h = c >> 1, l0 = 16 * (c & 1);
 #pragma unroll
@@ -230,7 +230,7 @@ struct mmq_q6_K_t {
             for (int k = 0; k < 4; ++k) {
                 const u32 nib = k == 0 ? la : k == 1 ? lb : k == 2 ? la >> 4 : lb >> 4;
                 const u32 q = (nib & 0x0F0F0F0Fu) | (((hb >> (2 * k)) & 0x03030303u) << 4);
-                qs[r * MMQ_WSTRIDE + 8 * (4 * h + k) + l / 4] = bytes_sub(q, 0x20202020u);
+                qrow[8 * (4 * h + k) + l / 4] = bytes_sub(q, 0x20202020u);
             }
         }
         const float d = __half2float(*(const __half*)(b + 208));
@@ -243,13 +243,91 @@ struct mmq_q6_K_t {
 };
 
 // Which staging loop a format takes.
-template <class T, int ROWS>
+template <class T, int ROWS, int WS>
 __device__ __forceinline__ void mmq_stage(const u8* w, i64 row_bytes, int rows, int k0, int ng,
                                           int tid, int* qs, float* sc, float* mn) {
     if constexpr (T::qk == QK) {
-        mmq_stage32<T, ROWS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
+        mmq_stage32<T, ROWS, WS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
     } else {
-        mmq_stage_k<T, ROWS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
+        mmq_stage_k<T, ROWS, WS>(w, row_bytes, rows, k0, ng, tid, qs, sc, mn);
+    }
+}
+
+// A step's activations: token t's quants k0..k0 + 256 (16-byte chunk c of token t to
+// qa[t * AS + 4c..]), zeros for tokens past n_tok and groups past ng; each 32's d to
+// ad[t * MMQ_G + g]; with HAS_MIN the exact integer sum of each 32 quants to as[t * MMQ_G + g].
+// In two halves, so that the caller stages the weights between them and the two sets of loads
+// wait for the memory together: `load` reads a thread's share into registers, `store` writes it
+// to shared memory. Chunks 2g, 2g + 1 (group g) sit in neighbouring lanes, which add their quant
+// sums with one shuffle; every lane runs the same number of iterations (the shuffle needs the
+// whole warp).
+struct mmq_acts {
+    enum : int {
+        Q = MMQ_TOK * (MMQ_K / 16) / MMQ_THREADS, // 16-byte chunks a thread
+        D = MMQ_TOK * MMQ_G / MMQ_THREADS,        // scales a thread
+    };
+    int4 q[Q];
+    float d[D];
+
+    __device__ __forceinline__ void load(const i8* aq, const float2* ads, int k, int nb, int t0,
+                                         int n_tok, int k0, int ng, int tid) {
+#pragma unroll
+        for (int i = 0; i < Q; ++i) {
+            const int u = tid + i * MMQ_THREADS;
+            const int t = u / (MMQ_K / 16), c = u % (MMQ_K / 16);
+            q[i] = make_int4(0, 0, 0, 0);
+            if (t0 + t < n_tok && c / 2 < ng) {
+                q[i] = *(const int4*)(aq + (i64)(t0 + t) * k + k0 + 16 * c);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const int u = tid + i * MMQ_THREADS;
+            const int t = u / MMQ_G, g = u % MMQ_G;
+            d[i] = t0 + t < n_tok && g < ng ? ads[(i64)(t0 + t) * nb + k0 / QK + g].x : 0.0f;
+        }
+    }
+
+    template <bool HAS_MIN, int AS>
+    __device__ __forceinline__ void store(int tid, int* qa, float* ad, int* as) const {
+#pragma unroll
+        for (int i = 0; i < Q; ++i) {
+            const int u = tid + i * MMQ_THREADS;
+            const int t = u / (MMQ_K / 16), c = u % (MMQ_K / 16);
+            *(int4*)(qa + t * AS + 4 * c) = q[i];
+            if (HAS_MIN) {
+                int sum = __dp4a(0x01010101, q[i].x, 0);
+                sum = __dp4a(0x01010101, q[i].y, sum);
+                sum = __dp4a(0x01010101, q[i].z, sum);
+                sum = __dp4a(0x01010101, q[i].w, sum);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                if ((c & 1) == 0) as[t * MMQ_G + c / 2] = sum;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D; ++i) ad[tid + i * MMQ_THREADS] = d[i];
+    }
+};
+
+// Asks L2 for step k1's bytes (when k1 < k) while this step runs: each of the tile's weight rows'
+// bytes of that step and each token's activation quants, a 128-byte line at a time (a no-op in
+// the CPU emulator).
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_prefetch(const u8* wt, i64 row_bytes, int rows, const i8* aq,
+                                             int k, int t0, int n_tok, int k1, int tid) {
+    if (k1 >= k) return;
+    constexpr int SPAN = MMQ_K / T::qk * T::bytes; // a row's bytes in a step
+    constexpr int LINES = SPAN / 128 + 2;          // the most lines they touch
+    const i64 off = (i64)(k1 / T::qk) * T::bytes;
+    for (int u = tid; u < ROWS * LINES; u += MMQ_THREADS) {
+        const int r = u / LINES, l = u % LINES;
+        const u8* first = wt + r * row_bytes + off;
+        const u8* line = (const u8*)(((u64)first & ~(u64)127) + 128 * l);
+        if (r < rows && line < first + min((i64)SPAN, row_bytes - off)) prefetch_l2(line);
+    }
+    for (int u = tid; u < MMQ_TOK * 3; u += MMQ_THREADS) {
+        const int t = u / 3, l = u % 3; // a token's 256 bytes touch at most 3 lines
+        if (t0 + t < n_tok) prefetch_l2(aq + (i64)(t0 + t) * k + k1 + min(128 * l, MMQ_K - 1));
     }
 }
 
@@ -287,30 +365,12 @@ __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const floa
     for (int k0 = 0; k0 < k; k0 += MMQ_K) {
         const int ng = min(MMQ_G, nb - k0 / QK); // valid 32-element groups in this step
         // 1. Weights.
-        mmq_stage<T, ROWS>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
-        // 2. Activations: 16-byte chunk c of token t; chunks 2g, 2g + 1 (group g) sit in
-        // neighbouring lanes, which add their quant sums with one shuffle. Every lane runs the
-        // same number of iterations (the shuffle needs the whole warp).
-        for (int u = tid; u < MMQ_TOK * (MMQ_K / 16); u += MMQ_THREADS) {
-            const int t = u / (MMQ_K / 16), c = u % (MMQ_K / 16);
-            int4 v = make_int4(0, 0, 0, 0);
-            if (t0 + t < n_tok && c / 2 < ng) {
-                v = *(const int4*)(aq + (i64)(t0 + t) * k + k0 + 16 * c);
-            }
-            *(int4*)(s_aq + t * (MMQ_K / 4) + 4 * c) = v;
-            if (T::has_min) {
-                int sum = __dp4a(0x01010101, v.x, 0);
-                sum = __dp4a(0x01010101, v.y, sum);
-                sum = __dp4a(0x01010101, v.z, sum);
-                sum = __dp4a(0x01010101, v.w, sum);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                if ((c & 1) == 0) s_as[t * MMQ_G + c / 2] = sum;
-            }
-        }
-        for (int u = tid; u < MMQ_TOK * MMQ_G; u += MMQ_THREADS) {
-            const int t = u / MMQ_G, g = u % MMQ_G;
-            s_ad[u] = t0 + t < n_tok && g < ng ? ads[(i64)(t0 + t) * nb + k0 / QK + g].x : 0.0f;
-        }
+        // (The activations' loads are issued first, to wait for the memory with the weights'.)
+        mmq_acts acts;
+        acts.load(aq, ads, k, nb, t0, n_tok, k0, ng, tid);
+        mmq_stage<T, ROWS, MMQ_WSTRIDE>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
+        // 2. Activations.
+        acts.store<T::has_min, MMQ_K / 4>(tid, s_aq, s_ad, s_as);
         __syncthreads();
         // 3. Dot products from shared memory.
         if (computes) {
@@ -396,3 +456,141 @@ MMQ_KERNEL(mmq_q8_0_r32, mmq_q8_0_t, 32)
 MMQ_KERNEL(mmq_q4_K_r32, mmq_q4_K_t, 32)
 MMQ_KERNEL(mmq_q5_K_r32, mmq_q5_K_t, 32)
 MMQ_KERNEL(mmq_q6_K_r32, mmq_q6_K_t, 32)
+
+// ---------------------------------------------------------------------------------------------
+// The same GEMM on tensor cores (sm_80 and later): mmq_mma_<type> / mmq_mma_<type>_r32.
+//
+// Staging is the kernels' above (the same per-format unpacking into shared memory), with rows of
+// MMQ_PAD = 68 ints for both the weights and the activations: 68 = 4 mod 32, so a fragment load
+// (8 rows x 4 consecutive ints) hits 32 different banks. The products: each warp owns one 16-row
+// m-tile of the block's ROWS rows and ROWS / 16 consecutive 8-token n-tiles of its 64 tokens
+// (8 warps cover the ROWS x 64 tile: 4 x 8 or 2 x 8 fragments); per 32-element group one
+// mma_s8_16x8x32 per n-tile gives each of its 16 x 8 (row, token) pairs the group's exact i32 sum,
+// which takes the dp4a kernel's f32 step in the same expression (acc += d_w * d_a * sum, less
+// m_w * d_a * sum(a) with a min; Q6_K's two 16-element halves each an mma of its own, the other
+// half's A zero), so both kernels give the same bits wherever the compiler contracts them alike.
+
+#define MMQ_PAD 68
+
+template <class T, int ROWS>
+__device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const float2* ads,
+                                             float* y, int k, int n, int n_tok) {
+    constexpr int MT = ROWS / 16; // m-tiles in the block's rows, and n-tiles per warp
+    constexpr int SCS = 8 * T::sub + 1;
+    __shared__ int s_wq[ROWS * MMQ_PAD];
+    __shared__ float s_wsc[ROWS * SCS];
+    __shared__ float s_wmn[T::has_min ? ROWS * 9 : 1];
+    __shared__ __align__(16) int s_aq[MMQ_TOK * MMQ_PAD];
+    __shared__ float s_ad[MMQ_TOK * MMQ_G];
+    __shared__ int s_as[T::has_min ? MMQ_TOK * MMQ_G : 1];
+
+    if (blockDim.x != 32 || blockDim.y != MMQ_WARPS || k % T::qk != 0) return; // whole block
+    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+    const int gq = lane >> 2, tq = lane & 3; // the lane's place in a fragment
+    const int row0 = blockIdx.x * ROWS, t0 = blockIdx.y * MMQ_TOK;
+    const int rows = min(ROWS, n - row0);
+    const int nb = k / QK;
+    const i64 row_bytes = (i64)(k / T::qk) * T::bytes;
+    const u8* wt = (const u8*)w + (i64)row0 * row_bytes;
+    const int mr = 16 * (warp % MT); // the warp's rows mr..mr + 16 of the tile
+    const int tw = 8 * MT * (warp / MT); // and its tokens tw..tw + 8 MT
+    // Warps whose first token is past n_tok only help stage (uniform across the warp, so the
+    // mma's whole-warp rule holds).
+    const bool computes = t0 + tw < n_tok;
+
+    float acc[MT][4];
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+    for (int k0 = 0; k0 < k; k0 += MMQ_K) {
+        const int ng = min(MMQ_G, nb - k0 / QK);
+        mmq_acts acts;
+        acts.load(aq, ads, k, nb, t0, n_tok, k0, ng, tid);
+        mmq_stage<T, ROWS, MMQ_PAD>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
+        acts.store<T::has_min, MMQ_PAD>(tid, s_aq, s_ad, s_as);
+        // The next step's bytes into L2 while this one computes.
+        mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, k, t0, n_tok, k0 + MMQ_K, tid);
+        __syncthreads();
+        if (computes) {
+            for (int g = 0; g < ng; ++g) {
+                // Rows mr + gq (e = 0, 1) and mr + gq + 8 (e = 2, 3).
+                const int* w0 = s_wq + (mr + gq) * MMQ_PAD + 8 * g + tq;
+                const int* w1 = w0 + 8 * MMQ_PAD;
+                const int a[4] = {w0[0], w1[0], w0[4], w1[4]};
+                float wsc[2][T::sub], wmn[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = mr + gq + 8 * h;
+#pragma unroll
+                    for (int s = 0; s < T::sub; ++s) wsc[h][s] = s_wsc[r * SCS + T::sub * g + s];
+                    wmn[h] = T::has_min ? s_wmn[r * 9 + g] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < MT; ++j) {
+                    const int tb = tw + 8 * j; // the n-tile's first token (in the tile)
+                    const int* x0 = s_aq + (tb + gq) * MMQ_PAD + 8 * g + tq;
+                    const int b[2] = {x0[0], x0[4]};
+                    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                    if (T::sub == 2) {
+                        const int alo[4] = {a[0], a[1], 0, 0}, ahi[4] = {0, 0, a[2], a[3]};
+                        mma_s8_16x8x32(lo, alo, b);
+                        mma_s8_16x8x32(hi, ahi, b);
+                    } else {
+                        mma_s8_16x8x32(lo, a, b);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e >> 1, t = tb + 2 * tq + (e & 1);
+                        const float da = s_ad[t * MMQ_G + g];
+                        float v;
+                        if (T::sub == 2) {
+                            v = da * (wsc[h][0] * (float)lo[e] + wsc[h][T::sub - 1] * (float)hi[e]);
+                        } else {
+                            v = wsc[h][0] * da * (float)lo[e];
+                        }
+                        if (T::has_min) v -= wmn[h] * (da * (float)s_as[t * MMQ_G + g]);
+                        acc[j][e] += v;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (!computes) return;
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = mr + gq + 8 * (e >> 1), t = t0 + tw + 8 * j + 2 * tq + (e & 1);
+            if (t < n_tok && r < rows) y[(i64)t * n + row0 + r] = acc[j][e];
+        }
+}
+
+// launch: as the mmq_<type> kernels (grid, block (32, 8, 1), arguments); only on devices of
+// compute capability 8.0 or later (elsewhere correct but slow: the mma is emulated by shuffles).
+// Two blocks a multiprocessor (about 41 KB of static shared memory each).
+#define MMQ_MMA_KERNEL(name, T, ROWS)                                                           \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
+        name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
+             const float2* __restrict__ ads, float* __restrict__ y, int k, int n, int n_tok) {  \
+        mmq_mma_impl<T, ROWS>(w, aq, ads, y, k, n, n_tok);                                      \
+    }
+
+MMQ_MMA_KERNEL(mmq_mma_q4_0, mmq_q4_0_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q4_1, mmq_q4_1_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q5_0, mmq_q5_0_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q5_1, mmq_q5_1_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q8_0, mmq_q8_0_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q4_K, mmq_q4_K_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q5_K, mmq_q5_K_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q6_K, mmq_q6_K_t, 64)
+MMQ_MMA_KERNEL(mmq_mma_q4_0_r32, mmq_q4_0_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q4_1_r32, mmq_q4_1_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q5_0_r32, mmq_q5_0_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q5_1_r32, mmq_q5_1_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q8_0_r32, mmq_q8_0_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q4_K_r32, mmq_q4_K_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q5_K_r32, mmq_q5_K_t, 32)
+MMQ_MMA_KERNEL(mmq_mma_q6_K_r32, mmq_q6_K_t, 32)
