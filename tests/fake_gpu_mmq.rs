@@ -1,7 +1,7 @@
 //! The GPU backend's prefill GEMM paths for quantised weights, end to end on the stand-in CUDA
 //! driver (scripts/fake-gpu.sh: the emulator's kernels behind the driver and cuBLAS calls):
-//! `OATO_CUDA_MMQ=1` (int8 GEMM, mmq.cu: on tensor cores, as the stand-in device is sm_90, and
-//! with `OATO_CUDA_MMA=0` on `__dp4a`), `=0` (dequantisation + cuBLAS) and `auto` (both timed
+//! `OATO_CUDA_MMQ=1` (int8 GEMM, mmq.cu: on tensor cores, as the stand-in device is sm_90, with
+//! and without split-K, and with `OATO_CUDA_MMA=0` on `__dp4a`), `=0` (dequantisation + cuBLAS) and `auto` (both timed
 //! once per shape, then the faster) each give greedy ids within the golden parity rule for the
 //! golden prompt whose 9 tokens make a prefill batch, and the driver's launch log shows that each
 //! run took the path it names. Skipped, saying why, where scripts/check-cuda-kernels.sh has not
@@ -31,11 +31,13 @@ struct Launches {
     dp4a: usize,
     deq: usize,
     sleeps: usize,
+    /// Split-K partial sums added up (`mmq_splitk_sum`).
+    sums: usize,
 }
 
-/// Greedy ids of `prompt` under `OATO_CUDA_MMQ=mode` (and `OATO_CUDA_MMA=mma`) with the whole
-/// model on the stand-in GPU, and what it launched.
-fn run(mode: &str, mma: &str, prompt: &str, n: usize) -> (Vec<u32>, Launches) {
+/// Greedy ids of `prompt` under `OATO_CUDA_MMQ=mode` (and `OATO_CUDA_MMA=mma`,
+/// `OATO_CUDA_MMQ_SPLITK=splitk`) with the whole model on the stand-in GPU, and what it launched.
+fn run(mode: &str, mma: &str, splitk: &str, prompt: &str, n: usize) -> (Vec<u32>, Launches) {
     let out = Command::new(repo().join("scripts/fake-gpu.sh"))
         .arg(env!("CARGO_BIN_EXE_oato"))
         .args(["run", &model_path().display().to_string(), "-p", prompt])
@@ -54,6 +56,7 @@ fn run(mode: &str, mma: &str, prompt: &str, n: usize) -> (Vec<u32>, Launches) {
         .env_remove("OATO_MODEL")
         .env("OATO_CUDA_MMQ", mode)
         .env("OATO_CUDA_MMA", mma)
+        .env("OATO_CUDA_MMQ_SPLITK", splitk)
         .env("OATO_FAKE_CUDA_LOG", "1")
         .output()
         .expect("scripts/fake-gpu.sh runs");
@@ -81,6 +84,7 @@ fn run(mode: &str, mma: &str, prompt: &str, n: usize) -> (Vec<u32>, Launches) {
             dp4a: launches("mmq_q4_1"),
             deq: launches("dequant_q4_1_f16"),
             sleeps: launches("gpu_sleep"),
+            sums: launches("mmq_splitk_sum"),
         },
     )
 }
@@ -105,17 +109,25 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
     // Weight products of the whole run, as OATO_CUDA_MMQ=1 counts them (the first mode).
     let mut products = 0;
     let mut dp4a_ids = Vec::new();
-    for (mode, mma) in [("1", "0"), ("1", "1"), ("0", "1"), ("auto", "1")] {
-        let (got, l) = run(mode, mma, prompt, want.len());
+    for (mode, mma, splitk) in [
+        ("1", "0", "1"),
+        ("1", "1", "0"),
+        ("1", "1", "1"),
+        ("0", "1", "1"),
+        ("auto", "1", "1"),
+    ] {
+        let (got, l) = run(mode, mma, splitk, prompt, want.len());
         let Launches {
             mma: tc,
             dp4a,
             deq,
             sleeps,
+            sums,
         } = l;
         println!(
-            "OATO_CUDA_MMQ={mode} OATO_CUDA_MMA={mma}: {got:?}; {tc} mmq_mma_q4_1, {dp4a} \
-             mmq_q4_1, {deq} dequant_q4_1_f16, {sleeps} gpu_sleep launches"
+            "OATO_CUDA_MMQ={mode} OATO_CUDA_MMA={mma} OATO_CUDA_MMQ_SPLITK={splitk}: {got:?}; \
+             {tc} mmq_mma_q4_1, {dp4a} mmq_q4_1, {sums} mmq_splitk_sum, {deq} dequant_q4_1_f16, \
+             {sleeps} gpu_sleep launches"
         );
         if let Err(e) = check_parity(&got, &want, top_choices(p)) {
             panic!("OATO_CUDA_MMQ={mode}: {e}\n  ours: {got:?}\n  llama.cpp: {want:?}");
@@ -123,23 +135,31 @@ fn prefill_by_int8_gemm_and_by_cublas_keep_golden_parity_on_the_stand_in_driver(
         // Only one of the two int8 kernels runs in a process.
         assert!(tc == 0 || dp4a == 0, "{tc} mma, {dp4a} dp4a");
         let mmq = tc + dp4a;
-        match (mode, mma) {
-            ("1", "0") => {
+        match (mode, mma, splitk) {
+            ("1", "0", _) => {
                 assert!(
                     dp4a >= per_prefill && tc == 0 && deq == 0,
                     "{dp4a} mmq, {deq} dequant"
                 );
-                assert_eq!(sleeps, 0, "nothing timed");
+                assert_eq!((sleeps, sums), (0, 0), "nothing timed, nothing split");
                 products = dp4a;
                 dp4a_ids = got;
             }
-            ("1", _) => {
+            ("1", _, "0") => {
                 // The same sums in the same order: the same tokens.
                 assert!(tc == products && deq == 0, "{tc} mma, {deq} dequant");
-                assert_eq!(sleeps, 0, "nothing timed");
+                assert_eq!((sleeps, sums), (0, 0), "nothing timed, nothing split");
                 assert_eq!(got, dp4a_ids, "tensor cores and __dp4a");
             }
-            ("0", _) => {
+            ("1", _, _) => {
+                // ffn_down (k = 1536, 6 steps; 18 blocks of 32 rows on the stand-in's 132
+                // multiprocessors) splits k in 3, once a layer and prefill; k = 576 (3 steps)
+                // does not split.
+                assert!(tc == products && deq == 0, "{tc} mma, {deq} dequant");
+                assert_eq!(sums, products / 7, "one split product a layer and prefill");
+                assert_eq!(sleeps, 0, "nothing timed");
+            }
+            ("0", _, _) => {
                 assert!(mmq == 0 && deq == products, "{mmq} mmq, {deq} dequant");
                 assert_eq!(sleeps, 0, "nothing timed");
             }

@@ -31,7 +31,7 @@ use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
 use crate::runtime::cuda_host::{HostRegistrations, PageLocked, Pinned, par_copy};
 use crate::runtime::cuda_mmq::{
     MMQ_KERNELS, MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mma_on, mmq_kernel_of, mmq_mode,
-    mmq_mode_from_env,
+    mmq_mode_from_env, mmq_splits,
 };
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
@@ -134,6 +134,8 @@ struct Scratch {
     xq16: Option<(CudaSlice<u8>, Reservation)>,
     /// Prefill activations as Q8_1 quants and scales (quantize_q8_1_split), for the int8 GEMM.
     mmq_act: Option<(CudaSlice<u8>, Reservation)>,
+    /// The tensor-core int8 GEMM's split-K partial sums.
+    mmq_part: Option<(CudaSlice<u8>, Reservation)>,
     pinned: Vec<Pinned>,
     turn: usize,
     /// Decode activations split by quantize_q8_1_split for the split layout's kernels: two
@@ -1656,10 +1658,13 @@ impl CudaBackend {
     }
 
     /// `y = W x` for quantised weight `w` at `wp` by the int8 GEMM `kernel` (mmq.cu), the
-    /// activations as quantize_q8_1_split's quants `aq` and scales `ads`.
+    /// activations as quantize_q8_1_split's quants `aq` and scales `ads`; a tensor-core kernel
+    /// whose grid would leave the device idle splits k ([`mmq_splits`]), its partial sums in
+    /// `part` and added up by mmq_splitk_sum.
     #[allow(clippy::too_many_arguments)]
     fn mmq(
         &self,
+        part: &mut Option<(CudaSlice<u8>, Reservation)>,
         kernel: MmqKernel,
         wp: u64,
         aq: u64,
@@ -1670,15 +1675,31 @@ impl CudaBackend {
         n_tok: usize,
     ) -> Result<()> {
         let tiles = n_tok.div_ceil(MMQ_TOK);
-        if tiles > MAX_GRID_Y || n.div_ceil(kernel.rows) > u32::MAX as usize {
+        let row_blocks = n.div_ceil(kernel.rows);
+        if tiles > MAX_GRID_Y || row_blocks > u32::MAX as usize {
             return Err(Error::Msg(format!(
                 "matmul: {n_tok} tokens x {n} rows is too large a grid for {}",
                 kernel.name
             )));
         }
-        launch!(self, kernel.name, (n.div_ceil(kernel.rows) as u32, tiles as u32, 1), (32, 8, 1);
-            wq: u64 = wp, a: u64 = aq, d: u64 = ads, yq: u64 = yp, k_: i32 = k as i32,
+        let splits = if kernel.mma {
+            mmq_splits(row_blocks * tiles, k.div_ceil(256), self.sm_count)
+        } else {
+            1
+        };
+        let out = if splits > 1 {
+            self.grow(part, splits * n_tok * n * 4)?
+        } else {
+            yp
+        };
+        launch!(self, kernel.name, (row_blocks as u32, tiles as u32, splits as u32), (32, 8, 1);
+            wq: u64 = wp, a: u64 = aq, d: u64 = ads, yq: u64 = out, k_: i32 = k as i32,
             n_: i32 = n as i32, t_: i32 = n_tok as i32);
+        if splits > 1 {
+            let len = n_tok * n;
+            launch!(self, "mmq_splitk_sum", stride_grid(len, 4), B256;
+                p: u64 = out, yq: u64 = yp, l: i64 = len as i64, s_: i32 = splits as i32);
+        }
         Ok(())
     }
 
@@ -2171,14 +2192,16 @@ impl Backend for CudaBackend {
                 (Prefill::Dequant, _) => {
                     self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)?
                 }
-                (Prefill::Mmq(kernel), _) => self.mmq(kernel, wp, aq, ads, yp, k, w.n, n_tok)?,
+                (Prefill::Mmq(kernel), _) => {
+                    self.mmq(&mut s.mmq_part, kernel, wp, aq, ads, yp, k, w.n, n_tok)?
+                }
                 (Prefill::Measure(kernel), _) => {
                     // Each once untimed (first launches load code and pick cuBLAS algorithms),
                     // then once timed; the output is then recomputed by the faster, so every
                     // batch of the shape gets its values from the same path.
                     let mut run = |mmq: bool| -> Result<()> {
                         if mmq {
-                            self.mmq(kernel, wp, aq, ads, yp, k, w.n, n_tok)
+                            self.mmq(&mut s.mmq_part, kernel, wp, aq, ads, yp, k, w.n, n_tok)
                         } else {
                             self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)
                         }

@@ -20,6 +20,8 @@ pub const MMQ_TOK: usize = 64;
 pub struct MmqKernel {
     pub name: &'static str,
     pub rows: usize,
+    /// A tensor-core kernel (`mmq_mma_`), which can split k ([`mmq_splits`]).
+    pub mma: bool,
 }
 
 /// Which prefill GEMM quantised weights take.
@@ -94,11 +96,11 @@ macro_rules! mmq_names {
             }
         }
 
-        /// Every int8 GEMM kernel (mmq.cu's exports).
+        /// Every int8 GEMM kernel (mmq.cu's exports), and the split-K partials' sum.
         pub const MMQ_KERNELS: &[&str] = &[$(
             concat!("mmq_", $s), concat!("mmq_", $s, "_r32"),
             concat!("mmq_mma_", $s), concat!("mmq_mma_", $s, "_r32"),
-        )*];
+        )* "mmq_splitk_sum"];
     };
 }
 
@@ -121,13 +123,31 @@ pub fn mmq_kernel_of(
         MmqKernel {
             name: names[1],
             rows: 32,
+            mma,
         }
     } else {
         MmqKernel {
             name: names[0],
             rows: 64,
+            mma,
         }
     })
+}
+
+/// Splits of k (split-K) for a tensor-core int8 GEMM of `blocks` thread blocks over `steps`
+/// 256-element steps of k on `sm_count` multiprocessors: as many as keep the grid within one wave
+/// of two blocks a multiprocessor (the kernels' occupancy), at most 8 and at least two steps a
+/// split; 1 (no split) for a grid that fills the device already, or with
+/// `OATO_CUDA_MMQ_SPLITK=0`. A prefill of 64 tokens on an H100 / H200 (132 multiprocessors):
+/// 4096 x 1024 (k / v, 32 blocks) 8 splits of 2 steps, 4096 x 4096 and 14336 x 4096 (128
+/// blocks) 2, 4096 x 14336 (224 blocks) none.
+pub fn mmq_splits(blocks: usize, steps: usize, sm_count: usize) -> usize {
+    static ON: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_MMQ_SPLITK"));
+    if !*ON {
+        return 1;
+    }
+    (2 * sm_count / blocks.max(1)).clamp(1, (steps / 2).clamp(1, 8))
 }
 
 /// Whether the int8 GEMM may run on tensor cores: on unless `OATO_CUDA_MMA=0` (read once) or
@@ -263,6 +283,19 @@ mod tests {
         // IQ4_NL / IQ4_XS prefill always dequantises (no int8 GEMM kernels for them).
         assert!(!has_mmq(GgmlType::IQ4_NL) && !has_mmq(GgmlType::IQ4_XS));
         assert_eq!(mmq_kernel_of(GgmlType::IQ4_XS, 4096, 64, 132, false), None);
+    }
+
+    #[test]
+    fn split_k_fills_one_wave_of_two_blocks_a_multiprocessor() {
+        // 64 tokens on 132 multiprocessors: k / v, q / o and down, gate / up.
+        assert_eq!(mmq_splits(32, 16, 132), 8);
+        assert_eq!(mmq_splits(128, 16, 132), 2);
+        assert_eq!(mmq_splits(128, 56, 132), 2);
+        assert_eq!(mmq_splits(224, 16, 132), 1);
+        // At least two steps a split; a one-step k is not split.
+        assert_eq!(mmq_splits(4, 6, 132), 3);
+        assert_eq!(mmq_splits(4, 1, 132), 1);
+        assert_eq!(mmq_splits(0, 16, 132), 8);
     }
 
     #[test]

@@ -679,6 +679,24 @@ def check_mmq(g, t):
             # The tensor-core kernel takes the same per-group steps in the same order.
             g.exact(f"{kernel} k={k} rows={rows} n_tok={n_tok} w+{w_off} = the dp4a kernel's",
                     got["mma_"], got[""], dims=("t", "row"))
+            # Split-K: S blocks along k (with k's 256-element steps, 2 or 3 of them here, one
+            # split may get none), their partials summed in split order by mmq_splitk_sum.
+            steps = cdiv(k, 256)
+            for splits in (2, 3) if steps >= 2 else ():
+                part = Buf.out(np.float32, splits * n_tok * rows)
+                E.launch(kernel, (cdiv(rows, tile), cdiv(n_tok, 64), splits), (32, 8),
+                         Buf.of(blocks, w_off), aq, ads, part, i32(k), i32(rows), i32(n_tok))
+                parts = part.get(np.float32).reshape(splits, n_tok, rows)
+                y = Buf.out(np.float32, n_tok * rows)
+                E.launch("mmq_splitk_sum", (3,), (256,), part, y, i64(n_tok * rows), i32(splits))
+                want = parts[0].copy()
+                for z in range(1, splits):
+                    want = (want + parts[z]).astype(np.float32)
+                got_s = y.get(np.float32).reshape(n_tok, rows)
+                g.exact(f"mmq_splitk_sum of {kernel} x{splits} k={k}: the partials in order",
+                        got_s, want, dims=("t", "row"))
+                g.close(f"{kernel} split-K x{splits} k={k} rows={rows} n_tok={n_tok} w+{w_off}",
+                        got_s, ref, 1e-5, mag, dims=("t", "row"), metric="err/mag")
     # Launch contract broken: a block of 128 threads, or k not a multiple of the block size:
     # nothing written.
     k_bad = qk + 32 if not small else 48

@@ -492,6 +492,11 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
     const int nb = k / QK;
     const i64 row_bytes = (i64)(k / T::qk) * T::bytes;
     const u8* wt = (const u8*)w + (i64)row0 * row_bytes;
+    // Split-K (gridDim.z > 1): block z takes its share of k's steps and writes its partial sums
+    // to y + z * n_tok * n (mmq_splitk_sum adds them up).
+    const int steps = (k + MMQ_K - 1) / MMQ_K, per = (steps + gridDim.z - 1) / gridDim.z;
+    const int kbeg = blockIdx.z * per * MMQ_K, kend = min(k, (int)(blockIdx.z + 1) * per * MMQ_K);
+    y += (i64)blockIdx.z * n_tok * n;
     const int mr = 16 * (warp % MT); // the warp's rows mr..mr + 16 of the tile
     const int tw = 8 * MT * (warp / MT); // and its tokens tw..tw + 8 MT
     // Warps whose first token is past n_tok only help stage (uniform across the warp, so the
@@ -504,14 +509,14 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += MMQ_K) {
+    for (int k0 = kbeg; k0 < kend; k0 += MMQ_K) {
         const int ng = min(MMQ_G, nb - k0 / QK);
         mmq_acts acts;
         acts.load(aq, ads, k, nb, t0, n_tok, k0, ng, tid);
         mmq_stage<T, ROWS, MMQ_PAD>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
         acts.store<T::has_min, MMQ_PAD>(tid, s_aq, s_ad, s_as);
         // The next step's bytes into L2 while this one computes.
-        mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, k, t0, n_tok, k0 + MMQ_K, tid);
+        mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, kend, t0, n_tok, k0 + MMQ_K, tid);
         __syncthreads();
         if (computes) {
             for (int g = 0; g < ng; ++g) {
@@ -568,9 +573,12 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
         }
 }
 
-// launch: as the mmq_<type> kernels (grid, block (32, 8, 1), arguments); only on devices of
-// compute capability 8.0 or later (elsewhere correct but slow: the mma is emulated by shuffles).
-// Two blocks a multiprocessor (about 41 KB of static shared memory each).
+// launch: as the mmq_<type> kernels (grid x, y, block (32, 8, 1), arguments), with grid z the
+// number of k splits S: with S > 1, y is [S, n_tok, n], split z's partial sums over its share of
+// k's 256-element steps (ceil(steps / S) each, the last ones possibly none: zeros), and
+// mmq_splitk_sum adds them into the output. Only on devices of compute capability 8.0 or later
+// (elsewhere correct but slow: the mma is emulated by shuffles). Two blocks a multiprocessor
+// (about 41 KB of static shared memory each).
 #define MMQ_MMA_KERNEL(name, T, ROWS)                                                           \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
         name(const void* __restrict__ w, const i8* __restrict__ aq,                             \
@@ -594,3 +602,15 @@ MMQ_MMA_KERNEL(mmq_mma_q8_0_r32, mmq_q8_0_t, 32)
 MMQ_MMA_KERNEL(mmq_mma_q4_K_r32, mmq_q4_K_t, 32)
 MMQ_MMA_KERNEL(mmq_mma_q5_K_r32, mmq_q5_K_t, 32)
 MMQ_MMA_KERNEL(mmq_mma_q6_K_r32, mmq_q6_K_t, 32)
+
+// y[i] = part[i] + part[len + i] + ... + part[(splits - 1) len + i], in that order (the split-K
+// partials of an mmq_mma kernel; the same bits every run).
+// launch: grid any, block (256, 1, 1). part: [splits, len] f32; y: [len] f32.
+extern "C" __global__ void mmq_splitk_sum(const float* __restrict__ part, float* __restrict__ y,
+                                          i64 len, int splits) {
+    GRID_STRIDE_LOOP(i, len) {
+        float v = part[i];
+        for (int z = 1; z < splits; ++z) v += part[(i64)z * len + i];
+        y[i] = v;
+    }
+}
