@@ -327,8 +327,9 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     // "matmul-p"; then 1027 rows with k = 4608, two items a row block, one thread block per
     // multiprocessor, so that each walks two or more of the 257 row blocks) and the int8 prefill GEMM where the type has one
     // ("matmul-q": partial 64-token tiles; 67 rows take 32-row tiles, 4224 rows enough 64-row
-    // tiles to fill an H100 or the stand-in device; on tensor cores where the device has them,
-    // "matmul-qd" the same on __dp4a); "matmul" then forces dequantisation + cuBLAS.
+    // tiles to fill an H100 or the stand-in device, k = 1536 tensor cores' split-K; on tensor
+    // cores where the device has them, "matmul-qd" the same on __dp4a); "matmul" then forces
+    // dequantisation + cuBLAS.
     let (k, n) = (512, 67);
     let gpu = be.kind() == DeviceKind::Gpu;
     let chosen = mmvq_mode();
@@ -344,6 +345,8 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ("matmul-p", Pipe, 4608, 1027, &[1]),
             ("matmul-q", Staged, k, n, &[9, 40, 70]),
             ("matmul-q", Staged, k, 4224, &[70]),
+            // Six 256-element steps of k: split-K on tensor cores (3 parts).
+            ("matmul-q", Staged, 1536, n, &[70]),
             ("matmul-qd", Staged, k, n, &[9, 40, 70]),
             ("matmul-qd", Staged, k, 4224, &[70]),
         ]
@@ -398,6 +401,19 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     set_pipe_blocks(chosen_blocks);
     set_mmq_mode(chosen_mmq);
     set_mma(chosen_mma);
+    // The backend's start-up check: tensor cores and __dp4a gave the same bits (else prefill
+    // quietly keeps __dp4a, and "matmul-q" above checked that).
+    if let Some(agrees) = be.int8_mma_agrees() {
+        cases.push(Case {
+            op: "mma-check",
+            ty: "q4_0".into(),
+            shape: "64x256, 64 tok: mmq_mma = mmq bits".into(),
+            nmse: if agrees { 0.0 } else { f64::INFINITY },
+            max_err: 0.0,
+            at: 0,
+            bound: 0.0,
+        });
+    }
     // Shared input, several matrices in one call: two of other types, and three (q, k, v) or
     // two (gate, up) of one type, which a GPU runs as one launch (mmvq_multi; the last with rows
     // that do not fill a thread block); on a GPU with the staged and the pipelined kernels.

@@ -231,6 +231,11 @@ pub trait Backend: Send + Sync {
     fn int8_tensor_cores(&self) -> bool {
         false
     }
+    /// Whether the start-up check found the tensor-core int8 GEMM giving the `__dp4a` kernel's
+    /// bits (`None`: not checked, as without tensor cores or with them switched off).
+    fn int8_mma_agrees(&self) -> Option<bool> {
+        None
+    }
     fn memory(&self) -> Result<MemInfo>;
     fn usage(&self) -> Usage;
 

@@ -210,6 +210,9 @@ pub struct CudaBackend {
     sm_count: usize,
     /// `OATO_CUDA_MMQ=auto`'s choices between the int8 GEMM and cuBLAS, per shape.
     mmq_choices: MmqChoices,
+    /// The tensor-core int8 GEMM gave the `__dp4a` kernel's bits on this device at start-up
+    /// ([`CudaBackend::check_mma`]); false keeps `__dp4a`.
+    mma_ok: AtomicBool,
     /// A weight in split.cu's layout has been uploaded: the fused RMSNorm, SwiGLU and attention
     /// kernels then also write their output's Q8_1 split (quantize_q8_1_split's layout), which
     /// its matrix-vector kernels read, besides the blocks mmvq.cu's kernels read.
@@ -1121,7 +1124,7 @@ impl CudaBackend {
         let host_ctx = ctx.clone();
         let ctx_event = ctx.new_event(None).map_err(drv("event"))?;
         let launcher = Launcher::new(ctx.clone(), stream.cu_stream());
-        Ok(CudaBackend {
+        let be = CudaBackend {
             id: next_backend_id(),
             ledger: Arc::default(),
             ctx,
@@ -1133,6 +1136,7 @@ impl CudaBackend {
             arch,
             sm_count,
             mmq_choices: MmqChoices::default(),
+            mma_ok: AtomicBool::new(true),
             split_live: AtomicBool::new(false),
             funcs,
             scratch: Mutex::new(Scratch {
@@ -1150,7 +1154,72 @@ impl CudaBackend {
             }),
             compile_ms,
             kernels_from_cache: from_cache,
-        })
+        };
+        be.check_mma()?;
+        Ok(be)
+    }
+
+    /// Whether the int8 prefill GEMM runs on tensor cores here: the device has them, they are
+    /// switched on, and the start-up check agreed.
+    fn mma_here(&self) -> bool {
+        mma_on(self.arch) && self.mma_ok.load(Ordering::Relaxed)
+    }
+
+    /// Start-up check of the tensor-core int8 GEMM (sm_80 and later, unless switched off): one
+    /// 64-row x 256 Q4_0 tile by 64 tokens of seeded random quants through `mmq_mma_q4_0` and
+    /// `mmq_q4_0`, which give the same bits (the same exact sums, the same f32 steps; checked in
+    /// the CPU emulator). If they differ (a fragment layout this device does not share), the
+    /// backend keeps `__dp4a` and says so on stderr. Returns whether they agreed, `None` where
+    /// nothing was checked.
+    fn check_mma(&self) -> Result<Option<bool>> {
+        if !mma_on(self.arch) {
+            return Ok(None);
+        }
+        const ROWS: usize = 64;
+        const K: usize = 256;
+        const TOK: usize = 64;
+        let mut rng = crate::rng::SplitMix64::new(0x6d6d61);
+        let mut w = vec![0u8; ROWS * K / 32 * 18];
+        rng.fill_bytes(&mut w);
+        for b in w.chunks_mut(18) {
+            // A finite scale: f16 between 2^-8 and 2^-7, either sign.
+            let d = half::f16::from_f32((1.0 + rng.next_f32()) / 256.0);
+            b[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        let mut aq = vec![0u8; TOK * K];
+        rng.fill_bytes(&mut aq);
+        let ads: Vec<u8> = (0..TOK * K / 32)
+            .flat_map(|_| [rng.next_f32() / 64.0, 0.0])
+            .flat_map(f32::to_le_bytes)
+            .collect();
+        let out = ROWS * TOK * 4;
+        let total = w.len().next_multiple_of(256) + aq.len() + ads.len() + 2 * out;
+        // SAFETY: every byte read below is written first (uploads, then the kernels' outputs).
+        let buf = unsafe { self.stream.alloc::<u8>(total) }.map_err(drv("mma check allocation"))?;
+        let base = self.ptr_of(&buf);
+        let (wp, ap) = (base, base + w.len().next_multiple_of(256) as u64);
+        let (dp, y0) = (ap + aq.len() as u64, ap + (aq.len() + ads.len()) as u64);
+        let y1 = y0 + out as u64;
+        self.upload(wp, &w)?;
+        self.upload(ap, &aq)?;
+        self.upload(dp, &ads)?;
+        for (name, y) in [("mmq_q4_0", y0), ("mmq_mma_q4_0", y1)] {
+            launch!(self, name, (1, 1, 1), (32, 8, 1);
+                wq: u64 = wp, a: u64 = ap, d: u64 = dp, yq: u64 = y, k_: i32 = K as i32,
+                n_: i32 = ROWS as i32, t_: i32 = TOK as i32);
+        }
+        let mut got = vec![0u8; 2 * out];
+        self.download(y0, &mut got)?;
+        let agree = got[..out] == got[out..];
+        if !agree {
+            eprintln!(
+                "warning: the tensor-core int8 GEMM (mmq_mma_q4_0) differs from __dp4a's on {} \
+                 (sm_{}); prefill keeps __dp4a",
+                self.name, self.arch
+            );
+        }
+        self.mma_ok.store(agree, Ordering::Relaxed);
+        Ok(Some(agree))
     }
 
     fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -1643,7 +1712,7 @@ impl CudaBackend {
             return Ok(Prefill::Dequant);
         }
         // (k is whole blocks: `check_weight_bytes` made sure when the weight was loaded.)
-        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count, mma_on(self.arch)) else {
+        let Some(kernel) = mmq_kernel_of(w.ty, w.n, n_tok, self.sm_count, self.mma_here()) else {
             return Ok(Prefill::Dequant);
         };
         Ok(match mmq_mode() {
@@ -1836,6 +1905,10 @@ impl Backend for CudaBackend {
 
     fn int8_tensor_cores(&self) -> bool {
         self.arch >= 80
+    }
+
+    fn int8_mma_agrees(&self) -> Option<bool> {
+        mma_on(self.arch).then(|| self.mma_ok.load(Ordering::Relaxed))
     }
 
     fn describe(&self) -> String {
