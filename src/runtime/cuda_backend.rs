@@ -1726,6 +1726,16 @@ impl CudaBackend {
         })
     }
 
+    /// The parts the int8 GEMM `kernel` splits k into for `n` rows by `n_tok` tokens.
+    fn mmq_splits_of(&self, kernel: MmqKernel, k: usize, n: usize, n_tok: usize) -> usize {
+        if kernel.mma {
+            let blocks = n.div_ceil(kernel.rows) * n_tok.div_ceil(MMQ_TOK);
+            mmq_splits(blocks, k.div_ceil(256), self.sm_count)
+        } else {
+            1
+        }
+    }
+
     /// `y = W x` for quantised weight `w` at `wp` by the int8 GEMM `kernel` (mmq.cu), the
     /// activations as quantize_q8_1_split's quants `aq` and scales `ads`; a tensor-core kernel
     /// whose grid would leave the device idle splits k ([`mmq_splits`]), its partial sums in
@@ -1751,11 +1761,7 @@ impl CudaBackend {
                 kernel.name
             )));
         }
-        let splits = if kernel.mma {
-            mmq_splits(row_blocks * tiles, k.div_ceil(256), self.sm_count)
-        } else {
-            1
-        };
+        let splits = self.mmq_splits_of(kernel, k, n, n_tok);
         let out = if splits > 1 {
             self.grow(part, splits * n_tok * n * 4)?
         } else {
@@ -2283,9 +2289,15 @@ impl Backend for CudaBackend {
                     run(false)?;
                     let mmq_us = self.time_us(|| run(true))?;
                     let cublas_us = self.time_us(|| run(false))?;
-                    let c = self
-                        .mmq_choices
-                        .record(w.ty, w.n, k, n_tok, mmq_us, cublas_us)?;
+                    let c = self.mmq_choices.record(
+                        w.ty,
+                        w.n,
+                        k,
+                        n_tok,
+                        (kernel.name, self.mmq_splits_of(kernel, k, w.n, n_tok)),
+                        mmq_us,
+                        cublas_us,
+                    )?;
                     if c.mmq {
                         run(true)?;
                     }

@@ -189,6 +189,9 @@ pub struct MmqChoice {
     pub mmq: bool,
     pub mmq_us: f64,
     pub cublas_us: f64,
+    /// The int8 kernel timed, and in how many parts it split k.
+    pub kernel: &'static str,
+    pub splits: usize,
 }
 
 /// A shape `auto` chooses for: (type, n, k, token bucket).
@@ -208,12 +211,14 @@ impl MmqChoices {
     }
 
     /// Records the two times for a shape and returns the choice (the int8 GEMM when faster).
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         ty: GgmlType,
         n: usize,
         k: usize,
         n_tok: usize,
+        (kernel, splits): (&'static str, usize),
         mmq_us: f64,
         cublas_us: f64,
     ) -> Result<MmqChoice> {
@@ -221,6 +226,8 @@ impl MmqChoices {
             mmq: mmq_us < cublas_us,
             mmq_us,
             cublas_us,
+            kernel,
+            splits,
         };
         self.lock()?.insert(Self::key(ty, n, k, n_tok), c);
         Ok(c)
@@ -235,9 +242,15 @@ impl MmqChoices {
             .into_iter()
             .map(|((ty, n, k, b), c)| {
                 format!(
-                    "prefill GEMM {} {k}x{n}, batches up to {b}: int8 {:.1} us, dequantise + \
-                     cuBLAS {:.1} us: {}",
+                    "prefill GEMM {} {k}x{n}, batches up to {b}: int8 ({}{}) {:.1} us, \
+                     dequantise + cuBLAS {:.1} us: {}",
                     ty.name(),
+                    c.kernel,
+                    if c.splits > 1 {
+                        format!(", k in {} parts", c.splits)
+                    } else {
+                        String::new()
+                    },
                     c.mmq_us,
                     c.cublas_us,
                     if c.mmq { "int8" } else { "cuBLAS" }
@@ -271,8 +284,16 @@ mod tests {
         let c = MmqChoices::default();
         let q = GgmlType::Q4_0;
         assert_eq!(c.get(q, 4096, 4096, 64).unwrap(), None);
-        assert!(c.record(q, 4096, 4096, 64, 10.0, 20.0).unwrap().mmq);
-        assert!(!c.record(q, 4096, 4096, 512, 30.0, 20.0).unwrap().mmq);
+        assert!(
+            c.record(q, 4096, 4096, 64, ("mmq_q4_0", 1), 10.0, 20.0)
+                .unwrap()
+                .mmq
+        );
+        assert!(
+            !c.record(q, 4096, 4096, 512, ("mmq_q4_0", 1), 30.0, 20.0)
+                .unwrap()
+                .mmq
+        );
         // 33..64 tokens share the 64 bucket; 65 is in the next; another type or shape is new.
         assert!(c.get(q, 4096, 4096, 33).unwrap().unwrap().mmq);
         assert!(!c.get(q, 4096, 4096, 300).unwrap().unwrap().mmq);
