@@ -25,7 +25,9 @@ use oato::runtime::cuda_backend::{
     set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
-use oato::runtime::cuda_mmq::{MmqMode, has_mmq, mma_enabled, mmq_mode, set_mma, set_mmq_mode};
+use oato::runtime::cuda_mmq::{
+    MmqMode, has_mmq, mma_enabled, mmq_mode, mmq_splitk, set_mma, set_mmq_mode, set_mmq_splitk,
+};
 
 use super::DeviceArg;
 
@@ -904,8 +906,9 @@ fn perf(be: &dyn Backend) -> Result<()> {
         // Quantised prefill GEMMs: the int8 kernels (__dp4a; tensor cores where the device has
         // them) against dequantisation + cuBLAS.
         println!();
+        // mma us: tensor cores (k split where the grid is small), mma 1 part: never split.
         println!(
-            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>7}",
+            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>10} {:>10} {:>9} {:>7}",
             "type",
             "k x n",
             "tokens",
@@ -913,6 +916,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
             "TFLOP/s",
             "mma us",
             "TFLOP/s",
+            "mma 1 part",
             "cuBLAS us",
             "TFLOP/s",
             "fastest"
@@ -1033,40 +1037,49 @@ fn prefill_gemm_lines(
 ) -> Result<Vec<String>> {
     let chosen = mmq_mode();
     let chosen_mma = mma_enabled();
+    let chosen_splitk = mmq_splitk();
     let mut lines = Vec::new();
     for n_tok in [64, 512] {
         let x = put(be, &pattern(n_tok * k, 0.0))?;
         let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
-        let mut time = |mode: MmqMode, mma: bool| -> Result<f64> {
+        let mut time = |mode: MmqMode, mma: bool, splitk: bool| -> Result<f64> {
             set_mmq_mode(mode);
             set_mma(mma);
+            set_mmq_splitk(splitk);
             median_us(be, reps, || be.matmul(&[w], &x, n_tok, &mut [&mut y]))
         };
-        let tq = time(MmqMode::On, false)?;
-        let tm = if be.int8_tensor_cores() {
-            Some(time(MmqMode::On, true)?)
+        let tq = time(MmqMode::On, false, chosen_splitk)?;
+        let (tm, tm1) = if be.int8_tensor_cores() {
+            (
+                Some(time(MmqMode::On, true, true)?),
+                Some(time(MmqMode::On, true, false)?),
+            )
         } else {
-            None
+            (None, None)
         };
-        let tb = time(MmqMode::Off, chosen_mma)?;
+        let tb = time(MmqMode::Off, chosen_mma, chosen_splitk)?;
         let tflops = |t: f64| 2.0 * (k * n * n_tok) as f64 / t / 1e6;
         let best = [("mmq", Some(tq)), ("mma", tm), ("cuBLAS", Some(tb))]
             .into_iter()
             .filter_map(|(name, t)| Some((name, t?)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .map_or("", |(name, _)| name);
+        let us = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.1}"));
         lines.push(format!(
-            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {:>10} {:>9} {tb:>10.1} {:>9.2} {best:>7}",
+            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {:>10} {:>9} {:>10} {tb:>10.1} {:>9.2} \
+             {best:>7}",
             w.ty.name(),
             format!("{k}x{n}"),
             tflops(tq),
-            tm.map_or("-".to_string(), |t| format!("{t:.1}")),
+            us(tm),
             tm.map_or("-".to_string(), |t| format!("{:.2}", tflops(t))),
+            us(tm1),
             tflops(tb),
         ));
     }
     set_mmq_mode(chosen);
     set_mma(chosen_mma);
+    set_mmq_splitk(chosen_splitk);
     Ok(lines)
 }
 

@@ -142,12 +142,30 @@ pub fn mmq_kernel_of(
 /// 4096 x 1024 (k / v, 32 blocks) 8 splits of 2 steps, 4096 x 4096 and 14336 x 4096 (128
 /// blocks) 2, 4096 x 14336 (224 blocks) none.
 pub fn mmq_splits(blocks: usize, steps: usize, sm_count: usize) -> usize {
-    static ON: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| crate::kernels::cpu::matmul::env_on("OATO_CUDA_MMQ_SPLITK"));
-    if !*ON {
+    if !SPLITK.load(Ordering::Relaxed) {
         return 1;
     }
     (2 * sm_count / blocks.max(1)).clamp(1, (steps / 2).clamp(1, 8))
+}
+
+/// Whether the tensor-core int8 GEMM may split k: on unless `OATO_CUDA_MMQ_SPLITK=0` (read once)
+/// or `set_mmq_splitk(false)`.
+static SPLITK: std::sync::LazyLock<std::sync::atomic::AtomicBool> =
+    std::sync::LazyLock::new(|| {
+        std::sync::atomic::AtomicBool::new(crate::kernels::cpu::matmul::env_on(
+            "OATO_CUDA_MMQ_SPLITK",
+        ))
+    });
+
+/// Lets the tensor-core int8 GEMM split k, or not, in every CUDA backend of the process
+/// (`selftest --perf` times both).
+pub fn set_mmq_splitk(on: bool) {
+    SPLITK.store(on, Ordering::Relaxed);
+}
+
+/// Whether split-K is allowed.
+pub fn mmq_splitk() -> bool {
+    SPLITK.load(Ordering::Relaxed)
 }
 
 /// Whether the int8 GEMM may run on tensor cores: on unless `OATO_CUDA_MMA=0` (read once) or
