@@ -309,13 +309,14 @@ struct mmq_acts {
     }
 };
 
-// Asks L2 for step k1's bytes (when k1 < k) while this step runs: each of the tile's weight rows'
-// bytes of that step and each token's activation quants, a 128-byte line at a time (a no-op in
-// the CPU emulator).
+// Asks L2 for step k1's bytes (when k1 < kend, the end of the block's share of k) while this
+// step runs: each of the tile's weight rows' bytes of that step and each token's activation
+// quants (rows of k), a 128-byte line at a time (a no-op in the CPU emulator).
 template <class T, int ROWS>
 __device__ __forceinline__ void mmq_prefetch(const u8* wt, i64 row_bytes, int rows, const i8* aq,
-                                             int k, int t0, int n_tok, int k1, int tid) {
-    if (k1 >= k) return;
+                                             int k, int kend, int t0, int n_tok, int k1,
+                                             int tid) {
+    if (k1 >= kend) return;
     constexpr int SPAN = MMQ_K / T::qk * T::bytes; // a row's bytes in a step
     constexpr int LINES = SPAN / 128 + 2;          // the most lines they touch
     const i64 off = (i64)(k1 / T::qk) * T::bytes;
@@ -516,7 +517,7 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
         mmq_stage<T, ROWS, MMQ_PAD>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
         acts.store<T::has_min, MMQ_PAD>(tid, s_aq, s_ad, s_as);
         // The next step's bytes into L2 while this one computes.
-        mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, kend, t0, n_tok, k0 + MMQ_K, tid);
+        mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, k, kend, t0, n_tok, k0 + MMQ_K, tid);
         __syncthreads();
         if (computes) {
             for (int g = 0; g < ng; ++g) {
