@@ -409,7 +409,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         cases.push(Case {
             op: "mma-check",
             ty: "q4_0".into(),
-            shape: "64x256, 64 tok: mmq_mma = mmq bits".into(),
+            shape: "32x256, 8 tok: mmq_mma = mmq bits".into(),
             nmse: if agrees { 0.0 } else { f64::INFINITY },
             max_err: 0.0,
             at: 0,

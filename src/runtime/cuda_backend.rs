@@ -1166,8 +1166,9 @@ impl CudaBackend {
     }
 
     /// Start-up check of the tensor-core int8 GEMM (sm_80 and later, unless switched off): one
-    /// 64-row x 256 Q4_0 tile by 64 tokens of seeded random quants through `mmq_mma_q4_0` and
-    /// `mmq_q4_0`, which give the same bits (the same exact sums, the same f32 steps; checked in
+    /// 32-row x 256 Q4_0 tile by 8 tokens of seeded random quants (two m-tiles of one n-tile:
+    /// every fragment register) through `mmq_mma_q4_0_r32` and `mmq_q4_0_r32`, which give the
+    /// same bits (the same exact sums, the same f32 steps; checked in
     /// the CPU emulator). If they differ (a fragment layout this device does not share), the
     /// backend keeps `__dp4a` and says so on stderr. Returns whether they agreed, `None` where
     /// nothing was checked.
@@ -1175,9 +1176,9 @@ impl CudaBackend {
         if !mma_on(self.arch) {
             return Ok(None);
         }
-        const ROWS: usize = 64;
+        const ROWS: usize = 32;
         const K: usize = 256;
-        const TOK: usize = 64;
+        const TOK: usize = 8;
         let mut rng = crate::rng::SplitMix64::new(0x6d6d61);
         let mut w = vec![0u8; ROWS * K / 32 * 18];
         rng.fill_bytes(&mut w);
@@ -1203,7 +1204,7 @@ impl CudaBackend {
         self.upload(wp, &w)?;
         self.upload(ap, &aq)?;
         self.upload(dp, &ads)?;
-        for (name, y) in [("mmq_q4_0", y0), ("mmq_mma_q4_0", y1)] {
+        for (name, y) in [("mmq_q4_0_r32", y0), ("mmq_mma_q4_0_r32", y1)] {
             launch!(self, name, (1, 1, 1), (32, 8, 1);
                 wq: u64 = wp, a: u64 = ap, d: u64 = dp, yq: u64 = y, k_: i32 = K as i32,
                 n_: i32 = ROWS as i32, t_: i32 = TOK as i32);
@@ -1213,7 +1214,7 @@ impl CudaBackend {
         let agree = got[..out] == got[out..];
         if !agree {
             eprintln!(
-                "warning: the tensor-core int8 GEMM (mmq_mma_q4_0) differs from __dp4a's on {} \
+                "warning: the tensor-core int8 GEMM (mmq_mma_q4_0_r32) differs from __dp4a's on {} \
                  (sm_{}); prefill keeps __dp4a",
                 self.name, self.arch
             );

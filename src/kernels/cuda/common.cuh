@@ -193,33 +193,42 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 //   a[0] = A[g][4t..4t+4], a[1] = A[g+8][4t..], a[2] = A[g][16+4t..], a[3] = A[g+8][16+4t..]
 //   b[0] = B[4t..4t+4][g], b[1] = B[16+4t..][g]
 //   c[0] = C[g][2t], c[1] = C[g][2t+1], c[2] = C[g+8][2t], c[3] = C[g+8][2t+1]
-// Elsewhere (older GPUs, for which the host never picks the kernels that call this, and the CPU
-// emulator, which checks those kernels through it) the same sums from the same fragments, the
-// other lanes' ints fetched with shuffles: every lane of the warp must call it.
+// Below sm_80 it traps: the host never launches the kernels that call it there
+// (cuda_mmq::mma_on). In the CPU emulator (no __CUDA_ARCH__), which checks those kernels through
+// it, the same sums from the same fragments: each lane posts its ints to a warp buffer, and after
+// one warp barrier reads the rows and columns it needs (a second barrier before the buffer is
+// reused). Every lane of the warp must call it.
 __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    (void)c;
+    (void)a;
+    (void)b;
+    __trap();
 #else
-    const int lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const unsigned all = 0xffffffffu;
-#pragma unroll
+    static int xa[1024][4], xb[1024][2]; // one block runs at a time in the emulator
+    const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int w0 = tid & ~31, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) xa[tid][i] = a[i];
+    xb[tid][0] = b[0];
+    xb[tid][1] = b[1];
+    __syncwarp();
     for (int j = 0; j < 4; ++j) {
         // Ints j and 4 + j of rows g and g + 8: lane 4g + j's a; of columns 2t and 2t + 1:
         // lanes 8t + j's and 8t + 4 + j's b.
-        const int ra = 4 * g + j, cb = 8 * t + j;
-        const int r0 = __shfl_sync(all, a[0], ra), r0h = __shfl_sync(all, a[2], ra);
-        const int r1 = __shfl_sync(all, a[1], ra), r1h = __shfl_sync(all, a[3], ra);
-        const int c0 = __shfl_sync(all, b[0], cb), c0h = __shfl_sync(all, b[1], cb);
-        const int c1 = __shfl_sync(all, b[0], cb + 4), c1h = __shfl_sync(all, b[1], cb + 4);
-        c[0] = __dp4a(r0h, c0h, __dp4a(r0, c0, c[0]));
-        c[1] = __dp4a(r0h, c1h, __dp4a(r0, c1, c[1]));
-        c[2] = __dp4a(r1h, c0h, __dp4a(r1, c0, c[2]));
-        c[3] = __dp4a(r1h, c1h, __dp4a(r1, c1, c[3]));
+        const int* ra = xa[w0 + 4 * g + j];
+        const int* c0 = xb[w0 + 8 * t + j];
+        const int* c1 = xb[w0 + 8 * t + 4 + j];
+        c[0] = __dp4a(ra[2], c0[1], __dp4a(ra[0], c0[0], c[0]));
+        c[1] = __dp4a(ra[2], c1[1], __dp4a(ra[0], c1[0], c[1]));
+        c[2] = __dp4a(ra[3], c0[1], __dp4a(ra[1], c0[0], c[2]));
+        c[3] = __dp4a(ra[3], c1[1], __dp4a(ra[1], c1[0], c[3]));
     }
+    __syncwarp();
 #endif
 }
 
