@@ -30,7 +30,7 @@ use crate::runtime::backend::{
 use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
 use crate::runtime::cuda_host::{HostRegistrations, PageLocked, Pinned, par_copy};
 use crate::runtime::cuda_mmq::{
-    MMQ_KERNELS, MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mma_on, mmq_kernel_of, mmq_mode,
+    MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mma_on, mmq_kernel_of, mmq_kernels, mmq_mode,
     mmq_mode_from_env, mmq_splits,
 };
 
@@ -427,6 +427,15 @@ struct SplitKernels {
     rewrite: Option<SplitRewrite>,
 }
 
+impl SplitKernels {
+    /// The decode kernels: mmvq, mmvq1, glu, glu1, qkv, qkv1.
+    fn names(&self) -> [&'static str; 6] {
+        [
+            self.mmvq, self.mmvq1, self.glu, self.glu1, self.qkv, self.qkv1,
+        ]
+    }
+}
+
 /// A type split.cu rewrites: each block's `sb` scale bytes go to an array after all the quants,
 /// by `repack`; `dequant` reads the result.
 #[derive(Clone, Copy)]
@@ -460,34 +469,16 @@ pub fn split_kernels(ty: GgmlType) -> bool {
 }
 
 /// split.cu's decode kernels of the type whose kernel names end in `$s` (its
-/// SPLIT_DECODE_KERNELS): (mmvq, mmvq1, glu, glu1, qkv, qkv1).
+/// SPLIT_DECODE_KERNELS), in `SplitKernels::names`' order.
 macro_rules! split_decode_names {
     ($s:literal) => {
-        (
+        [
             concat!("mmvq_split_", $s),
             concat!("mmvq_split1_", $s),
             concat!("mmvq_split_glu_", $s),
             concat!("mmvq_split1_glu_", $s),
             concat!("mmvq_split_qkv_rope_", $s),
             concat!("mmvq_split1_qkv_rope_", $s),
-        )
-    };
-}
-
-/// split.cu's kernel list for `KERNELS`: the kernels named, then every type's decode kernels
-/// (`split_decode_names`).
-macro_rules! split_cu_kernels {
-    ([$($k:literal),* $(,)?]; $($s:literal),*) => {
-        &[
-            $($k,)*
-            $(
-                concat!("mmvq_split_", $s),
-                concat!("mmvq_split1_", $s),
-                concat!("mmvq_split_glu_", $s),
-                concat!("mmvq_split1_glu_", $s),
-                concat!("mmvq_split_qkv_rope_", $s),
-                concat!("mmvq_split1_qkv_rope_", $s),
-            )*
         ]
     };
 }
@@ -531,7 +522,7 @@ fn split_kernels_of(ty: GgmlType) -> Option<SplitKernels> {
         T::Q5_K => (split_decode_names!("q5_K"), None),
         _ => return None,
     };
-    let (mmvq, mmvq1, glu, glu1, qkv, qkv1) = names;
+    let [mmvq, mmvq1, glu, glu1, qkv, qkv1] = names;
     Some(SplitKernels {
         mmvq,
         mmvq1,
@@ -959,22 +950,21 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ),
     (
         "split.cu",
-        split_cu_kernels!(
-            [
-                "split_blocks_16",
-                "split_blocks_16m",
-                "split_blocks_32",
-                "split_blocks_208",
-                "dequant_split_q4_0_f16",
-                "dequant_split_q4_1_f16",
-                "dequant_split_iq4_nl_f16",
-                "dequant_split_q8_0_f16",
-                "dequant_split_q6_K_f16",
-            ];
-            "q4_0", "q4_1", "iq4_nl", "q8_0", "q6_K", "q4_K", "q5_K"
-        ),
+        // And every split type's decode kernels (`kernels_in`).
+        &[
+            "split_blocks_16",
+            "split_blocks_16m",
+            "split_blocks_32",
+            "split_blocks_208",
+            "dequant_split_q4_0_f16",
+            "dequant_split_q4_1_f16",
+            "dequant_split_iq4_nl_f16",
+            "dequant_split_q8_0_f16",
+            "dequant_split_q6_K_f16",
+        ],
     ),
-    ("mmq.cu", MMQ_KERNELS),
+    // Every int8 GEMM kernel (`kernels_in`).
+    ("mmq.cu", &["mmq_splitk_sum"]),
     (
         "dequant.cu",
         &[
@@ -1021,12 +1011,25 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ("flash_prefill.cu", &["attention_flash_f16kv"]),
 ];
 
-/// The kernels `KERNELS` lists for source file `source`.
-fn kernels_in(source: &str) -> &'static [&'static str] {
-    KERNELS
+/// The kernels of source file `source`: those `KERNELS` lists, and for split.cu every split
+/// type's decode kernels (`split_kernels_of`), for mmq.cu every int8 GEMM (`mmq_kernels`).
+fn kernels_in(source: &str) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = KERNELS
         .iter()
         .find(|(s, _)| *s == source)
         .map_or(&[][..], |(_, n)| *n)
+        .to_vec();
+    match source {
+        "split.cu" => names.extend(
+            SPLIT_TYPES
+                .into_iter()
+                .filter_map(split_kernels_of)
+                .flat_map(|sk| sk.names()),
+        ),
+        "mmq.cu" => names.extend(mmq_kernels()),
+        _ => {}
+    }
+    names
 }
 
 /// Kernels of `KERNELS` for `source` that the CUBIN does not define (looked up as the
@@ -2935,7 +2938,7 @@ mod tests {
                 continue;
             };
             n += 1;
-            let mut names = vec![sk.mmvq, sk.mmvq1, sk.glu, sk.glu1, sk.qkv, sk.qkv1];
+            let mut names = sk.names().to_vec();
             // The fused kernels are the type's own.
             assert_eq!(sk.glu, sk.mmvq.replace("split_", "split_glu_"), "{ty}");
             assert_eq!(sk.glu1, sk.mmvq1.replace("split1_", "split1_glu_"), "{ty}");

@@ -80,12 +80,14 @@ pub fn mmq_mode_from_env() -> Result<()> {
     Ok(())
 }
 
-/// The int8 GEMM kernels of each weight type that has them, by `[mma][r32]`: mmq.cu's
-/// `mmq_<type>` (64-row tiles), `mmq_<type>_r32` (32-row tiles), and the same on tensor cores,
-/// `mmq_mma_<type>` / `mmq_mma_<type>_r32` (compute capability 8.0 and later).
+/// The int8 GEMM kernels of a weight type, by `[mma][r32]`: mmq.cu's `mmq_<type>` (64-row
+/// tiles), `mmq_<type>_r32` (32-row tiles), and the same on tensor cores, `mmq_mma_<type>` /
+/// `mmq_mma_<type>_r32` (compute capability 8.0 and later); `None` for a type without them.
 macro_rules! mmq_names {
     ($($ty:ident => $s:literal),* $(,)?) => {
-        /// The kernel names of `ty`, `[mma][r32]`.
+        /// The types with int8 GEMM kernels.
+        const MMQ_TYPES: &[GgmlType] = &[$(GgmlType::$ty),*];
+
         fn mmq_names(ty: GgmlType) -> Option<[[&'static str; 2]; 2]> {
             match ty {
                 $(GgmlType::$ty => Some([
@@ -95,17 +97,19 @@ macro_rules! mmq_names {
                 _ => None,
             }
         }
-
-        /// Every int8 GEMM kernel (mmq.cu's exports), and the split-K partials' sum.
-        pub const MMQ_KERNELS: &[&str] = &[$(
-            concat!("mmq_", $s), concat!("mmq_", $s, "_r32"),
-            concat!("mmq_mma_", $s), concat!("mmq_mma_", $s, "_r32"),
-        )* "mmq_splitk_sum"];
     };
 }
 
 mmq_names!(Q4_0 => "q4_0", Q4_1 => "q4_1", Q5_0 => "q5_0", Q5_1 => "q5_1", Q8_0 => "q8_0",
     Q4_K => "q4_K", Q5_K => "q5_K", Q6_K => "q6_K");
+
+/// Every int8 GEMM kernel (mmq.cu's exports besides mmq_splitk_sum).
+pub fn mmq_kernels() -> impl Iterator<Item = &'static str> {
+    MMQ_TYPES
+        .iter()
+        .filter_map(|&ty| mmq_names(ty))
+        .flat_map(|n| n.into_iter().flatten())
+}
 
 /// The int8 GEMM kernel of a weight type for `n` rows and `n_tok` tokens on a device with
 /// `sm_count` multiprocessors, if the type has one: tiles of 64 rows, or of 32 rows (the `_r32`
@@ -322,6 +326,15 @@ mod tests {
         // IQ4_NL / IQ4_XS prefill always dequantises (no int8 GEMM kernels for them).
         assert!(!has_mmq(GgmlType::IQ4_NL) && !has_mmq(GgmlType::IQ4_XS));
         assert_eq!(mmq_kernel_of(GgmlType::IQ4_XS, 4096, 64, 132, false), None);
+    }
+
+    #[test]
+    fn every_type_has_four_distinct_gemm_kernels() {
+        let names: Vec<_> = mmq_kernels().collect();
+        assert_eq!(names.len(), 4 * MMQ_TYPES.len());
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert!(names.contains(&"mmq_mma_q6_K_r32") && names.contains(&"mmq_q4_0"));
     }
 
     #[test]

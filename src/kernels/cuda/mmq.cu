@@ -332,18 +332,56 @@ __device__ __forceinline__ void mmq_prefetch(const u8* wt, i64 row_bytes, int ro
     }
 }
 
+// A thread block's shared tile: the step's weights unpacked (rows of WS ints, 4 values an int),
+// their scales (sub per 32) and mins (subtracted), the activation quants (rows of AS ints),
+// their d and, with a min, their exact sums per 32. `stage` fills it for the step at k0 (ng
+// valid groups): the activations' loads are issued first, so that they and the weights' wait
+// for the memory together. Both GEMMs (__dp4a and tensor cores) stage through it.
+template <class T, int ROWS, int WS, int AS>
+struct mmq_tile {
+    enum : int { SCS = 8 * T::sub + 1 }; // scales a weight row
+    int wq[ROWS * WS];
+    float wsc[ROWS * SCS];
+    float wmn[T::has_min ? ROWS * 9 : 1];
+    __align__(16) int aq[MMQ_TOK * AS];
+    float ad[MMQ_TOK * MMQ_G];
+    int as[T::has_min ? MMQ_TOK * MMQ_G : 1];
+
+    __device__ __forceinline__ void stage(const u8* wt, i64 row_bytes, int rows, const i8* x,
+                                          const float2* xd, int k, int t0, int n_tok, int k0,
+                                          int ng, int tid) {
+        mmq_acts acts;
+        acts.load(x, xd, k, k / QK, t0, n_tok, k0, ng, tid);
+        mmq_stage<T, ROWS, WS>(wt, row_bytes, rows, k0, ng, tid, wq, wsc, wmn);
+        acts.store<T::has_min, AS>(tid, aq, ad, as);
+    }
+};
+
+// One 32-element group's f32 step for one (row, token), from its exact integer sums: lo + hi
+// over the group (Q6_K: lo the first 16 elements, hi the last 16, each with its own scale), the
+// row's scales sc0, sc1 (Q6_K's halves; else sc0 the group's) and min wmn, the token's d and
+// d times its quant sum (dsa = d * (float)sum, for a min). Both GEMMs take this one expression,
+// so they give the same bits.
+template <class T>
+__device__ __forceinline__ float mmq_group(int lo, int hi, float sc0, float sc1, float wmn,
+                                           float da, float dsa) {
+    float v;
+    if (T::sub == 2) {
+        v = da * (sc0 * (float)lo + sc1 * (float)hi);
+    } else {
+        v = sc0 * da * (float)(lo + hi);
+    }
+    if (T::has_min) v -= wmn * dsa;
+    return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 template <class T, int ROWS>
 __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const float2* ads, float* y,
                                          int k, int n, int n_tok) {
     constexpr int RPT = ROWS / 32; // rows per thread
-    __shared__ int s_wq[ROWS * MMQ_WSTRIDE];                      // weight values, 4 per int
-    __shared__ float s_wsc[ROWS * (8 * T::sub + 1)];              // their scales
-    __shared__ float s_wmn[T::has_min ? ROWS * 9 : 1];            // their mins (subtracted)
-    __shared__ __align__(16) int s_aq[MMQ_TOK * (MMQ_K / 4)];     // activation quants
-    __shared__ float s_ad[MMQ_TOK * MMQ_G];                       // their d per 32
-    __shared__ int s_as[T::has_min ? MMQ_TOK * MMQ_G : 1];        // their sums per 32
+    __shared__ mmq_tile<T, ROWS, MMQ_WSTRIDE, MMQ_K / 4> s;
 
     if (blockDim.x != 32 || blockDim.y != MMQ_WARPS || k % T::qk != 0) return; // whole block
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
@@ -365,15 +403,10 @@ __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const floa
 
     for (int k0 = 0; k0 < k; k0 += MMQ_K) {
         const int ng = min(MMQ_G, nb - k0 / QK); // valid 32-element groups in this step
-        // 1. Weights.
-        // (The activations' loads are issued first, to wait for the memory with the weights'.)
-        mmq_acts acts;
-        acts.load(aq, ads, k, nb, t0, n_tok, k0, ng, tid);
-        mmq_stage<T, ROWS, MMQ_WSTRIDE>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
-        // 2. Activations.
-        acts.store<T::has_min, MMQ_K / 4>(tid, s_aq, s_ad, s_as);
+        // 1. The step's weights and activations into shared memory.
+        s.stage(wt, row_bytes, rows, aq, ads, k, t0, n_tok, k0, ng, tid);
         __syncthreads();
-        // 3. Dot products from shared memory.
+        // 2. Dot products from shared memory.
         if (computes) {
             for (int g = 0; g < ng; ++g) {
                 int wv[RPT][8];
@@ -382,20 +415,18 @@ __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const floa
                 for (int i = 0; i < RPT; ++i) {
                     const int r = lane + 32 * i;
 #pragma unroll
-                    for (int q = 0; q < 8; ++q) wv[i][q] = s_wq[r * MMQ_WSTRIDE + 8 * g + q];
+                    for (int q = 0; q < 8; ++q) wv[i][q] = s.wq[r * MMQ_WSTRIDE + 8 * g + q];
 #pragma unroll
-                    for (int h = 0; h < T::sub; ++h) {
-                        wsc[i][h] = s_wsc[r * (8 * T::sub + 1) + T::sub * g + h];
-                    }
-                    wmn[i] = T::has_min ? s_wmn[r * 9 + g] : 0.0f;
+                    for (int h = 0; h < T::sub; ++h) wsc[i][h] = s.wsc[r * s.SCS + T::sub * g + h];
+                    wmn[i] = T::has_min ? s.wmn[r * 9 + g] : 0.0f;
                 }
 #pragma unroll
                 for (int j = 0; j < MMQ_TPW; ++j) {
                     const int t = tw + j;
-                    const int4 a0 = *(const int4*)(s_aq + t * (MMQ_K / 4) + 8 * g);
-                    const int4 a1 = *(const int4*)(s_aq + t * (MMQ_K / 4) + 8 * g + 4);
-                    const float da = s_ad[t * MMQ_G + g];
-                    const float dsa = T::has_min ? da * (float)s_as[t * MMQ_G + g] : 0.0f;
+                    const int4 a0 = *(const int4*)(s.aq + t * (MMQ_K / 4) + 8 * g);
+                    const int4 a1 = *(const int4*)(s.aq + t * (MMQ_K / 4) + 8 * g + 4);
+                    const float da = s.ad[t * MMQ_G + g];
+                    const float dsa = T::has_min ? da * (float)s.as[t * MMQ_G + g] : 0.0f;
 #pragma unroll
                     for (int i = 0; i < RPT; ++i) {
                         int lo = __dp4a(wv[i][0], a0.x, 0);
@@ -406,14 +437,8 @@ __device__ __forceinline__ void mmq_impl(const void* w, const i8* aq, const floa
                         hi = __dp4a(wv[i][5], a1.y, hi);
                         hi = __dp4a(wv[i][6], a1.z, hi);
                         hi = __dp4a(wv[i][7], a1.w, hi);
-                        float v;
-                        if (T::sub == 2) {
-                            v = da * (wsc[i][0] * (float)lo + wsc[i][T::sub - 1] * (float)hi);
-                        } else {
-                            v = wsc[i][0] * da * (float)(lo + hi);
-                        }
-                        if (T::has_min) v -= wmn[i] * dsa;
-                        acc[i][j] += v;
+                        acc[i][j] +=
+                            mmq_group<T>(lo, hi, wsc[i][0], wsc[i][T::sub - 1], wmn[i], da, dsa);
                     }
                 }
             }
@@ -477,13 +502,7 @@ template <class T, int ROWS>
 __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const float2* ads,
                                              float* y, int k, int n, int n_tok) {
     constexpr int MT = ROWS / 16; // m-tiles in the block's rows, and n-tiles per warp
-    constexpr int SCS = 8 * T::sub + 1;
-    __shared__ int s_wq[ROWS * MMQ_PAD];
-    __shared__ float s_wsc[ROWS * SCS];
-    __shared__ float s_wmn[T::has_min ? ROWS * 9 : 1];
-    __shared__ __align__(16) int s_aq[MMQ_TOK * MMQ_PAD];
-    __shared__ float s_ad[MMQ_TOK * MMQ_G];
-    __shared__ int s_as[T::has_min ? MMQ_TOK * MMQ_G : 1];
+    __shared__ mmq_tile<T, ROWS, MMQ_PAD, MMQ_PAD> s;
 
     if (blockDim.x != 32 || blockDim.y != MMQ_WARPS || k % T::qk != 0) return; // whole block
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
@@ -512,17 +531,14 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
 
     for (int k0 = kbeg; k0 < kend; k0 += MMQ_K) {
         const int ng = min(MMQ_G, nb - k0 / QK);
-        mmq_acts acts;
-        acts.load(aq, ads, k, nb, t0, n_tok, k0, ng, tid);
-        mmq_stage<T, ROWS, MMQ_PAD>(wt, row_bytes, rows, k0, ng, tid, s_wq, s_wsc, s_wmn);
-        acts.store<T::has_min, MMQ_PAD>(tid, s_aq, s_ad, s_as);
+        s.stage(wt, row_bytes, rows, aq, ads, k, t0, n_tok, k0, ng, tid);
         // The next step's bytes into L2 while this one computes.
         mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, k, kend, t0, n_tok, k0 + MMQ_K, tid);
         __syncthreads();
         if (computes) {
             for (int g = 0; g < ng; ++g) {
                 // Rows mr + gq (e = 0, 1) and mr + gq + 8 (e = 2, 3).
-                const int* w0 = s_wq + (mr + gq) * MMQ_PAD + 8 * g + tq;
+                const int* w0 = s.wq + (mr + gq) * MMQ_PAD + 8 * g + tq;
                 const int* w1 = w0 + 8 * MMQ_PAD;
                 const int a[4] = {w0[0], w1[0], w0[4], w1[4]};
                 float wsc[2][T::sub], wmn[2];
@@ -530,13 +546,13 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
                 for (int h = 0; h < 2; ++h) {
                     const int r = mr + gq + 8 * h;
 #pragma unroll
-                    for (int s = 0; s < T::sub; ++s) wsc[h][s] = s_wsc[r * SCS + T::sub * g + s];
-                    wmn[h] = T::has_min ? s_wmn[r * 9 + g] : 0.0f;
+                    for (int q = 0; q < T::sub; ++q) wsc[h][q] = s.wsc[r * s.SCS + T::sub * g + q];
+                    wmn[h] = T::has_min ? s.wmn[r * 9 + g] : 0.0f;
                 }
 #pragma unroll
                 for (int j = 0; j < MT; ++j) {
                     const int tb = tw + 8 * j; // the n-tile's first token (in the tile)
-                    const int* x0 = s_aq + (tb + gq) * MMQ_PAD + 8 * g + tq;
+                    const int* x0 = s.aq + (tb + gq) * MMQ_PAD + 8 * g + tq;
                     const int b[2] = {x0[0], x0[4]};
                     int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
                     if (T::sub == 2) {
@@ -549,15 +565,11 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int h = e >> 1, t = tb + 2 * tq + (e & 1);
-                        const float da = s_ad[t * MMQ_G + g];
-                        float v;
-                        if (T::sub == 2) {
-                            v = da * (wsc[h][0] * (float)lo[e] + wsc[h][T::sub - 1] * (float)hi[e]);
-                        } else {
-                            v = wsc[h][0] * da * (float)lo[e];
-                        }
-                        if (T::has_min) v -= wmn[h] * (da * (float)s_as[t * MMQ_G + g]);
-                        acc[j][e] += v;
+                        const float da = s.ad[t * MMQ_G + g];
+                        const float dsa = T::has_min ? da * (float)s.as[t * MMQ_G + g] : 0.0f;
+                        // Q6_K: lo and hi are the halves' sums; else lo the group's.
+                        acc[j][e] += mmq_group<T>(lo[e], T::sub == 2 ? hi[e] : 0, wsc[h][0],
+                                                  wsc[h][T::sub - 1], wmn[h], da, dsa);
                     }
                 }
             }
