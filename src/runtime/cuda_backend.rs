@@ -1182,11 +1182,16 @@ impl CudaBackend {
         const ROWS: usize = 32;
         const K: usize = 256;
         const TOK: usize = 8;
+        let ty = GgmlType::Q4_0;
+        let kernel = |mma| mmq_kernel_of(ty, ROWS, TOK, usize::MAX, mma).map(|k| k.name);
+        let (Some(dp4a), Some(mma)) = (kernel(false), kernel(true)) else {
+            return Ok(None);
+        };
         let mut rng = crate::rng::SplitMix64::new(0x6d6d61);
-        let mut w = vec![0u8; ROWS * K / 32 * 18];
+        let mut w = vec![0u8; ROWS * K / ty.block_size() * ty.type_size()];
         rng.fill_bytes(&mut w);
-        for b in w.chunks_mut(18) {
-            // A finite scale: f16 between 2^-8 and 2^-7, either sign.
+        for b in w.chunks_mut(ty.type_size()) {
+            // A finite scale: f16 between 2^-8 and 2^-7.
             let d = half::f16::from_f32((1.0 + rng.next_f32()) / 256.0);
             b[..2].copy_from_slice(&d.to_le_bytes());
         }
@@ -1207,7 +1212,7 @@ impl CudaBackend {
         self.upload(wp, &w)?;
         self.upload(ap, &aq)?;
         self.upload(dp, &ads)?;
-        for (name, y) in [("mmq_q4_0_r32", y0), ("mmq_mma_q4_0_r32", y1)] {
+        for (name, y) in [(dp4a, y0), (mma, y1)] {
             launch!(self, name, (1, 1, 1), (32, 8, 1);
                 wq: u64 = wp, a: u64 = ap, d: u64 = dp, yq: u64 = y, k_: i32 = K as i32,
                 n_: i32 = ROWS as i32, t_: i32 = TOK as i32);
@@ -1217,7 +1222,7 @@ impl CudaBackend {
         let agree = got[..out] == got[out..];
         if !agree {
             eprintln!(
-                "warning: the tensor-core int8 GEMM (mmq_mma_q4_0_r32) differs from __dp4a's on {} \
+                "warning: the tensor-core int8 GEMM ({mma}) differs from __dp4a's ({dp4a}) on {} \
                  (sm_{}); prefill keeps __dp4a",
                 self.name, self.arch
             );
