@@ -149,7 +149,25 @@ pub fn mmq_splits(blocks: usize, steps: usize, sm_count: usize) -> usize {
     if !SPLITK.load(Ordering::Relaxed) {
         return 1;
     }
-    (2 * sm_count / blocks.max(1)).clamp(1, (steps / 2).clamp(1, 8))
+    (2 * sm_count / blocks.max(1)).clamp(1, (steps / 2).clamp(1, MMQ_MAX_SPLITS))
+}
+
+/// Most parts a split-K GEMM's k is cut into.
+pub const MMQ_MAX_SPLITS: usize = 8;
+
+/// Most bytes the split-K partial sums may take (`splits × n_tok × n` f32); the plan's
+/// workspace counts them ([`crate::scheduler::workspace_for`]). An H100 / H200 needs at most
+/// 2 × 132 blocks × 64 rows × 64 tokens × 4 bytes, 4.1 MiB.
+pub const MMQ_PART_BYTES: usize = 8 << 20;
+
+/// [`mmq_splits`] cut so the partial sums of `n` rows by `n_tok` tokens fit in
+/// [`MMQ_PART_BYTES`] (1, no split, where even two parts would not).
+pub fn mmq_splits_within(splits: usize, n: usize, n_tok: usize) -> usize {
+    let per_part = (n * n_tok * 4).max(1);
+    match splits.min(MMQ_PART_BYTES / per_part) {
+        s if s >= 2 => s,
+        _ => 1,
+    }
 }
 
 /// Whether the tensor-core int8 GEMM may split k: on unless `OATO_CUDA_MMQ_SPLITK=0` (read once)
@@ -348,6 +366,30 @@ mod tests {
         assert_eq!(mmq_splits(4, 6, 132), 3);
         assert_eq!(mmq_splits(4, 1, 132), 1);
         assert_eq!(mmq_splits(0, 16, 132), 8);
+    }
+
+    #[test]
+    fn split_k_partials_stay_within_their_bound() {
+        // The H200's largest split (14336 x 4096 at 64 tokens: 2 parts of 1 MiB each) is kept.
+        assert_eq!(mmq_splits_within(2, 4096, 64), 2);
+        assert_eq!(mmq_splits_within(8, 1024, 64), 8);
+        // 8 parts of 2 MiB would be 16 MiB: cut to 4; 2 parts of 6 MiB: no split.
+        assert_eq!(mmq_splits_within(8, 8192, 64), 4);
+        assert_eq!(mmq_splits_within(2, 24576, 64), 1);
+        assert_eq!(mmq_splits_within(1, 0, 0), 1);
+        // Whatever the device, the partials mmq_splits allows fit in MMQ_PART_BYTES.
+        for sm in [1, 46, 132, 170, 1000] {
+            for n in [32usize, 1024, 4096, 14336, 152064] {
+                for n_tok in [1usize, 8, 64, 65, 512] {
+                    let blocks = n.div_ceil(32) * n_tok.div_ceil(MMQ_TOK);
+                    let s = mmq_splits_within(mmq_splits(blocks, 56, sm), n, n_tok);
+                    assert!(
+                        s == 1 || s * n * n_tok * 4 <= MMQ_PART_BYTES,
+                        "{sm} {n} {n_tok}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::profiler::profile::{GpuInfo, LinkInfo, Profile, time_at};
 use crate::runtime::cuda_backend::GEMM_SLICE_BYTES;
+use crate::runtime::cuda_mmq::{MMQ_MAX_SPLITS, MMQ_PART_BYTES};
 use crate::runtime::plan::{
     self, CrossCost, HEAD, LayerTargets, N_SLOTS, OpKind, Step, Validity, Widths, head_steps,
     layer_steps, place_non_target,
@@ -997,12 +998,20 @@ pub fn workspace_for(
     // f32 per token: the hidden state and attention buffers, the FFN's gate and up, the logits;
     // then the two f16 copies of the widest GEMM input (plain, and rounded to 8 bits). A model
     // whose GEMM inputs feed only quantised weights has no plain copy, and the int8 GEMM's Q8_1
-    // quants and scales of that input (1.25 bytes an element) fit in its room.
+    // quants and scales of that input (1.25 bytes an element) fit in its room. Last the
+    // tensor-core GEMM's split-K partial sums: at most MMQ_MAX_SPLITS f32 parts of the widest
+    // output, never more than MMQ_PART_BYTES (the backend cuts its splits to that). (The backend
+    // allocates each scratch in whole MiB; like the others, this is counted unrounded.)
     let activations = 4 * n_embd + 2 * n_ff + n_vocab + n_ff.max(n_embd);
+    let widest = n_embd.max(n_ff).max(n_vocab);
+    let partials = (4 * MMQ_MAX_SPLITS as u64 * prompt_tokens as u64)
+        .saturating_mul(widest)
+        .min(MMQ_PART_BYTES as u64);
     largest_kn
         .saturating_mul(2)
         .min(GEMM_SLICE_BYTES as u64)
         .saturating_add((4 * prompt_tokens as u64).saturating_mul(activations))
+        .saturating_add(partials)
 }
 
 /// What the weights may take on the GPU, and the budget as reported.
