@@ -10,6 +10,7 @@
 # Env:    OATO_CUDA_EMU_VENV   Python venv (default ~/.cache/oato/cuda-emu-venv), made on demand
 #         OATO_CUDA_EMU_SAN=1  build with AddressSanitizer + UBSan and exact-size buffers (slower)
 #         OATO_CUDA_EMU_ORDER  thread order in a block: alternate (default), forward, reverse
+#         OATO_CUDA_EMU_THREADS  OS threads a launch's blocks run on (default one per core, up to 8)
 #         CXX                  the C++ compiler (default g++; needs C++20)
 # Builds into target/cuda-emu/ and rebuilds only when a source, the emulator or the flags change:
 # libcudaemu.so (the kernels, for the checks) and fake/libcuda.so (the same kernels behind a
@@ -48,7 +49,9 @@ done
 echo "cuda-emu: venv ready ($(elapsed))"
 
 # 2. Build target/cuda-emu/<mode>/libcudaemu.so from each kernel source + the emulator.
-FLAGS=(-std=c++20 -fPIC -pthread -ffp-contract=fast -Wall -Wextra -Wno-unused-parameter
+# -ftls-model=initial-exec: see emu.h (thread-local state); the loaders raise glibc's static
+# TLS room to the size recorded in $BUILD/static-tls (tunables, below and in fake-gpu.sh).
+FLAGS=(-std=c++20 -fPIC -pthread -ftls-model=initial-exec -ffp-contract=fast -Wall -Wextra -Wno-unused-parameter
     -Wno-unknown-pragmas -isystem "$CUDA_INC" -iquote . -include "$EMU/emu.h")
 if grep -qw fma /proc/cpuinfo 2>/dev/null; then
     FLAGS+=(-mfma) # so that a * b + c may fuse, as nvcc's default --fmad=true does
@@ -76,7 +79,8 @@ key=$({
 } | sha256sum | cut -c1-32)
 (
     flock 9
-    if [ -f "$LIB" ] && [ "$(cat "$BUILD/stamp" 2>/dev/null || true)" = "$key" ]; then
+    if [ -f "$LIB" ] && [ -f "$BUILD/static-tls" ] &&
+        [ "$(cat "$BUILD/stamp" 2>/dev/null || true)" = "$key" ]; then
         echo "cuda-emu: $LIB is up to date"
         exit 0
     fi
@@ -120,6 +124,14 @@ key=$({
     mkdir -p "$FAKE"
     "$CXX" -shared -pthread -o "$FAKE/libcuda.so.1" "${objs[@]}" "$BUILD/fake_cuda.o" "${LINK[@]}"
     for n in libcuda.so libcublas.so libcublas.so.13; do ln -sf libcuda.so.1 "$FAKE/$n"; done
+    # The static TLS room a process loading either library needs: the larger thread-local block
+    # (PT_TLS memory size) plus 64 KiB for other libraries' initial-exec variables.
+    tls=0
+    for so in "$LIB" "$FAKE/libcuda.so.1"; do
+        t=$(readelf -lW "$so" | awk '$1 == "TLS" {print $6}') # hexadecimal, 0x...
+        [ $((${t:-0})) -gt "$tls" ] && tls=$((t))
+    done
+    echo $((tls + 65536)) >"$BUILD/static-tls"
     echo "$key" >"$BUILD/stamp"
     echo "cuda-emu: built $LIB ($(elapsed))"
 ) 9>"target/cuda-emu/$MODE.lock"
@@ -130,7 +142,8 @@ fi
 
 # 3. The checks.
 # A sanitizer report aborts, so that Python's faulthandler names the check that was running.
-RUN=(env PYTHONDONTWRITEBYTECODE=1 UBSAN_OPTIONS=abort_on_error=1:print_stacktrace=1)
+RUN=(env PYTHONDONTWRITEBYTECODE=1 UBSAN_OPTIONS=abort_on_error=1:print_stacktrace=1
+    GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.rtld.optional_static_tls=$(cat "$BUILD/static-tls")")
 if [ "$SAN" = 1 ]; then
     RUN+=(LD_PRELOAD="$("$CXX" -print-file-name=libasan.so)"
         ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 OATO_CUDA_EMU_SAN=1)

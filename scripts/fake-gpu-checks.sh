@@ -15,8 +15,9 @@
 # with split weights and, where the Q4_0 / Q8_0 files were fetched, their split greedy ids against
 # the CPU's. Only the first
 # $OATO_FAKE_GPU_PROMPTS prompts (default 1) and their first $OATO_FAKE_GPU_TOKENS tokens (default 8):
-# the emulator is slow (about 2.5 s per all-GPU token here; all 6 prompts x 32 tokens take about 10
-# minutes per placement). Timings printed here are the emulator's and mean nothing.
+# the emulator is slow (an all-GPU run of 8 tokens takes 19 s on the 2-core VM with a launch's
+# blocks on both cores, 37 s on one, so all 6 prompts x 32 tokens would take some 8 minutes a
+# placement). Timings printed here are the emulator's and mean nothing.
 # Prefill attention of more than 8 tokens takes the tiled kernel (flash_prefill.cu): the third
 # golden prompt (9 tokens) is checked for it.
 # Decode segments run as CUDA graphs by default (replayed for real by the stand-in driver), so the

@@ -10,6 +10,7 @@
 #   e.g.  scripts/fake-gpu.sh target/release/oato selftest --device gpu
 # Env:    OATO_FAKE_CUDA_MEM    device memory in bytes (default 4 GiB)
 #         OATO_FAKE_CUDA_LOG=1  one stderr line per driver call
+#         OATO_CUDA_EMU_THREADS threads a launch's blocks run on (default one per core, up to 8)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${OATO_CUDA_VENV:-$HOME/.cache/oato/cuda-venv}"
@@ -29,6 +30,8 @@ fi
 FAKE="$ROOT/target/cuda-emu/release/fake"
 export LD_LIBRARY_PATH="$FAKE:$(dirname "$NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OATO_CUDA_INCLUDE="$(dirname "$FP16")"
+# Room in the static TLS for the library's thread-local state (tests/cuda_emu/emu.h).
+export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.rtld.optional_static_tls=$(cat "$ROOT/target/cuda-emu/release/static-tls")"
 # The emulator's kernels run with alignment checks (UBSan); a report should stop the run.
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-abort_on_error=1:print_stacktrace=1}"
 exec "$@"

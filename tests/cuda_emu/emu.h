@@ -5,14 +5,18 @@
 // - Types and f16/bf16 conversions are NVIDIA's own: the real cuda_fp16.h / cuda_bf16.h (with
 //   vector_types.h: uint4, float2, ...) compile as host C++ and give __half, __half2,
 //   __nv_bfloat16 and their conversions in host (software, correctly rounded) form.
-// - A launch runs the thread blocks one after another. Each CUDA thread of a block is a fiber (a
-//   ucontext coroutine with its own stack) on one OS thread; a fiber runs until it reaches a
-//   synchronisation point (__syncthreads, a warp shuffle, __syncwarp) or returns, then the next
-//   one runs. Blocks alternate the fibers' order (forward, then reverse; OATO_CUDA_EMU_ORDER=
-//   forward / reverse fixes it), so code that reads another thread's shared-memory writes
-//   without a barrier sees stale data in one order or the other and fails its check.
-// - __shared__ variables are function statics: one copy, shared by the block (blocks never run
-//   at the same time). threadIdx / blockIdx / blockDim / gridDim are globals the scheduler sets.
+// - A launch runs its thread blocks on a few OS threads (OATO_CUDA_EMU_THREADS, default one per
+//   core, at most 8; 1 runs them one after another on the caller's thread), each thread taking
+//   the next block in order. Each CUDA thread of a block is a fiber (a coroutine with its own
+//   stack) on the OS thread running the block; a fiber runs until it reaches a synchronisation
+//   point (__syncthreads, a warp shuffle, __syncwarp) or returns, then the next one runs.
+//   Blocks alternate the fibers' order (forward, then reverse; OATO_CUDA_EMU_ORDER= forward /
+//   reverse fixes it), so code that reads another thread's shared-memory writes without a
+//   barrier sees stale data in one order or the other and fails its check. A launch that goes
+//   wrong reports its first failing block in grid order, whatever the threads.
+// - __shared__ variables are function statics local to the OS thread (static thread_local): one
+//   copy a block, since an OS thread runs one block at a time. threadIdx / blockIdx / blockDim /
+//   gridDim are thread-local variables the scheduler sets.
 // - __syncthreads waits for every thread of the block; threads that reach different
 //   __syncthreads lines, a __syncthreads after some threads have returned, a shuffle whose warp
 //   has returned lanes, or lanes of a warp in different shuffle kinds or widths, are reported as
@@ -29,9 +33,9 @@
 // - Timing, occupancy, register or shared-memory limits, bank conflicts, coalescing.
 // - Exact fast-math results: expf / sqrtf / division keep host (libm, IEEE) accuracy where the GPU
 //   uses approximations (__expf ~2 ulp); the tests' tolerances allow for the GPU's.
-// - Races between blocks (blocks run in sequence) and inside a warp between sync points beyond
-//   what the two thread orders expose; memory-model and atomics questions (atomicAdd and
-//   __threadfence are plain: one thread runs the fibers, blocks one after another).
+// - Races between blocks beyond what running them on a few threads at once happens to expose,
+//   and inside a warp between sync points beyond what the two thread orders expose; the GPU's
+//   memory model (atomicAdd and __threadfence are the host's sequentially consistent ones).
 // - Reads of uninitialised shared memory (statics start at zero and keep the last block's data).
 // - Out-of-bounds reads of global memory, unless built with OATO_CUDA_EMU_SAN=1 (AddressSanitizer
 //   with exact-size buffers); out-of-bounds writes are caught by the tests' guard bytes.
@@ -65,15 +69,22 @@
 #endif
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 
 // ---------------------------------------------------------------------------------------------
 // Built-in variables and synchronisation (runtime.cpp)
 
 namespace emu {
-extern uint3 thread_idx, block_idx;
-extern dim3 block_dim, grid_dim;
+// Thread-local, as the scheduler's state and the __shared__ variables are. The build compiles
+// every file with -ftls-model=initial-exec: each access is one load at a fixed offset from the
+// thread pointer, not a __tls_get_addr call (which cost a fifth of the time of a stand-in run).
+// The library's thread-local block (its __shared__ arrays, about 1.7 MB) is then part of every
+// thread's static TLS, for which glibc keeps little room in libraries loaded after start-up;
+// the scripts that load it raise that room (GLIBC_TUNABLES glibc.rtld.optional_static_tls,
+// from the size emulate-cuda-kernels.sh reads off the library).
+extern thread_local uint3 thread_idx, block_idx;
+extern thread_local dim3 block_dim, grid_dim;
 
 void sync_block(const char* file, int line);
 // Warp exchange: every lane offers `bits`, gets the bits of the lane `kind` / `arg` / `width`
@@ -205,13 +216,12 @@ T __ldg(const T* p) { return *p; }
 template <class T>
 T __ldcg(const T* p) { return *p; }
 
-// Device-wide fences and atomics: one OS thread runs every fiber and switches only at the sync
-// points above, so a fence has nothing to order and an atomic read-modify-write is a plain one.
-inline void __threadfence() {}
+// Device-wide fences and atomics: blocks run on several OS threads at once, so these are the
+// host's (sequentially consistent); fibers of one block share an OS thread and switch only at
+// the sync points above.
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
-    const unsigned old = *p;
-    *p = old + v;
-    return old;
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 
 // CUDA's integer and float min / max overloads.

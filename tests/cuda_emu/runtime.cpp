@@ -1,6 +1,7 @@
 // runtime.cpp: the launch side of the CUDA emulator (see emu.h for what is emulated and how):
-// the kernel registry, the fiber scheduler for one thread block, the synchronisation points,
-// and the C ABI the Python tests call through ctypes:
+// the kernel registry, the fiber scheduler for one thread block (its state local to the OS
+// thread running the block), the threads that run a launch's blocks, the synchronisation
+// points, and the C ABI the Python tests call through ctypes:
 //   emu_kernel_count() / emu_kernel_name(i) / emu_kernel_source(i) / emu_kernel_signature(i)
 //   emu_launch(name, grid[3], block[3], sig, params) -> 0, or -1 with emu_last_error()
 // A launch that goes wrong (signature mismatch, deadlock, divergent barrier, ...) returns an
@@ -10,6 +11,7 @@
 #include "emu.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 #include <ucontext.h>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -19,10 +21,15 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 // On x86-64 (without AddressSanitizer) fibers switch with a few instructions instead of
@@ -58,8 +65,8 @@ emu_switch:
 
 namespace emu {
 
-uint3 thread_idx, block_idx;
-dim3 block_dim, grid_dim;
+thread_local uint3 thread_idx, block_idx;
+thread_local dim3 block_dim, grid_dim;
 
 // ---------------------------------------------------------------------------------------------
 // Registry
@@ -96,35 +103,47 @@ enum class St { Ready, AtBarrier, AtWarp, Done };
 
 struct Fiber {
 #if EMU_FAST_SWITCH
-    void* sp = nullptr;
+    void* sp;
 #else
     ucontext_t ctx;
 #endif
-    St st = St::Done;
-    uint3 tid{};
-    const char* file = nullptr; // the __syncthreads it waits at
-    int line = 0;
+    St st;
+    uint3 tid;
+    const char* file; // the __syncthreads it waits at
+    int line;
     // Warp exchange: what this lane offers and asks for, and what it gets.
-    unsigned mask = 0;
-    int kind = 0, arg = 0, width = 0;
-    unsigned long long in = 0, out = 0;
+    unsigned mask;
+    int kind, arg, width;
+    unsigned long long in, out;
 };
 
-std::vector<void*> stacks; // one per CUDA thread, mapped when first needed, then reused
-Fiber fibers[kMaxThreads];
-int n_threads = 0;
-Fiber* cur = nullptr;
-#if EMU_FAST_SWITCH
-void* sched_sp = nullptr;
-#else
-ucontext_t sched_ctx;
+
+// The scheduler's state, one per OS thread that runs blocks: what every switch touches in a few
+// trivially initialised thread_local words (no initialisation guard on each access), the rest
+// in `Held`, reached through one of them.
+struct Held {
+    Fiber fibers[kMaxThreads];
+    std::vector<void*> stacks; // one per CUDA thread, mapped when first needed, then reused
+    std::string block_error;   // set by a fiber or the scheduler; ends the block
+#if !EMU_FAST_SWITCH
+    ucontext_t sched_ctx;
 #endif
-void (*body_fn)(void*) = nullptr;
-void* body_ctx = nullptr;
-std::string block_error; // set by a fiber or the scheduler; ends the block
+};
+thread_local Held* held = nullptr;
+Held& H() {
+    if (!held) held = new Held{}; // kept until the thread ends (the helpers never do)
+    return *held;
+}
+thread_local int n_threads = 0;
+thread_local Fiber* cur = nullptr;
+#if EMU_FAST_SWITCH
+thread_local void* sched_sp = nullptr;
+#endif
+thread_local void (*body_fn)(void*) = nullptr;
+thread_local void* body_ctx = nullptr;
 #if defined(__SANITIZE_ADDRESS__)
-const void* sched_stack_bottom = nullptr;
-size_t sched_stack_size = 0;
+thread_local const void* sched_stack_bottom = nullptr;
+thread_local size_t sched_stack_size = 0;
 #endif
 
 const char* kind_name(int kind) {
@@ -144,12 +163,12 @@ void yield_to_scheduler() {
 #if defined(__SANITIZE_ADDRESS__)
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, sched_stack_bottom, sched_stack_size);
-    swapcontext(&cur->ctx, &sched_ctx);
+    swapcontext(&cur->ctx, &H().sched_ctx);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #elif EMU_FAST_SWITCH
     emu_switch(&cur->sp, sched_sp);
 #else
-    swapcontext(&cur->ctx, &sched_ctx);
+    swapcontext(&cur->ctx, &H().sched_ctx);
 #endif
 }
 
@@ -166,7 +185,7 @@ void fiber_main() {
     void* unused;
     emu_switch(&unused, sched_sp); // a finished fiber never resumes
 #else
-    setcontext(&sched_ctx); // a finished fiber never resumes
+    setcontext(&H().sched_ctx); // a finished fiber never resumes
 #endif
 }
 
@@ -177,35 +196,35 @@ void resume(Fiber& f) {
 #if defined(__SANITIZE_ADDRESS__)
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, (char*)f.ctx.uc_stack.ss_sp, f.ctx.uc_stack.ss_size);
-    swapcontext(&sched_ctx, &f.ctx);
+    swapcontext(&H().sched_ctx, &f.ctx);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #elif EMU_FAST_SWITCH
     emu_switch(&sched_sp, f.sp);
 #else
-    swapcontext(&sched_ctx, &f.ctx);
+    swapcontext(&H().sched_ctx, &f.ctx);
 #endif
     cur = nullptr;
 }
 
 bool map_stacks(int n) {
     const long page = 4096;
-    while ((int)stacks.size() < n) {
+    while ((int)H().stacks.size() < n) {
         void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
         if (p == MAP_FAILED) return false;
         mprotect(p, page, PROT_NONE); // overflow faults instead of corrupting the next stack
-        stacks.push_back(p);
+        H().stacks.push_back(p);
     }
     return true;
 }
 
 // Completes the warp exchanges and barriers that every participant has reached; returns whether
-// any fiber became ready. Sets block_error on a misuse or a deadlock.
+// any fiber became ready. Sets the block error (H().block_error) on a misuse or a deadlock.
 bool release() {
     bool any = false;
     const int n_warps = (n_threads + 31) / 32;
     for (int w = 0; w < n_warps; ++w) {
-        Fiber* lanes = fibers + 32 * w;
+        Fiber* lanes = H().fibers + 32 * w;
         const int n = n_threads - 32 * w < 32 ? n_threads - 32 * w : 32;
         int waiting = 0, done = 0;
         for (int l = 0; l < n; ++l) {
@@ -217,7 +236,7 @@ bool release() {
             return f.st == St::AtWarp;
         });
         if (done > 0) {
-            block_error = std::string(kind_name(a.kind)) + " in warp " + std::to_string(w) +
+            H().block_error = std::string(kind_name(a.kind)) + " in warp " + std::to_string(w) +
                           " after " + std::to_string(done) +
                           " of its lanes returned (undefined on the GPU)";
             return false;
@@ -230,11 +249,11 @@ bool release() {
                 char b[128];
                 snprintf(b, sizeof b, " with mask %#x in warp %d of %d lanes: only masks naming "
                          "exactly the warp's lanes are emulated", f.mask, w, n);
-                block_error = kind_name(f.kind) + std::string(b);
+                H().block_error = kind_name(f.kind) + std::string(b);
                 return false;
             }
             if (f.kind != a.kind || f.width != a.width) { // the offset may differ per lane
-                block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
+                H().block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
                               kind_name(a.kind) + " (width " + std::to_string(a.width) +
                               "), lane " + std::to_string(l) + " in " + kind_name(f.kind) +
                               " (width " + std::to_string(f.width) + ")";
@@ -263,46 +282,46 @@ bool release() {
     int at_bar = 0, done = 0;
     const Fiber* first = nullptr;
     for (int i = 0; i < n_threads; ++i) {
-        at_bar += fibers[i].st == St::AtBarrier;
-        done += fibers[i].st == St::Done;
-        if (!first && fibers[i].st == St::AtBarrier) first = &fibers[i];
+        at_bar += H().fibers[i].st == St::AtBarrier;
+        done += H().fibers[i].st == St::Done;
+        if (!first && H().fibers[i].st == St::AtBarrier) first = &H().fibers[i];
     }
     if (at_bar == 0 || at_bar + done < n_threads) {
         // Someone waits in a warp exchange whose other lanes wait at a barrier.
         std::string s = "deadlock:";
         for (int i = 0; i < n_threads; ++i) {
-            if (fibers[i].st == St::AtWarp) {
-                s += " " + where(fibers[i]) + " in " + kind_name(fibers[i].kind) + ",";
+            if (H().fibers[i].st == St::AtWarp) {
+                s += " " + where(H().fibers[i]) + " in " + kind_name(H().fibers[i].kind) + ",";
                 break;
             }
         }
         if (first) s += " " + where(*first) + " at __syncthreads (" + first->file + ":" +
                         std::to_string(first->line) + ")";
-        block_error = s;
+        H().block_error = s;
         return false;
     }
     if (done > 0) {
-        block_error = "__syncthreads (" + std::string(first->file) + ":" +
+        H().block_error = "__syncthreads (" + std::string(first->file) + ":" +
                       std::to_string(first->line) + ") reached after " + std::to_string(done) +
                       " thread(s) of the block returned";
         return false;
     }
     for (int i = 0; i < n_threads; ++i) {
-        const Fiber& f = fibers[i];
+        const Fiber& f = H().fibers[i];
         if (f.line != first->line || strcmp(f.file, first->file) != 0) {
-            block_error = "divergent __syncthreads: " + where(*first) + " at " + first->file +
+            H().block_error = "divergent __syncthreads: " + where(*first) + " at " + first->file +
                           ":" + std::to_string(first->line) + ", " + where(f) + " at " + f.file +
                           ":" + std::to_string(f.line);
             return false;
         }
     }
-    for (int i = 0; i < n_threads; ++i) fibers[i].st = St::Ready;
+    for (int i = 0; i < n_threads; ++i) H().fibers[i].st = St::Ready;
     return true;
 }
 
 // Thread i of the block, ready to start the kernel on its own stack.
 void init_fiber(int i) {
-    Fiber& f = fibers[i];
+    Fiber& f = H().fibers[i];
     f = Fiber{};
     f.tid = uint3{(unsigned)(i % block_dim.x), (unsigned)(i / block_dim.x % block_dim.y),
                   (unsigned)(i / (block_dim.x * block_dim.y))};
@@ -310,32 +329,32 @@ void init_fiber(int i) {
 #if EMU_FAST_SWITCH
     // The frame emu_switch pops: six registers, then it returns into fiber_main with the stack
     // aligned as after a call (a zero return address above).
-    auto* top = (uint64_t*)((char*)stacks[i] + kStack);
+    auto* top = (uint64_t*)((char*)H().stacks[i] + kStack);
     top[-1] = 0;
     top[-2] = (uint64_t)(uintptr_t)&fiber_main;
     for (int r = 3; r <= 8; ++r) top[-r] = 0;
     f.sp = &top[-8];
 #else
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stacks[i];
+    f.ctx.uc_stack.ss_sp = H().stacks[i];
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
 #endif
 }
 
-// Runs one thread block to the end; false with block_error set when it went wrong.
+// Runs one thread block to the end; false with the block error set when it went wrong.
 bool run_block(bool reverse) {
     for (int i = 0; i < n_threads; ++i) init_fiber(i);
     for (;;) {
         for (int k = 0; k < n_threads; ++k) {
-            Fiber& f = fibers[reverse ? n_threads - 1 - k : k];
+            Fiber& f = H().fibers[reverse ? n_threads - 1 - k : k];
             if (f.st != St::Ready) continue;
             resume(f);
-            if (!block_error.empty()) return false;
+            if (!H().block_error.empty()) return false;
         }
         bool all_done = true;
-        for (int i = 0; i < n_threads; ++i) all_done &= fibers[i].st == St::Done;
+        for (int i = 0; i < n_threads; ++i) all_done &= H().fibers[i].st == St::Done;
         if (all_done) return true;
         if (!release()) return false;
     }
@@ -354,6 +373,81 @@ const char* order_env() {
     const char* o = getenv("OATO_CUDA_EMU_ORDER");
     return o ? o : "alternate";
 }
+
+// OS threads a launch's blocks run on: OATO_CUDA_EMU_THREADS, else one per core, 1 to 8.
+int emu_threads() {
+    static const int n = [] {
+        const char* e = getenv("OATO_CUDA_EMU_THREADS");
+        const int want = e && *e ? atoi(e) : (int)std::thread::hardware_concurrency();
+        return std::clamp(want, 1, 8);
+    }();
+    return n;
+}
+
+// Helper threads for launches (the launching thread works too); started on the first launch
+// of more than one block and kept. One launch at a time. A forked child has none of its
+// parent's threads: it starts its own (the parent's are forgotten, never joined).
+class Helpers {
+  public:
+    // Runs work() on `n` helpers (fewer if there are fewer) and on the caller; returns when all
+    // are done.
+    void run(int n, const std::function<void()>& work) {
+        std::unique_lock<std::mutex> launch(launch_mu_);
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            if (pid_ != getpid()) {
+                pid_ = getpid();
+                started_ = 0;
+            }
+            while (started_ < n) {
+                // Detached: they wait for work until the process exits.
+                std::thread([this, i = started_] { loop(i); }).detach();
+                ++started_;
+            }
+            work_ = &work;
+            wanted_ = n;
+            running_ = n;
+            ++generation_;
+        }
+        cv_.notify_all();
+        work();
+        std::unique_lock<std::mutex> g(mu_);
+        done_cv_.wait(g, [this] { return running_ == 0; });
+        work_ = nullptr;
+    }
+
+  private:
+    void loop(int i) {
+        unsigned long long seen = 0;
+        for (;;) {
+            const std::function<void()>* w;
+            {
+                std::unique_lock<std::mutex> g(mu_);
+                cv_.wait(g, [&] { return generation_ != seen; });
+                seen = generation_;
+                if (i >= wanted_) continue;
+                w = work_;
+            }
+            (*w)();
+            std::lock_guard<std::mutex> g(mu_);
+            if (--running_ == 0) done_cv_.notify_all();
+        }
+    }
+
+    std::mutex launch_mu_, mu_;
+    std::condition_variable cv_, done_cv_;
+    pid_t pid_ = 0;
+    int started_ = 0;
+    const std::function<void()>* work_ = nullptr;
+    unsigned long long generation_ = 0;
+    int wanted_ = 0, running_ = 0;
+};
+
+Helpers& helpers() {
+    // Never destroyed: its threads wait for work until the process exits.
+    static Helpers* h = new Helpers;
+    return *h;
+}
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +463,7 @@ void sync_block(const char* file, int line) {
 unsigned long long warp_exchange(unsigned mask, unsigned long long bits, int kind, int arg,
                                  int width) {
     if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
-        block_error = std::string(kind_name(kind)) + " with width " + std::to_string(width) +
+        H().block_error = std::string(kind_name(kind)) + " with width " + std::to_string(width) +
                       " (a power of two up to 32)";
         yield_to_scheduler(); // never resumed
     }
@@ -400,30 +494,62 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
                  grid[0], grid[1], grid[2], block[0], block[1], block[2]);
         return fail(b);
     }
-    if (!map_stacks((int)nt)) return fail("cannot map fiber stacks");
-    n_threads = (int)nt;
-    grid_dim = dim3(grid[0], grid[1], grid[2]);
-    block_dim = dim3(block[0], block[1], block[2]);
-    body_fn = body;
-    body_ctx = ctx;
     const std::string order = order_env();
-    DenormalsFlushed ftz;
-    unsigned long long linear = 0;
-    for (unsigned z = 0; z < grid[2]; ++z) {
-        for (unsigned y = 0; y < grid[1]; ++y) {
-            for (unsigned x = 0; x < grid[0]; ++x, ++linear) {
-                block_idx = uint3{x, y, z};
-                const bool reverse = order == "reverse" || (order == "alternate" && (linear & 1));
-                block_error.clear();
-                if (!run_block(reverse)) {
-                    char b[128];
-                    snprintf(b, sizeof b, "%s, block (%u,%u,%u) of (%u,%u,%u): ", name, x, y, z,
-                             grid[0], grid[1], grid[2]);
-                    return fail(b + block_error);
+    const unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
+    // Blocks are taken in grid order (x fastest) from `next`; a failing block stops the others
+    // taking blocks after it, so the error reported is the first failing block in grid order,
+    // as when one thread runs them all.
+    std::atomic<unsigned long long> next{0}, stop{blocks};
+    std::mutex err_mu;
+    unsigned long long err_block = blocks;
+    std::string err;
+    bool no_stacks = false;
+    const std::function<void()> work = [&] {
+        if (!map_stacks((int)nt)) {
+            std::lock_guard<std::mutex> g(err_mu);
+            no_stacks = true;
+            stop = 0;
+            return;
+        }
+        n_threads = (int)nt;
+        grid_dim = dim3(grid[0], grid[1], grid[2]);
+        block_dim = dim3(block[0], block[1], block[2]);
+        body_fn = body;
+        body_ctx = ctx;
+        DenormalsFlushed ftz;
+        for (;;) {
+            const unsigned long long linear = next.fetch_add(1);
+            if (linear >= stop.load()) return;
+            const unsigned x = (unsigned)(linear % grid[0]),
+                           y = (unsigned)(linear / grid[0] % grid[1]),
+                           z = (unsigned)(linear / grid[0] / grid[1]);
+            block_idx = uint3{x, y, z};
+            const bool reverse = order == "reverse" || (order == "alternate" && (linear & 1));
+            H().block_error.clear();
+            if (!run_block(reverse)) {
+                char b[128];
+                snprintf(b, sizeof b, "%s, block (%u,%u,%u) of (%u,%u,%u): ", name, x, y, z,
+                         grid[0], grid[1], grid[2]);
+                std::lock_guard<std::mutex> g(err_mu);
+                if (linear < err_block) {
+                    err_block = linear;
+                    err = b + H().block_error;
                 }
+                unsigned long long s = stop.load();
+                while (linear < s && !stop.compare_exchange_weak(s, linear)) {
+                }
+                return;
             }
         }
+    };
+    const int helpers_wanted = (int)std::min<unsigned long long>(blocks, emu_threads()) - 1;
+    if (helpers_wanted > 0) {
+        helpers().run(helpers_wanted, work);
+    } else {
+        work();
     }
+    if (no_stacks) return fail("cannot map fiber stacks");
+    if (err_block < blocks) return fail(err);
     return 0;
 }
 

@@ -210,7 +210,8 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const int (&a)[4], c
     (void)b;
     __trap();
 #else
-    static int xa[1024][4], xb[1024][2]; // one block runs at a time in the emulator
+    // One OS thread of the emulator runs one block at a time: its own buffer.
+    static thread_local int xa[1024][4], xb[1024][2];
     const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     const int w0 = tid & ~31, lane = tid & 31, g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) xa[tid][i] = a[i];
