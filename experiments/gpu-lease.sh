@@ -34,7 +34,8 @@
 #   oato-paper's plans (diag75);
 #   once the test model is whole: golden greedy ids on the GPU (all-GPU, split weights, graphs
 #   off, oato, layer-split, oato-paper, flexgen at 25/50/75%), then decode on the Xeon's CPU
-#   against llama.cpp (issue 13).
+#   against llama.cpp (issue 13); then, with whatever time is left, the paper's Fig. 10, 9, 7
+#   and 8 on the 8B file (issue 14; experiments/figN.sh).
 # Without the prebuilt peer, the first call builds llama.cpp on the device (~5 min) in the
 # background while selftest and synth run, and the timed stages wait for it. Do not hold a lease
 # back for the prebuild: on 2026-11-28 a session that built it first (22 min on a Zen 5 VM) found
@@ -316,6 +317,22 @@ s_golden_split() { OATO_CUDA_SPLIT=1 golden gpu-split --device gpu; }
 s_golden_hybrid() { # policy, budget
     golden "$1-${2%\%}" --vram-budget "$2" --policy "$1"
 }
+# Issue 14: the paper's figures from this machine, if a call has time left after everything above
+# (experiments/figN.sh, configs/figN.toml; llama.cpp's -ngl rows where the peer is here). The
+# lease's synth file stands in for the configs' llama3-8b model (the same `oato synth` flags by
+# default; in a dry run, the small file), and its profile is in the cache already. Results:
+# $RES/paper/figN*.csv, figures in $RES/paper-figures.
+s_paper() { # figure, experiments/figN.sh flags...
+    local fig=$1
+    shift
+    header
+    if peer_ready; then peer_env; fi
+    mkdir -p "$LEASE/paper-models"
+    ln -sf "$MODEL8" "$LEASE/paper-models/llama3-8b-Q4_0-s42.gguf"
+    OATO_BIN=$OATO OATO_PAPER_MODELS=$LEASE/paper-models \
+        LLAMA_BIN=$(peer_ready && echo "$LLAMA" || echo "$LEASE/no-peer") \
+        experiments/"$fig".sh --res "$RES/paper" --figures "$RES/paper-figures" "$@"
+}
 s_cpu_xeon() {
     peer_env
     OATO_BIN=$OATO MODEL=$MODEL8 RES=$RES LLAMA_BIN=$LLAMA CPU_THREADS="8 16" ROUNDS=1 experiments/gpu-hybrid.sh cpu
@@ -418,6 +435,12 @@ next)
     stages_8b
     [ -f "$TEST" ] && stages_golden
     [ -f "$MODEL8" ] && peer_ready && stage cpu_xeon 80 s_cpu_xeon
+    if [ -f "$MODEL8" ] && [ -f "$RES/profile-8b.json" ]; then
+        stage paper_fig10 400 s_paper fig10
+        stage paper_fig9 400 s_paper fig9
+        stage paper_fig7 160 s_paper fig7 --models llama3-8b
+        stage paper_fig8 400 s_paper fig8 --models llama3-8b --reps 1
+    fi
     if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then tar czf "$OUT/lease.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; fi
     ;;
 *)
