@@ -15,8 +15,11 @@
 # one per 64 launches (OATO_CUDA_GRAPH_SPLIT=0), prefill attention by the old one-block-per-(head, token) kernel instead of the
 # tiled one (OATO_CUDA_FLASH_PREFILL=0), and prefill GEMMs of quantised weights always by the int8
 # kernels (OATO_CUDA_MMQ=1) or always by dequantisation + cuBLAS (OATO_CUDA_MMQ=0; the default
-# times both per shape and keeps the faster), and the int8 kernels on __dp4a rather than tensor
-# cores (mma-off: OATO_CUDA_MMA=0). One run, one machine, one after the other.
+# times both per shape and keeps the faster), the int8 kernels on __dp4a rather than tensor
+# cores (mma-off: OATO_CUDA_MMA=0), and decode's batches (its single token too) through the
+# prefill GEMM rather than the matrix-vector kernels (gemm-decode: OATO_CUDA_MMVQ_MAX_TOKENS=0;
+# tensor cores where the device has them, else as the GEMM's timing chooses). One run, one
+# machine, one after the other.
 #
 # Writes $OUT.csv and $OUT.md (default results/gpu-vs-llamacpp) through bench_merge.py: one table
 # per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp.
@@ -24,7 +27,7 @@
 # Env: OATO_BIN (target/release/oato), MODEL (/tmp/m/llama3-8b-q4_0.gguf; made with `oato synth`
 #      when missing), LLAMA_BIN (default: the build script's bin directory), REPS (3), THREADS
 #      (nproc), OUT, RAW_DIR (default: a temporary folder), PROMPTS (64,512), GENS (32,128),
-#      VARIANTS (the oato variants above to run, by name; default all fourteen).
+#      VARIANTS (the oato variants above to run, by name; default all sixteen).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 oato=${OATO_BIN:-target/release/oato}
@@ -52,7 +55,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in ${VARIANTS:-default split mma-off split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
+for variant in ${VARIANTS:-default split mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     split) env=(OATO_CUDA_SPLIT=1) ;;
@@ -68,6 +71,7 @@ for variant in ${VARIANTS:-default split mma-off split-fused-off mmvq-direct mmv
     mmq-on) env=(OATO_CUDA_MMQ=1) ;;
     mmq-off) env=(OATO_CUDA_MMQ=0) ;;
     mma-off) env=(OATO_CUDA_MMA=0) ;;
+    gemm-decode) env=(OATO_CUDA_MMVQ_MAX_TOKENS=0) ;;
     *) echo "error: unknown variant $variant in VARIANTS" >&2; exit 2 ;;
   esac
   echo "== oato bench --device gpu ($variant)" >&2
@@ -83,7 +87,7 @@ python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --title "oato vs llama.cpp all on the GPU (llama-bench's tests)" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores)" \
+  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores), OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

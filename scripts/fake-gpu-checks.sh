@@ -70,6 +70,8 @@ step "the whole model on the GPU, direct matrix-vector kernels and split decode 
 OATO_CUDA_MMVQ=direct OATO_CUDA_ATTN_SPLIT=1 golden --device gpu
 step "the whole model on the GPU, pipelined matrix-vector kernels"
 OATO_CUDA_MMVQ=pipe golden --device gpu
+step "the whole model on the GPU, decode through the prefill GEMM (OATO_CUDA_MMVQ_MAX_TOKENS=0: the tensor-core int8 GEMM or dequantisation + cuBLAS, as timed)"
+OATO_CUDA_MMVQ_MAX_TOKENS=0 golden --device gpu
 step "the whole model on the GPU, weights in the split layout (OATO_CUDA_SPLIT=1: Q4_1 layers, Q8_0 embedding and head, rewritten 1 MiB at a time)"
 OATO_CUDA_SPLIT=1 OATO_CUDA_SPLIT_STAGE=1048576 golden --device gpu
 step "split layout: fused kernels (gate / up / SwiGLU: mmvq_split_glu; q / k / v / RoPE / KV store: mmvq_split_qkv_rope) or not (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0)"

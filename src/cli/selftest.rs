@@ -20,9 +20,9 @@ use oato::runtime::backend::{
     AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
 };
 use oato::runtime::cuda_backend::{
-    MmvqMode, attn_split_force, flash_prefill, missing_kernels, mmvq_mode, mmvq_multi, pipe_blocks,
-    set_attn_split, set_flash_prefill, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
-    set_weight_split, split_kernels, weight_split,
+    MMVQ_MAX_TOKENS, MmvqMode, attn_split_force, flash_prefill, missing_kernels, mmvq_max_tokens,
+    mmvq_mode, mmvq_multi, pipe_blocks, set_attn_split, set_flash_prefill, set_mmvq_max_tokens,
+    set_mmvq_mode, set_mmvq_multi, set_pipe_blocks, set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{
@@ -331,13 +331,16 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     // ("matmul-q": partial 64-token tiles; 67 rows take 32-row tiles, 4224 rows enough 64-row
     // tiles to fill an H100 or the stand-in device, k = 1536 tensor cores' split-K; on tensor
     // cores where the device has them, "matmul-qd" the same on __dp4a); "matmul" then forces
-    // dequantisation + cuBLAS.
+    // dequantisation + cuBLAS. "matmul-g": decode-sized batches through the prefill GEMM
+    // (`OATO_CUDA_MMVQ_MAX_TOKENS=0`: the int8 GEMM where the type has one, k = 1536 split,
+    // else dequantisation + cuBLAS).
     let (k, n) = (512, 67);
     let gpu = be.kind() == DeviceKind::Gpu;
     let chosen = mmvq_mode();
     let chosen_mmq = mmq_mode();
     let chosen_mma = mma_enabled();
     let chosen_blocks = pipe_blocks();
+    let chosen_tokens = mmvq_max_tokens();
     use MmvqMode::{Direct, Pipe, Staged};
     let runs: &[(&str, MmvqMode, usize, usize, &[usize])] = if gpu {
         &[
@@ -351,6 +354,8 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
             ("matmul-q", Staged, 1536, n, &[70]),
             ("matmul-qd", Staged, k, n, &[9, 40, 70]),
             ("matmul-qd", Staged, k, 4224, &[70]),
+            ("matmul-g", Staged, k, n, &[1, 3, 8]),
+            ("matmul-g", Staged, 1536, n, &[1]),
         ]
     } else {
         &[("matmul", chosen, k, n, &[1, 3, 8, 9, 40])]
@@ -371,7 +376,13 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         } else {
             chosen_blocks
         });
-        set_mmq_mode(if mmq { MmqMode::On } else { MmqMode::Off });
+        let gemm = op == "matmul-g";
+        set_mmvq_max_tokens(if gemm { 0 } else { chosen_tokens });
+        set_mmq_mode(if mmq || gemm {
+            MmqMode::On
+        } else {
+            MmqMode::Off
+        });
         let bytes = weight_bytes(ty, k, n, 3)?;
         let wf = dequantized(ty, k, &bytes)?;
         let w = be.upload_weight("selftest.weight", ty, k, n, &bytes)?;
@@ -403,6 +414,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     set_pipe_blocks(chosen_blocks);
     set_mmq_mode(chosen_mmq);
     set_mma(chosen_mma);
+    set_mmvq_max_tokens(chosen_tokens);
     // The backend's start-up check: tensor cores and __dp4a gave the same bits (else prefill
     // quietly keeps __dp4a, and "matmul-q" above checked that).
     if let Some(agrees) = be.int8_mma_agrees() {
@@ -908,10 +920,11 @@ fn perf(be: &dyn Backend) -> Result<()> {
         println!();
         // mma us: tensor cores (k split where the grid is small), mma 1 part: never split.
         println!(
-            "{:<6} {:<12} {:>6} {:>10} {:>9} {:>10} {:>9} {:>10} {:>10} {:>9} {:>7}",
+            "{:<6} {:<12} {:>6} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10} {:>10} {:>9} {:>7}",
             "type",
             "k x n",
             "tokens",
+            "mmvq us",
             "mmq us",
             "TFLOP/s",
             "mma us",
@@ -1027,7 +1040,9 @@ fn perf(be: &dyn Backend) -> Result<()> {
 
 /// The prefill GEMM of quantised weight `w` ([n, k]) at 64 and 512 tokens by the int8 kernel
 /// (mmq.cu) and by dequantisation + cuBLAS, each with its activations' quantisation: what
-/// `OATO_CUDA_MMQ=auto` chooses between. One table line per batch.
+/// `OATO_CUDA_MMQ=auto` chooses between. Also at decode's 1 and 8 tokens, beside the
+/// matrix-vector kernels that take those batches by default (`mmvq us`): what
+/// `OATO_CUDA_MMVQ_MAX_TOKENS` would trade. One table line per batch.
 fn prefill_gemm_lines(
     be: &dyn Backend,
     w: &Weight,
@@ -1038,10 +1053,21 @@ fn prefill_gemm_lines(
     let chosen = mmq_mode();
     let chosen_mma = mma_enabled();
     let chosen_splitk = mmq_splitk();
+    let chosen_tokens = mmvq_max_tokens();
     let mut lines = Vec::new();
-    for n_tok in [64, 512] {
+    for n_tok in [1, 8, 64, 512] {
         let x = put(be, &pattern(n_tok * k, 0.0))?;
         let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
+        let tv = if n_tok <= MMVQ_MAX_TOKENS {
+            set_mmvq_max_tokens(MMVQ_MAX_TOKENS);
+            Some(median_us(be, reps, || {
+                be.matmul(&[w], &x, n_tok, &mut [&mut y])
+            })?)
+        } else {
+            None
+        };
+        // The GEMMs take every batch.
+        set_mmvq_max_tokens(0);
         let mut time = |mode: MmqMode, mma: bool, splitk: bool| -> Result<f64> {
             set_mmq_mode(mode);
             set_mma(mma);
@@ -1059,17 +1085,23 @@ fn prefill_gemm_lines(
         };
         let tb = time(MmqMode::Off, chosen_mma, chosen_splitk)?;
         let tflops = |t: f64| 2.0 * (k * n * n_tok) as f64 / t / 1e6;
-        let best = [("mmq", Some(tq)), ("mma", tm), ("cuBLAS", Some(tb))]
-            .into_iter()
-            .filter_map(|(name, t)| Some((name, t?)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or("", |(name, _)| name);
+        let best = [
+            ("mmvq", tv),
+            ("mmq", Some(tq)),
+            ("mma", tm),
+            ("cuBLAS", Some(tb)),
+        ]
+        .into_iter()
+        .filter_map(|(name, t)| Some((name, t?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or("", |(name, _)| name);
         let us = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.1}"));
         lines.push(format!(
-            "{:<6} {:<12} {n_tok:>6} {tq:>10.1} {:>9.2} {:>10} {:>9} {:>10} {tb:>10.1} {:>9.2} \
-             {best:>7}",
+            "{:<6} {:<12} {n_tok:>6} {:>9} {tq:>10.1} {:>9.2} {:>10} {:>9} {:>10} {tb:>10.1} \
+             {:>9.2} {best:>7}",
             w.ty.name(),
             format!("{k}x{n}"),
+            us(tv),
             tflops(tq),
             us(tm),
             tm.map_or("-".to_string(), |t| format!("{:.2}", tflops(t))),
@@ -1080,6 +1112,7 @@ fn prefill_gemm_lines(
     set_mmq_mode(chosen);
     set_mma(chosen_mma);
     set_mmq_splitk(chosen_splitk);
+    set_mmvq_max_tokens(chosen_tokens);
     Ok(lines)
 }
 

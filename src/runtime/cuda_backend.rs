@@ -347,6 +347,39 @@ pub fn pipe_blocks() -> usize {
     PIPE_BLOCKS.load(Ordering::Relaxed)
 }
 
+/// Batches of at most this many tokens take the matrix-vector kernels, larger ones the prefill
+/// GEMM (`prefill_path`: the int8 GEMM, on tensor cores where the device has them, or
+/// dequantisation + cuBLAS, as `OATO_CUDA_MMQ` and its timing choose): `MMVQ_MAX_TOKENS` unless
+/// `OATO_CUDA_MMVQ_MAX_TOKENS` (0 to 8; 0: every batch, decode's single token too, through the
+/// GEMM) says otherwise at start-up, or `set_mmvq_max_tokens` (`selftest --perf` times decode
+/// batches both ways). Everything else that treats a batch as decode-sized (CUDA graphs, the
+/// fused Q8_1 blocks, held RoPE) still goes by `MMVQ_MAX_TOKENS`.
+static MMVQ_TOKENS: AtomicUsize = AtomicUsize::new(MMVQ_MAX_TOKENS);
+
+/// Sets the largest batch the matrix-vector kernels take (at most `MMVQ_MAX_TOKENS`).
+pub fn set_mmvq_max_tokens(n: usize) {
+    MMVQ_TOKENS.store(n.min(MMVQ_MAX_TOKENS), Ordering::Relaxed);
+}
+
+/// The largest batch the matrix-vector kernels take.
+pub fn mmvq_max_tokens() -> usize {
+    MMVQ_TOKENS.load(Ordering::Relaxed)
+}
+
+/// `OATO_CUDA_MMVQ_MAX_TOKENS`'s value: 0 to `MMVQ_MAX_TOKENS`.
+pub fn parse_mmvq_max_tokens(v: &str) -> Result<usize> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n <= MMVQ_MAX_TOKENS)
+        .ok_or_else(|| {
+            Error::Msg(format!(
+                "OATO_CUDA_MMVQ_MAX_TOKENS={v:?}: expected the largest batch the matrix-vector \
+                 kernels take, 0 to {MMVQ_MAX_TOKENS}"
+            ))
+        })
+}
+
 /// Whether prefill attention (more than `MMVQ_MAX_TOKENS` tokens) runs as the tiled kernel of
 /// flash_prefill.cu (query tiles sharing K/V tiles) rather than one block per (head, token)
 /// (attention_f16kv). On unless `OATO_CUDA_FLASH_PREFILL=0` at start-up or
@@ -1091,6 +1124,9 @@ impl CudaBackend {
                 ))
             })?;
             set_pipe_blocks(b);
+        }
+        if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_MAX_TOKENS") {
+            set_mmvq_max_tokens(parse_mmvq_max_tokens(&v)?);
         }
         mmq_mode_from_env()?;
         let name = ctx.name().map_err(drv("device name"))?;
@@ -2064,7 +2100,7 @@ impl Backend for CudaBackend {
         self.batch(n_tok)?;
         let xp = self.f32ptr(x, n_tok * k, "matmul input")?;
         let mut s = self.scratch()?;
-        if n_tok <= MMVQ_MAX_TOKENS {
+        if n_tok <= mmvq_max_tokens() {
             let split = ws
                 .iter()
                 .map(|w| self.split_of(w))
@@ -2267,6 +2303,9 @@ impl Backend for CudaBackend {
                 p => p,
             };
             let yp = self.f32ptr(y, n_tok * w.n, "matmul output")?;
+            // A decode-sized batch may come this way (`mmvq_max_tokens`): its output ends the
+            // holds on quantised copies as the matrix-vector path's does.
+            s.forget_if_written((xp, n_tok * k), (yp, n_tok * w.n));
             let wp = self.wptr(w)?;
             use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
             match (path, w.ty) {
@@ -2994,6 +3033,23 @@ mod tests {
             let e = MmvqMode::parse(bad).unwrap_err().to_string();
             assert!(
                 e.contains("OATO_CUDA_MMVQ") && e.contains("staged, direct or pipe"),
+                "{e}"
+            );
+        }
+    }
+
+    /// `OATO_CUDA_MMVQ_MAX_TOKENS` takes 0 to 8; anything else is an error naming the variable
+    /// and the range.
+    #[test]
+    fn mmvq_max_tokens_parses_0_to_8() {
+        for n in 0..=MMVQ_MAX_TOKENS {
+            assert_eq!(parse_mmvq_max_tokens(&n.to_string()).unwrap(), n);
+        }
+        assert_eq!(parse_mmvq_max_tokens(" 4 ").unwrap(), 4);
+        for bad in ["", "9", "-1", "all", "2.5"] {
+            let e = parse_mmvq_max_tokens(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("OATO_CUDA_MMVQ_MAX_TOKENS") && e.contains("0 to 8"),
                 "{e}"
             );
         }
