@@ -436,11 +436,13 @@ next)
     stages_8b
     [ -f "$TEST" ] && stages_golden
     [ -f "$MODEL8" ] && peer_ready && stage cpu_xeon 80 s_cpu_xeon
+    # Estimates: about twice what they should take on the H200 (fig10: 48 oato runs of 1.5-3 s,
+    # flexgen's the longest, and six llama-bench calls); never run on a GPU yet.
     if [ -f "$MODEL8" ] && [ -f "$RES/profile-8b.json" ]; then
-        stage paper_fig10 400 s_paper fig10
-        stage paper_fig9 400 s_paper fig9
-        stage paper_fig7 160 s_paper fig7 --models llama3-8b
-        stage paper_fig8 400 s_paper fig8 --models llama3-8b --reps 1
+        stage paper_fig10 300 s_paper fig10
+        stage paper_fig9 300 s_paper fig9
+        stage paper_fig7 120 s_paper fig7 --models llama3-8b
+        stage paper_fig8 300 s_paper fig8 --models llama3-8b --reps 1
     fi
     if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then tar czf "$OUT/lease.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"; fi
     ;;

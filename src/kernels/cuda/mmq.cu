@@ -519,9 +519,11 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
     y += (i64)blockIdx.z * n_tok * n;
     const int mr = 16 * (warp % MT); // the warp's rows mr..mr + 16 of the tile
     const int tw = 8 * MT * (warp / MT); // and its tokens tw..tw + 8 MT
-    // Warps whose first token is past n_tok only help stage (uniform across the warp, so the
-    // mma's whole-warp rule holds).
+    // Warps whose first token is past n_tok only help stage, and a warp skips its n-tiles past
+    // n_tok (a decode batch of 1 to 8 tokens: one n-tile of the tile's eight); both uniform
+    // across the warp, so the mma's whole-warp rule holds.
     const bool computes = t0 + tw < n_tok;
+    const int jn = min(MT, (n_tok - t0 - tw + 7) / 8); // the warp's n-tiles with a token
 
     float acc[MT][4];
 #pragma unroll
@@ -551,6 +553,7 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
                 }
 #pragma unroll
                 for (int j = 0; j < MT; ++j) {
+                    if (j >= jn) break;
                     const int tb = tw + 8 * j; // the n-tile's first token (in the tile)
                     const int* x0 = s.aq + (tb + gq) * MMQ_PAD + 8 * g + tq;
                     const int b[2] = {x0[0], x0[4]};
