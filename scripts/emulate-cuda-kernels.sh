@@ -11,6 +11,8 @@
 #         OATO_CUDA_EMU_SAN=1  build with AddressSanitizer + UBSan and exact-size buffers (slower)
 #         OATO_CUDA_EMU_ORDER  thread order in a block: alternate (default), forward, reverse
 #         OATO_CUDA_EMU_THREADS  OS threads a launch's blocks run on (default one per core, up to 8)
+#         OATO_CUDA_EMU_TLS    initial-exec (default; general-dynamic where glibc cannot load it)
+#                              or global-dynamic: the thread-local model (see emu.h)
 #         CXX                  the C++ compiler (default g++; needs C++20)
 # Builds into target/cuda-emu/ and rebuilds only when a source, the emulator or the flags change:
 # libcudaemu.so (the kernels, for the checks) and fake/libcuda.so (the same kernels behind a
@@ -22,6 +24,7 @@ EMU=tests/cuda_emu
 SRC=src/kernels/cuda
 VENV="${OATO_CUDA_EMU_VENV:-$HOME/.cache/oato/cuda-emu-venv}"
 SAN="${OATO_CUDA_EMU_SAN:-0}"
+TLS="${OATO_CUDA_EMU_TLS:-initial-exec}"
 CXX="${CXX:-g++}"
 elapsed() { echo "$(date +%s.%N) $start" | awk '{printf "%.1f s", $1 - $2}'; }
 
@@ -49,9 +52,10 @@ done
 echo "cuda-emu: venv ready ($(elapsed))"
 
 # 2. Build target/cuda-emu/<mode>/libcudaemu.so from each kernel source + the emulator.
-# -ftls-model=initial-exec: see emu.h (thread-local state); the loaders raise glibc's static
-# TLS room to the size recorded in $BUILD/static-tls (tunables, below and in fake-gpu.sh).
-FLAGS=(-std=c++20 -fPIC -pthread -ftls-model=initial-exec -ffp-contract=fast -Wall -Wextra -Wno-unused-parameter
+# Each build adds -ftls-model=initial-exec (see emu.h: thread-local state); the loaders raise
+# glibc's static TLS room to the size recorded in $BUILD/static-tls (tunables, below and in
+# fake-gpu.sh), and where that fails to load, general-dynamic.
+FLAGS=(-std=c++20 -fPIC -pthread -ffp-contract=fast -Wall -Wextra -Wno-unused-parameter
     -Wno-unknown-pragmas -isystem "$CUDA_INC" -iquote . -include "$EMU/emu.h")
 if grep -qw fma /proc/cpuinfo 2>/dev/null; then
     FLAGS+=(-mfma) # so that a * b + c may fuse, as nvcc's default --fmad=true does
@@ -72,7 +76,7 @@ SOURCES=("$SRC"/*.cu "$EMU/selftest.cu")
 mkdir -p "$BUILD"
 key=$({
     "$CXX" --version
-    echo "${FLAGS[@]} ${LINK[@]}"
+    echo "${FLAGS[@]} ${LINK[@]} -ftls-model=$TLS, else global-dynamic"
     cat "$SRC"/*.cu "$SRC"/*.cuh "$EMU"/emu.h "$EMU"/runtime.cpp "$EMU"/kernel_tu.cpp \
         "$EMU"/selftest.cu "$EMU"/fake_cuda.cpp "$EMU"/requirements.txt
     printf '%s\n' "${SOURCES[@]}"
@@ -85,53 +89,73 @@ key=$({
         exit 0
     fi
     rm -rf "$BUILD"/*.o "$BUILD"/*.exports "$BUILD/stamp" "$LIB" "$FAKE"
-    pids=()
-    objs=()
-    for cu in "${SOURCES[@]}"; do
-        name=$(basename "$cu" .cu)
-        # Kernel names, found by the preprocessor (emu.h marks __global__ in this mode).
-        "$CXX" "${FLAGS[@]}" -DEMU_LIST_KERNELS -E -P -x c++ "$cu" | tr '\n' ' ' |
-            grep -oP 'EMU_KERNEL_MARK\s+void\s+\K\w+' | sed 's/.*/EMU_EXPORT(&)/' \
-            >"$BUILD/$name.exports" || true
-        if [ ! -s "$BUILD/$name.exports" ]; then
-            echo "emulate-cuda-kernels: no __global__ kernel found in $cu" >&2
+    # compile_and_link TLS_MODEL: both libraries, every file with -ftls-model=TLS_MODEL.
+    compile_and_link() {
+        local pids=() objs=() cu name p status=0
+        local FLAGS=("${FLAGS[@]}" "-ftls-model=$1")
+        for cu in "${SOURCES[@]}"; do
+            name=$(basename "$cu" .cu)
+            # Kernel names, found by the preprocessor (emu.h marks __global__ in this mode).
+            "$CXX" "${FLAGS[@]}" -DEMU_LIST_KERNELS -E -P -x c++ "$cu" | tr '\n' ' ' |
+                grep -oP 'EMU_KERNEL_MARK\s+void\s+\K\w+' | sed 's/.*/EMU_EXPORT(&)/' \
+                >"$BUILD/$name.exports" || true
+            if [ ! -s "$BUILD/$name.exports" ]; then
+                echo "emulate-cuda-kernels: no __global__ kernel found in $cu" >&2
+                exit 1
+            fi
+            "$CXX" "${FLAGS[@]}" -DEMU_SOURCE_FILE="\"$cu\"" -DEMU_SOURCE_NAME="\"$name.cu\"" \
+                -DEMU_EXPORTS_FILE="\"$BUILD/$name.exports\"" \
+                -c "$EMU/kernel_tu.cpp" -o "$BUILD/$name.o" &
+            pids+=($!)
+            objs+=("$BUILD/$name.o")
+        done
+        "$CXX" "${FLAGS[@]}" -c "$EMU/runtime.cpp" -o "$BUILD/runtime.o" &
+        pids+=($!)
+        objs+=("$BUILD/runtime.o")
+        # The stand-in driver is plain C++ (no emu.h).
+        FAKE_FLAGS=()
+        for f in "${FLAGS[@]}"; do
+            case "$f" in "-include" | "$EMU/emu.h") ;; *) FAKE_FLAGS+=("$f") ;; esac
+        done
+        "$CXX" "${FAKE_FLAGS[@]}" -fvisibility=hidden -c "$EMU/fake_cuda.cpp" -o "$BUILD/fake_cuda.o" &
+        pids+=($!)
+        for p in "${pids[@]}"; do wait "$p" || status=1; done
+        if [ "$status" != 0 ]; then
+            echo "emulate-cuda-kernels: compiling the kernels as host C++ failed (above)" >&2
             exit 1
         fi
-        "$CXX" "${FLAGS[@]}" -DEMU_SOURCE_FILE="\"$cu\"" -DEMU_SOURCE_NAME="\"$name.cu\"" \
-            -DEMU_EXPORTS_FILE="\"$BUILD/$name.exports\"" \
-            -c "$EMU/kernel_tu.cpp" -o "$BUILD/$name.o" &
-        pids+=($!)
-        objs+=("$BUILD/$name.o")
-    done
-    "$CXX" "${FLAGS[@]}" -c "$EMU/runtime.cpp" -o "$BUILD/runtime.o" &
-    pids+=($!)
-    objs+=("$BUILD/runtime.o")
-    # The stand-in driver is plain C++ (no emu.h).
-    FAKE_FLAGS=()
-    for f in "${FLAGS[@]}"; do
-        case "$f" in "-include" | "$EMU/emu.h") ;; *) FAKE_FLAGS+=("$f") ;; esac
-    done
-    "$CXX" "${FAKE_FLAGS[@]}" -fvisibility=hidden -c "$EMU/fake_cuda.cpp" -o "$BUILD/fake_cuda.o" &
-    pids+=($!)
-    status=0
-    for p in "${pids[@]}"; do wait "$p" || status=1; done
-    if [ "$status" != 0 ]; then
-        echo "emulate-cuda-kernels: compiling the kernels as host C++ failed (above)" >&2
-        exit 1
+        "$CXX" -shared -pthread -o "$LIB" "${objs[@]}" "${LINK[@]}"
+        # One file for both libraries cudarc opens (glibc gives the second name the same handle).
+        mkdir -p "$FAKE"
+        "$CXX" -shared -pthread -o "$FAKE/libcuda.so.1" "${objs[@]}" "$BUILD/fake_cuda.o" "${LINK[@]}"
+        for n in libcuda.so libcublas.so libcublas.so.13; do ln -sf libcuda.so.1 "$FAKE/$n"; done
+    }
+    compile_and_link "$TLS"
+    # 512: glibc's own default room for the initial-exec variables of libraries loaded later.
+    echo 512 >"$BUILD/static-tls"
+    if [ "$TLS" = initial-exec ]; then
+        # The room a process loading either library needs: the larger thread-local block
+        # (PT_TLS memory size) plus 64 KiB for other libraries' initial-exec variables.
+        tls=0
+        for so in "$LIB" "$FAKE/libcuda.so.1"; do
+            t=$(readelf -lW "$so" | awk '$1 == "TLS" {print $6}') # hexadecimal, 0x...
+            [ $((${t:-0})) -gt "$tls" ] && tls=$((t))
+        done
+        echo $((tls + 65536)) >"$BUILD/static-tls"
+        # A glibc that does not take that room from GLIBC_TUNABLES cannot load an initial-exec
+        # library this large: then the slower general-dynamic model, which needs no room.
+        probe=(env GLIBC_TUNABLES="glibc.rtld.optional_static_tls=$(cat "$BUILD/static-tls")")
+        if [ "$SAN" = 1 ]; then
+            probe+=(LD_PRELOAD="$("$CXX" -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0)
+        fi
+        if ! "${probe[@]}" "$VENV/bin/python" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' \
+            "$LIB" 2>/dev/null; then
+            echo "cuda-emu: this glibc cannot load the initial-exec build: general-dynamic (slower)" >&2
+            rm -f "$BUILD"/*.o "$LIB" "$FAKE/libcuda.so.1"
+            compile_and_link global-dynamic
+            echo 512 >"$BUILD/static-tls"
+        fi
     fi
-    "$CXX" -shared -pthread -o "$LIB" "${objs[@]}" "${LINK[@]}"
-    # One file for both libraries cudarc opens (glibc gives the second name the same handle).
-    mkdir -p "$FAKE"
-    "$CXX" -shared -pthread -o "$FAKE/libcuda.so.1" "${objs[@]}" "$BUILD/fake_cuda.o" "${LINK[@]}"
-    for n in libcuda.so libcublas.so libcublas.so.13; do ln -sf libcuda.so.1 "$FAKE/$n"; done
-    # The static TLS room a process loading either library needs: the larger thread-local block
-    # (PT_TLS memory size) plus 64 KiB for other libraries' initial-exec variables.
-    tls=0
-    for so in "$LIB" "$FAKE/libcuda.so.1"; do
-        t=$(readelf -lW "$so" | awk '$1 == "TLS" {print $6}') # hexadecimal, 0x...
-        [ $((${t:-0})) -gt "$tls" ] && tls=$((t))
-    done
-    echo $((tls + 65536)) >"$BUILD/static-tls"
     echo "$key" >"$BUILD/stamp"
     echo "cuda-emu: built $LIB ($(elapsed))"
 ) 9>"target/cuda-emu/$MODE.lock"

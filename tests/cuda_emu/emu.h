@@ -82,7 +82,9 @@ namespace emu {
 // The library's thread-local block (its __shared__ arrays, about 1.7 MB) is then part of every
 // thread's static TLS, for which glibc keeps little room in libraries loaded after start-up;
 // the scripts that load it raise that room (GLIBC_TUNABLES glibc.rtld.optional_static_tls,
-// from the size emulate-cuda-kernels.sh reads off the library).
+// from the size emulate-cuda-kernels.sh reads off the library). Where a glibc cannot load it so,
+// the build falls back to the general-dynamic model (about a fifth slower; also
+// OATO_CUDA_EMU_TLS=global-dynamic).
 extern thread_local uint3 thread_idx, block_idx;
 extern thread_local dim3 block_dim, grid_dim;
 
