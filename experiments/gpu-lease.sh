@@ -327,11 +327,16 @@ s_paper() { # figure, experiments/figN.sh flags...
     local fig=$1
     shift
     header
-    if peer_ready; then peer_env; fi
+    # Without the peer, a folder with no llama-bench: paper.py then skips llama.cpp's rows
+    # rather than looking for another build.
+    local llama=$LEASE/no-peer
+    if peer_ready; then
+        peer_env
+        llama=$LLAMA
+    fi
     mkdir -p "$LEASE/paper-models"
     ln -sf "$MODEL8" "$LEASE/paper-models/llama3-8b-Q4_0-s42.gguf"
-    OATO_BIN=$OATO OATO_PAPER_MODELS=$LEASE/paper-models \
-        LLAMA_BIN=$(peer_ready && echo "$LLAMA" || echo "$LEASE/no-peer") \
+    OATO_BIN=$OATO OATO_PAPER_MODELS=$LEASE/paper-models LLAMA_BIN=$llama \
         experiments/"$fig".sh --res "$RES/paper" --figures "$RES/paper-figures" "$@"
 }
 s_cpu_xeon() {

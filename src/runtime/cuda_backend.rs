@@ -31,7 +31,7 @@ use crate::runtime::cuda_graphs::{FlushOnDrop, KernelArg, Launch, Launcher};
 use crate::runtime::cuda_host::{HostRegistrations, PageLocked, Pinned, par_copy};
 use crate::runtime::cuda_mmq::{
     MMQ_TOK, MmqChoices, MmqKernel, MmqMode, mma_on, mmq_kernel_of, mmq_kernels, mmq_mode,
-    mmq_mode_from_env, mmq_splits, mmq_splits_within,
+    mmq_mode_from_env, mmq_splits,
 };
 
 /// Batches up to this many tokens use the matrix-vector kernels; larger ones the GEMM.
@@ -1775,7 +1775,7 @@ impl CudaBackend {
     fn mmq_splits_of(&self, kernel: MmqKernel, k: usize, n: usize, n_tok: usize) -> usize {
         if kernel.mma {
             let blocks = n.div_ceil(kernel.rows) * n_tok.div_ceil(MMQ_TOK);
-            mmq_splits_within(mmq_splits(blocks, k.div_ceil(256), self.sm_count), n, n_tok)
+            mmq_splits(blocks, k.div_ceil(256), self.sm_count, n * n_tok * 4)
         } else {
             1
         }

@@ -141,15 +141,19 @@ pub fn mmq_kernel_of(
 /// Splits of k (split-K) for a tensor-core int8 GEMM of `blocks` thread blocks over `steps`
 /// 256-element steps of k on `sm_count` multiprocessors: as many as keep the grid within one wave
 /// of two blocks a multiprocessor (the kernels' occupancy), at most 8 and at least two steps a
-/// split; 1 (no split) for a grid that fills the device already, or with
-/// `OATO_CUDA_MMQ_SPLITK=0`. A prefill of 64 tokens on an H100 / H200 (132 multiprocessors):
-/// 4096 x 1024 (k / v, 32 blocks) 8 splits of 2 steps, 4096 x 4096 and 14336 x 4096 (128
-/// blocks) 2, 4096 x 14336 (224 blocks) none.
-pub fn mmq_splits(blocks: usize, steps: usize, sm_count: usize) -> usize {
+/// split, and no more than keep the partial sums (`part_bytes` each: n_tok x n f32) within
+/// [`MMQ_PART_BYTES`]; 1 (no split) for a grid that fills the device already, where even two
+/// parts would not fit, or with `OATO_CUDA_MMQ_SPLITK=0`. A prefill of 64 tokens on an H100 /
+/// H200 (132 multiprocessors): 4096 x 1024 (k / v, 32 blocks) 8 splits of 2 steps, 4096 x 4096
+/// and 14336 x 4096 (128 blocks) 2, 4096 x 14336 (224 blocks) none.
+pub fn mmq_splits(blocks: usize, steps: usize, sm_count: usize, part_bytes: usize) -> usize {
     if !SPLITK.load(Ordering::Relaxed) {
         return 1;
     }
-    (2 * sm_count / blocks.max(1)).clamp(1, (steps / 2).clamp(1, MMQ_MAX_SPLITS))
+    let splits = (2 * sm_count / blocks.max(1))
+        .clamp(1, (steps / 2).clamp(1, MMQ_MAX_SPLITS))
+        .min(MMQ_PART_BYTES / part_bytes.max(1));
+    if splits >= 2 { splits } else { 1 }
 }
 
 /// Most parts a split-K GEMM's k is cut into.
@@ -159,16 +163,6 @@ pub const MMQ_MAX_SPLITS: usize = 8;
 /// workspace counts them ([`crate::scheduler::workspace_for`]). An H100 / H200 needs at most
 /// 2 × 132 blocks × 64 rows × 64 tokens × 4 bytes, 4.1 MiB.
 pub const MMQ_PART_BYTES: usize = 8 << 20;
-
-/// [`mmq_splits`] cut so the partial sums of `n` rows by `n_tok` tokens fit in
-/// [`MMQ_PART_BYTES`] (1, no split, where even two parts would not).
-pub fn mmq_splits_within(splits: usize, n: usize, n_tok: usize) -> usize {
-    let per_part = (n * n_tok * 4).max(1);
-    match splits.min(MMQ_PART_BYTES / per_part) {
-        s if s >= 2 => s,
-        _ => 1,
-    }
-}
 
 /// Whether the tensor-core int8 GEMM may split k: on unless `OATO_CUDA_MMQ_SPLITK=0` (read once)
 /// or `set_mmq_splitk(false)`.
@@ -358,31 +352,33 @@ mod tests {
     #[test]
     fn split_k_fills_one_wave_of_two_blocks_a_multiprocessor() {
         // 64 tokens on 132 multiprocessors: k / v, q / o and down, gate / up.
-        assert_eq!(mmq_splits(32, 16, 132), 8);
-        assert_eq!(mmq_splits(128, 16, 132), 2);
-        assert_eq!(mmq_splits(128, 56, 132), 2);
-        assert_eq!(mmq_splits(224, 16, 132), 1);
+        let part = |n: usize| n * 64 * 4;
+        assert_eq!(mmq_splits(32, 16, 132, part(1024)), 8);
+        assert_eq!(mmq_splits(128, 16, 132, part(4096)), 2);
+        assert_eq!(mmq_splits(128, 56, 132, part(4096)), 2);
+        assert_eq!(mmq_splits(224, 16, 132, part(14336)), 1);
         // At least two steps a split; a one-step k is not split.
-        assert_eq!(mmq_splits(4, 6, 132), 3);
-        assert_eq!(mmq_splits(4, 1, 132), 1);
-        assert_eq!(mmq_splits(0, 16, 132), 8);
+        assert_eq!(mmq_splits(4, 6, 132, part(128)), 3);
+        assert_eq!(mmq_splits(4, 1, 132, part(128)), 1);
+        assert_eq!(mmq_splits(0, 16, 132, 0), 8);
     }
 
     #[test]
     fn split_k_partials_stay_within_their_bound() {
+        let part = |n: usize, n_tok: usize| n * n_tok * 4;
         // The H200's largest split (14336 x 4096 at 64 tokens: 2 parts of 1 MiB each) is kept.
-        assert_eq!(mmq_splits_within(2, 4096, 64), 2);
-        assert_eq!(mmq_splits_within(8, 1024, 64), 8);
+        assert_eq!(mmq_splits(128, 16, 132, part(4096, 64)), 2);
+        assert_eq!(mmq_splits(32, 16, 132, part(1024, 64)), 8);
         // 8 parts of 2 MiB would be 16 MiB: cut to 4; 2 parts of 6 MiB: no split.
-        assert_eq!(mmq_splits_within(8, 8192, 64), 4);
-        assert_eq!(mmq_splits_within(2, 24576, 64), 1);
-        assert_eq!(mmq_splits_within(1, 0, 0), 1);
+        assert_eq!(mmq_splits(32, 16, 132, part(8192, 64)), 4);
+        assert_eq!(mmq_splits(128, 16, 132, part(24576, 64)), 1);
+        assert_eq!(mmq_splits(224, 16, 132, part(0, 0)), 1);
         // Whatever the device, the partials mmq_splits allows fit in MMQ_PART_BYTES.
         for sm in [1, 46, 132, 170, 1000] {
             for n in [32usize, 1024, 4096, 14336, 152064] {
                 for n_tok in [1usize, 8, 64, 65, 512] {
                     let blocks = n.div_ceil(32) * n_tok.div_ceil(MMQ_TOK);
-                    let s = mmq_splits_within(mmq_splits(blocks, 56, sm), n, n_tok);
+                    let s = mmq_splits(blocks, 56, sm, part(n, n_tok));
                     assert!(
                         s == 1 || s * n * n_tok * 4 <= MMQ_PART_BYTES,
                         "{sm} {n} {n_tok}"

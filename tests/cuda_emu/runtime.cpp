@@ -11,7 +11,6 @@
 #include "emu.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 #include <ucontext.h>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -117,7 +116,6 @@ struct Fiber {
     unsigned long long in, out;
 };
 
-
 // The scheduler's state, one per OS thread that runs blocks: what every switch touches in a few
 // trivially initialised thread_local words (no initialisation guard on each access), the rest
 // in `Held`, reached through one of them.
@@ -207,24 +205,26 @@ void resume(Fiber& f) {
 }
 
 bool map_stacks(int n) {
+    Held& h = H();
     const long page = 4096;
-    while ((int)H().stacks.size() < n) {
+    while ((int)h.stacks.size() < n) {
         void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
         if (p == MAP_FAILED) return false;
         mprotect(p, page, PROT_NONE); // overflow faults instead of corrupting the next stack
-        H().stacks.push_back(p);
+        h.stacks.push_back(p);
     }
     return true;
 }
 
 // Completes the warp exchanges and barriers that every participant has reached; returns whether
-// any fiber became ready. Sets the block error (H().block_error) on a misuse or a deadlock.
+// any fiber became ready. Sets the block error (Held::block_error) on a misuse or a deadlock.
 bool release() {
+    Held& h = H();
     bool any = false;
     const int n_warps = (n_threads + 31) / 32;
     for (int w = 0; w < n_warps; ++w) {
-        Fiber* lanes = H().fibers + 32 * w;
+        Fiber* lanes = h.fibers + 32 * w;
         const int n = n_threads - 32 * w < 32 ? n_threads - 32 * w : 32;
         int waiting = 0, done = 0;
         for (int l = 0; l < n; ++l) {
@@ -236,7 +236,7 @@ bool release() {
             return f.st == St::AtWarp;
         });
         if (done > 0) {
-            H().block_error = std::string(kind_name(a.kind)) + " in warp " + std::to_string(w) +
+            h.block_error = std::string(kind_name(a.kind)) + " in warp " + std::to_string(w) +
                           " after " + std::to_string(done) +
                           " of its lanes returned (undefined on the GPU)";
             return false;
@@ -249,11 +249,11 @@ bool release() {
                 char b[128];
                 snprintf(b, sizeof b, " with mask %#x in warp %d of %d lanes: only masks naming "
                          "exactly the warp's lanes are emulated", f.mask, w, n);
-                H().block_error = kind_name(f.kind) + std::string(b);
+                h.block_error = kind_name(f.kind) + std::string(b);
                 return false;
             }
             if (f.kind != a.kind || f.width != a.width) { // the offset may differ per lane
-                H().block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
+                h.block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
                               kind_name(a.kind) + " (width " + std::to_string(a.width) +
                               "), lane " + std::to_string(l) + " in " + kind_name(f.kind) +
                               " (width " + std::to_string(f.width) + ")";
@@ -282,46 +282,47 @@ bool release() {
     int at_bar = 0, done = 0;
     const Fiber* first = nullptr;
     for (int i = 0; i < n_threads; ++i) {
-        at_bar += H().fibers[i].st == St::AtBarrier;
-        done += H().fibers[i].st == St::Done;
-        if (!first && H().fibers[i].st == St::AtBarrier) first = &H().fibers[i];
+        at_bar += h.fibers[i].st == St::AtBarrier;
+        done += h.fibers[i].st == St::Done;
+        if (!first && h.fibers[i].st == St::AtBarrier) first = &h.fibers[i];
     }
     if (at_bar == 0 || at_bar + done < n_threads) {
         // Someone waits in a warp exchange whose other lanes wait at a barrier.
         std::string s = "deadlock:";
         for (int i = 0; i < n_threads; ++i) {
-            if (H().fibers[i].st == St::AtWarp) {
-                s += " " + where(H().fibers[i]) + " in " + kind_name(H().fibers[i].kind) + ",";
+            if (h.fibers[i].st == St::AtWarp) {
+                s += " " + where(h.fibers[i]) + " in " + kind_name(h.fibers[i].kind) + ",";
                 break;
             }
         }
         if (first) s += " " + where(*first) + " at __syncthreads (" + first->file + ":" +
                         std::to_string(first->line) + ")";
-        H().block_error = s;
+        h.block_error = s;
         return false;
     }
     if (done > 0) {
-        H().block_error = "__syncthreads (" + std::string(first->file) + ":" +
+        h.block_error = "__syncthreads (" + std::string(first->file) + ":" +
                       std::to_string(first->line) + ") reached after " + std::to_string(done) +
                       " thread(s) of the block returned";
         return false;
     }
     for (int i = 0; i < n_threads; ++i) {
-        const Fiber& f = H().fibers[i];
+        const Fiber& f = h.fibers[i];
         if (f.line != first->line || strcmp(f.file, first->file) != 0) {
-            H().block_error = "divergent __syncthreads: " + where(*first) + " at " + first->file +
+            h.block_error = "divergent __syncthreads: " + where(*first) + " at " + first->file +
                           ":" + std::to_string(first->line) + ", " + where(f) + " at " + f.file +
                           ":" + std::to_string(f.line);
             return false;
         }
     }
-    for (int i = 0; i < n_threads; ++i) H().fibers[i].st = St::Ready;
+    for (int i = 0; i < n_threads; ++i) h.fibers[i].st = St::Ready;
     return true;
 }
 
 // Thread i of the block, ready to start the kernel on its own stack.
 void init_fiber(int i) {
-    Fiber& f = H().fibers[i];
+    Held& h = H();
+    Fiber& f = h.fibers[i];
     f = Fiber{};
     f.tid = uint3{(unsigned)(i % block_dim.x), (unsigned)(i / block_dim.x % block_dim.y),
                   (unsigned)(i / (block_dim.x * block_dim.y))};
@@ -329,14 +330,14 @@ void init_fiber(int i) {
 #if EMU_FAST_SWITCH
     // The frame emu_switch pops: six registers, then it returns into fiber_main with the stack
     // aligned as after a call (a zero return address above).
-    auto* top = (uint64_t*)((char*)H().stacks[i] + kStack);
+    auto* top = (uint64_t*)((char*)h.stacks[i] + kStack);
     top[-1] = 0;
     top[-2] = (uint64_t)(uintptr_t)&fiber_main;
     for (int r = 3; r <= 8; ++r) top[-r] = 0;
     f.sp = &top[-8];
 #else
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = H().stacks[i];
+    f.ctx.uc_stack.ss_sp = h.stacks[i];
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
@@ -345,16 +346,17 @@ void init_fiber(int i) {
 
 // Runs one thread block to the end; false with the block error set when it went wrong.
 bool run_block(bool reverse) {
+    Held& h = H();
     for (int i = 0; i < n_threads; ++i) init_fiber(i);
     for (;;) {
         for (int k = 0; k < n_threads; ++k) {
-            Fiber& f = H().fibers[reverse ? n_threads - 1 - k : k];
+            Fiber& f = h.fibers[reverse ? n_threads - 1 - k : k];
             if (f.st != St::Ready) continue;
             resume(f);
-            if (!H().block_error.empty()) return false;
+            if (!h.block_error.empty()) return false;
         }
         bool all_done = true;
-        for (int i = 0; i < n_threads; ++i) all_done &= H().fibers[i].st == St::Done;
+        for (int i = 0; i < n_threads; ++i) all_done &= h.fibers[i].st == St::Done;
         if (all_done) return true;
         if (!release()) return false;
     }
@@ -385,8 +387,7 @@ int emu_threads() {
 }
 
 // Helper threads for launches (the launching thread works too); started on the first launch
-// of more than one block and kept. One launch at a time. A forked child has none of its
-// parent's threads: it starts its own (the parent's are forgotten, never joined).
+// of more than one block and kept. One launch at a time.
 class Helpers {
   public:
     // Runs work() on `n` helpers (fewer if there are fewer) and on the caller; returns when all
@@ -395,10 +396,6 @@ class Helpers {
         std::unique_lock<std::mutex> launch(launch_mu_);
         {
             std::lock_guard<std::mutex> g(mu_);
-            if (pid_ != getpid()) {
-                pid_ = getpid();
-                started_ = 0;
-            }
             while (started_ < n) {
                 // Detached: they wait for work until the process exits.
                 std::thread([this, i = started_] { loop(i); }).detach();
@@ -436,7 +433,6 @@ class Helpers {
 
     std::mutex launch_mu_, mu_;
     std::condition_variable cv_, done_cv_;
-    pid_t pid_ = 0;
     int started_ = 0;
     const std::function<void()>* work_ = nullptr;
     unsigned long long generation_ = 0;
@@ -496,21 +492,22 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
     }
     const std::string order = order_env();
     const unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
-    // Blocks are taken in grid order (x fastest) from `next`; a failing block stops the others
-    // taking blocks after it, so the error reported is the first failing block in grid order,
-    // as when one thread runs them all.
+    // Blocks are taken in grid order (x fastest) from `next`. The first failing block in grid
+    // order is `stop` (with its error in `err`): the others take no blocks after it, so the
+    // error reported is the one a single thread running them all would report.
     std::atomic<unsigned long long> next{0}, stop{blocks};
     std::mutex err_mu;
-    unsigned long long err_block = blocks;
     std::string err;
-    bool no_stacks = false;
-    const std::function<void()> work = [&] {
-        if (!map_stacks((int)nt)) {
-            std::lock_guard<std::mutex> g(err_mu);
-            no_stacks = true;
-            stop = 0;
-            return;
+    // Records a failure at block `linear` (0 for one before any block) if it is the first yet.
+    const auto failed = [&](unsigned long long linear, std::string msg) {
+        std::lock_guard<std::mutex> g(err_mu);
+        if (linear < stop) {
+            stop = linear;
+            err = std::move(msg);
         }
+    };
+    const std::function<void()> work = [&] {
+        if (!map_stacks((int)nt)) return failed(0, "cannot map fiber stacks");
         n_threads = (int)nt;
         grid_dim = dim3(grid[0], grid[1], grid[2]);
         block_dim = dim3(block[0], block[1], block[2]);
@@ -530,15 +527,7 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
                 char b[128];
                 snprintf(b, sizeof b, "%s, block (%u,%u,%u) of (%u,%u,%u): ", name, x, y, z,
                          grid[0], grid[1], grid[2]);
-                std::lock_guard<std::mutex> g(err_mu);
-                if (linear < err_block) {
-                    err_block = linear;
-                    err = b + H().block_error;
-                }
-                unsigned long long s = stop.load();
-                while (linear < s && !stop.compare_exchange_weak(s, linear)) {
-                }
-                return;
+                return failed(linear, b + H().block_error);
             }
         }
     };
@@ -548,9 +537,7 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
     } else {
         work();
     }
-    if (no_stacks) return fail("cannot map fiber stacks");
-    if (err_block < blocks) return fail(err);
-    return 0;
+    return stop < blocks ? fail(err) : 0;
 }
 
 } // namespace emu

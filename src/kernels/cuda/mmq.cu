@@ -519,11 +519,10 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
     y += (i64)blockIdx.z * n_tok * n;
     const int mr = 16 * (warp % MT); // the warp's rows mr..mr + 16 of the tile
     const int tw = 8 * MT * (warp / MT); // and its tokens tw..tw + 8 MT
-    // Warps whose first token is past n_tok only help stage, and a warp skips its n-tiles past
-    // n_tok (a decode batch of 1 to 8 tokens: one n-tile of the tile's eight); both uniform
-    // across the warp, so the mma's whole-warp rule holds.
-    const bool computes = t0 + tw < n_tok;
-    const int jn = min(MT, (n_tok - t0 - tw + 7) / 8); // the warp's n-tiles with a token
+    // The warp's n-tiles with a token: it skips those past n_tok (a decode batch of 1 to 8
+    // tokens: one of the tile's eight), and with none only helps stage; uniform across the warp,
+    // so the mma's whole-warp rule holds.
+    const int jn = min(MT, (n_tok - t0 - tw + 7) / 8);
 
     float acc[MT][4];
 #pragma unroll
@@ -537,7 +536,7 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
         // The next step's bytes into L2 while this one computes.
         mmq_prefetch<T, ROWS>(wt, row_bytes, rows, aq, k, kend, t0, n_tok, k0 + MMQ_K, tid);
         __syncthreads();
-        if (computes) {
+        if (jn > 0) {
             for (int g = 0; g < ng; ++g) {
                 // Rows mr + gq (e = 0, 1) and mr + gq + 8 (e = 2, 3).
                 const int* w0 = s.wq + (mr + gq) * MMQ_PAD + 8 * g + tq;
@@ -579,7 +578,7 @@ __device__ __forceinline__ void mmq_mma_impl(const void* w, const i8* aq, const 
         }
         __syncthreads();
     }
-    if (!computes) return;
+    if (jn <= 0) return;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
