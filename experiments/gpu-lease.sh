@@ -22,11 +22,12 @@
 #   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1 (with
 #   its fused kernels), OATO_CUDA_MMA=0 (the int8 prefill GEMM on __dp4a, not tensor cores),
+#   OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores),
 #   OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM, on tensor cores), the
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
 #   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, the split
 #   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
-#   and direct; the prefill GEMMs on __dp4a, on tensor cores with and without split-K, and by
+#   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill GEMMs on __dp4a, on tensor cores with and without split-K, and by
 #   cuBLAS, also at 4096x1024, attn_k / attn_v), the 50% / 75% sweep again with split weights and their own profile
 #   (split_sweep), an all-GPU decode's steps by the GPU's clock, staged, split and pipelined
 #   kernels (gputrace), Nsight Compute's per-kernel figures of a decode step, the split and the
@@ -209,7 +210,7 @@ s_peer_hybrid() {
 s_kernels() {
     peer_env
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
-        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split mma-off gemm-decode split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split mma-off flash-mma-off gemm-decode split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
 }
 s_perf() { header; "$OATO" selftest --device gpu --perf; }

@@ -2,7 +2,7 @@
 # Issue 12's all-GPU comparison on a borrowed GPU machine: llama-bench's pp64, pp512, tg32 and
 # tg128 on one synth file (default: LLaMA3-8B shape, Q4_0), every layer on the GPU, for
 # llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
-# attention as llama-bench sets it, CUDA graphs on) and for oato thirteen ways: its default
+# attention as llama-bench sets it, CUDA graphs on) and for oato sixteen ways: its default
 # kernels, the weights it keeps in the split layout of split.cu with its matrix-vector kernels
 # (OATO_CUDA_SPLIT=1; gate, up and SwiGLU one kernel, q, k, v, RoPE and the KV store one
 # kernel), the same with those as the launches they replace (split-fused-off: OATO_CUDA_SPLIT=1
@@ -16,7 +16,8 @@
 # tiled one (OATO_CUDA_FLASH_PREFILL=0), and prefill GEMMs of quantised weights always by the int8
 # kernels (OATO_CUDA_MMQ=1) or always by dequantisation + cuBLAS (OATO_CUDA_MMQ=0; the default
 # times both per shape and keeps the faster), the int8 kernels on __dp4a rather than tensor
-# cores (mma-off: OATO_CUDA_MMA=0), and decode's batches (its single token too) through the
+# cores (mma-off: OATO_CUDA_MMA=0), the tiled prefill attention on the f32 lanes rather than
+# tensor cores (flash-mma-off: OATO_CUDA_FLASH_MMA=0), and decode's batches (its single token too) through the
 # prefill GEMM rather than the matrix-vector kernels (gemm-decode: OATO_CUDA_MMVQ_MAX_TOKENS=0;
 # tensor cores where the device has them, else as the GEMM's timing chooses). One run, one
 # machine, one after the other.
@@ -55,7 +56,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in ${VARIANTS:-default split mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
+for variant in ${VARIANTS:-default split mma-off flash-mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     split) env=(OATO_CUDA_SPLIT=1) ;;
@@ -71,6 +72,7 @@ for variant in ${VARIANTS:-default split mma-off gemm-decode split-fused-off mmv
     mmq-on) env=(OATO_CUDA_MMQ=1) ;;
     mmq-off) env=(OATO_CUDA_MMQ=0) ;;
     mma-off) env=(OATO_CUDA_MMA=0) ;;
+    flash-mma-off) env=(OATO_CUDA_FLASH_MMA=0) ;;
     gemm-decode) env=(OATO_CUDA_MMVQ_MAX_TOKENS=0) ;;
     *) echo "error: unknown variant $variant in VARIANTS" >&2; exit 2 ;;
   esac
@@ -87,7 +89,7 @@ python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --title "oato vs llama.cpp all on the GPU (llama-bench's tests)" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores), OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM)" \
+  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores), OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores), OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"

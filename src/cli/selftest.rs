@@ -20,9 +20,10 @@ use oato::runtime::backend::{
     AttnCall, Backend, Category, ColCopy, DType, HostBuf, Tensor, Weight,
 };
 use oato::runtime::cuda_backend::{
-    MMVQ_MAX_TOKENS, MmvqMode, attn_split_force, flash_prefill, missing_kernels, mmvq_max_tokens,
-    mmvq_mode, mmvq_multi, pipe_blocks, set_attn_split, set_flash_prefill, set_mmvq_max_tokens,
-    set_mmvq_mode, set_mmvq_multi, set_pipe_blocks, set_weight_split, split_kernels, weight_split,
+    MMVQ_MAX_TOKENS, MmvqMode, attn_split_force, flash_mma, flash_prefill, missing_kernels,
+    mmvq_max_tokens, mmvq_mode, mmvq_multi, pipe_blocks, set_attn_split, set_flash_mma,
+    set_flash_prefill, set_mmvq_max_tokens, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
+    set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{
@@ -708,7 +709,8 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     }
     // Attention: prefill after a few cached positions, and decode steps over a long cache (on a
     // GPU, 256 positions and more take the split kernel of flash_decode.cu, prefill batches of
-    // more than 8 tokens the tiled kernel of flash_prefill.cu).
+    // more than 8 tokens the tiled kernel of flash_prefill.cu, on tensor cores from sm_80: 70
+    // tokens are two of its query tiles).
     for (n_tok, pos0, hd) in [
         (4usize, 5usize, 64usize),
         (1, 300, 64),
@@ -716,6 +718,7 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
         (3, 400, 128),
         (24, 5, 64),
         (20, 0, 128),
+        (70, 30, 96),
     ] {
         let shape = AttnShape {
             n_head: 6,
@@ -1015,23 +1018,30 @@ fn perf(be: &dyn Backend) -> Result<()> {
         pos0: 0,
     };
     let flops = 4.0 * 32.0 * 128.0 * (batch * (batch + 1) / 2) as f64;
-    let chosen = flash_prefill();
-    for tiled in if gpu { &[true, false][..] } else { &[true][..] } {
-        set_flash_prefill(*tiled);
+    let (chosen, chosen_mma) = (flash_prefill(), flash_mma());
+    // On a GPU: tiled on tensor cores (sm_80 and later), tiled on the f32 lanes, per token.
+    let kinds: &[(bool, bool, &str)] = if gpu {
+        &[
+            (true, true, " (tiled, tensor cores)"),
+            (true, false, " (tiled, f32)"),
+            (false, false, " (per token)"),
+        ]
+    } else {
+        &[(true, true, "")]
+    };
+    for &(tiled, mma, label) in kinds {
+        set_flash_prefill(tiled);
+        set_flash_mma(mma);
         let t = median_us(be, reps, || {
             be.attention(call, &q, &kv, &kv, &mut ck, &mut cv, &mut out)
         })?;
         println!(
-            "attention prefill{}, 32/8 heads x 128, {batch} tokens: {t:.1} us, {:.2} TFLOP/s",
-            match (gpu, tiled) {
-                (false, _) => "",
-                (true, true) => " (tiled)",
-                (true, false) => " (per token)",
-            },
+            "attention prefill{label}, 32/8 heads x 128, {batch} tokens: {t:.1} us, {:.2} TFLOP/s",
             flops / t / 1e6
         );
     }
     set_flash_prefill(chosen);
+    set_flash_mma(chosen_mma);
     if gpu {
         launch_overhead(be, reps)?;
     }

@@ -213,6 +213,9 @@ pub struct CudaBackend {
     /// The tensor-core int8 GEMM gave the `__dp4a` kernel's bits on this device at start-up
     /// ([`CudaBackend::check_mma`]); false keeps `__dp4a`.
     mma_ok: AtomicBool,
+    /// The tensor-core prefill attention agreed with the f32 one at start-up
+    /// ([`CudaBackend::check_flash_mma`]); false keeps the f32 kernel.
+    flash_mma_ok: AtomicBool,
     /// A weight in split.cu's layout has been uploaded: the fused RMSNorm, SwiGLU and attention
     /// kernels then also write their output's Q8_1 split (quantize_q8_1_split's layout), which
     /// its matrix-vector kernels read, besides the blocks mmvq.cu's kernels read.
@@ -399,6 +402,25 @@ pub fn set_flash_prefill(on: bool) {
 /// Whether prefill attention runs as the tiled kernel.
 pub fn flash_prefill() -> bool {
     FLASH_PREFILL.load(Ordering::Relaxed)
+}
+
+/// Whether the tiled prefill attention runs on tensor cores (`attention_flash_mma_f16kv`, sm_80
+/// and later, head sizes that are multiples of 16 up to 128, where the start-up check agreed)
+/// rather than on the f32 lanes (`attention_flash_f16kv`). On unless `OATO_CUDA_FLASH_MMA=0` at
+/// start-up or `set_flash_mma(false)`; the two agree to rounding.
+static FLASH_MMA: std::sync::LazyLock<AtomicBool> = std::sync::LazyLock::new(|| {
+    AtomicBool::new(crate::kernels::cpu::matmul::env_on("OATO_CUDA_FLASH_MMA"))
+});
+
+/// Chooses the tensor-core (true) or f32 (false) tiled prefill attention for every CUDA backend
+/// of the process (`selftest --perf` times both).
+pub fn set_flash_mma(on: bool) {
+    FLASH_MMA.store(on, Ordering::Relaxed);
+}
+
+/// Whether the tiled prefill attention may run on tensor cores.
+pub fn flash_mma() -> bool {
+    FLASH_MMA.load(Ordering::Relaxed)
 }
 
 /// Microseconds of `gpu_sleep` (ops.cu) the stopwatch queues before its start event: the GPU
@@ -1041,7 +1063,10 @@ pub const KERNELS: &[(&str, &[&str])] = &[
         "flash_decode.cu",
         &["attention_split_f16kv", "attention_merge_f32"],
     ),
-    ("flash_prefill.cu", &["attention_flash_f16kv"]),
+    (
+        "flash_prefill.cu",
+        &["attention_flash_f16kv", "attention_flash_mma_f16kv"],
+    ),
 ];
 
 /// The kernels of source file `source`: those `KERNELS` lists, and for split.cu every split
@@ -1176,6 +1201,7 @@ impl CudaBackend {
             sm_count,
             mmq_choices: MmqChoices::default(),
             mma_ok: AtomicBool::new(true),
+            flash_mma_ok: AtomicBool::new(true),
             split_live: AtomicBool::new(false),
             funcs,
             scratch: Mutex::new(Scratch {
@@ -1195,6 +1221,7 @@ impl CudaBackend {
             kernels_from_cache: from_cache,
         };
         be.check_mma()?;
+        be.check_flash_mma()?;
         Ok(be)
     }
 
@@ -1264,6 +1291,114 @@ impl CudaBackend {
             );
         }
         self.mma_ok.store(agree, Ordering::Relaxed);
+        Ok(Some(agree))
+    }
+
+    /// Whether prefill attention of this shape over caches at `kp`, `vp` runs on tensor cores:
+    /// switched on, a device with them whose start-up check agreed, head_dim a multiple of 16 up
+    /// to 128, 16-byte aligned caches (attention_flash_mma_f16kv's requirements).
+    fn flash_mma_for(&self, s: AttnShape, kp: u64, vp: u64) -> bool {
+        flash_mma()
+            && self.arch >= 80
+            && self.flash_mma_ok.load(Ordering::Relaxed)
+            && s.head_dim.is_multiple_of(16)
+            && s.head_dim <= 128
+            && (kp | vp).is_multiple_of(16)
+    }
+
+    /// Tiled prefill attention of `n` tokens after `pos0` cached positions (flash_prefill.cu):
+    /// q at `qp`, the caches at `kp` and `vp`, the output at `op`; on tensor cores with `mma`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_flash_prefill(
+        &self,
+        mma: bool,
+        s: AttnShape,
+        n: usize,
+        pos0: usize,
+        [qp, kp, vp, op]: [u64; 4],
+    ) -> Result<()> {
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let (name, grid) = if mma {
+            // 64 query tokens (FLM_BQ) a block, the heads along x.
+            let g = (s.n_head as u32, n.div_ceil(64) as u32, 1);
+            ("attention_flash_mma_f16kv", g)
+        } else {
+            // Tiles of 16 query tokens (FLP_BQ) sharing each K/V tile.
+            (
+                "attention_flash_f16kv",
+                (n.div_ceil(16) as u32, s.n_head as u32, 1),
+            )
+        };
+        launch!(self, name, grid, (128, 1, 1);
+            a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
+            nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
+            hd: i32 = s.head_dim as i32, p0: i32 = pos0 as i32, sc: f32 = scale);
+        Ok(())
+    }
+
+    /// Start-up check of the tensor-core prefill attention (sm_80 and later, unless switched
+    /// off): 70 query tokens of two heads of 64 over one KV head, seeded random values, through
+    /// `attention_flash_mma_f16kv` and `attention_flash_f16kv`, which agree to rounding (about
+    /// 1e-6 of the values; checked in the CPU emulator against a float64 reference). If they
+    /// differ by more than 1e-3 of the largest value (a fragment layout this device does not
+    /// share), prefill keeps the f32 kernel and says so on stderr. Returns whether they agreed,
+    /// `None` where nothing was checked.
+    fn check_flash_mma(&self) -> Result<Option<bool>> {
+        if !flash_mma() || self.arch < 80 {
+            return Ok(None);
+        }
+        let s = AttnShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+        };
+        let n = 70;
+        let mut rng = crate::rng::SplitMix64::new(0x666c61);
+        let mut vals = |len: usize, f16: bool| -> Vec<u8> {
+            (0..len)
+                .flat_map(|_| {
+                    let v = 2.0 * rng.next_f32() - 1.0;
+                    if f16 {
+                        half::f16::from_f32(v).to_le_bytes().to_vec()
+                    } else {
+                        (3.0 * v).to_le_bytes().to_vec()
+                    }
+                })
+                .collect()
+        };
+        let qd = s.n_head * s.head_dim;
+        let (q, k, v) = (vals(n * qd, false), vals(n * 64, true), vals(n * 64, true));
+        let out = n * qd * 4;
+        let total = q.len() + k.len() + v.len() + 2 * out;
+        // SAFETY: every byte read below is written first (uploads, then the kernels' outputs).
+        let buf = unsafe { self.stream.alloc::<u8>(total) }.map_err(drv("attention check"))?;
+        let qp = self.ptr_of(&buf);
+        let (kp, vp) = (qp + q.len() as u64, qp + (q.len() + k.len()) as u64);
+        let o0 = vp + v.len() as u64;
+        let o1 = o0 + out as u64;
+        self.upload(qp, &q)?;
+        self.upload(kp, &k)?;
+        self.upload(vp, &v)?;
+        self.launch_flash_prefill(false, s, n, 0, [qp, kp, vp, o0])?;
+        self.launch_flash_prefill(true, s, n, 0, [qp, kp, vp, o1])?;
+        let mut got = vec![0u8; 2 * out];
+        self.download(o0, &mut got)?;
+        let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let worst = got[..out]
+            .chunks(4)
+            .zip(got[out..].chunks(4))
+            .map(|(a, b)| (f(a) - f(b)).abs())
+            .fold(0.0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+        // |v| < 1: the outputs are averages of values below 1.
+        let agree = worst <= 1e-3;
+        if !agree {
+            eprintln!(
+                "warning: the tensor-core prefill attention (attention_flash_mma_f16kv) differs \
+                 from the f32 kernel's by {worst:e} on {} (sm_{}); prefill keeps the f32 kernel",
+                self.name, self.arch
+            );
+        }
+        self.flash_mma_ok.store(agree, Ordering::Relaxed);
         Ok(Some(agree))
     }
 
@@ -2593,13 +2728,8 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         if n > MMVQ_MAX_TOKENS && FLASH_PREFILL.load(Ordering::Relaxed) {
-            // Tiles of 16 query tokens (FLP_BQ) sharing each K/V tile.
-            launch!(self, "attention_flash_f16kv", (n.div_ceil(16) as u32, s.n_head as u32, 1),
-                (128, 1, 1);
-                a: u64 = qp, b: u64 = kp, c: u64 = vp, d: u64 = op, nt: i32 = n as i32,
-                nh: i32 = s.n_head as i32, nkv: i32 = s.n_head_kv as i32,
-                hd: i32 = s.head_dim as i32, p0: i32 = call.pos0 as i32, scale: f32 = scale);
-            return Ok(());
+            let mma = self.flash_mma_for(s, kp, vp);
+            return self.launch_flash_prefill(mma, s, n, call.pos0, [qp, kp, vp, op]);
         }
         for t0 in (0..n).step_by(MAX_GRID_Y) {
             let len = MAX_GRID_Y.min(n - t0);

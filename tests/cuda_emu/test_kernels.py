@@ -1074,6 +1074,20 @@ def close_attention(g, label, got, q, kc, vc, n_tok, nh, nkv, hd, pos0, scale):
             dims=("t", "head", "d"), metric="err/max|v|")
 
 
+def check_peaked(g, seed, n_tok, run):
+    """Prefill attention by `run` (returning the output buffer) with large scores (q x 40), two
+    heads of 64 over one KV head after 50 cached positions: tiles' maxima far apart, so a
+    missing rescale would show."""
+    hd, nh, nkv, pos0 = 64, 2, 1, 50
+    rng = rng_for(seed)
+    q = (rng.standard_normal(n_tok * nh * hd) * 40).astype(np.float32)
+    kc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    vc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
+    out = run(q, kc, vc, n_tok, nh, nkv, hd, pos0, 0.125)
+    close_attention(g, "peaked scores (q x 40)", out.get(np.float32).reshape(n_tok, nh, hd), q,
+                    kc, vc, n_tok, nh, nkv, hd, pos0, 0.125)
+
+
 def check_flash_prefill(g):
     cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv
         (64, 16, 0, 4, 2),     # one full query tile from position 0
@@ -1093,17 +1107,12 @@ def check_flash_prefill(g):
         close_attention(g, label, out.get(np.float32).reshape(n_tok, nh, hd), q, kc, vc, n_tok,
                         nh, nkv, hd, pos0, scale)
     # Large scores (q x 40): tiles' maxima far apart, so a missing rescale would show.
-    hd, nh, nkv, pos0, n_tok = 64, 2, 1, 50, 20
-    rng = rng_for("flash prefill peaked")
-    q = (rng.standard_normal(n_tok * nh * hd) * 40).astype(np.float32)
-    kc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
-    vc = rng.standard_normal((pos0 + n_tok) * nkv * hd).astype(np.float16)
-    out = Buf.out(np.float32, q.size)
-    E.launch("attention_flash_f16kv", (2, nh), (128,), Buf.of(q), Buf.of(kc), Buf.of(vc), out,
-             i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(0.125))
-    want = refs.attention(q, kc, vc, n_tok, nh, nkv, hd, pos0, 0.125)
-    g.close("peaked scores (q x 40)", out.get(np.float32).reshape(n_tok, nh, hd), want, 2e-5,
-            np.abs(vc.astype(np.float32)).max(), dims=("t", "head", "d"), metric="err/max|v|")
+    def run(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale):
+        out = Buf.out(np.float32, q.size)
+        E.launch("attention_flash_f16kv", (cdiv(n_tok, 16), nh), (128,), Buf.of(q), Buf.of(kc),
+                 Buf.of(vc), out, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        return out
+    check_peaked(g, "flash prefill peaked", 20, run)
     # Unsupported: head_dim 48, 64 threads, head_dim 288: NaN rows, nothing else touched.
     for hd, block in ((48, 128), (64, 64), (288, 128)):
         out = Buf(4 * 3 * 2 * hd, fill=0)
@@ -1111,6 +1120,51 @@ def check_flash_prefill(g):
         E.launch("attention_flash_f16kv", (1, 2), (block,), Buf.of(np.zeros(3 * 2 * hd, np.float32)),
                  z, z, out, i32(3), i32(2), i32(1), i32(hd), i32(0), f32(1.0))
         g.true(f"head_dim={hd} block={block} -> NaN rows", np.isnan(out.get(np.float32)).all())
+
+
+# attention_flash_mma_f16kv: the tiled prefill kernel on tensor cores (mma_f16_16x8x16, emulated
+# as the hardware's fragments define it), the weights in two f16 parts (hi + lo), against the
+# same float64 reference and tolerance; grid (n_head, ceil(n_tok / 64)).
+
+
+def flash_mma(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale, block=128, k_off=0, out=None):
+    out = out if out is not None else Buf.out(np.float32, q.size)
+    E.launch("attention_flash_mma_f16kv", (nh, cdiv(n_tok, 64)), (block,), Buf.of(q),
+             Buf.of(kc, k_off), Buf.of(vc), out, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0),
+             f32(scale))
+    return out
+
+
+def check_flash_mma(g):
+    cases = [  # head_dim, n_tok, pos0, n_head, n_head_kv
+        (64, 16, 0, 4, 2),     # one warp's rows from position 0, the other warps idle
+        (64, 64, 0, 2, 1),     # one full query tile, the diagonal K/V tile
+        (128, 130, 0, 4, 1),   # three query tiles (the last of 2 rows), GQA 4:1
+        (128, 40, 100, 8, 2),  # after 100 cached positions: a partial second K/V tile
+        (96, 21, 5, 3, 3),     # head_dim 96, no GQA
+        (16, 70, 3, 2, 1),     # smallest head_dim, two query tiles
+        (48, 9, 30, 2, 2),     # head_dim 48, one warp
+        (80, 33, 64, 2, 1),    # head_dim 80, a K/V tile boundary at the first query
+        (112, 65, 0, 2, 2),    # head_dim 112, a query tile of one row
+        (128, 1, 299, 4, 4),   # a single query over 300 positions
+    ]
+    for hd, n_tok, pos0, nh, nkv in cases:
+        label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv}"
+        q, kc, vc, scale = attention_data("flash mma " + label, hd, n_tok, pos0, nh, nkv)
+        out = flash_mma(q, kc, vc, n_tok, nh, nkv, hd, pos0, scale)
+        close_attention(g, label, out.get(np.float32).reshape(n_tok, nh, hd), q, kc, vc, n_tok,
+                        nh, nkv, hd, pos0, scale)
+    # Large scores: also weights over many orders of magnitude (f16 subnormals among the lo
+    # parts), two query tiles.
+    check_peaked(g, "flash mma peaked", 90, flash_mma)
+    # Unsupported: head_dim 40 (not a multiple of 16), 144 (over 128), 64 threads, a K cache 2
+    # bytes past 16-byte alignment: NaN rows, nothing else touched.
+    for hd, block, k_off in ((40, 128, 0), (144, 128, 0), (64, 64, 0), (64, 128, 2)):
+        out = Buf(4 * 3 * 2 * hd, fill=0)
+        z = np.zeros(4 * hd, np.float16)
+        flash_mma(np.zeros(3 * 2 * hd, np.float32), z, z, 3, 2, 1, hd, 0, 1.0, block, k_off, out)
+        g.true(f"head_dim={hd} block={block} k+{k_off} -> NaN rows",
+               np.isnan(out.get(np.float32)).all())
 
 
 # flash_decode.cu: attention_split_f16kv then attention_merge_f32, against the same float64
@@ -1263,6 +1317,7 @@ def main():
     r.run("attention_f16kv", check_attention)
     r.run("flash_decode", check_flash_decode)
     r.run("attention_flash_f16kv", check_flash_prefill)
+    r.run("attention_flash_mma_f16kv", check_flash_mma)
     r.run("coverage", check_coverage, args.src)
     return 0 if r.summary() else 1
 

@@ -185,6 +185,32 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
+#ifndef __CUDA_ARCH__
+// The CPU emulator's mma: each lane of the warp posts its A (4 registers) and B (2) fragment
+// registers to a warp buffer (one OS thread of the emulator runs one block at a time: its own
+// buffer), then after a warp barrier reads any lane's: a(l) and b(l) are lane l's; `done` is the
+// barrier before the buffer is reused. Every lane of the warp calls post, then done.
+struct emu_mma_frags {
+    const u32 (*xa)[4];
+    const u32 (*xb)[2];
+    int w0;   // the warp's first thread
+    int lane; // the calling thread's lane
+    const u32* a(int lane) const { return xa[w0 + lane]; }
+    const u32* b(int lane) const { return xb[w0 + lane]; }
+    void done() const { __syncwarp(); }
+};
+
+inline emu_mma_frags emu_mma_post(const u32* a, const u32* b) {
+    static thread_local u32 xa[1024][4], xb[1024][2];
+    const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    for (int i = 0; i < 4; ++i) xa[tid][i] = a[i];
+    xb[tid][0] = b[0];
+    xb[tid][1] = b[1];
+    __syncwarp();
+    return {xa, xb, tid & ~31, tid & 31};
+}
+#endif
+
 // The warp's 16 x 8 int32 tile C += A B for a 16 x 32 int8 tile A (row-major) and a 32 x 8 int8
 // tile B (column-major): PTX mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (tensor cores,
 // sm_80 and later), exact integer sums. The fragments, as the PTX ISA lays them out, for lane
@@ -195,9 +221,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 //   c[0] = C[g][2t], c[1] = C[g][2t+1], c[2] = C[g+8][2t], c[3] = C[g+8][2t+1]
 // Below sm_80 it traps: the host never launches the kernels that call it there
 // (cuda_mmq::mma_on). In the CPU emulator (no __CUDA_ARCH__), which checks those kernels through
-// it, the same sums from the same fragments: each lane posts its ints to a warp buffer, and after
-// one warp barrier reads the rows and columns it needs (a second barrier before the buffer is
-// reused). Every lane of the warp must call it.
+// it, the same sums from the same fragments (emu_mma_post: each lane reads the rows and columns
+// it needs). Every lane of the warp must call it.
 __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const int (&a)[4], const int (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
@@ -210,27 +235,73 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const int (&a)[4], c
     (void)b;
     __trap();
 #else
-    // One OS thread of the emulator runs one block at a time: its own buffer.
-    static thread_local int xa[1024][4], xb[1024][2];
-    const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const int w0 = tid & ~31, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    for (int i = 0; i < 4; ++i) xa[tid][i] = a[i];
-    xb[tid][0] = b[0];
-    xb[tid][1] = b[1];
-    __syncwarp();
+    const emu_mma_frags f = emu_mma_post((const u32*)a, (const u32*)b);
+    const int g = f.lane >> 2, t = f.lane & 3;
     for (int j = 0; j < 4; ++j) {
         // Ints j and 4 + j of rows g and g + 8: lane 4g + j's a; of columns 2t and 2t + 1:
         // lanes 8t + j's and 8t + 4 + j's b.
-        const int* ra = xa[w0 + 4 * g + j];
-        const int* c0 = xb[w0 + 8 * t + j];
-        const int* c1 = xb[w0 + 8 * t + 4 + j];
-        c[0] = __dp4a(ra[2], c0[1], __dp4a(ra[0], c0[0], c[0]));
-        c[1] = __dp4a(ra[2], c1[1], __dp4a(ra[0], c1[0], c[1]));
-        c[2] = __dp4a(ra[3], c0[1], __dp4a(ra[1], c0[0], c[2]));
-        c[3] = __dp4a(ra[3], c1[1], __dp4a(ra[1], c1[0], c[3]));
+        const u32* ra = f.a(4 * g + j);
+        const u32* c0 = f.b(8 * t + j);
+        const u32* c1 = f.b(8 * t + 4 + j);
+        c[0] = __dp4a((int)ra[2], (int)c0[1], __dp4a((int)ra[0], (int)c0[0], c[0]));
+        c[1] = __dp4a((int)ra[2], (int)c1[1], __dp4a((int)ra[0], (int)c1[0], c[1]));
+        c[2] = __dp4a((int)ra[3], (int)c0[1], __dp4a((int)ra[1], (int)c0[0], c[2]));
+        c[3] = __dp4a((int)ra[3], (int)c1[1], __dp4a((int)ra[1], (int)c1[0], c[3]));
     }
-    __syncwarp();
+    f.done();
 #endif
+}
+
+// The warp's 16 x 8 f32 tile C += A B for a 16 x 16 f16 tile A (row-major) and a 16 x 8 f16
+// tile B (column-major): PTX mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (tensor cores,
+// sm_80 and later; each product of two f16 is exact in f32, the sums' order and rounding are the
+// hardware's). Each u32 holds two f16 of consecutive k, the lower k in the low half; for lane l
+// with g = l / 4, t = l % 4:
+//   a[0] = A[g][2t..2t+2], a[1] = A[g+8][2t..], a[2] = A[g][8+2t..], a[3] = A[g+8][8+2t..]
+//   b[0] = B[2t..2t+2][g], b[1] = B[8+2t..][g]
+//   c[0] = C[g][2t], c[1] = C[g][2t+1], c[2] = C[g+8][2t], c[3] = C[g+8][2t+1]
+// Below sm_80 it traps (the host launches its callers only on sm_80 and later). In the CPU
+// emulator, from the posted fragments (emu_mma_post), each lane's four sums in k order (fmaf
+// from c). Every lane of the warp must call it.
+__device__ __forceinline__ void mma_f16_16x8x16(float (&c)[4], const u32 (&a)[4],
+                                                const u32 (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    (void)c;
+    (void)a;
+    (void)b;
+    __trap();
+#else
+    const emu_mma_frags f = emu_mma_post(a, b);
+    const int g = f.lane >> 2, t = f.lane & 3;
+    // Element k of row r of A: lane 4 (r % 8) + (k % 8) / 2's register (r / 8) + 2 (k / 8),
+    // half k % 2; of column n of B: lane 4n + (k % 8) / 2's register k / 8, half k % 2.
+    auto h = [](u32 w, int k) {
+        return __half2float(__ushort_as_half((u16)(k & 1 ? w >> 16 : w & 0xFFFFu)));
+    };
+    auto av = [&](int r, int k) {
+        return h(f.a(4 * (r & 7) + ((k & 7) >> 1))[(r >> 3) + 2 * (k >> 3)], k);
+    };
+    auto bv = [&](int n, int k) { return h(f.b(4 * n + ((k & 7) >> 1))[k >> 3], k); };
+    for (int k = 0; k < 16; ++k) {
+        c[0] = fmaf(av(g, k), bv(2 * t, k), c[0]);
+        c[1] = fmaf(av(g, k), bv(2 * t + 1, k), c[1]);
+        c[2] = fmaf(av(g + 8, k), bv(2 * t, k), c[2]);
+        c[3] = fmaf(av(g + 8, k), bv(2 * t + 1, k), c[3]);
+    }
+    f.done();
+#endif
+}
+
+// Two f32 as the f16 pair of one mma fragment register (lo in the low half), each rounded to
+// nearest.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    return (u32)__half_as_ushort(__float2half_rn(lo)) |
+           ((u32)__half_as_ushort(__float2half_rn(hi)) << 16);
 }
 
 // An f16 field, widened exactly.
