@@ -99,6 +99,19 @@ if [ "$fused" != "$plain" ] || [ "$n_glu" -lt 1 ] || [ "$n_glu" != "$n_swiglu" ]
     exit 1
 fi
 echo "OK   fused: $fused either way; $n_glu mmvq_split_glu for $n_swiglu swiglu_q8_1, $n_qkv mmvq_split_qkv_rope for $n_rope rope_store_kv_f16"
+step "prefill GEMMs by dequantisation + cuBLAS in pieces (OATO_CUDA_MMQ=0, OATO_CUDA_GEMM_SLICE=4096: weights cut along k, products summed, or in rows)"
+# Every matmul case's weight exceeds the 4 KiB scratch, so each goes in pieces: slices of k
+# summed into the output (a GEMM with beta 1) where a slice still holds a block of every row,
+# else slices of rows; the file layout and the split one (dequant_split_*).
+for split in 0 1; do
+    OATO_CUDA_SPLIT=$split OATO_CUDA_MMQ=0 OATO_CUDA_GEMM_SLICE=4096 OATO_FAKE_CUDA_LOG=1 \
+        fake "$OATO" selftest --device gpu 2>"$W/slices$split.log" | tail -1
+    if ! grep -q "cublasGemmEx.* beta=1" "$W/slices$split.log"; then
+        echo "FAIL GEMM slices (OATO_CUDA_SPLIT=$split): no GEMM summed into its output" >&2
+        exit 1
+    fi
+done
+echo "OK   GEMM slices: k slices summed, both layouts"
 step "split layout: the GPU selftest with every split format's weights held split"
 # Its matmul and embedding cases (Q4_0, IQ4_NL, Q8_0, Q6_K; decode and prefill) against the CPU,
 # through split_blocks_*, mmvq_split* and dequant_split_*: each kernel must have run. The weights

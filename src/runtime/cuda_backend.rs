@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use cudarc::cublas;
+use cudarc::cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
 use cudarc::driver::sys::{CUevent_flags, CUstream};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
@@ -38,6 +39,50 @@ use crate::runtime::cuda_mmq::{
 pub const MMVQ_MAX_TOKENS: usize = 8;
 /// f16 scratch for one slice of a dequantised weight in the prefill GEMM.
 pub const GEMM_SLICE_BYTES: usize = 64 << 20;
+/// Slices of rows at least this tall keep a dequantised prefill GEMM on every multiprocessor
+/// (4096 rows by 512 tokens: 128 tiles of 128 x 128); thinner, `gemm_pieces` cuts along k.
+const GEMM_ROW_SLICE_MIN: usize = 4096;
+
+/// f16 scratch for one slice of a dequantised weight in the prefill GEMM: `GEMM_SLICE_BYTES`, or
+/// less with `OATO_CUDA_GEMM_SLICE` bytes (the stand-in checks use small ones, so that the test
+/// model's weights go in pieces; never more, since the plan reserves that much).
+static GEMM_SLICE: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    crate::kernels::cpu::matmul::env_bytes("OATO_CUDA_GEMM_SLICE", GEMM_SLICE_BYTES)
+        .clamp(1, GEMM_SLICE_BYTES)
+});
+
+/// The pieces (rows, columns) in which `dequant_gemm` takes an [n, k] weight of `block`-element
+/// blocks (a multiple of 8, the dequantisation kernels' unit; k slices need k a multiple), each
+/// at most `slice_bytes` of f16 (or a single row): the whole weight when it fits;
+/// else slices of whole rows when they are at least `GEMM_ROW_SLICE_MIN` tall (an output head, a
+/// gate projection); else, where a slice of k still holds a block of every row, slices of k whose
+/// products are summed (a down projection: each GEMM keeps the output's full height); else thin
+/// slices of rows. Slices of rows alone left LLaMA3-8B's ffn_down (4096 x 14336) two GEMMs of
+/// 2340 and 1756 rows: 355 us at 512 tokens on the H200 where the same shape in F16, one GEMM,
+/// took 101.
+fn gemm_pieces(
+    n: usize,
+    k: usize,
+    block: usize,
+    slice_bytes: usize,
+) -> Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    if n * k * 2 <= slice_bytes || n == 0 || k == 0 {
+        return vec![(0..n, 0..k)];
+    }
+    let rows = (slice_bytes / (2 * k)).clamp(1, n);
+    let kc = slice_bytes / (2 * n) / block * block;
+    if rows < GEMM_ROW_SLICE_MIN && kc >= block && k.is_multiple_of(block) {
+        return (0..k)
+            .step_by(kc)
+            .map(|k0| (0..n, k0..(k0 + kc).min(k)))
+            .collect();
+    }
+    (0..n)
+        .step_by(rows)
+        .map(|r0| (r0..(r0 + rows).min(n), 0..k))
+        .collect()
+}
+
 /// CUDA's limit on gridDim.y (rope and attention put tokens there).
 const MAX_GRID_Y: usize = 65535;
 /// Decode attention over at least this many positions is split across thread blocks
@@ -507,14 +552,13 @@ impl SplitRewrite {
         self.ty.type_size() - self.sb
     }
 
-    /// The quants and the scales of rows `r0..` of an `n`-row weight of `k` columns at `base`.
-    fn rows(&self, base: u64, k: usize, n: usize, r0: usize) -> (u64, u64) {
-        let nb = k / self.ty.block_size();
+    /// The quants and the scales from element `k0` (a block boundary) of row `r0` on, in an
+    /// `n`-row weight of `k` columns at `base`.
+    fn at(&self, base: u64, k: usize, n: usize, r0: usize, k0: usize) -> (u64, u64) {
+        let bs = self.ty.block_size();
+        let (nb, b) = (k / bs, r0 * (k / bs) + k0 / bs);
         let (qb, sb) = (self.qb(), self.sb);
-        (
-            base + (r0 * nb * qb) as u64,
-            base + (n * nb * qb + r0 * nb * sb) as u64,
-        )
+        (base + (b * qb) as u64, base + (n * nb * qb + b * sb) as u64)
     }
 }
 
@@ -1627,10 +1671,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rows `r0..r0 + r` of `y = W x` by cuBLAS, with `w` pointing at those rows ([r, k]
-    /// row-major) and `x` at the input ([n_tok, k] row-major), both of type `ty`; `y` is the whole
-    /// output ([n_tok, n] row-major). In column-major terms the [r, n_tok] block of Y^T starting at
-    /// row r0 (leading dimension n) is W_rows X^T.
+    /// Rows `rows` of `y = W x` by cuBLAS over the columns `ks` of W and x (`accumulate`: added
+    /// to y, else written), with `w` pointing at that block of W (dense: [rows, ks.len()]
+    /// row-major) and `x` at the whole input ([n_tok, k] row-major), both of type `ty`; `y` is the
+    /// whole output ([n_tok, n] row-major). In column-major terms the [rows, n_tok] block of Y^T
+    /// starting at row rows.start (leading dimension n) is W_block X_ks^T.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
@@ -1640,14 +1685,16 @@ impl CudaBackend {
         y: u64,
         k: usize,
         n: usize,
-        rows: std::ops::Range<usize>,
+        (rows, ks): (std::ops::Range<usize>, std::ops::Range<usize>),
         n_tok: usize,
+        accumulate: bool,
     ) -> Result<()> {
         self.launcher.flush()?;
-        let (alpha, beta) = (1f32, 0f32);
-        // SAFETY: w holds rows.len()*k and x n_tok*k elements of `ty`, y n_tok*n f32 (C starts
-        // at row rows.start of each column of length n); alpha and beta are host f32 (the default
-        // pointer mode).
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let elem = if ty == CUDA_R_32F { 4 } else { 2 };
+        // SAFETY: w holds rows.len()*ks.len() and x n_tok*k elements of `ty` (read from column
+        // ks.start of each row), y n_tok*n f32 (C starts at row rows.start of each column of
+        // length n); alpha and beta are host f32 (the default pointer mode).
         unsafe {
             cublas::result::gemm_ex(
                 self.blas.0,
@@ -1655,17 +1702,17 @@ impl CudaBackend {
                 cublas::sys::cublasOperation_t::CUBLAS_OP_N,
                 rows.len() as i32,
                 n_tok as i32,
-                k as i32,
+                ks.len() as i32,
                 (&alpha as *const f32).cast::<c_void>(),
                 w as *const c_void,
                 ty,
-                k as i32,
-                x as *const c_void,
+                ks.len() as i32,
+                (x + (ks.start * elem) as u64) as *const c_void,
                 ty,
                 k as i32,
                 (&beta as *const f32).cast::<c_void>(),
                 (y + (rows.start * 4) as u64) as *mut c_void,
-                cublas::sys::cudaDataType::CUDA_R_32F,
+                CUDA_R_32F,
                 n as i32,
                 cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -1789,7 +1836,7 @@ impl CudaBackend {
                 while r0 < n {
                     let r = rows.min(n - r0);
                     upload(rp, &bytes[r0 * row_bytes..(r0 + r) * row_bytes])?;
-                    let (qs, ds) = rw.rows(base, k, n, r0);
+                    let (qs, ds) = rw.at(base, k, n, r0, 0);
                     let blocks = r * k / ty.block_size();
                     launch!(self, rw.repack, (blocks.div_ceil(256).min(65535) as u32, 1, 1), B256;
                         src: u64 = rp, q: u64 = qs, d: u64 = ds, nb_: i64 = blocks as i64);
@@ -1959,9 +2006,10 @@ impl CudaBackend {
     }
 
     /// `y = W x` for weight `w` at `wp` (quantised or BF16) by dequantisation to f16 in the
-    /// scratch `w16` and cuBLAS on the f16 activations `x16`. Rows go in slices of about
-    /// GEMM_SLICE_BYTES of f16, so the scratch stays bounded whatever the matrix (an output head
-    /// can be a GiB in f16).
+    /// scratch `w16` and cuBLAS on the f16 activations `x16`, in the pieces `gemm_pieces` cuts
+    /// (so the scratch stays bounded whatever the matrix: an output head can be a GiB in f16):
+    /// slices of rows, or for a weight of few rows and long ones, slices of k whose products are
+    /// summed into y (every slice then keeps all of the output's rows in one GEMM).
     #[allow(clippy::too_many_arguments)]
     fn dequant_gemm(
         &self,
@@ -1978,30 +2026,31 @@ impl CudaBackend {
         let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{} GEMM", w.ty)))?;
         // Rewritten split weights in their own layout (Q4_K / Q5_K keep the file's).
         let split = self.rewrite_of(w)?;
-        let rows = (GEMM_SLICE_BYTES / (2 * k)).clamp(1, w.n);
-        let w16 = self.grow(w16, rows * k * 2)?;
+        let bs = w.ty.block_size();
+        // BF16 (1-element blocks) is sliced along k in 8s, the kernels' unit.
+        let pieces = gemm_pieces(w.n, k, bs.max(8), *GEMM_SLICE);
+        let most = pieces
+            .iter()
+            .map(|(r, c)| r.len() * c.len())
+            .max()
+            .unwrap_or(0);
+        let w16 = self.grow(w16, most * 2)?;
         let row_bytes = w.bytes / w.n;
-        let mut r0 = 0;
-        while r0 < w.n {
-            let r = rows.min(w.n - r0);
+        for (rows, ks) in pieces {
+            let (r0, kc) = (rows.start, ks.len());
+            let elems = rows.len() * kc;
             match &split {
                 Some(rw) => {
-                    let (qs, ds) = rw.rows(wp, k, w.n, r0);
-                    self.dequant_split(rw.dequant, qs, ds, w16, r * k)?;
+                    let (qs, ds) = rw.at(wp, k, w.n, r0, ks.start);
+                    self.dequant_split(rw.dequant, qs, ds, w16, elems, [k, kc])?;
                 }
-                None => self.dequant_f16(deq, wp + (r0 * row_bytes) as u64, w16, r * k)?,
+                None => {
+                    let src = wp + (r0 * row_bytes + ks.start / bs * w.ty.type_size()) as u64;
+                    self.dequant_f16(deq, src, w16, elems, [k, kc])?
+                }
             }
-            self.gemm(
-                w16,
-                x16,
-                cublas::sys::cudaDataType::CUDA_R_16F,
-                yp,
-                k,
-                w.n,
-                r0..r0 + r,
-                n_tok,
-            )?;
-            r0 += r;
+            let sum = ks.start > 0;
+            self.gemm(w16, x16, CUDA_R_16F, yp, k, w.n, (rows, ks), n_tok, sum)?;
         }
         Ok(())
     }
@@ -2014,14 +2063,24 @@ impl CudaBackend {
         clock.stop()
     }
 
-    fn dequant_f16(&self, kernel: &'static str, src: u64, dst: u64, n_elems: usize) -> Result<()> {
+    /// Dequantisation `kernel` of `n_elems` elements from `src` to f16 at `dst`: whole rows when
+    /// `k_w == k_y`, else a column block of `k_y` elements of each row of `k_w` (dequant.cu).
+    fn dequant_f16(
+        &self,
+        kernel: &'static str,
+        src: u64,
+        dst: u64,
+        n_elems: usize,
+        [k_w, k_y]: [usize; 2],
+    ) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
-            w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64);
+            w: u64 = src, y: u64 = dst, n: i64 = n_elems as i64, kw: i32 = k_w as i32,
+            ky: i32 = k_y as i32);
         Ok(())
     }
 
     /// Split.cu's dequantisation `kernel` of the `n_elems` elements whose quants are at `qs` and
-    /// scales at `ds`, to f16 at `dst`.
+    /// scales at `ds`, to f16 at `dst` (`k_w`, `k_y` as `dequant_f16`'s).
     fn dequant_split(
         &self,
         kernel: &'static str,
@@ -2029,9 +2088,11 @@ impl CudaBackend {
         ds: u64,
         dst: u64,
         n_elems: usize,
+        [k_w, k_y]: [usize; 2],
     ) -> Result<()> {
         launch!(self, kernel, stride_grid(n_elems, 32), B256;
-            q: u64 = qs, d: u64 = ds, y: u64 = dst, n: i64 = n_elems as i64);
+            q: u64 = qs, d: u64 = ds, y: u64 = dst, n: i64 = n_elems as i64,
+            kw: i32 = k_w as i32, ky: i32 = k_y as i32);
         Ok(())
     }
 }
@@ -2442,14 +2503,21 @@ impl Backend for CudaBackend {
             // holds on quantised copies as the matrix-vector path's does.
             s.forget_if_written((xp, n_tok * k), (yp, n_tok * w.n));
             let wp = self.wptr(w)?;
-            use cublas::sys::cudaDataType::{CUDA_R_16F, CUDA_R_32F};
             match (path, w.ty) {
                 (Prefill::Float, GgmlType::F32) => {
-                    self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, 0..w.n, n_tok)?
+                    self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, (0..w.n, 0..k), n_tok, false)?
                 }
-                (Prefill::Float, GgmlType::F16) => {
-                    self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, 0..w.n, n_tok)?
-                }
+                (Prefill::Float, GgmlType::F16) => self.gemm(
+                    wp,
+                    x16,
+                    CUDA_R_16F,
+                    yp,
+                    k,
+                    w.n,
+                    (0..w.n, 0..k),
+                    n_tok,
+                    false,
+                )?,
                 (Prefill::Float, _) => self.dequant_gemm(&mut s.w16, w, wp, x16, yp, k, n_tok)?,
                 (Prefill::Dequant, _) => {
                     self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)?
@@ -2877,15 +2945,15 @@ impl Backend for CudaBackend {
                 }
                 GgmlType::F16 => src,
                 _ if let Some(rw) = split => {
-                    let (qs, ds) = rw.rows(tp, k, table.n, id as usize);
-                    self.dequant_split(rw.dequant, qs, ds, row16, k)?;
+                    let (qs, ds) = rw.at(tp, k, table.n, id as usize, 0);
+                    self.dequant_split(rw.dequant, qs, ds, row16, k, [k, k])?;
                     row16
                 }
                 ty => {
                     let (_, deq) = kernels_of(ty)
                         .ok_or_else(|| Error::UnsupportedType(format!("{ty} on the GPU")))?;
                     let deq = deq.ok_or_else(|| Error::UnsupportedType(format!("{ty} rows")))?;
-                    self.dequant_f16(deq, src, row16, k)?;
+                    self.dequant_f16(deq, src, row16, k, [k, k])?;
                     row16
                 }
             };
@@ -3129,8 +3197,8 @@ mod tests {
                     // A 3-row weight of two blocks a row: quants from the start, the scales
                     // right after them, the last row's scales ending at the weight's size.
                     let k = 2 * ty.block_size();
-                    assert_eq!(rw.rows(1000, k, 3, 0), (1000, 1000 + 6 * rw.qb() as u64));
-                    let (q2, d2) = rw.rows(1000, k, 3, 2);
+                    assert_eq!(rw.at(1000, k, 3, 0, 0), (1000, 1000 + 6 * rw.qb() as u64));
+                    let (q2, d2) = rw.at(1000, k, 3, 2, 0);
                     assert_eq!(q2, 1000 + 4 * rw.qb() as u64, "{ty}");
                     assert_eq!(
                         d2 + 2 * rw.sb as u64,
@@ -3190,6 +3258,65 @@ mod tests {
         n_head_kv: 8,
         head_dim: 128,
     };
+
+    #[test]
+    fn gemm_pieces_cover_the_weight_within_the_scratch() {
+        const S: usize = GEMM_SLICE_BYTES;
+        // LLaMA3-8B: ffn_down (4096 x 14336) in two slices of k holding every row; ffn_gate
+        // (14336 x 4096) in slices of 8192 rows and the rest; q (4096 x 4096) whole; the output
+        // head (128256 x 4096) in slices of 8192 rows.
+        let down = gemm_pieces(4096, 14336, 32, S);
+        assert_eq!(down, vec![(0..4096, 0..8192), (0..4096, 8192..14336)]);
+        let gate = gemm_pieces(14336, 4096, 32, S);
+        assert_eq!(gate, vec![(0..8192, 0..4096), (8192..14336, 0..4096)]);
+        assert_eq!(gemm_pieces(4096, 4096, 32, S), vec![(0..4096, 0..4096)]);
+        assert_eq!(gemm_pieces(128256, 4096, 32, S).len(), 16);
+        // QwQ-32B's ffn_down (5120 x 27648), K-quant blocks: k slices of 6400 (block multiples).
+        let qwq = gemm_pieces(5120, 27648, 256, S);
+        assert_eq!(qwq.len(), 5);
+        assert!(
+            qwq.iter()
+                .all(|(r, c)| *r == (0..5120) && c.start % 256 == 0)
+        );
+        assert_eq!(qwq[0].1, 0..6400);
+        // Every case: the pieces tile the weight exactly once, each within the scratch (a single
+        // row may exceed it: the least a piece can be), k slices in whole blocks.
+        let cases = [
+            (128256, 4096, 32, S),
+            (1, 1 << 20, 256, S),
+            (3, 5, 8, S),
+            (3, 5, 8, 16), // BF16 with k = 5: no k slices (not a multiple of 8)
+            (70000, 2048, 32, S),
+            (576, 1536, 32, 1 << 20), // the test model's ffn_down, a 1 MiB scratch: k slices
+            (49152, 576, 32, 1 << 20), // its head: a k slice would be under a block: rows
+            (100, 100_000, 256, 1 << 20), // one row is more than the scratch
+        ];
+        for (n, k, b, s) in cases {
+            let p = gemm_pieces(n, k, b, s);
+            let mut area = 0;
+            for (r, c) in &p {
+                assert!(
+                    r.len() * c.len() * 2 <= s || r.len() == 1,
+                    "{n}x{k}: {r:?} {c:?}"
+                );
+                assert!(c.len() == k || (c.start % b == 0 && c.len() % b == 0 || c.end == k));
+                area += r.len() * c.len();
+            }
+            assert_eq!(area, n * k, "{n}x{k}");
+            let first: usize = p
+                .iter()
+                .filter(|(_, c)| c.start == 0)
+                .map(|(r, _)| r.len())
+                .sum();
+            assert_eq!(first, n, "{n}x{k}");
+        }
+        assert_eq!(gemm_pieces(576, 1536, 32, 1 << 20).len(), 2);
+        assert!(
+            gemm_pieces(49152, 576, 32, 1 << 20)
+                .iter()
+                .all(|(_, c)| c.len() == 576)
+        );
+    }
 
     #[test]
     fn attention_split_sizes_the_grid_to_the_device() {

@@ -949,6 +949,7 @@ API(cublasGemmEx)(void* h, int transa, int transb, int m, int n, int k, const vo
     }
     if (!dev_range((CUdeviceptr)C, extent(ldc, m, n, 4))) return bad("C reaches outside its device allocation");
     const float al = *(const float*)alpha, be = *(const float*)beta;
+    logf("cublasGemmEx m=%d n=%d k=%d lda=%d ldb=%d ldc=%d beta=%g", m, n, k, lda, ldb, ldc, be);
     Blas* bl = (Blas*)h;
     enqueue(bl->stream, "cublasGemmEx", [=] {
         float* c = (float*)C;

@@ -147,11 +147,25 @@ def check_round_q8_f16(g):
 # forms d * (ls - 32) in f32 before multiplying by the value)
 
 
-def dequant(kernel, wbytes, n, w_off, y_off_elems, grid, block=256):
+def dequant(kernel, wbytes, n, w_off, y_off_elems, grid, block=256, k_w=0, k_y=0):
+    """Whole rows (k_w == k_y), or the column block of k_y of each row of k_w from wbytes on."""
     wb = Buf.of(wbytes, w_off)
     y = Buf.out(np.float16, n, off=2 * y_off_elems)
-    E.launch(kernel, (grid,), (block,), wb, y, i64(n))
+    E.launch(kernel, (grid,), (block,), wb, y, i64(n), i32(k_w), i32(k_y))
     return y.get(np.float16)
+
+
+def column_blocks(g, rows, k, bytes_per_block, qk, run, want):
+    """The column blocks [c0, c0 + kc) of a [rows, k] weight by `run(src_offset, n, k_w, k_y,
+    grid, block)` (src_offset: c0's block times bytes_per_block) against the same columns of `want` ([rows, k] f16), bit for bit: a block
+    in the middle (all but the first and last blocks), the first, the last, with a
+    one-thread-block grid (the grid-stride loop). k is at least 2 blocks."""
+    mid = max(k - 2 * qk, qk)
+    for c0, kc, grid, block in ((qk, mid, 2, 256), (0, qk, 1, 32), (k - qk, qk, 1, 256)):
+        n = rows * kc
+        got = run(c0 // qk * bytes_per_block, n, k, kc, grid, block)
+        g.exact(f"columns {c0}..{c0 + kc} of {rows}x{k} grid {grid}x{block}",
+                got.reshape(rows, kc), want[:, c0:c0 + kc], dims=("row", "col"))
 
 
 def check_dequant(g, t):
@@ -168,6 +182,12 @@ def check_dequant(g, t):
         got = dequant(f"dequant_{t}_f16", blocks, n, w_off, y_off, grid, block)
         g.exact(f"random blocks w+{w_off} y+{2 * y_off} grid {grid}x{block}", got, want,
                 dims=("elem",))
+    # Column blocks (the host's k slices of a GEMM).
+    raw = np.frombuffer(blocks, np.uint8)
+    column_blocks(g, rows, k, refs.QTYPES[t][2], qk,
+                  lambda at, n, k_w, k_y, grid, block: dequant(
+                      f"dequant_{t}_f16", raw[at:], n, 0, 0, grid, block, k_w, k_y),
+                  want.reshape(rows, k))
     inp, exp = GOLDEN[("dequantize", t.upper())]
     want = np.frombuffer(exp, np.float32).astype(np.float16)
     got = dequant(f"dequant_{t}_f16", np.frombuffer(inp, np.uint8), want.size, 0, 0, 1)
@@ -188,6 +208,13 @@ def check_dequant_bf16(g):
     for w_off, grid, block in ((0, 1, 256), (2, 1, 256), (0, 1, 32)):
         got = dequant("dequant_bf16_f16", bits, bits.size, w_off, 0, grid, block)
         g.exact(f"n=1005 w+{w_off} grid {grid}x{block}", got, want, dims=("elem",))
+    # Column blocks of 8s of a 5 x 64 weight.
+    rows, k = 5, 64
+    b2 = bits[:rows * k]
+    column_blocks(g, rows, k, 2 * 8, 8,
+                  lambda at, n, k_w, k_y, grid, block: dequant(
+                      "dequant_bf16_f16", b2.view(np.uint8)[at:], n, 0, 0, grid, block, k_w, k_y),
+                  want[:rows * k].reshape(rows, k))
     inp, exp = GOLDEN[("dequantize", "BF16")]
     want = np.frombuffer(exp, np.float32).astype(np.float16)
     got = dequant("dequant_bf16_f16", np.frombuffer(inp, np.uint8), want.size, 0, 0, 1)
@@ -639,9 +666,18 @@ def check_dequant_split(g, t):
         y = Buf.out(np.float16, n, off=2 * y_off)
         E.launch(f"dequant_split_{t}_f16", (grid,), (block,),
                  Buf.of(qs[r0 * nblk * qb:(r0 + r) * nblk * qb]),
-                 Buf.of(ds[r0 * nblk * sb:(r0 + r) * nblk * sb]), y, i64(n))
+                 Buf.of(ds[r0 * nblk * sb:(r0 + r) * nblk * sb]), y, i64(n), i32(k), i32(k))
         g.exact(f"rows {r0}..{r0 + r} y+{2 * y_off} grid {grid}x{block} = dequant_{t}_f16's",
                 y.get(np.float16), want, dims=("elem",))
+    # Column blocks: the quants and the scales from the block's first block on.
+    full = dequant(f"dequant_{t}_f16", blocks, rows * k, 0, 0, cdiv(rows * k, 2048))
+
+    def run(b0, n, k_w, k_y, grid, block):
+        y = Buf.out(np.float16, n)
+        E.launch(f"dequant_split_{t}_f16", (grid,), (block,), Buf.of(qs[b0 * qb:]),
+                 Buf.of(ds[b0 * sb:]), y, i64(n), i32(k_w), i32(k_y))
+        return y.get(np.float16)
+    column_blocks(g, rows, k, 1, qk, run, full.reshape(rows, k))
 
 
 # mmq.cu: the prefill GEMM on int8 (64- and 32-row tiles), against the same float64 reference

@@ -416,6 +416,17 @@ __device__ __forceinline__ float k4_unit_dot(uint4 head, uint4 v, uint4 hv, cons
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n);                    \
          i += (i64)gridDim.x * blockDim.x)
 
+// The dequantisation kernels' column blocks (dequant.cu, split.cu): unit u (8 elements) of an
+// output of rows of k_y elements comes from unit dq_src_unit(u) of a weight whose rows hold k_w
+// elements, read from the first wanted element of its first row on. k_w == k_y: whole rows, the
+// same unit. Else both are multiples of 8 and the output holds under 2^32 units (32-bit
+// arithmetic; the host's GEMM slices are far smaller).
+__device__ __forceinline__ i64 dq_src_unit(i64 u, int k_w, int k_y) {
+    if (k_w == k_y) return u;
+    const u32 uy = (u32)k_y / 8, r = (u32)u / uy;
+    return u + (i64)r * ((k_w - k_y) / 8);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Warp reductions (all 32 lanes take part and all get the result)
 

@@ -10,20 +10,26 @@
 // unit is 8 consecutive output elements (ELEMS = 8): one 16-byte store when y is 16-byte aligned.
 // For the quantised types n_elems is a whole number of blocks (32, or 256 for K-quants and
 // IQ4_XS); a partial trailing block is not written. w needs only 2-byte alignment.
+// Arguments (w, y, n_elems, k_w, k_y): k_w == k_y (any value) reads n_elems elements of whole
+// rows from w on; k_y < k_w (multiples of the block size) reads a column block, k_y elements of
+// each row of k_w elements (w at the block's first element in the first row), into dense rows
+// of k_y (dq_src_unit). The host cuts a large weight's prefill GEMM along k so.
 
 #include "common.cuh"
 
 #define DQ_ELEMS 8
 
-// Grid-stride over the n_elems / 8 units; `unit(w, u, v)` fills v[0..8] with elements 8u..8u + 8.
+// Grid-stride over the n_elems / 8 units of y; `unit(w, u, v)` fills v[0..8] with elements
+// 8u..8u + 8 of w (u mapped by dq_src_unit).
 template <class F>
-__device__ __forceinline__ void dequant_loop(const void* w, __half* y, i64 n_elems, F unit) {
+__device__ __forceinline__ void dequant_loop(const void* w, __half* y, i64 n_elems, int k_w,
+                                             int k_y, F unit) {
     const i64 units = n_elems / DQ_ELEMS;
     const bool vec = ((u64)y & 15) == 0;
     for (i64 u = (i64)blockIdx.x * blockDim.x + threadIdx.x; u < units;
          u += (i64)gridDim.x * blockDim.x) {
         float v[DQ_ELEMS];
-        unit((const u8*)w, u, v);
+        unit((const u8*)w, dq_src_unit(u, k_w, k_y), v);
         store8_f16(y, u * DQ_ELEMS, v, vec);
     }
 }
@@ -233,8 +239,8 @@ struct dq_iq4_xs {
 // launch: grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256, 1, 1); see the top.
 #define DEQUANT_KERNEL(name, F)                                                                \
     extern "C" __global__ void name(const void* __restrict__ w, __half* __restrict__ y,        \
-                                    i64 n_elems) {                                             \
-        dequant_loop(w, y, n_elems, F());                                                      \
+                                    i64 n_elems, int k_w, int k_y) {                           \
+        dequant_loop(w, y, n_elems, k_w, k_y, F());                                            \
     }
 
 DEQUANT_KERNEL(dequant_q4_0_f16, dq_q4_0)
@@ -251,19 +257,21 @@ DEQUANT_KERNEL(dequant_iq4_nl_f16, dq_iq4_nl)
 DEQUANT_KERNEL(dequant_iq4_xs_f16, dq_iq4_xs)
 
 // launch: grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256, 1, 1); unit 8 elements
-// (one 16-byte load and store when w and y are 16-byte aligned), then any n_elems % 8 tail.
+// (one 16-byte load and store when w and y are 16-byte aligned), then any n_elems % 8 tail (whole
+// rows only); k_w, k_y as the quantised kernels' (a column block: multiples of 8).
 // bf16 -> f32 is exact (the bits become the high half), then one rounding to f16.
 extern "C" __global__ void dequant_bf16_f16(const void* __restrict__ w, __half* __restrict__ y,
-                                            i64 n_elems) {
+                                            i64 n_elems, int k_w, int k_y) {
     const u16* x = (const u16*)w;
     const i64 units = n_elems / DQ_ELEMS;
     const bool vec = (((u64)w | (u64)y) & 15) == 0;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     for (i64 u = tid; u < units; u += stride) {
+        const i64 at = dq_src_unit(u, k_w, k_y) * DQ_ELEMS;
         float v[DQ_ELEMS];
         if (vec) {
-            const uint4 r = *(const uint4*)(x + u * DQ_ELEMS);
+            const uint4 r = *(const uint4*)(x + at);
             const u32 words[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -272,9 +280,7 @@ extern "C" __global__ void dequant_bf16_f16(const void* __restrict__ w, __half* 
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < DQ_ELEMS; ++j) {
-                v[j] = __uint_as_float((u32)x[u * DQ_ELEMS + j] << 16);
-            }
+            for (int j = 0; j < DQ_ELEMS; ++j) v[j] = __uint_as_float((u32)x[at + j] << 16);
         }
         store8_f16(y, u * DQ_ELEMS, v, vec);
     }

@@ -569,16 +569,19 @@ struct dq_split_q6_K { // (d * sc) * (q - 32), dequant.cu's dq_q6_K on the quant
 // launch (every dequant_split_*_f16): grid (min(ceil(n_elems / 2048), 65535), 1, 1), block (256,
 // 1, 1), any grid (grid-stride). qs: the quants of n_elems / QK blocks (16-byte aligned), ds their
 // scales (SB bytes a block); y: [n_elems] f16. n_elems a multiple of the block size QK (the
-// blocks of a range of whole rows: qs and ds advanced by the rows before it).
+// blocks of a range of whole rows: qs and ds advanced by the rows before it). k_w, k_y as
+// dequant_<type>_f16's: a column block of k_y elements of rows of k_w (qs and ds advanced to the
+// block's first block in the first row).
 #define DEQUANT_SPLIT_KERNEL(name, QKB, QB, SB, F)                                              \
     extern "C" __global__ void name(const u8* __restrict__ qs, const u8* __restrict__ ds,      \
-                                    __half* __restrict__ y, i64 n_elems) {                     \
+                                    __half* __restrict__ y, i64 n_elems, int k_w, int k_y) {   \
         constexpr int upb = QKB / 8; /* units a block */                                       \
         const bool vec = ((u64)y & 15) == 0;                                                   \
         GRID_STRIDE_LOOP(u, n_elems / 8) {                                                     \
-            const i64 b = u / upb;                                                             \
+            const i64 su = dq_src_unit(u, k_w, k_y);                                           \
+            const i64 b = su / upb;                                                            \
             float v[8];                                                                        \
-            F()(qs + b * QB, (int)(u - b * upb), split_scales<SB>(ds, b), v);                   \
+            F()(qs + b * QB, (int)(su - b * upb), split_scales<SB>(ds, b), v);                  \
             store8_f16(y, u * 8, v, vec);                                                      \
         }                                                                                      \
     }
