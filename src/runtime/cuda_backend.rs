@@ -1352,7 +1352,6 @@ impl CudaBackend {
 
     /// Tiled prefill attention of `n` tokens after `pos0` cached positions (flash_prefill.cu):
     /// q at `qp`, the caches at `kp` and `vp`, the output at `op`; on tensor cores with `mma`.
-    #[allow(clippy::too_many_arguments)]
     fn launch_flash_prefill(
         &self,
         mma: bool,

@@ -1244,6 +1244,7 @@ def check_flash_decode(g):
         (32, 1, 70, 2, 2, 1, 16),      # smallest head_dim, no GQA, 5 chunks
         (128, 8, 0, 4, 4, 1, 3),       # 8 tokens from position 0: chunks no token reaches
         (64, 1, 0, 8, 1, 8, 1),        # one position, 8 heads per block, chunk of 1
+        (64, 2, 1000, 2, 1, 2, 4),     # 251 chunks: the merge's threads take two each
     ]
     for hd, n_tok, pos0, nh, nkv, gq, chunk in cases:
         label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv} gq={gq} chunk={chunk}"

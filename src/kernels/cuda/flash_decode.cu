@@ -230,43 +230,90 @@ extern "C" __global__ void __launch_bounds__(128)
 // The merge: per (head h, token t), out = sum_c w_c acc_c / sum_c w_c l_c with
 // w_c = exp(m_c - M), M = max_c m_c; chunks with m_c = -inf add nothing (chunk 0 always holds
 // position 0, so M is finite unless a chunk stored NaN, which then reaches the output).
-// launch: grid (n_head, n_tok, 1), block (128, 1, 1) (any size: a loop over head_dim).
+// Work layout: the block's threads take the chunks c = tid, tid + 128, ... for M and the
+// denominator (block reductions in shared memory); then warp w sums the chunks c = w, w + 4, ...
+// of acc, lane l dims l + 32e (every chunk's row read by coalesced loads, two chunks'
+// chunks' loads in flight), and the 4 warps' sums are added in warp order. So the chunks are read in
+// parallel rather than one after another (66 chunks at position 4095 on an H100 / H200).
+// launch: grid (n_head, n_tok, 1), block (128, 1, 1) (else, or head_dim over 256 or not a
+// multiple of 32, NaN rows).
 // part: as attention_split_f16kv wrote it; out: [n_tok, n_head * head_dim] f32; out_q, out_aq,
-// out_ads: null, or quantize_q8_1 (_split) of out as attention_f16kv's (head_dim a multiple of 32,
-// block of whole warps).
+// out_ads: null, or quantize_q8_1 (_split) of out as attention_f16kv's.
+#define FM_WARPS 4 // the launch's 128 threads
+#define FM_MAX_E 8 // dims a lane at most: head_dim 256
+
 extern "C" __global__ void __launch_bounds__(128)
     attention_merge_f32(const float* __restrict__ part, float* __restrict__ out,
                         block_q8_1* __restrict__ out_q, i8* __restrict__ out_aq,
                         float2* __restrict__ out_ads, int n_tok, int n_head, int head_dim,
                         int n_split) {
+    __shared__ float s_red[FM_WARPS];
+    __shared__ int s_bad;
+    __shared__ float s_o[FM_WARPS][32 * FM_MAX_E];
     const int h = blockIdx.x, t = blockIdx.y;
     if (h >= n_head || t >= n_tok || head_dim <= 0 || n_split <= 0) return;
     const i64 row = (i64)t * n_head + h;
+    float* o = out + row * head_dim;
+    const q8_sink oq = q8_sink{out_q, out_aq, out_ads}.at(row * (head_dim / QK));
+    if (blockDim.x != 32 * FM_WARPS || head_dim % 32 || head_dim > 32 * FM_MAX_E) {
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) o[i] = FD_NAN;
+        return;
+    }
     const float* ml = part + (i64)n_tok * n_head * n_split * head_dim + row * n_split * 2;
     const float* acc = part + row * n_split * head_dim;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // 1. M, and whether a chunk stored NaN.
     float big = FD_NEG_INF;
-    for (int c = 0; c < n_split; ++c) {
+    int bad = 0;
+    for (int c = threadIdx.x; c < n_split; c += blockDim.x) {
         const float m = ml[2 * c];
-        if (m != m) { // NaN (an unsupported shape) reaches the output
-            big = m;
-            break;
-        }
+        bad |= m != m;
         big = fmaxf(big, m);
     }
+    big = warp_max(big);
+    if (threadIdx.x == 0) s_bad = 0;
+    __syncthreads();
+    if (bad) s_bad = 1;
+    if (lane == 0) s_red[warp] = big;
+    __syncthreads();
+    big = fmaxf(fmaxf(s_red[0], s_red[1]), fmaxf(s_red[2], s_red[3]));
+    if (s_bad) big = FD_NAN;
+    __syncthreads(); // s_red is reused
+
+    // 2. The denominator, sum_c l_c w_c.
     float sum = 0.0f;
-    for (int c = 0; c < n_split; ++c) {
+    for (int c = threadIdx.x; c < n_split; c += blockDim.x) {
         const float m = ml[2 * c];
         if (m != FD_NEG_INF) sum += ml[2 * c + 1] * expf(m - big);
     }
+    sum = warp_sum(sum);
+    if (lane == 0) s_red[warp] = sum;
+    __syncthreads();
+    sum = (s_red[0] + s_red[1]) + (s_red[2] + s_red[3]);
     const float inv = __frcp_rn(sum);
-    float* o = out + row * head_dim;
-    const q8_sink oq = q8_sink{out_q, out_aq, out_ads}.at(row * (head_dim / QK));
-    write_row_q8_1(o, oq, head_dim, [&](int d) {
-        float a = 0.0f;
-        for (int c = 0; c < n_split; ++c) {
-            const float m = ml[2 * c];
-            if (m != FD_NEG_INF) a += acc[(i64)c * head_dim + d] * expf(m - big);
+
+    // 3. sum_c w_c acc_c: warp w the chunks w, w + 4, ...; lane l dims l + 32e.
+    const int E = head_dim >> 5;
+    float a[FM_MAX_E];
+#pragma unroll
+    for (int e = 0; e < FM_MAX_E; ++e) a[e] = 0.0f;
+#pragma unroll 2
+    for (int c = warp; c < n_split; c += FM_WARPS) {
+        const float m = ml[2 * c];
+        const float w = m != FD_NEG_INF ? expf(m - big) : 0.0f;
+        const float* ac = acc + (i64)c * head_dim + lane;
+#pragma unroll
+        for (int e = 0; e < FM_MAX_E; ++e) {
+            if (e < E) a[e] = fmaf(ac[32 * e], w, a[e]);
         }
-        return a * inv;
+    }
+#pragma unroll
+    for (int e = 0; e < FM_MAX_E; ++e) {
+        if (e < E) s_o[warp][lane + 32 * e] = a[e];
+    }
+    __syncthreads();
+    write_row_q8_1(o, oq, head_dim, [&](int d) {
+        return (((s_o[0][d] + s_o[1][d]) + s_o[2][d]) + s_o[3][d]) * inv;
     });
 }
