@@ -23,7 +23,8 @@
 #define FD_MAX_CHUNK 256 // positions per block at most
 #define FD_MAX_G 8       // query heads per block at most
 #define FD_MAX_GE 1024   // query heads per block x head_dim at most
-#define FD_UNROLL 4      // rows each lane loads before it computes (loads in flight)
+#define FD_UNROLL 8      // rows each lane loads before it computes (loads in flight), up
+                         // to 4 query heads a block (4 for more: registers)
 
 #define FD_NEG_INF (__int_as_float(0xff800000))
 #define FD_NAN (__int_as_float(0x7fc00000))
@@ -38,28 +39,28 @@ __device__ __forceinline__ void fd_unpack8(uint4 r, float* o) {
     }
 }
 
-// Calls f(j, x) for the rows j = j0 + u * step + r (j0 = first, first + FD_UNROLL * step, ...
-// below n_here; u < FD_UNROLL) of a K or V slice at `base` (this lane's 8 dims of row 0), x the
+// Calls f(j, x) for the rows j = j0 + u * step + r (j0 = first, first + U * step, ...
+// below n_here; u < U) of a K or V slice at `base` (this lane's 8 dims of row 0), x the
 // row's 8 values (zero for j >= n_here: f is called for those too, so shuffles stay in step).
-// Each group of FD_UNROLL rows is loaded, as 16-byte words, before any is used.
+// Each group of U rows is loaded, as 16-byte words, before any is used.
 // With `ahead` (the V slice at the same offset as `base`'s K slice), each row's 16 bytes there are
 // asked into L2 as the K row is loaded: the V pass after the softmax then finds its rows in L2
 // rather than in memory.
-template <class F>
+template <int U, class F>
 __device__ __forceinline__ void fd_for_rows(const __half* base, int first, int step, int r,
                                             int n_here, i64 kv_stride, F f,
                                             const __half* ahead = nullptr) {
-    for (int j0 = first; j0 < n_here; j0 += FD_UNROLL * step) {
-        uint4 raw[FD_UNROLL];
+    for (int j0 = first; j0 < n_here; j0 += U * step) {
+        uint4 raw[U];
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int j = j0 + u * step + r;
             raw[u] = j < n_here ? *(const uint4*)(base + (i64)j * kv_stride)
                                 : make_uint4(0, 0, 0, 0);
             if (ahead && j < n_here) prefetch_l2(ahead + (i64)j * kv_stride);
         }
 #pragma unroll
-        for (int u = 0; u < FD_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             float x[8];
             fd_unpack8(raw[u], x);
             f(j0 + u * step + r, x);
@@ -75,17 +76,155 @@ __device__ __forceinline__ void fd_for_rows(const __half* base, int first, int s
 // is taken per head by one warp (the score pass has asked L2 for each V row as it loaded the K
 // row, so the V pass reads L2, not memory); then the V pass accumulates p * V per lane (gq x 8
 // registers), summed over the rows of a warp by shuffles (offsets >= lpr) and over the warps in
-// shared memory, warp 0 first.
-//
+// shared memory, warp 0 first. Each lane loads FD_UNROLL rows of K (of V) before it uses them:
+// with 4 heads a block, a 64-position chunk of head_dim 128 goes in one round of loads.
+
+// What a thread block of attention_split_f16kv works from (the kernel checked it).
+struct fd_block {
+    const float* q;
+    const __half* k_cache;
+    const __half* v_cache;
+    float* part;
+    float* ml;     // the (m, l) pairs in part
+    i64 row_part;  // (t, h, c) -> row_part + h * n_split + c
+    int n_head, n_head_kv, head_dim, pos0, gq, chunk, n_split;
+    float scale;
+    int t, c_idx, h0, group, lpr;
+};
+
+// The block's work for gq <= G query heads (G sizes the per-head registers), each lane loading
+// U rows of K (then of V) before it computes.
+template <int G, int U>
+__device__ __forceinline__ void fd_split_block(const fd_block& a, float (*s_p)[FD_MAX_CHUNK],
+                                               float (*s_red)[FD_MAX_GE]) {
+    const float* q = a.q;
+    float* part = a.part;
+    float* ml = a.ml;
+    const i64 row_part = a.row_part;
+    const int n_head = a.n_head, n_head_kv = a.n_head_kv, head_dim = a.head_dim, pos0 = a.pos0;
+    const int gq = a.gq, chunk = a.chunk, n_split = a.n_split, t = a.t, c_idx = a.c_idx;
+    const int h0 = a.h0, group = a.group, lpr = a.lpr;
+    const float scale = a.scale;
+    const __half* k_cache = a.k_cache;
+    const __half* v_cache = a.v_cache;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rpw = 32 / lpr;        // rows per warp step
+    const int r = lane / lpr, c = lane % lpr;
+    const int kvh = h0 / group;
+    const i64 kv_stride = (i64)n_head_kv * head_dim;
+    const int n_kv = pos0 + t + 1;
+    const int j_beg = c_idx * chunk;
+    const int n_here = max(0, min(chunk, n_kv - j_beg)); // rows of this chunk that token t sees
+    const __half* kb = k_cache + (i64)j_beg * kv_stride + (i64)kvh * head_dim + 8 * c;
+    const __half* vb = v_cache + (i64)j_beg * kv_stride + (i64)kvh * head_dim + 8 * c;
+
+    // The gq query rows' dims 8c..8c + 8, rounded to f16 as the CPU path does.
+    float qv[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float* qr = q + ((i64)t * n_head + h0 + g) * head_dim + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            qv[g][i] = g < gq ? __half2float(__float2half_rn(qr[i])) : 0.0f;
+        }
+    }
+
+    // 1. Scores.
+    const int step = FD_WARPS * rpw;
+    fd_for_rows<U>(kb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* kf) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < gq) { // warp-uniform
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) dot = fmaf(kf[i], qv[g][i], dot);
+                for (int o = lpr >> 1; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (c == 0 && j < n_here) s_p[g][j] = dot * scale;
+            }
+        }
+    }, vb);
+    __syncthreads();
+
+    // 2. The chunk's softmax per head: m, then exp(s - m) in place; l goes straight to `ml`.
+    for (int g = warp; g < gq; g += FD_WARPS) {
+        float m = FD_NEG_INF;
+        for (int j = lane; j < n_here; j += 32) m = fmaxf(m, s_p[g][j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < n_here; j += 32) {
+            const float p = expf(s_p[g][j] - m);
+            s_p[g][j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            const i64 rr = row_part + (i64)(h0 + g) * n_split + c_idx;
+            ml[2 * rr] = m; // -inf (and l = 0) for a chunk token t does not reach
+            ml[2 * rr + 1] = l;
+        }
+    }
+    __syncthreads();
+
+    // 3. acc = sum_j p_j * V[j], same row layout as the scores.
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    }
+    fd_for_rows<U>(vb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* vf) {
+        if (j >= n_here) return;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < gq) {
+                const float p = s_p[g][j];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+            }
+        }
+    });
+    // Rows of a warp: lanes l, l ^ lpr, l ^ 2lpr, ... hold the same dims.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        if (g < gq) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                for (int o = lpr; o < 32; o <<= 1) {
+                    acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+                }
+            }
+        }
+    }
+    if (r == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < gq) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s_red[warp][g * head_dim + 8 * c + i] = acc[g][i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < gq * head_dim; i += blockDim.x) {
+        float a = s_red[0][i];
+#pragma unroll
+        for (int w = 1; w < FD_WARPS; ++w) a += s_red[w][i];
+        const int g = i / head_dim, d = i - g * head_dim;
+        part[(row_part + (i64)(h0 + g) * n_split + c_idx) * head_dim + d] = a;
+    }
+}
+
 // Requirements: head_dim in {32, 64, 128, 256}; 1 <= gq <= 8, gq * head_dim <= 1024, gq divides
 // group; n_head a multiple of n_head_kv; 1 <= chunk <= 256; k_cache and v_cache 16-byte aligned
 // (each row then is: n_head_kv * head_dim * 2 bytes is a multiple of 64); blockDim (128, 1, 1).
 // Otherwise the block stores NaN as its m and acc, so the merged rows read NaN.
 // launch: grid (n_head / gq, n_split, n_tok), block (128, 1, 1), no dynamic shared memory
-// (static: 8 KB of scores and 16 KB for the warps' sums).
+// (static: 8 KB of scores and 16 KB for the warps' sums). At most 128 registers a thread (the
+// bound's 4 blocks a multiprocessor, as the host sizes the grid: 123-128 on sm_75..sm_120, no
+// spills).
 // q: [n_tok, n_head * head_dim] f32; k_cache, v_cache: [n_ctx, n_head_kv * head_dim] f16 holding
 // positions 0..pos0 + n_tok; part: as above, n_split >= ceil((pos0 + n_tok) / chunk).
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 4)
     attention_split_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
                           const __half* __restrict__ v_cache, float* __restrict__ part, int n_tok,
                           int n_head, int n_head_kv, int head_dim, int pos0, float scale, int gq,
@@ -120,110 +259,17 @@ extern "C" __global__ void __launch_bounds__(128)
         return;
     }
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int rpw = 32 / lpr;        // rows per warp step
-    const int r = lane / lpr, c = lane % lpr;
-    const int kvh = h0 / group;
-    const i64 kv_stride = (i64)n_head_kv * head_dim;
-    const int n_kv = pos0 + t + 1;
-    const int j_beg = c_idx * chunk;
-    const int n_here = max(0, min(chunk, n_kv - j_beg)); // rows of this chunk that token t sees
-    const __half* kb = k_cache + (i64)j_beg * kv_stride + (i64)kvh * head_dim + 8 * c;
-    const __half* vb = v_cache + (i64)j_beg * kv_stride + (i64)kvh * head_dim + 8 * c;
-
-    // The gq query rows' dims 8c..8c + 8, rounded to f16 as the CPU path does.
-    float qv[FD_MAX_G][8];
-#pragma unroll
-    for (int g = 0; g < FD_MAX_G; ++g) {
-        const float* qr = q + ((i64)t * n_head + h0 + g) * head_dim + 8 * c;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            qv[g][i] = g < gq ? __half2float(__float2half_rn(qr[i])) : 0.0f;
-        }
-    }
-
-    // 1. Scores.
-    const int step = FD_WARPS * rpw;
-    fd_for_rows(kb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* kf) {
-#pragma unroll
-        for (int g = 0; g < FD_MAX_G; ++g) {
-            if (g < gq) { // warp-uniform
-                float dot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) dot = fmaf(kf[i], qv[g][i], dot);
-                for (int o = lpr >> 1; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (c == 0 && j < n_here) s_p[g][j] = dot * scale;
-            }
-        }
-    }, vb);
-    __syncthreads();
-
-    // 2. The chunk's softmax per head: m, then exp(s - m) in place; l goes straight to `ml`.
-    for (int g = warp; g < gq; g += FD_WARPS) {
-        float m = FD_NEG_INF;
-        for (int j = lane; j < n_here; j += 32) m = fmaxf(m, s_p[g][j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < n_here; j += 32) {
-            const float p = expf(s_p[g][j] - m);
-            s_p[g][j] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            const i64 rr = row_part + (i64)(h0 + g) * n_split + c_idx;
-            ml[2 * rr] = m; // -inf (and l = 0) for a chunk token t does not reach
-            ml[2 * rr + 1] = l;
-        }
-    }
-    __syncthreads();
-
-    // 3. acc = sum_j p_j * V[j], same row layout as the scores.
-    float acc[FD_MAX_G][8];
-#pragma unroll
-    for (int g = 0; g < FD_MAX_G; ++g) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
-    }
-    fd_for_rows(vb, warp * rpw, step, r, n_here, kv_stride, [&](int j, const float* vf) {
-        if (j >= n_here) return;
-#pragma unroll
-        for (int g = 0; g < FD_MAX_G; ++g) {
-            if (g < gq) {
-                const float p = s_p[g][j];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
-            }
-        }
-    });
-    // Rows of a warp: lanes l, l ^ lpr, l ^ 2lpr, ... hold the same dims.
-#pragma unroll
-    for (int g = 0; g < FD_MAX_G; ++g) {
-        if (g < gq) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                for (int o = lpr; o < 32; o <<= 1) {
-                    acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
-                }
-            }
-        }
-    }
-    if (r == 0) {
-#pragma unroll
-        for (int g = 0; g < FD_MAX_G; ++g) {
-            if (g < gq) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) s_red[warp][g * head_dim + 8 * c + i] = acc[g][i];
-            }
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < gq * head_dim; i += blockDim.x) {
-        float a = s_red[0][i];
-#pragma unroll
-        for (int w = 1; w < FD_WARPS; ++w) a += s_red[w][i];
-        const int g = i / head_dim, d = i - g * head_dim;
-        part[(row_part + (i64)(h0 + g) * n_split + c_idx) * head_dim + d] = a;
+    const fd_block a{q,  k_cache, v_cache, part,    ml,    row_part, n_head, n_head_kv, head_dim,
+                     pos0, gq, chunk, n_split, scale, t, c_idx, h0, group, lpr};
+    // The smallest G (registers a head) that holds gq; U rows in flight where they fit.
+    if (gq <= 1) {
+        fd_split_block<1, FD_UNROLL>(a, s_p, s_red);
+    } else if (gq <= 2) {
+        fd_split_block<2, FD_UNROLL>(a, s_p, s_red);
+    } else if (gq <= 4) {
+        fd_split_block<4, FD_UNROLL>(a, s_p, s_red);
+    } else {
+        fd_split_block<8, FD_UNROLL / 2>(a, s_p, s_red);
     }
 }
 
