@@ -409,20 +409,33 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
     constexpr int A4 = T::al_max >= 4 ? 4 : 2, A16 = T::al_max >= 16 ? 16 : A4;
     const int al = block_align<T>(w);
 
+    // Activation words a thread stages a chunk, at most.
+    constexpr int AW = (9 * (T::chunk / QK) + 32 * MMVQ_ROWS - 1) / (32 * MMVQ_ROWS);
     float acc = 0.0f;
     for (int c0 = 0; c0 < k_used; c0 += T::chunk) {
         const int ne = min((int)T::chunk, k_used - c0);
         const int nbc = ne / T::qk;
-        // 1. Activations: Q8_1 block j is 9 words, (d, s) then 8 words of quants.
+        // 1. Activations: Q8_1 block j is 9 words, (d, s) then 8 words of quants. All of this
+        //    thread's loads go out before the weights' and before any store (a loop of load,
+        //    then store, waited for each word in turn: about 5 round trips a chunk).
         const u32* xs = xw + (c0 / QK) * 9;
-        for (int i = tid; i < 9 * (ne / QK); i += 32 * MMVQ_ROWS) {
-            stage_act_word(xs[i], i, s_aq, s_ads);
+        const int nw = 9 * (ne / QK);
+        u32 aw[AW];
+#pragma unroll
+        for (int j = 0; j < AW; ++j) {
+            const int i = tid + 32 * MMVQ_ROWS * j;
+            if (i < nw) aw[j] = __ldg(xs + i);
         }
         // 2. This warp's weight bytes.
         int off = 0;
         if (active) {
             const u8* src = wrow + (i64)(c0 / T::qk) * T::bytes;
             off = stage_bytes(s_w[warp], src, nbc * T::bytes, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < AW; ++j) {
+            const int i = tid + 32 * MMVQ_ROWS * j;
+            if (i < nw) stage_act_word(aw[j], i, s_aq, s_ads);
         }
         __syncthreads();
         // 3. Dot products from shared memory.
