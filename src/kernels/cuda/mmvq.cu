@@ -350,6 +350,32 @@ __device__ __forceinline__ int stage_bytes(u8* dst, const u8* src, int n, int la
     return sp.off;
 }
 
+// stage_bytes with every load of the lane out before its first store; MAXW: the most 16-byte
+// words a lane copies (n <= 16 * 32 * MAXW). The loop above waits for each word in turn where its
+// trip count is under its unrolling's 4: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL chunks (1.1-1.5 KB,
+// 3 words a lane) went in its branchy remainder, one round trip a word; those take this. (Q8_0
+// and the K-quants, 4.25-6.6 words a lane, keep the loop, whose unrolled body holds four loads
+// together: batched, their kernels went from 48-64 registers to 95-136 on sm_90, half the thread
+// blocks a multiprocessor.)
+template <int MAXW>
+__device__ __forceinline__ int stage_bytes_batched(u8* dst, const u8* src, int n, int lane) {
+    const byte_span sp = span_of(src, n, lane);
+    const uint4* s16 = (const uint4*)(sp.base + sp.mid_at);
+    uint4* d16 = (uint4*)(dst + sp.mid_at);
+    const u16 ht = sp.ht_at >= 0 ? __ldg((const u16*)(sp.base + sp.ht_at)) : (u16)0;
+    uint4 w[MAXW];
+#pragma unroll
+    for (int j = 0; j < MAXW; ++j) {
+        if (lane + 32 * j < sp.n16) w[j] = __ldg(s16 + lane + 32 * j);
+    }
+    if (sp.ht_at >= 0) *(u16*)(dst + sp.ht_at) = ht;
+#pragma unroll
+    for (int j = 0; j < MAXW; ++j) {
+        if (lane + 32 * j < sp.n16) d16[lane + 32 * j] = w[j];
+    }
+    return sp.off;
+}
+
 // The alignment (2, 4 or 16) at which format T's blocks are read from a weight at w (in global
 // and so in shared memory): one choice per thread block, among the A4 / A16 its callers dispatch
 // on.
@@ -430,7 +456,13 @@ __device__ __forceinline__ void mmvq_impl(const void* w, const block_q8_1* x, fl
         int off = 0;
         if (active) {
             const u8* src = wrow + (i64)(c0 / T::qk) * T::bytes;
-            off = stage_bytes(s_w[warp], src, nbc * T::bytes, lane);
+            // 16-byte words a lane copies, at most.
+            constexpr int MAXW = (T::bytes * (T::chunk / T::qk) / 16 + 31) / 32;
+            if constexpr (MAXW < 4) {
+                off = stage_bytes_batched<MAXW>(s_w[warp], src, nbc * T::bytes, lane);
+            } else {
+                off = stage_bytes(s_w[warp], src, nbc * T::bytes, lane);
+            }
         }
 #pragma unroll
         for (int j = 0; j < AW; ++j) {
