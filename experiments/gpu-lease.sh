@@ -27,8 +27,9 @@
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
 #   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, the split
 #   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
-#   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill GEMMs on __dp4a, on tensor cores with and without split-K, and by
-#   cuBLAS, also at 4096x1024, attn_k / attn_v), the 50% / 75% sweep again with split weights and their own profile
+#   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill
+#   GEMMs on __dp4a, on tensor cores with and without split-K, and by cuBLAS, also at
+#   4096x1024, attn_k / attn_v), the 50% / 75% sweep again with split weights and their own profile
 #   (split_sweep), an all-GPU decode's steps by the GPU's clock, staged, split and pipelined
 #   kernels (gputrace), Nsight Compute's per-kernel figures of a decode step, the split and the
 #   pipelined matrix-vector kernels and llama.cpp's (ncu), llama.cpp -ngl at the sweep's shares

@@ -17,10 +17,10 @@
 # kernels (OATO_CUDA_MMQ=1) or always by dequantisation + cuBLAS (OATO_CUDA_MMQ=0; the default
 # times both per shape and keeps the faster), the int8 kernels on __dp4a rather than tensor
 # cores (mma-off: OATO_CUDA_MMA=0), the tiled prefill attention on the f32 lanes rather than
-# tensor cores (flash-mma-off: OATO_CUDA_FLASH_MMA=0), and decode's batches (its single token too) through the
-# prefill GEMM rather than the matrix-vector kernels (gemm-decode: OATO_CUDA_MMVQ_MAX_TOKENS=0;
-# tensor cores where the device has them, else as the GEMM's timing chooses). One run, one
-# machine, one after the other.
+# tensor cores (flash-mma-off: OATO_CUDA_FLASH_MMA=0), and decode's batches (its single token
+# too) through the prefill GEMM rather than the matrix-vector kernels (gemm-decode:
+# OATO_CUDA_MMVQ_MAX_TOKENS=0; tensor cores where the device has them, else as the GEMM's
+# timing chooses). One run, one machine, one after the other.
 #
 # Writes $OUT.csv and $OUT.md (default results/gpu-vs-llamacpp) through bench_merge.py: one table
 # per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp.

@@ -157,9 +157,10 @@ def dequant(kernel, wbytes, n, w_off, y_off_elems, grid, block=256, k_w=0, k_y=0
 
 def column_blocks(g, rows, k, bytes_per_block, qk, run, want):
     """The column blocks [c0, c0 + kc) of a [rows, k] weight by `run(src_offset, n, k_w, k_y,
-    grid, block)` (src_offset: c0's block times bytes_per_block) against the same columns of `want` ([rows, k] f16), bit for bit: a block
-    in the middle (all but the first and last blocks), the first, the last, with a
-    one-thread-block grid (the grid-stride loop). k is at least 2 blocks."""
+    grid, block)` (src_offset: c0's block times bytes_per_block) against the same columns of
+    `want` ([rows, k] f16), bit for bit: a block in the middle (all but the first and last
+    blocks), the first, the last, with a one-thread-block grid (the grid-stride loop). k is at
+    least 2 blocks."""
     mid = max(k - 2 * qk, qk)
     for c0, kc, grid, block in ((qk, mid, 2, 256), (0, qk, 1, 32), (k - qk, qk, 1, 256)):
         n = rows * kc
@@ -1133,13 +1134,17 @@ def check_flash_prefill(g):
         (256, 9, 30, 2, 1),    # largest head_dim, a partial tile
         (32, 70, 0, 2, 1),     # smallest head_dim, 5 tiles, causal masks in every K/V tile
         (128, 1, 299, 4, 4),   # a single query over 300 positions
+        (64, 17, 40, 4, 2, 2), # caches 2 bytes past 16-byte alignment: element loads
     ]
-    for hd, n_tok, pos0, nh, nkv in cases:
+    for hd, n_tok, pos0, nh, nkv, *off in cases:
+        off = off[0] if off else 0
         label = f"hd={hd} n_tok={n_tok} pos0={pos0} heads={nh}/{nkv}"
+        label += f" kv+{off}" if off else ""
         q, kc, vc, scale = attention_data("flash prefill " + label, hd, n_tok, pos0, nh, nkv)
         out = Buf.out(np.float32, q.size)
-        E.launch("attention_flash_f16kv", (cdiv(n_tok, 16), nh), (128,), Buf.of(q), Buf.of(kc),
-                 Buf.of(vc), out, i32(n_tok), i32(nh), i32(nkv), i32(hd), i32(pos0), f32(scale))
+        E.launch("attention_flash_f16kv", (cdiv(n_tok, 16), nh), (128,), Buf.of(q),
+                 Buf.of(kc, off), Buf.of(vc, off), out, i32(n_tok), i32(nh), i32(nkv), i32(hd),
+                 i32(pos0), f32(scale))
         close_attention(g, label, out.get(np.float32).reshape(n_tok, nh, hd), q, kc, vc, n_tok,
                         nh, nkv, hd, pos0, scale)
     # Large scores (q x 40): tiles' maxima far apart, so a missing rescale would show.

@@ -278,9 +278,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 // position 0, so M is finite unless a chunk stored NaN, which then reaches the output).
 // Work layout: the block's threads take the chunks c = tid, tid + 128, ... for M and the
 // denominator (block reductions in shared memory); then warp w sums the chunks c = w, w + 4, ...
-// of acc, lane l dims l + 32e (every chunk's row read by coalesced loads, two chunks'
-// chunks' loads in flight), and the 4 warps' sums are added in warp order. So the chunks are read in
-// parallel rather than one after another (66 chunks at position 4095 on an H100 / H200).
+// of acc, lane l dims l + 32e (every chunk's row read by coalesced loads, two chunks' loads in
+// flight), and the 4 warps' sums are added in warp order. So the chunks are read in parallel
+// rather than one after another (66 chunks at position 4095 on an H100 / H200).
 // launch: grid (n_head, n_tok, 1), block (128, 1, 1) (else, or head_dim over 256 or not a
 // multiple of 32, NaN rows).
 // part: as attention_split_f16kv wrote it; out: [n_tok, n_head * head_dim] f32; out_q, out_aq,

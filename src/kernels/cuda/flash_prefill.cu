@@ -35,6 +35,7 @@
 #define FLP_BK 32                  // positions per K/V tile: one per lane
 #define FLP_MAX_D 256              // head_dim at most
 #define FLP_MAX_E (FLP_MAX_D / 32)  // dims per lane at most
+#define FLP_WORDS (FLP_BK * FLP_MAX_D / 8 / 128) // 16-byte words of K (and V) a thread a tile
 
 #define FLP_NEG_INF (__int_as_float(0xff800000))
 #define FLP_NAN (__int_as_float(0x7fc00000))
@@ -52,8 +53,9 @@ extern "C" __global__ void __launch_bounds__(128)
     attention_flash_f16kv(const float* __restrict__ q, const __half* __restrict__ k_cache,
                           const __half* __restrict__ v_cache, float* __restrict__ out, int n_tok,
                           int n_head, int n_head_kv, int head_dim, int pos0, float scale) {
-    __shared__ __half s_k[FLP_BK][FLP_MAX_D + 2]; // + one word: row j starts at bank j + ...
-    __shared__ __half s_v[FLP_BK][FLP_MAX_D];
+    // + one word a row: row j starts at bank j + ...
+    __shared__ __align__(16) __half s_k[FLP_BK][FLP_MAX_D + 2];
+    __shared__ __align__(16) __half s_v[FLP_BK][FLP_MAX_D];
     __shared__ __half s_q[FLP_BQ][FLP_MAX_D];
 
     const int h = blockIdx.y, t0 = blockIdx.x * FLP_BQ;
@@ -90,13 +92,47 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 
     const int n_kv = pos0 + t_end; // positions the tile's last query sees
+    // 16-byte loads where the caches allow them (cudaMalloc'd ones always do): rows are then
+    // 16-byte aligned, head_dim being a multiple of 32.
+    const bool vec = (((u64)k_cache | (u64)v_cache) & 15) == 0;
+    const int cpr = head_dim >> 3; // 16-byte words a row
     for (int j0 = 0; j0 < n_kv; j0 += FLP_BK) {
-        __syncthreads(); // the previous tile's readers are done (and the queries stored)
-        for (int i = threadIdx.x; i < FLP_BK * head_dim; i += blockDim.x) {
-            const int r = i / head_dim, d = i % head_dim, j = j0 + r;
-            const bool in = j < n_kv;
-            s_k[r][d] = in ? kb[(i64)j * kv_stride + d] : __float2half_rn(0.0f);
-            s_v[r][d] = in ? vb[(i64)j * kv_stride + d] : __float2half_rn(0.0f);
+        if (vec) {
+            // Every load of the thread out before the barrier and the stores (the element loop
+            // below waits for memory once an element).
+            uint4 kw[FLP_WORDS], vw[FLP_WORDS];
+#pragma unroll
+            for (int u = 0; u < FLP_WORDS; ++u) {
+                const int i = (int)threadIdx.x + 128 * u, r = i / cpr, j = j0 + r;
+                kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
+                if (i < FLP_BK * cpr && j < n_kv) {
+                    const i64 at = (i64)j * kv_stride + 8 * (i - r * cpr);
+                    kw[u] = __ldg((const uint4*)(kb + at));
+                    vw[u] = __ldg((const uint4*)(vb + at));
+                }
+            }
+            __syncthreads(); // the previous tile's readers are done (and the queries stored)
+#pragma unroll
+            for (int u = 0; u < FLP_WORDS; ++u) {
+                const int i = (int)threadIdx.x + 128 * u, r = i / cpr, d = 8 * (i - r * cpr);
+                if (i < FLP_BK * cpr) {
+                    // s_k's rows are 4-byte aligned (padded by one word), s_v's 16-byte.
+                    u32* k4 = (u32*)(s_k[r] + d);
+                    k4[0] = kw[u].x;
+                    k4[1] = kw[u].y;
+                    k4[2] = kw[u].z;
+                    k4[3] = kw[u].w;
+                    *(uint4*)(s_v[r] + d) = vw[u];
+                }
+            }
+        } else {
+            __syncthreads(); // the previous tile's readers are done (and the queries stored)
+            for (int i = threadIdx.x; i < FLP_BK * head_dim; i += blockDim.x) {
+                const int r = i / head_dim, d = i % head_dim, j = j0 + r;
+                const bool in = j < n_kv;
+                s_k[r][d] = in ? kb[(i64)j * kv_stride + d] : __float2half_rn(0.0f);
+                s_v[r][d] = in ? vb[(i64)j * kv_stride + d] : __float2half_rn(0.0f);
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -168,8 +204,9 @@ extern "C" __global__ void __launch_bounds__(128)
 // and of V at head_dim 128) before the barrier that ends the previous tile, then stores them: one
 // memory round trip a tile, overlapping the other warps' last steps (a loop of load-then-store
 // compiled to one round trip a word: 8 a tile). ptxas: 211 registers on sm_90 (2 blocks a
-// multiprocessor, the 256 blocks of a 512-token prefill of 32 heads in one wave), no spills. The sums' order differs from the other kernels' (the tensor
-// cores' own order within each 16-step), so results agree to rounding, not bit for bit.
+// multiprocessor, the 256 blocks of a 512-token prefill of 32 heads in one wave), no spills.
+// The sums' order differs from the other kernels' (the tensor cores' own order within each
+// 16-step), so results agree to rounding, not bit for bit.
 //
 // Requirements: head_dim a multiple of 16, at most 128; n_head a multiple of n_head_kv;
 // blockDim (128, 1, 1); pos0 >= 0; k_cache and v_cache 16-byte aligned. Otherwise the block
