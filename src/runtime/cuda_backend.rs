@@ -1670,8 +1670,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rows `rows` of `y = W x` by cuBLAS over the columns `ks` of W and x (`accumulate`: added
-    /// to y, else written), with `w` pointing at that block of W (dense: [rows, ks.len()]
+    /// Rows `rows` of `y = W x` by cuBLAS over the columns `ks` of W and x (a slice of k past the
+    /// first, ks.start > 0, is added to y; the first is written), with `w` pointing at that block
+    /// of W (dense: [rows, ks.len()]
     /// row-major) and `x` at the whole input ([n_tok, k] row-major), both of type `ty`; `y` is the
     /// whole output ([n_tok, n] row-major). In column-major terms the [rows, n_tok] block of Y^T
     /// starting at row rows.start (leading dimension n) is W_block X_ks^T.
@@ -1686,10 +1687,9 @@ impl CudaBackend {
         n: usize,
         (rows, ks): (std::ops::Range<usize>, std::ops::Range<usize>),
         n_tok: usize,
-        accumulate: bool,
     ) -> Result<()> {
         self.launcher.flush()?;
-        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let (alpha, beta) = (1f32, if ks.start > 0 { 1f32 } else { 0f32 });
         let elem = if ty == CUDA_R_32F { 4 } else { 2 };
         // SAFETY: w holds rows.len()*ks.len() and x n_tok*k elements of `ty` (read from column
         // ks.start of each row), y n_tok*n f32 (C starts at row rows.start of each column of
@@ -2048,8 +2048,7 @@ impl CudaBackend {
                     self.dequant_f16(deq, src, w16, elems, [k, kc])?
                 }
             }
-            let sum = ks.start > 0;
-            self.gemm(w16, x16, CUDA_R_16F, yp, k, w.n, (rows, ks), n_tok, sum)?;
+            self.gemm(w16, x16, CUDA_R_16F, yp, k, w.n, (rows, ks), n_tok)?;
         }
         Ok(())
     }
@@ -2504,19 +2503,11 @@ impl Backend for CudaBackend {
             let wp = self.wptr(w)?;
             match (path, w.ty) {
                 (Prefill::Float, GgmlType::F32) => {
-                    self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, (0..w.n, 0..k), n_tok, false)?
+                    self.gemm(wp, xp, CUDA_R_32F, yp, k, w.n, (0..w.n, 0..k), n_tok)?
                 }
-                (Prefill::Float, GgmlType::F16) => self.gemm(
-                    wp,
-                    x16,
-                    CUDA_R_16F,
-                    yp,
-                    k,
-                    w.n,
-                    (0..w.n, 0..k),
-                    n_tok,
-                    false,
-                )?,
+                (Prefill::Float, GgmlType::F16) => {
+                    self.gemm(wp, x16, CUDA_R_16F, yp, k, w.n, (0..w.n, 0..k), n_tok)?
+                }
                 (Prefill::Float, _) => self.dequant_gemm(&mut s.w16, w, wp, x16, yp, k, n_tok)?,
                 (Prefill::Dequant, _) => {
                     self.dequant_gemm(&mut s.w16, w, wp, xq16, yp, k, n_tok)?

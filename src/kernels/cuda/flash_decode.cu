@@ -79,34 +79,45 @@ __device__ __forceinline__ void fd_for_rows(const __half* base, int first, int s
 // shared memory, warp 0 first. Each lane loads FD_UNROLL rows of K (of V) before it uses them:
 // with 4 heads a block, a 64-position chunk of head_dim 128 goes in one round of loads.
 
-// What a thread block of attention_split_f16kv works from (the kernel checked it).
-struct fd_block {
-    const float* q;
-    const __half* k_cache;
-    const __half* v_cache;
-    float* part;
-    float* ml;     // the (m, l) pairs in part
-    i64 row_part;  // (t, h, c) -> row_part + h * n_split + c
-    int n_head, n_head_kv, head_dim, pos0, gq, chunk, n_split;
-    float scale;
-    int t, c_idx, h0, group, lpr;
-};
-
-// The block's work for gq <= G query heads (G sizes the per-head registers), each lane loading
-// U rows of K (then of V) before it computes.
+// The kernel's work for gq <= G query heads (G sizes the per-head registers), each lane loading
+// U rows of K (then of V) before it computes; s_p and s_red are the kernel's shared memory
+// (declared there, so that the four instantiations share it).
 template <int G, int U>
-__device__ __forceinline__ void fd_split_block(const fd_block& a, float (*s_p)[FD_MAX_CHUNK],
+__device__ __forceinline__ void fd_split_block(const float* __restrict__ q,
+                                               const __half* __restrict__ k_cache,
+                                               const __half* __restrict__ v_cache,
+                                               float* __restrict__ part, int n_tok, int n_head,
+                                               int n_head_kv, int head_dim, int pos0, float scale,
+                                               int gq, int chunk, int n_split,
+                                               float (*s_p)[FD_MAX_CHUNK],
                                                float (*s_red)[FD_MAX_GE]) {
-    const float* q = a.q;
-    float* part = a.part;
-    float* ml = a.ml;
-    const i64 row_part = a.row_part;
-    const int n_head = a.n_head, n_head_kv = a.n_head_kv, head_dim = a.head_dim, pos0 = a.pos0;
-    const int gq = a.gq, chunk = a.chunk, n_split = a.n_split, t = a.t, c_idx = a.c_idx;
-    const int h0 = a.h0, group = a.group, lpr = a.lpr;
-    const float scale = a.scale;
-    const __half* k_cache = a.k_cache;
-    const __half* v_cache = a.v_cache;
+    const int t = blockIdx.z, c_idx = blockIdx.y;
+    if (t >= n_tok || c_idx >= n_split || gq <= 0 || head_dim <= 0) return;
+    const int h0 = blockIdx.x * gq;
+    if (h0 >= n_head) return;
+    const i64 row_part = (i64)t * n_head * n_split; // (t, h, c) -> (row_part + h * n_split + c)
+    float* ml = part + (i64)n_tok * n_head * n_split * head_dim;
+    const int lpr = head_dim >> 3;
+    const int group = n_head_kv > 0 ? n_head / n_head_kv : 0;
+    const bool ok = (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+                    n_head_kv > 0 && n_head % n_head_kv == 0 && gq <= FD_MAX_G &&
+                    gq * head_dim <= FD_MAX_GE && group % gq == 0 && h0 + gq <= n_head &&
+                    chunk >= 1 && chunk <= FD_MAX_CHUNK && blockDim.x == 32 * FD_WARPS &&
+                    blockDim.y == 1 && pos0 >= 0 && (((u64)k_cache | (u64)v_cache) & 15) == 0;
+    if (!ok) {
+        const int gn = min(gq, n_head - h0);
+        for (int i = threadIdx.x; i < gn * head_dim; i += blockDim.x) {
+            const int g = i / head_dim, d = i - g * head_dim;
+            part[(row_part + (i64)(h0 + g) * n_split + c_idx) * head_dim + d] = FD_NAN;
+        }
+        if ((int)threadIdx.x < gn) {
+            const i64 r = row_part + (i64)(h0 + (int)threadIdx.x) * n_split + c_idx;
+            ml[2 * r] = FD_NAN;
+            ml[2 * r + 1] = 1.0f;
+        }
+        return;
+    }
+
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rpw = 32 / lpr;        // rows per warp step
     const int r = lane / lpr, c = lane % lpr;
@@ -232,44 +243,20 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     __shared__ float s_p[FD_MAX_G][FD_MAX_CHUNK]; // scores, then exp(s - m)
     __shared__ __align__(16) float s_red[FD_WARPS][FD_MAX_GE];
 
-    const int t = blockIdx.z, c_idx = blockIdx.y;
-    if (t >= n_tok || c_idx >= n_split || gq <= 0 || head_dim <= 0) return;
-    const int h0 = blockIdx.x * gq;
-    if (h0 >= n_head) return;
-    const i64 row_part = (i64)t * n_head * n_split; // (t, h, c) -> (row_part + h * n_split + c)
-    float* ml = part + (i64)n_tok * n_head * n_split * head_dim;
-    const int lpr = head_dim >> 3;
-    const int group = n_head_kv > 0 ? n_head / n_head_kv : 0;
-    const bool ok = (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256) &&
-                    n_head_kv > 0 && n_head % n_head_kv == 0 && gq <= FD_MAX_G &&
-                    gq * head_dim <= FD_MAX_GE && group % gq == 0 && h0 + gq <= n_head &&
-                    chunk >= 1 && chunk <= FD_MAX_CHUNK && blockDim.x == 32 * FD_WARPS &&
-                    blockDim.y == 1 && pos0 >= 0 && (((u64)k_cache | (u64)v_cache) & 15) == 0;
-    if (!ok) {
-        const int gn = min(gq, n_head - h0);
-        for (int i = threadIdx.x; i < gn * head_dim; i += blockDim.x) {
-            const int g = i / head_dim, d = i - g * head_dim;
-            part[(row_part + (i64)(h0 + g) * n_split + c_idx) * head_dim + d] = FD_NAN;
-        }
-        if ((int)threadIdx.x < gn) {
-            const i64 r = row_part + (i64)(h0 + (int)threadIdx.x) * n_split + c_idx;
-            ml[2 * r] = FD_NAN;
-            ml[2 * r + 1] = 1.0f;
-        }
-        return;
-    }
-
-    const fd_block a{q,  k_cache, v_cache, part,    ml,    row_part, n_head, n_head_kv, head_dim,
-                     pos0, gq, chunk, n_split, scale, t, c_idx, h0, group, lpr};
-    // The smallest G (registers a head) that holds gq; U rows in flight where they fit.
+    // The smallest G (registers a head) that holds gq (larger: the checks' NaN); U rows in
+    // flight where they fit.
     if (gq <= 1) {
-        fd_split_block<1, FD_UNROLL>(a, s_p, s_red);
+        fd_split_block<1, FD_UNROLL>(q, k_cache, v_cache, part, n_tok, n_head, n_head_kv,
+                                     head_dim, pos0, scale, gq, chunk, n_split, s_p, s_red);
     } else if (gq <= 2) {
-        fd_split_block<2, FD_UNROLL>(a, s_p, s_red);
+        fd_split_block<2, FD_UNROLL>(q, k_cache, v_cache, part, n_tok, n_head, n_head_kv,
+                                     head_dim, pos0, scale, gq, chunk, n_split, s_p, s_red);
     } else if (gq <= 4) {
-        fd_split_block<4, FD_UNROLL>(a, s_p, s_red);
+        fd_split_block<4, FD_UNROLL>(q, k_cache, v_cache, part, n_tok, n_head, n_head_kv,
+                                     head_dim, pos0, scale, gq, chunk, n_split, s_p, s_red);
     } else {
-        fd_split_block<8, FD_UNROLL / 2>(a, s_p, s_red);
+        fd_split_block<8, FD_UNROLL / 2>(q, k_cache, v_cache, part, n_tok, n_head, n_head_kv,
+                                         head_dim, pos0, scale, gq, chunk, n_split, s_p, s_red);
     }
 }
 
