@@ -113,3 +113,19 @@ fn compile_only_without_nvrtc_says_what_is_missing() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("libnvrtc not found"), "{err}");
 }
+
+/// `--source` names kernel sources; one that is not among them is an error naming it and the
+/// sources there are, before NVRTC is asked for (so it holds with or without libnvrtc).
+#[test]
+fn compile_only_names_an_unknown_source() {
+    let out = oato(
+        &["selftest", "--compile-only", "--source", "ops.cu,nope.cu"],
+        &repo(),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--source nope.cu") && err.contains("ops.cu, flash_decode.cu"),
+        "{err}"
+    );
+}

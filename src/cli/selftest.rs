@@ -21,9 +21,9 @@ use oato::runtime::backend::{
 };
 use oato::runtime::cuda_backend::{
     MMVQ_MAX_TOKENS, MmvqMode, attn_split_force, flash_mma, flash_prefill, missing_kernels,
-    mmvq_max_tokens, mmvq_mode, mmvq_multi, pipe_blocks, set_attn_split, set_flash_mma,
-    set_flash_prefill, set_mmvq_max_tokens, set_mmvq_mode, set_mmvq_multi, set_pipe_blocks,
-    set_weight_split, split_kernels, weight_split,
+    mmvq_max_tokens, mmvq_mode, mmvq_multi, norm_threads, pipe_blocks, set_attn_split,
+    set_flash_mma, set_flash_prefill, set_mmvq_max_tokens, set_mmvq_mode, set_mmvq_multi,
+    set_norm_threads, set_pipe_blocks, set_weight_split, split_kernels, weight_split,
 };
 use oato::runtime::cuda_graphs::{graph_stats, graphs_on, set_graphs};
 use oato::runtime::cuda_mmq::{
@@ -46,6 +46,13 @@ pub struct SelftestArgs {
     /// Architectures for --compile-only, as compute capabilities (sm_XY → XY).
     #[arg(long, value_delimiter = ',', default_values_t = [75u32, 80, 86, 89, 90, 100, 120])]
     pub arch: Vec<u32>,
+    /// Only these kernel sources for --compile-only (file names: ops.cu,mmvq.cu; default all).
+    #[arg(long = "source", value_delimiter = ',')]
+    pub sources: Vec<String>,
+    /// With --compile-only, also write each CUBIN to DIR/<source>-sm<arch>.cubin (for
+    /// scripts/cuda-sass.sh: registers, spills and the machine code without a GPU).
+    #[arg(long = "cubin-dir")]
+    pub cubin_dir: Option<std::path::PathBuf>,
     /// CPU threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
@@ -71,7 +78,7 @@ const WEIGHT_TYPES: [GgmlType; 15] = [
 
 pub fn run(a: SelftestArgs) -> Result<()> {
     if a.compile_only {
-        return compile_only(&a.arch);
+        return compile_only(&a.arch, &a.sources, a.cubin_dir.as_deref());
     }
     super::init_threads(a.threads)?;
     let (backends, dev) = super::open_backends(a.device)?;
@@ -107,8 +114,23 @@ pub fn run(a: SelftestArgs) -> Result<()> {
 }
 
 /// Compiles every kernel source for each architecture through the engine's NVRTC path and
-/// checks that each kernel the backend launches is in the CUBIN.
-fn compile_only(archs: &[u32]) -> Result<()> {
+/// checks that each kernel the backend launches is in the CUBIN; `only`: these sources (by file
+/// name) rather than all; `cubin_dir`: where to write each CUBIN as well.
+fn compile_only(archs: &[u32], only: &[String], cubin_dir: Option<&std::path::Path>) -> Result<()> {
+    if let Some(bad) = only
+        .iter()
+        .find(|n| !kc::SOURCES.iter().any(|s| s.name == n.as_str()))
+    {
+        let names: Vec<&str> = kc::SOURCES.iter().map(|s| s.name).collect();
+        return Err(Error::Msg(format!(
+            "--source {bad}: no such kernel source (the sources: {})",
+            names.join(", ")
+        )));
+    }
+    if let Some(d) = cubin_dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| Error::Msg(format!("--cubin-dir {}: {e}", d.display())))?;
+    }
     let (major, minor) = kc::nvrtc_version()?;
     println!(
         "NVRTC {major}.{minor}; include dirs: {:?}",
@@ -120,6 +142,7 @@ fn compile_only(archs: &[u32]) -> Result<()> {
     let jobs: Vec<(u32, &kc::Source)> = archs
         .iter()
         .flat_map(|&a| kc::SOURCES.iter().map(move |s| (a, s)))
+        .filter(|(_, s)| only.is_empty() || only.iter().any(|n| n == s.name))
         .collect();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -156,6 +179,12 @@ fn compile_only(archs: &[u32]) -> Result<()> {
     for ((arch, src), (_, r, ms)) in jobs.iter().copied().zip(done) {
         match r {
             Ok(bin) => {
+                if let Some(d) = cubin_dir {
+                    let stem = src.name.trim_end_matches(".cu");
+                    let f = d.join(format!("{stem}-sm{arch}.cubin"));
+                    std::fs::write(&f, &bin)
+                        .map_err(|e| Error::Msg(format!("{}: {e}", f.display())))?;
+                }
                 let missing = missing_kernels(src.name, &bin);
                 println!(
                     "sm_{arch:<4} {:<12} {:>8} bytes {:>7.0} ms {}",
@@ -955,6 +984,9 @@ fn perf(be: &dyn Backend) -> Result<()> {
         "rms_norm {e} x {batch}: {t:.1} us, {:.1} GB/s",
         (2 * batch * e * 4) as f64 / t / 1e3
     );
+    if gpu {
+        decode_norm_perf(be, reps)?;
+    }
     // Decode attention (LLaMA3-8B's heads) over 1024 and 4096 cached positions (on a GPU the
     // split kernel; the K / V rows of the new token are stored by the same call).
     let shape = AttnShape {
@@ -1277,6 +1309,39 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     Ok(())
 }
 
+/// Decode's RMSNorms of one 4096 row by the GPU's clock: alone (with the Q8_1 blocks the next
+/// matrix-vector product reads, as decode runs it) and with the residual add before it (decode's
+/// `add` then `rms_norm`, one fused kernel), at 256 threads a block (the block before four
+/// values a thread) and at the default block.
+fn decode_norm_perf(be: &dyn Backend, reps: usize) -> Result<()> {
+    let e = 4096usize;
+    let x = put(be, &pattern(e, 0.0))?;
+    let r = put(be, &pattern(e, 0.5))?;
+    let g = put(be, &pattern(e, 1.0))?;
+    let mut z = put(be, &pattern(e, 0.25))?;
+    let mut y = be.alloc(DType::F32, e, Category::Workspace)?;
+    let chosen = norm_threads();
+    for threads in [256, 0] {
+        set_norm_threads(threads);
+        let alone = median_us(be, reps, || be.rms_norm(&x, 0, 1, e, &g, 1e-5, &mut y))?;
+        let fused = median_us(be, reps, || {
+            be.add(&mut z, &r, e)?;
+            be.rms_norm(&z, 0, 1, e, &g, 1e-5, &mut y)
+        })?;
+        println!(
+            "rms_norm {e} x 1 (decode, Q8_1 blocks), {}: {alone:.1} us; with the residual add \
+             before it: {fused:.1} us",
+            if threads == 0 {
+                "default block".to_string()
+            } else {
+                format!("{threads} threads")
+            }
+        );
+    }
+    set_norm_threads(chosen);
+    Ok(())
+}
+
 /// Wall time of 128 decode-sized kernels (64 x RMSNorm of one 4096 row + add), launched one by
 /// one and replayed as a CUDA graph (src/runtime/cuda_graphs.rs): what graphs save per launch.
 fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
@@ -1297,9 +1362,11 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
         set_graphs(on);
         let before = graph_stats();
         let t = wall_median_us(be, reps, &mut run)?;
+        let host = host_median_us(be, reps, &mut run)?;
         let after = graph_stats();
         println!(
-            "128 decode-sized kernels (RMSNorm + add of {e}), {}: {t:.1} us{}",
+            "128 decode-sized kernels (RMSNorm + add of {e}), {}: {t:.1} us, the host's calls \
+             {host:.1} us of it{}",
             if on { "CUDA graph" } else { "one launch each" },
             if on {
                 format!(
@@ -1314,6 +1381,23 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
     }
     set_graphs(chosen);
     Ok(())
+}
+
+/// Median host time in microseconds of `reps` calls of `f` (at least one), `be` synchronised
+/// before each and after it outside the time: what the host spends issuing work (or recording
+/// it for a CUDA graph), beside [`wall_median_us`]'s time until the work is done. When the two
+/// are close the host, not the GPU, sets the pace.
+fn host_median_us(be: &dyn Backend, reps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        be.synchronize()?;
+        let t0 = Instant::now();
+        f()?;
+        v.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    be.synchronize()?;
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
 }
 
 /// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a

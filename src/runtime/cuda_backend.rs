@@ -948,6 +948,52 @@ fn stride_grid(n: usize, per_thread: usize) -> (u32, u32, u32) {
 
 const B256: (u32, u32, u32) = (256, 1, 1);
 
+/// The thread block of an RMSNorm row of `n` values (ops.cu's rms_norm kernels, one row a
+/// block): four values a thread, in whole warps, at most 1024 threads (up to 8192 values the
+/// kernels hold a row in registers, eight a thread). A decode row is one block on one
+/// multiprocessor, so fewer values a thread is a shorter chain of dependent steps: the Q8_1
+/// blocks' reductions are taken 4 times a thread for a row of 4096, not 16 as at 256 threads.
+/// The bits follow the block size (each thread's sum of squares); the plain and the fused
+/// kernels get the same block for a row of `n`, so they agree bit for bit.
+/// `OATO_CUDA_NORM_THREADS` (or `set_norm_threads`) fixes the block instead (what 256 threads
+/// did before, for `selftest --perf`'s comparison).
+fn norm_block(n: usize) -> (u32, u32, u32) {
+    let threads = match NORM_THREADS.load(Ordering::Relaxed) {
+        0 => n.div_ceil(4).next_multiple_of(32).clamp(32, 1024),
+        t => t,
+    };
+    (threads as u32, 1, 1)
+}
+
+/// The RMSNorm kernels' threads a block: 0 for `norm_block`'s choice by the row's width.
+static NORM_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Fixes the RMSNorm kernels' block at `threads` (a multiple of 32 up to 1024; 0: by the row's
+/// width, the default) for every CUDA backend of the process; the values change only by the
+/// order of each row's f32 sum of squares.
+pub fn set_norm_threads(threads: usize) {
+    NORM_THREADS.store(threads, Ordering::Relaxed);
+}
+
+/// The RMSNorm kernels' fixed block size, 0 when chosen by the row's width.
+pub fn norm_threads() -> usize {
+    NORM_THREADS.load(Ordering::Relaxed)
+}
+
+/// `OATO_CUDA_NORM_THREADS`'s value: 0, or a multiple of 32 from 32 to 1024.
+pub fn parse_norm_threads(v: &str) -> Result<usize> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&t| t <= 1024 && t.is_multiple_of(32))
+        .ok_or_else(|| {
+            Error::Msg(format!(
+                "OATO_CUDA_NORM_THREADS={v:?}: expected the RMSNorm kernels' threads a block, a \
+                 multiple of 32 up to 1024 (0: four values a thread, the default)"
+            ))
+        })
+}
+
 /// How one weight is multiplied by a prefill batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Prefill {
@@ -1196,6 +1242,9 @@ impl CudaBackend {
         }
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_MAX_TOKENS") {
             set_mmvq_max_tokens(parse_mmvq_max_tokens(&v)?);
+        }
+        if let Ok(v) = std::env::var("OATO_CUDA_NORM_THREADS") {
+            set_norm_threads(parse_norm_threads(&v)?);
         }
         mmq_mode_from_env()?;
         let name = ctx.name().map_err(drv("device name"))?;
@@ -2583,17 +2632,17 @@ impl Backend for CudaBackend {
             let q = self.grow(&mut s.q8, n_rows * n / 32 * 36)?;
             let (aq, ads) = self.split_sink(&mut s, yp, n_rows * n)?;
             if let Some(rp) = add_from {
-                launch!(self, "add_rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
+                launch!(self, "add_rms_norm_q8_1", (n_rows as u32, 1, 1), norm_block(n);
                     a: u64 = xp, r: u64 = rp, b: u64 = wp, c: u64 = yp, qq: u64 = q,
                     sq: u64 = aq, sd: u64 = ads, nn: i32 = n as i32, e: f32 = eps);
             } else {
-                launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), B256;
+                launch!(self, "rms_norm_q8_1", (n_rows as u32, 1, 1), norm_block(n);
                     a: u64 = xp, b: u64 = wp, c: u64 = yp, qq: u64 = q, sq: u64 = aq,
                     sd: u64 = ads, nn: i32 = n as i32, e: f32 = eps, xs: i32 = x_stride as i32);
             }
             s.q8_holds = Some((yp, n_rows * n));
         } else {
-            launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), B256;
+            launch!(self, "rms_norm_f32", (n_rows as u32, 1, 1), norm_block(n);
                 a: u64 = xp, b: u64 = wp, c: u64 = yp, nn: i32 = n as i32, e: f32 = eps,
                 xs: i32 = x_stride as i32);
         }
@@ -3241,6 +3290,36 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// `OATO_CUDA_NORM_THREADS` takes 0 or a multiple of 32 up to 1024, else an error naming the
+    /// variable; by default a row gets four values a thread in whole warps, at most 1024 threads.
+    #[test]
+    fn norm_threads_parse_and_the_default_block() {
+        for t in [0, 32, 256, 1024] {
+            assert_eq!(parse_norm_threads(&t.to_string()).unwrap(), t);
+        }
+        for bad in ["", "48", "1056", "-32", "many"] {
+            let e = parse_norm_threads(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("OATO_CUDA_NORM_THREADS") && e.contains("1024"),
+                "{e}"
+            );
+        }
+        // SmolLM2's 576, Llama-3.2-1B's 2048, LLaMA3-8B's 4096, QwQ's 5120, MiniCPM3's latent
+        // 256 and 768; a row of 8192 still fits the kernels' registers (8 a thread).
+        for (n, t) in [
+            (576, 160),
+            (2048, 512),
+            (4096, 1024),
+            (5120, 1024),
+            (8192, 1024),
+        ] {
+            assert_eq!(norm_block(n), (t, 1, 1), "n = {n}");
+        }
+        assert_eq!(norm_block(256).0, 64);
+        assert_eq!(norm_block(768).0, 192);
+        assert_eq!(norm_block(1).0, 32);
     }
 
     const LLAMA8B: AttnShape = AttnShape {

@@ -777,13 +777,20 @@ def check_mmv(g, wname):
 def check_rms_norm(g):
     # f32 sums of squares and IEEE sqrt / division: relative error ~1e-7; tol 1e-5 of max |y|.
     # Rows inside wider ones (x_stride > n): latent attention's compressed kv, normed where its
-    # projection wrote it. Rows of up to 32 x block values go through registers, longer ones
-    # (4096 at 64 threads, 8200 at 256) through the loops.
+    # projection wrote it. Rows of up to 8 x block values go through registers (the host's
+    # blocks, cuda_backend.rs norm_block: 4096 at 1024 threads, 5120 and 8192 at 1024, 576 at
+    # 160), longer ones (4096 at 64 or 128 threads, 8192 at 256, 8200 at 1024) through the loops.
     for n, n_rows, block, inplace, stride in ((300, 3, 256, True, 300), (300, 3, 64, False, 300),
                                               (4096, 2, 128, False, 4096),
                                               (256, 3, 256, False, 288),
                                               (4096, 2, 64, True, 4096),
                                               (8192, 1, 256, False, 8192),
+                                              (4096, 2, 1024, False, 4096),
+                                              (4096, 1, 1024, True, 4096),
+                                              (576, 2, 160, False, 576),
+                                              (5120, 1, 1024, False, 5120),
+                                              (8192, 1, 1024, False, 8192),
+                                              (8200, 1, 1024, False, 8200),
                                               (8200, 1, 256, False, 8200)):
         rng = rng_for(f"rms {n} {block}" + (f" stride {stride}" if stride != n else ""))
         xs = (rng.standard_normal((n_rows, stride)) * 3).astype(np.float32)
@@ -820,7 +827,8 @@ def check_fused_q8_1(g, kernel):
     # quantize_q8_1_split writes them (also with the blocks' pointer null, in the last case).
     if kernel == "rms_norm_q8_1":
         cases = ((4096, 2, 256, False), (4096, 1, 128, True), (96, 3, 64, False),
-                 (4096, 2, 64, True))
+                 (4096, 2, 1024, False), (4096, 1, 1024, True), (576, 3, 160, False),
+                 (8192, 1, 1024, False), (4096, 2, 64, True))
     else:
         cases = ((14336, 1, 256, False), (96, 5, 256, False), (3 * 32, 1, 256, False))
     for n, n_rows, block, inplace in cases:
@@ -858,7 +866,9 @@ def check_add_rms_norm_q8_1(g):
     # The residual add and the RMSNorm after it in one launch: x, y and the Q8_1 blocks exactly
     # as add_f32 and then rms_norm_q8_1 write them; y apart from x, on x, or on the added rows.
     for n, n_rows, block, y_is in ((4096, 1, 256, "apart"), (4096, 3, 128, "x"),
-                                   (96, 2, 64, "r"), (4096, 2, 64, "r"), (4096, 1, 64, "x")):
+                                   (96, 2, 64, "r"), (4096, 2, 64, "r"), (4096, 1, 64, "x"),
+                                   (4096, 1, 1024, "apart"), (4096, 2, 1024, "x"),
+                                   (576, 2, 160, "r"), (8192, 1, 1024, "r")):
         rng = rng_for(f"add_rms_norm_q8_1 {n} {n_rows} {y_is}")
         x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
         r = rng.standard_normal((n_rows, n)).astype(np.float32)

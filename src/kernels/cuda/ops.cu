@@ -15,15 +15,21 @@
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
-// Rows of up to ROW_REGS * blockDim.x values (8192 at 256 threads) are held in registers, each
+// Rows of up to ROW_REGS * blockDim.x values (8192 at 1024 threads) are held in registers, each
 // thread's elements threadIdx.x + k * blockDim.x in v[k]: every load of the row (and of w, and of
 // the added residual) is issued before the first result is needed, one memory round trip, where
 // the loops below can wait for one each time round (the stores of y, which may be x, keep the
 // compiler from moving later loads ahead; read from the code, not profiled). The per-thread sums
 // run over the same elements in the same order either way, so both paths give the same bits
-// (checked in the emulator, rows of 576 to 8192). The registers (121 to 242 a thread on sm_90) limit these kernels to 256 threads a
-// block (__launch_bounds__).
-#define ROW_REGS 32
+// (checked in the emulator). A decode row is one thread block on one multiprocessor, so its
+// time is the longest thread's chain of dependent steps: the host (norm_block in
+// cuda_backend.rs) gives a row four values a thread up to 1024 threads, so a 4096-value row's
+// Q8_1 blocks take each thread 4 rounds of the block's reductions (q8_lane's max, the division,
+// store_q8's sum), where 256 threads took 16 (the H200 timed 64 pairs of an RMSNorm with its
+// Q8_1 blocks and an add, rows of 4096, at 850 us in a CUDA graph: 13 us a pair; four values a
+// thread are not yet timed on a GPU). __launch_bounds__(1024, 1): at most 64 registers (48-64 on
+// sm_75..sm_120, no spills; without the 1, ptxas gave rms_norm_f32 32 on sm_80 and spilled).
+#define ROW_REGS 8
 
 // One row of RMSNorm from registers: x the input row; with r, x + r (stored back to x), the
 // residual add first; y = x / sqrt(mean(x^2) + eps) * w; with q also y's Q8_1 blocks, as
@@ -66,9 +72,9 @@ static __device__ __forceinline__ void norm_row_regs(float* x, const float* r,
 }
 
 // y = x / sqrt(mean(x^2) + eps) * w, row by row; y may be x. Sums in f32 (the CPU sums in f64).
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (any multiple of 32 up to 256).
+// launch: grid (n_rows, 1, 1), block (B, 1, 1), B any multiple of 32 up to 1024.
 // x: n_rows rows of n, x_stride (>= n) floats apart; y: [n_rows, n]; w: [n].
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(1024, 1)
     rms_norm_f32(const float* x, const float* __restrict__ w, float* y, int n, float eps,
                  int x_stride) {
     const float* xr = x + (i64)blockIdx.x * x_stride;
@@ -95,10 +101,10 @@ static __device__ __forceinline__ void norm_q8_1_row(const float* xr, float scal
 // read the blocks): y as rms_norm_f32 writes it, q as quantize_q8_1 of y writes it, and aq, ads
 // as quantize_q8_1_split of y writes them, bit for bit (each of q and aq may be null; ads goes
 // with aq).
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
+// launch: grid (n_rows, 1, 1), block (B, 1, 1), B a multiple of 32 up to 1024; n a multiple
 // of 32. x: as rms_norm_f32's; y: [n_rows, n] (may be x); w: [n]; q: [n_rows * n / 32]
 // block_q8_1, 4-byte aligned; aq: [n_rows * n] i8; ads: [n_rows * n / 32] float2.
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(1024, 1)
     rms_norm_q8_1(const float* x, const float* __restrict__ w, float* y,
                   block_q8_1* __restrict__ q, i8* __restrict__ aq, float2* __restrict__ ads,
                   int n, float eps, int x_stride) {
@@ -115,10 +121,10 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // The residual add and the RMSNorm after it in one launch (decode: the attention's or the FFN's
 // output added to the residual stream, then the next norm): x += r, then rms_norm_q8_1 of the
 // new x. x, y and q are what add_f32 and then rms_norm_q8_1 write, bit for bit.
-// launch: grid (n_rows, 1, 1), block (256, 1, 1) (a multiple of 32 up to 256); n a multiple
+// launch: grid (n_rows, 1, 1), block (B, 1, 1), B a multiple of 32 up to 1024; n a multiple
 // of 32. x: [n_rows, n], the residual stream, updated in place; r: [n_rows, n]; w: [n];
 // y: [n_rows, n] (may be x or r); q, aq, ads: as rms_norm_q8_1's.
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(1024, 1)
     add_rms_norm_q8_1(float* x, const float* r, const float* __restrict__ w, float* y,
                       block_q8_1* __restrict__ q, i8* __restrict__ aq, float2* __restrict__ ads,
                       int n, float eps) {
@@ -356,25 +362,33 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int e = 0; e < ATT_MAX_E; ++e) acc[e] = 0.0f;
 
     for (int j0 = warp * ATT_TILE; j0 < n_kv; j0 += n_warps * ATT_TILE) {
-        // The tile's V rows are loaded with its K rows, before the scores' shuffles, so the
-        // tile waits for the memory once (at short contexts, 32 blocks of a decode step, that
-        // wait is the kernel's time; read from the code, not timed). Then the scores of positions
-        // j0..j0 + 8 (those past n_kv: -inf). Branches are warp-uniform.
-        __half vt[ATT_TILE][ATT_MAX_E];
+        // Every K and V word of the tile's 8 positions is loaded before the first is used, so
+        // the tile waits for the memory once: positions past n_kv load the last row again (no
+        // branch around a position's loads; their scores are -inf below). The SASS of the
+        // version that guarded each position's loads and products with `if (j0 + p < n_kv)`
+        // (sm_90) waited for each position's loads before the next position's went out: 8
+        // memory round trips a tile, at short contexts (32 blocks of a decode step) the kernel's
+        // time. Then the scores of positions j0..j0 + 8, in the same order of f32 steps as
+        // before. Branches are warp-uniform.
+        __half kt[ATT_TILE][ATT_MAX_E], vt[ATT_TILE][ATT_MAX_E];
+#pragma unroll
+        for (int p = 0; p < ATT_TILE; ++p) {
+            const i64 row = (i64)min(j0 + p, n_kv - 1) * kv_stride;
+#pragma unroll
+            for (int e = 0; e < ATT_MAX_E; ++e) {
+                if (e < E) {
+                    kt[p][e] = kb[row + 32 * e];
+                    vt[p][e] = vb[row + 32 * e];
+                }
+            }
+        }
         float s[ATT_TILE];
 #pragma unroll
         for (int p = 0; p < ATT_TILE; ++p) {
             float part = 0.0f;
-            if (j0 + p < n_kv) {
-                const __half* kr = kb + (i64)(j0 + p) * kv_stride;
-                const __half* vr = vb + (i64)(j0 + p) * kv_stride;
 #pragma unroll
-                for (int e = 0; e < ATT_MAX_E; ++e) {
-                    if (e < E) {
-                        part = fmaf(__half2float(kr[32 * e]), qv[e], part);
-                        vt[p][e] = vr[32 * e];
-                    }
-                }
+            for (int e = 0; e < ATT_MAX_E; ++e) {
+                if (e < E) part = fmaf(__half2float(kt[p][e]), qv[e], part);
             }
             s[p] = part;
         }
