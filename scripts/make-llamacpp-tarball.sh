@@ -31,7 +31,10 @@ check=${CHECK:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # --no-build-isolation: fetch the sdist without building its build requirements (cmake) from source
-python3 -m pip install -q scikit-build-core >&2
+# pip prepares an sdist's metadata even to download it, and llama-cpp-python's build backend
+# (scikit-build-core) asks for CMake >= 3.21 to do so: the cmake wheel provides one where the
+# machine has none (a fresh VM on 2026-12-01 failed here with CMakeNotFoundError).
+python3 -m pip install -q scikit-build-core cmake >&2
 python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" "llama-cpp-python==$ver" >&2
 sdist=$tmp/llama_cpp_python-$ver.tar.gz
 [ -f "$sdist" ] || { echo "error: pip did not leave $sdist" >&2; exit 1; }
