@@ -30,10 +30,10 @@ check=${CHECK:-1}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# --no-build-isolation: fetch the sdist without building its build requirements (cmake) from source
-# pip prepares an sdist's metadata even to download it, and llama-cpp-python's build backend
-# (scikit-build-core) asks for CMake >= 3.21 to do so: the cmake wheel provides one where the
-# machine has none (a fresh VM on 2026-12-01 failed here with CMakeNotFoundError).
+# pip prepares an sdist's metadata even to download it, which runs its build backend
+# (scikit-build-core) and CMake >= 3.21: both installed as wheels here (without cmake a fresh VM
+# failed with CMakeNotFoundError on 2026-12-01), and --no-build-isolation uses them rather than
+# building the build requirements from source.
 python3 -m pip install -q scikit-build-core cmake >&2
 python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" "llama-cpp-python==$ver" >&2
 sdist=$tmp/llama_cpp_python-$ver.tar.gz

@@ -12,7 +12,7 @@ use oato::error::{Error, Result};
 use oato::kernels::cpu::attention::AttnShape;
 use oato::kernels::cuda as kc;
 use oato::model::RopeParams;
-use oato::profiler::{median_us, wall_median_us};
+use oato::profiler::{host_wall_median_us, median_us, wall_median_us};
 use oato::quant::testdata::{Rng, pattern, random_k_row};
 use oato::quant::{GgmlType, dequantize_row, quantize_row};
 use oato::runtime::backend::DeviceKind;
@@ -47,11 +47,11 @@ pub struct SelftestArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [75u32, 80, 86, 89, 90, 100, 120])]
     pub arch: Vec<u32>,
     /// Only these kernel sources for --compile-only (file names: ops.cu,mmvq.cu; default all).
-    #[arg(long = "source", value_delimiter = ',')]
+    #[arg(long = "source", value_delimiter = ',', requires = "compile_only")]
     pub sources: Vec<String>,
     /// With --compile-only, also write each CUBIN to DIR/<source>-sm<arch>.cubin (for
     /// scripts/cuda-sass.sh: registers, spills and the machine code without a GPU).
-    #[arg(long = "cubin-dir")]
+    #[arg(long = "cubin-dir", requires = "compile_only")]
     pub cubin_dir: Option<std::path::PathBuf>,
     /// CPU threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
@@ -1361,8 +1361,7 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
     for on in [false, true] {
         set_graphs(on);
         let before = graph_stats();
-        let t = wall_median_us(be, reps, &mut run)?;
-        let host = host_median_us(be, reps, &mut run)?;
+        let (host, t) = host_wall_median_us(be, reps, &mut run)?;
         let after = graph_stats();
         println!(
             "128 decode-sized kernels (RMSNorm + add of {e}), {}: {t:.1} us, the host's calls \
@@ -1381,23 +1380,6 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
     }
     set_graphs(chosen);
     Ok(())
-}
-
-/// Median host time in microseconds of `reps` calls of `f` (at least one), `be` synchronised
-/// before each and after it outside the time: what the host spends issuing work (or recording
-/// it for a CUDA graph), beside [`wall_median_us`]'s time until the work is done. When the two
-/// are close the host, not the GPU, sets the pace.
-fn host_median_us(be: &dyn Backend, reps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-    let mut v = Vec::with_capacity(reps.max(1));
-    for _ in 0..reps.max(1) {
-        be.synchronize()?;
-        let t0 = Instant::now();
-        f()?;
-        v.push(t0.elapsed().as_secs_f64() * 1e6);
-    }
-    be.synchronize()?;
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
 }
 
 /// Activation copies through the backend's own `write` / `read` at a decode, a prefill and a

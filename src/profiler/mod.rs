@@ -203,16 +203,31 @@ pub fn wall_median_us(
     reps: usize,
     f: &mut dyn FnMut() -> Result<()>,
 ) -> Result<f64> {
-    let mut v = Vec::with_capacity(reps.max(1));
+    Ok(host_wall_median_us(be, reps, f)?.1)
+}
+
+/// Over the same `reps` runs as [`wall_median_us`] takes: the median of the host's time inside
+/// `f` (issuing the work, or recording it for a CUDA graph) and the median wall time until `be`
+/// has done it. When the two are close, the host sets the pace, not the device.
+pub fn host_wall_median_us(
+    be: &dyn Backend,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    let (mut host, mut wall) = (Vec::new(), Vec::new());
     for _ in 0..reps.max(1) {
         be.synchronize()?;
         let t0 = Instant::now();
         f()?;
+        host.push(t0.elapsed().as_secs_f64() * 1e6);
         be.synchronize()?;
-        v.push(t0.elapsed().as_secs_f64() * 1e6);
+        wall.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(host), median(wall)))
 }
 
 /// Times `op` on `be` at every batch size; the weight is loaded for the measurement only (a GPU
