@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine's GPU paths end to end without a GPU, on the stand-in CUDA driver of
 # scripts/fake-gpu.sh (the real NVRTC, the emulator's kernels, lazily run streams, guarded
-# allocations): the GPU selftest, then greedy generation checked against llama.cpp's golden ids
+# allocations): the GPU selftest (with its --perf tables at small sizes), then greedy generation checked against llama.cpp's golden ids
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
 # placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
@@ -62,8 +62,17 @@ graphs_check() {
 }
 
 cargo build --release --quiet
-step "selftest --device gpu"
-fake "$OATO" selftest --device gpu | tail -1
+step "selftest --device gpu, with its --perf tables at small sizes"
+# OATO_SELFTEST_PERF_SMALL=1: every --perf table a lease's perf stage prints, at sizes the
+# emulator runs in seconds (its times mean nothing); the run must reach the last table.
+OATO_SELFTEST_PERF_SMALL=1 fake "$OATO" selftest --device gpu --perf > "$W/perf.txt"
+grep -m1 'cases passed' "$W/perf.txt"
+if ! grep -q '^activation copy .* direct' "$W/perf.txt"; then
+    echo "FAIL selftest --perf (small) stopped before its last table:" >&2
+    tail -n 5 "$W/perf.txt" >&2
+    exit 1
+fi
+echo "OK   selftest --perf (small): $(grep -c 'GB/s\|TFLOP/s\| us' "$W/perf.txt") timing lines"
 step "the whole model on the GPU"
 golden --device gpu
 step "the whole model on the GPU, direct matrix-vector kernels and split decode attention"

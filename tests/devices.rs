@@ -38,6 +38,28 @@ fn cpu_selftest_passes_every_operator_and_type() {
     }
 }
 
+/// `selftest --perf` on the CPU times the test model's shapes to its last table; the K-quants,
+/// whose 256-element blocks do not divide the test model's 576, get a line saying so (they were
+/// an error that ended the run at Q2_K).
+#[test]
+fn cpu_selftest_perf_reaches_its_last_table() {
+    let out = oato(
+        &["selftest", "--device", "cpu", "-t", "2", "--perf"],
+        &repo(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for want in [
+        "Q4_0   576x1536 ",
+        "Q2_K   576x576      (rows of 576 are no whole number of 256-element blocks)",
+        "IQ4_NL 576x1536 ",
+        "rms_norm 4096 x 64: ",
+        "attention prefill, 32/8 heads x 128, 64 tokens: ",
+    ] {
+        assert!(stdout.contains(want), "no {want:?} in:\n{stdout}");
+    }
+}
+
 #[test]
 fn gpu_device_without_a_gpu_is_a_clear_error() {
     let Err(why) = cuda_backend::probe() else {

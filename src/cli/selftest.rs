@@ -880,17 +880,90 @@ fn correctness(be: &dyn Backend) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
+/// The sizes `selftest --perf` times. On a GPU LLaMA3-8B's, on a CPU the test model's; on a GPU
+/// with `OATO_SELFTEST_PERF_SMALL=1` small ones, so that the stand-in driver runs every GPU
+/// table's code in CI (scripts/fake-gpu-checks.sh: its times mean nothing, but a lease's perf
+/// stage no longer runs code that never ran).
+struct PerfSizes {
+    /// Weight shapes (k, n) of the main table: attn_q, attn_k / attn_v, ffn_up, ffn_down.
+    shapes: Vec<(usize, usize)>,
+    /// The back-to-back table's shapes besides those: attn_k / attn_v and the output head.
+    more_shapes: Vec<(usize, usize)>,
+    /// The shared-input table's k and row sets (q / k / v, gate / up).
+    shared: (usize, [Vec<usize>; 2]),
+    /// The prefill batch, and the batches of the prefill GEMM table.
+    batch: usize,
+    gemm_tokens: Vec<usize>,
+    reps: usize,
+    /// At most this many copies of a weight cycled through against the cache.
+    max_copies: usize,
+    /// Decode attention's cached positions (and whether split attention is forced).
+    ctxs: Vec<(usize, Option<bool>)>,
+    /// Activation copies' f32 lengths, and the pinned copy's bytes.
+    copies: Vec<usize>,
+    pinned: usize,
+}
+
+impl PerfSizes {
+    fn of(gpu: bool) -> PerfSizes {
+        let small = gpu && std::env::var("OATO_SELFTEST_PERF_SMALL").is_ok_and(|v| v == "1");
+        if small {
+            return PerfSizes {
+                shapes: vec![(256, 64), (512, 32)],
+                more_shapes: vec![(256, 40)],
+                shared: (256, [vec![64, 16, 16], vec![96, 96]]),
+                batch: 16,
+                gemm_tokens: vec![1, 8, 16],
+                reps: 1,
+                max_copies: 3,
+                ctxs: vec![(8, Some(false)), (8, Some(true)), (24, None)],
+                copies: vec![4096, 64 << 10],
+                pinned: 1 << 20,
+            };
+        }
+        PerfSizes {
+            shapes: if gpu {
+                vec![(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]
+            } else {
+                vec![(576, 576), (576, 1536)]
+            },
+            more_shapes: vec![(4096, 1024), (4096, 128256)],
+            shared: (4096, [vec![4096, 1024, 1024], vec![14336, 14336]]),
+            batch: if gpu { 512 } else { 64 },
+            gemm_tokens: vec![1, 8, 64, 512],
+            reps: if gpu { 20 } else { 5 },
+            max_copies: 64,
+            // On a GPU also 128 positions (llama-bench's tg128 stays under the split threshold)
+            // by both kernels, and 1024 by the one-block-per-head kernel.
+            ctxs: if gpu {
+                vec![
+                    (128, Some(false)),
+                    (128, Some(true)),
+                    (1024, Some(false)),
+                    (1024, None),
+                    (4096, None),
+                ]
+            } else {
+                vec![(1024, None)]
+            },
+            copies: vec![4096, 256 << 10, 16 << 20],
+            pinned: 64 << 20,
+        }
+    }
+}
+
 fn perf(be: &dyn Backend) -> Result<()> {
     let gpu = be.kind() == oato::runtime::backend::DeviceKind::Gpu;
-    // Large matrices on a GPU (LLaMA3-8B's attn_q, attn_k / attn_v, ffn_up, ffn_down), the
-    // test model's on a CPU.
-    let shapes: &[(usize, usize)] = if gpu {
-        &[(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]
-    } else {
-        &[(576, 576), (576, 1536)]
-    };
-    let (batch, reps) = if gpu { (512, 20) } else { (64, 5) };
+    let sz = PerfSizes::of(gpu);
+    let (shapes, batch, reps) = (&sz.shapes[..], sz.batch, sz.reps);
     println!();
+    if be.cache_bytes() > 0 {
+        println!(
+            "one product a timing, the same weight each time (in the {:.0} MiB cache where it \
+             fits; the back-to-back tables below read device memory):",
+            be.cache_bytes() as f64 / (1 << 20) as f64
+        );
+    }
     // Decode: the staged matrix-vector kernels with 1 token, then on a GPU the pipelined ones
     // with 1 token and the direct ones with 1 and 8 tokens (GB/s of weight bytes; each time
     // includes the activations' quantisation).
@@ -913,6 +986,16 @@ fn perf(be: &dyn Backend) -> Result<()> {
     let mut mmq_lines = Vec::new();
     for ty in WEIGHT_TYPES {
         for &(k, n) in shapes {
+            if !k.is_multiple_of(ty.block_size()) {
+                // The test model's 576 on a CPU is no whole number of 256-element blocks.
+                println!(
+                    "{:<6} {:<12} (rows of {k} are no whole number of {}-element blocks)",
+                    ty.name(),
+                    format!("{k}x{n}"),
+                    ty.block_size()
+                );
+                continue;
+            }
             let bytes = weight_bytes(ty, k, n, 1)?;
             // The file's layout: these columns are mmvq.cu's kernels.
             let w = upload_as(be, false, ty, k, n, &bytes)?;
@@ -942,7 +1025,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
                 2.0 * (k * n * batch) as f64 / tb / 1e6
             );
             if gpu && has_mmq(ty) {
-                mmq_lines.extend(prefill_gemm_lines(be, &w, k, n, reps)?);
+                mmq_lines.extend(prefill_gemm_lines(be, &w, k, n, &sz)?);
             }
         }
     }
@@ -971,8 +1054,8 @@ fn perf(be: &dyn Backend) -> Result<()> {
         }
     }
     if gpu {
-        pipe_blocks_perf(be, shapes, reps)?;
-        shared_input_perf(be, reps)?;
+        pipe_blocks_perf(be, &sz)?;
+        shared_input_perf(be, &sz)?;
     }
     // Non-weight operators at a decode-sized and a prefill-sized batch.
     let e = 4096usize;
@@ -995,21 +1078,8 @@ fn perf(be: &dyn Backend) -> Result<()> {
         head_dim: 128,
     };
     let (qd, kvd) = (32 * 128, 8 * 128);
-    // On a GPU also 128 positions (llama-bench's tg128 stays under the split threshold) by
-    // both kernels, and 1024 by the one-block-per-head kernel.
-    let ctxs: &[(usize, Option<bool>)] = if gpu {
-        &[
-            (128, Some(false)),
-            (128, Some(true)),
-            (1024, Some(false)),
-            (1024, None),
-            (4096, None),
-        ]
-    } else {
-        &[(1024, None)]
-    };
     let split_chosen = attn_split_force();
-    for &(ctx, force) in ctxs {
+    for &(ctx, force) in &sz.ctxs {
         set_attn_split(force.or(split_chosen));
         let mut ck = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
         let mut cv = be.alloc(DType::F16, ctx * kvd, Category::KvCache)?;
@@ -1077,7 +1147,7 @@ fn perf(be: &dyn Backend) -> Result<()> {
     if gpu {
         launch_overhead(be, reps)?;
     }
-    link_perf(be)
+    link_perf(be, &sz)
 }
 
 /// The prefill GEMM of quantised weight `w` ([n, k]) at 64 and 512 tokens by the int8 kernel
@@ -1090,14 +1160,15 @@ fn prefill_gemm_lines(
     w: &Weight,
     k: usize,
     n: usize,
-    reps: usize,
+    sz: &PerfSizes,
 ) -> Result<Vec<String>> {
+    let reps = sz.reps;
     let chosen = mmq_mode();
     let chosen_mma = mma_enabled();
     let chosen_splitk = mmq_splitk();
     let chosen_tokens = mmvq_max_tokens();
     let mut lines = Vec::new();
-    for n_tok in [1, 8, 64, 512] {
+    for &n_tok in &sz.gemm_tokens {
         let x = put(be, &pattern(n_tok * k, 0.0))?;
         let mut y = be.alloc(DType::F32, n_tok * n, Category::Workspace)?;
         let tv = if n_tok <= MMVQ_MAX_TOKENS {
@@ -1158,30 +1229,49 @@ fn prefill_gemm_lines(
     Ok(lines)
 }
 
+/// How many copies of a weight of `bytes` bytes a timing cycles through so that every product
+/// reads its weight from device memory, as a decode step does, and not from the cache the
+/// previous product left it in: together they pass twice `be.cache_bytes()` (an H200's L2 is
+/// 60 MB, and LLaMA3-8B's 4096 x 14336 Q4_0 is 33 MB: timed on one copy, it never left the
+/// cache). At least 1, at most `sz.max_copies` (64).
+fn cold_copies(be: &dyn Backend, bytes: usize, sz: &PerfSizes) -> usize {
+    (2 * be.cache_bytes())
+        .div_ceil(bytes.max(1))
+        .clamp(1, sz.max_copies)
+}
+
 /// The staged matrix-vector kernels, split.cu's (`OATO_CUDA_SPLIT`: Q4_0, Q8_0, Q4_K, Q6_K), then the
 /// pipelined ones at 1 to 16 thread blocks per
 /// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
 /// above and a decode step's others: LLaMA3-8B's attn_k / attn_v (4096 x 1024) and its output
 /// head (4096 x 128256); F16 (the float kernel) beside them as what the memory gives a plain
-/// stream. Each time covers `BACK_TO_BACK` products queued one after the other (each with its
-/// activations' quantisation), as a decode step queues them, so the host's launch gaps (which a
-/// single timed call includes, as in the table above) stay out of the figure.
-fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) -> Result<()> {
+/// stream. Each time covers at least `BACK_TO_BACK` products queued one after the other (each
+/// with its activations' quantisation), as a decode step queues them, so the host's launch gaps
+/// (which a single timed call includes, as in the table above) stay out of the figure; and each
+/// product reads the next of [`cold_copies`] copies of the weight, so the figure is the device
+/// memory's, not the cache's (the table above times one weight again and again).
+fn pipe_blocks_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
+    let reps = sz.reps;
     const BACK_TO_BACK: usize = 8;
     let counts = [1usize, 2, 4, 5, 8, 16];
     println!();
-    println!("decode, {BACK_TO_BACK} products back to back per timing, GB/s of weight bytes:");
+    println!(
+        "decode, {BACK_TO_BACK} or more products back to back per timing, each on the next of \
+         enough copies of the weight to pass twice the {:.0} MiB cache (\"copies\"), GB/s of \
+         weight bytes:",
+        be.cache_bytes() as f64 / (1 << 20) as f64
+    );
     print!(
-        "{:<6} {:<12} {:>9} {:>9}",
-        "type", "k x n", "staged", "split"
+        "{:<6} {:<12} {:>6} {:>9} {:>9}",
+        "type", "k x n", "copies", "staged", "split"
     );
     for b in counts {
         print!(" {:>9}", format!("pipe {b}"));
     }
     println!();
     let (mode, blocks) = (mmvq_mode(), pipe_blocks());
-    let mut all = shapes.to_vec();
-    all.extend([(4096, 1024), (4096, 128256)]);
+    let mut all = sz.shapes.clone();
+    all.extend(&sz.more_shapes);
     for ty in [
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -1191,32 +1281,38 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
     ] {
         for &(k, n) in &all {
             let bytes = weight_bytes(ty, k, n, 1)?;
-            let w = upload_as(be, false, ty, k, n, &bytes)?;
+            let copies = cold_copies(be, bytes.len(), sz);
+            let ws = (0..copies)
+                .map(|_| upload_as(be, false, ty, k, n, &bytes))
+                .collect::<Result<Vec<_>>>()?;
             let x = put(be, &pattern(k, 0.0))?;
             let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
-            print!("{:<6} {:<12}", ty.name(), format!("{k}x{n}"));
-            let mut time = |w: &Weight, m: MmvqMode, b: usize| -> Result<f64> {
+            print!("{:<6} {:<12} {copies:>6}", ty.name(), format!("{k}x{n}"));
+            let products = BACK_TO_BACK.max(copies);
+            let mut time = |ws: &[Weight], m: MmvqMode, b: usize| -> Result<f64> {
                 set_mmvq_mode(m);
                 set_pipe_blocks(b);
                 let t = median_us(be, reps, || {
-                    for _ in 0..BACK_TO_BACK {
-                        be.matmul(&[w], &x, 1, &mut [&mut y])?;
+                    for i in 0..products {
+                        be.matmul(&[&ws[i % ws.len()]], &x, 1, &mut [&mut y])?;
                     }
                     Ok(())
                 })?;
-                Ok((BACK_TO_BACK * bytes.len()) as f64 / t / 1e3)
+                Ok((products * bytes.len()) as f64 / t / 1e3)
             };
-            print!(" {:>9.1}", time(&w, MmvqMode::Staged, blocks)?);
+            print!(" {:>9.1}", time(&ws, MmvqMode::Staged, blocks)?);
             // The same weight held for split.cu's kernels, read by mmvq_split1_*.
             if split_kernels(ty) {
-                let ws = upload_as(be, true, ty, k, n, &bytes)?;
-                print!(" {:>9.1}", time(&ws, MmvqMode::Staged, blocks)?);
+                let split = (0..copies)
+                    .map(|_| upload_as(be, true, ty, k, n, &bytes))
+                    .collect::<Result<Vec<_>>>()?;
+                print!(" {:>9.1}", time(&split, MmvqMode::Staged, blocks)?);
             } else {
                 print!(" {:>9}", "-");
             }
             for b in counts {
                 if ty.is_quantized() {
-                    print!(" {:>9.1}", time(&w, MmvqMode::Pipe, b)?);
+                    print!(" {:>9.1}", time(&ws, MmvqMode::Pipe, b)?);
                 } else {
                     print!(" {:>9}", "-");
                 }
@@ -1232,13 +1328,16 @@ fn pipe_blocks_perf(be: &dyn Backend, shapes: &[(usize, usize)], reps: usize) ->
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
 /// a launch per weight against one launch for all (`mmvq_multi`), the pipelined kernels' one
 /// launch, and split.cu's one launch; GB/s of weight bytes, each time with the activations'
-/// quantisation.
-fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
+/// quantisation. As in [`pipe_blocks_perf`], a timing runs at least 8 such products back to
+/// back, each on the next of [`cold_copies`] copies of the weights.
+fn shared_input_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
+    let reps = sz.reps;
     println!();
     println!(
-        "{:<6} {:<28} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
+        "{:<6} {:<28} {:>6} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8} {:>12} {:>8}",
         "type",
         "k x (n + ..)",
+        "copies",
         "apart us",
         "GB/s",
         "one launch",
@@ -1251,31 +1350,49 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
     let chosen = mmvq_multi();
     let mode = mmvq_mode();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
-        for rows in [&[4096usize, 1024, 1024][..], &[14336, 14336]] {
-            let k = 4096;
-            let (mut ws, mut split) = (Vec::new(), Vec::new());
-            let mut total = 0usize;
-            for (i, &r) in rows.iter().enumerate() {
-                let b = weight_bytes(ty, k, r, 21 + i as u64)?;
-                total += b.len();
-                ws.push(upload_as(be, false, ty, k, r, &b)?);
-                if split_kernels(ty) {
-                    split.push(upload_as(be, true, ty, k, r, &b)?);
-                }
-            }
+        for rows in &sz.shared.1 {
+            let k = sz.shared.0;
+            let bytes = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| weight_bytes(ty, k, r, 21 + i as u64))
+                .collect::<Result<Vec<_>>>()?;
+            let total: usize = bytes.iter().map(Vec::len).sum();
+            let copies = cold_copies(be, total, sz);
+            // One copy of the weights, in the file's layout (false) or split (true).
+            let set = |split: bool| -> Result<Vec<Weight>> {
+                rows.iter()
+                    .zip(&bytes)
+                    .map(|(&r, b)| upload_as(be, split, ty, k, r, b))
+                    .collect()
+            };
+            let ws = (0..copies)
+                .map(|_| set(false))
+                .collect::<Result<Vec<_>>>()?;
+            let split = if split_kernels(ty) {
+                (0..copies).map(|_| set(true)).collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
             let x = put(be, &pattern(k, 0.0))?;
             let mut ys = rows
                 .iter()
                 .map(|&r| be.alloc(DType::F32, r, Category::Workspace))
                 .collect::<Result<Vec<_>>>()?;
-            let mut time = |ws: &[Weight], multi: bool, m: MmvqMode| -> Result<f64> {
+            let products = copies.max(8);
+            // Microseconds a product of all the weights.
+            let mut time = |sets: &[Vec<Weight>], multi: bool, m: MmvqMode| -> Result<f64> {
                 set_mmvq_multi(multi);
                 set_mmvq_mode(m);
-                let wr: Vec<&Weight> = ws.iter().collect();
-                median_us(be, reps, || {
-                    let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
-                    be.matmul(&wr, &x, 1, &mut yr)
-                })
+                let t = median_us(be, reps, || {
+                    for i in 0..products {
+                        let wr: Vec<&Weight> = sets[i % sets.len()].iter().collect();
+                        let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
+                        be.matmul(&wr, &x, 1, &mut yr)?;
+                    }
+                    Ok(())
+                })?;
+                Ok(t / products as f64)
             };
             let (apart, one) = (
                 time(&ws, false, MmvqMode::Staged)?,
@@ -1295,7 +1412,8 @@ fn shared_input_perf(be: &dyn Backend, reps: usize) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" + ");
             println!(
-                "{:<6} {:<28} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1} {pipe:>12.1} {:>8.1} {split}",
+                "{:<6} {:<28} {copies:>6} {apart:>12.1} {:>8.1} {one:>12.1} {:>8.1} {pipe:>12.1} \
+                 {:>8.1} {split}",
                 ty.name(),
                 format!("{k} x ({shape})"),
                 gbs(apart),
@@ -1386,16 +1504,19 @@ fn launch_overhead(be: &dyn Backend, reps: usize) -> Result<()> {
 /// bulk size (wall time, median of 9), from and into ordinary host memory (staged) and the
 /// device's page-locked memory for the CPU's activation buffers (direct, rule 8), beside a plain
 /// pinned copy's GB/s.
-fn link_perf(be: &dyn Backend) -> Result<()> {
+fn link_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
     if be.kind() != oato::runtime::backend::DeviceKind::Gpu {
         return Ok(());
     }
-    let pinned = be.pinned_copy_gbps(64 << 20)?;
+    let pinned = be.pinned_copy_gbps(sz.pinned)?;
     if let Some((h, d)) = pinned {
-        println!("pinned copy 64 MiB: host→device {h:.1} GB/s, device→host {d:.1} GB/s");
+        println!(
+            "pinned copy {} MiB: host→device {h:.1} GB/s, device→host {d:.1} GB/s",
+            sz.pinned >> 20
+        );
     }
     let mem = be.host_memory();
-    for n in [4096usize, 256 << 10, 16 << 20] {
+    for &n in &sz.copies {
         let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
         let gb = |us: f64| (n * 4) as f64 / us / 1e3;
         let mut time = |how: &str, host: &mut [f32]| -> Result<()> {

@@ -236,6 +236,13 @@ pub trait Backend: Send + Sync {
     fn int8_mma_agrees(&self) -> Option<bool> {
         None
     }
+    /// Bytes of the device's last-level cache that data read again soon may still be found in
+    /// (a GPU's L2), so a timing that reads the same weight over and over measures that cache and
+    /// not the memory: `selftest --perf` cycles through copies whose bytes together pass twice
+    /// this. 0 (the default) where there is none to allow for.
+    fn cache_bytes(&self) -> usize {
+        0
+    }
     fn memory(&self) -> Result<MemInfo>;
     fn usage(&self) -> Usage;
 

@@ -253,6 +253,8 @@ pub struct CudaBackend {
     pub arch: u32,
     /// Streaming multiprocessors (sizes the split-attention grid).
     sm_count: usize,
+    /// The L2 cache's bytes (0 where the driver does not say).
+    l2_bytes: usize,
     /// `OATO_CUDA_MMQ=auto`'s choices between the int8 GEMM and cuBLAS, per shape.
     mmq_choices: MmqChoices,
     /// The tensor-core int8 GEMM gave the `__dp4a` kernel's bits on this device at start-up
@@ -1227,6 +1229,9 @@ impl CudaBackend {
             )
             .map_err(drv("multiprocessor count"))?
             .max(1) as usize;
+        let l2_bytes = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .map_or(0, |v| v.max(0) as usize);
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ") {
             set_mmvq_mode(MmvqMode::parse(&v)?);
         }
@@ -1292,6 +1297,7 @@ impl CudaBackend {
             name,
             arch,
             sm_count,
+            l2_bytes,
             mmq_choices: MmqChoices::default(),
             mma_ok: AtomicBool::new(true),
             flash_mma_ok: AtomicBool::new(true),
@@ -2203,6 +2209,10 @@ impl Backend for CudaBackend {
 
     fn int8_mma_agrees(&self) -> Option<bool> {
         mma_on(self.arch).then(|| self.mma_ok.load(Ordering::Relaxed))
+    }
+
+    fn cache_bytes(&self) -> usize {
+        self.l2_bytes
     }
 
     fn describe(&self) -> String {

@@ -361,6 +361,7 @@ API(cuDeviceGetAttribute)(int* v, int attr, int dev) {
     case 8: *v = 49152; break;                  // shared memory per block
     case 10: *v = 32; break;                    // warp size
     case 16: *v = 132; break;                   // multiprocessors
+    case 38: *v = 50 << 20; break;              // L2 cache bytes (an H100's)
     case 75: *v = 9; break;                     // compute capability major
     case 76: *v = 0; break;                     // minor
     case 115: *v = 1; break;                    // memory pools supported
