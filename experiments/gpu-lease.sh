@@ -29,7 +29,9 @@
 #   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
 #   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill
 #   GEMMs on __dp4a, on tensor cores with and without split-K, and by cuBLAS, also at
-#   4096x1024, attn_k / attn_v), the 50% / 75% sweep again with split weights and their own profile
+#   4096x1024, attn_k / attn_v; the back-to-back tables on enough copies of each weight to pass
+#   twice the L2), a whole decode step's kernels one by one by Nsight Compute, one pass each
+#   (duration, DRAM bytes; oato, oato with split weights, llama.cpp: ncu_step), the 50% / 75% sweep again with split weights and their own profile
 #   (split_sweep), an all-GPU decode's steps by the GPU's clock, staged, split and pipelined
 #   kernels (gputrace), Nsight Compute's per-kernel figures of a decode step, the split and the
 #   pipelined matrix-vector kernels and llama.cpp's (ncu), llama.cpp -ngl at the sweep's shares
@@ -208,13 +210,64 @@ s_peer_hybrid() {
     MODEL=$MODEL8 LLAMA_BIN=$LLAMA RES=$RES THREADS=$THREADS REPS=$REPS NOPO=0 \
         experiments/hybrid-vs-llamacpp.sh
 }
+# nvidia-smi's SM / memory clocks, power and load every 200 ms while a stage runs, into
+# $RES/clocks-NAME.csv (METHOD.md: measure the card as found; an idle H200's SM clock was seen at
+# 345 MHz, 1980 under load, so a table timed between host-side pauses may run below full clock).
+clocks_start() {
+    command -v nvidia-smi > /dev/null || return 0
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
+        --format=csv -lms 200 > "$RES/clocks-$1.csv" 2> /dev/null &
+    CLOCKS_PID=$!
+    trap clocks_stop EXIT # a stage is a process of its own: a failing command ends it here
+}
+clocks_stop() {
+    [ -n "${CLOCKS_PID:-}" ] && kill "$CLOCKS_PID" 2> /dev/null || true
+    CLOCKS_PID=
+}
 s_kernels() {
     peer_env
+    clocks_start kernels
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
         RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split mma-off flash-mma-off gemm-decode split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
+    clocks_stop
 }
-s_perf() { header; "$OATO" selftest --device gpu --perf; }
+s_perf() {
+    header
+    clocks_start perf
+    "$OATO" selftest --device gpu --perf
+    clocks_stop
+}
+# Issue 12: whole decode steps kernel by kernel, oato's (default; split weights) and llama.cpp's,
+# by Nsight Compute with one pass a kernel: duration, DRAM bytes and registers, with the caches and
+# clocks as the run leaves them (--cache-control none --clock-control none). experiments/ncu_step.py
+# keeps the whole forwards (each ends with the output head, the largest grid) and prints a line per
+# kernel kind and the forward's kernel time: against the kernels stage's tg figures, the rest of a
+# step is the gaps between kernels. An oato decode forward is about 290 launches (9 a layer; the
+# stand-in driver counts them), so 700 from launch 300 hold two or more; llama.cpp's more.
+NCU_STEP_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread
+ncu_step_run() { # name, launches to skip, launches to profile, command...
+    local name=$1 skip=$2 count=$3
+    shift 3
+    timeout 150 "$NCU_BIN" --metrics "$NCU_STEP_METRICS" --cache-control none --clock-control none \
+        --launch-skip "$skip" --launch-count "$count" --csv --print-units base \
+        --log-file "$RES/ncu-step-$name.csv" "$@" > "$RES/ncu-step-$name.out" 2>&1 ||
+        echo "ncu on $name: exit $?"
+}
+s_ncu_step() {
+    header
+    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    [ -x "$NCU_BIN" ] || { echo "no ncu on this machine"; return 0; }
+    local run=(run "$MODEL8" --device gpu -p hello -n 6 --temp 0 --ignore-eos -t "$THREADS")
+    OATO_CUDA_GRAPHS=0 ncu_step_run oato 300 700 "$OATO" "${run[@]}"
+    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 ncu_step_run oato-split 300 700 "$OATO" "${run[@]}"
+    if peer_ready; then
+        peer_env
+        GGML_CUDA_DISABLE_GRAPHS=1 ncu_step_run llamacpp 100 1300 \
+            "$LLAMA/llama-bench" -m "$MODEL8" -p 0 -n 8 -r 1 -ngl 99
+    fi
+    python3 experiments/ncu_step.py "$RES"/ncu-step-*.csv
+}
 # Issue 10 at 75%: oato's plan trailed oato-paper's on TPOT on the H200 (one matrix on the CPU in
 # each of 20 layers against 20 in 14 layers); each step's time per forward for both, to see
 # whether the CPU's pieces cost more than their bytes. The prompt is about 64 tokens (the synth
@@ -382,6 +435,7 @@ stages_8b() {
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     peer_ready && stage kernels 150 s_kernels
     stage perf 50 s_perf
+    stage ncu_step 150 s_ncu_step
     [ -f "$MODEL8" ] && stage split_sweep 120 s_split_sweep
     [ -f "$MODEL8" ] && stage gputrace 60 s_gputrace
     stage ncu 260 s_ncu
