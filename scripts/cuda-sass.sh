@@ -15,7 +15,7 @@
 #         scripts/cuda-sass.sh -a 120 mmvq.cu '^mmvq_q4_0$'
 #   -a ARCH  compute capability (default 90)
 #   -s       also print each matching kernel's whole SASS
-# Tools: NVRTC from scripts/check-cuda-kernels.sh's venv; cuobjdump and nvdisasm (CUDA 13.2 from
+# Tools: NVRTC from scripts/nvrtc-env.sh's venv; cuobjdump and nvdisasm (CUDA 13.2 from
 # PyPI: 13.0's are not published there; they read NVRTC 13.0's CUBINs) into
 # ~/.cache/oato/cuda-sass-venv on first use.
 set -euo pipefail
@@ -36,31 +36,24 @@ if [ $# -ne 2 ]; then
 fi
 SRC=$1
 PAT=$2
-NV_VENV="${OATO_CUDA_VENV:-$HOME/.cache/oato/cuda-venv}"
-if [ ! -x "$NV_VENV/bin/python" ]; then
-    python3 -m venv "$NV_VENV"
-    "$NV_VENV/bin/pip" install --quiet --disable-pip-version-check \
-        'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-runtime==13.0.*'
-fi
+. "$ROOT/scripts/nvrtc-env.sh"
+nvrtc_env cuda-sass
 TOOLS="${OATO_CUDA_SASS_VENV:-$HOME/.cache/oato/cuda-sass-venv}"
 if [ ! -x "$TOOLS/bin/python" ]; then
     python3 -m venv "$TOOLS"
     "$TOOLS/bin/pip" install --quiet --disable-pip-version-check \
         'nvidia-cuda-cuobjdump==13.2.*' 'nvidia-cuda-nvdisasm==13.2.*'
 fi
-SITE=$("$NV_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-NVRTC=$(find "$SITE/nvidia" -name 'libnvrtc.so*' | sort | head -1)
-FP16=$(find "$SITE/nvidia" -name 'cuda_fp16.h' | sort | head -1)
 BIN=$(dirname "$(find "$TOOLS" -name cuobjdump -type f | head -1)")
-if [ -z "$NVRTC" ] || [ -z "$FP16" ] || [ ! -x "$BIN/cuobjdump" ] || [ ! -x "$BIN/nvdisasm" ]; then
-    echo "cuda-sass: NVRTC, cuda_fp16.h, cuobjdump or nvdisasm missing" >&2
+if [ ! -x "$BIN/cuobjdump" ] || [ ! -x "$BIN/nvdisasm" ]; then
+    echo "cuda-sass: cuobjdump or nvdisasm missing from $TOOLS" >&2
     exit 1
 fi
 (cd "$ROOT" && cargo build --release --quiet)
 OUT="$ROOT/target/cuda-sass"
 rm -rf "$OUT"
-LD_LIBRARY_PATH="$(dirname "$NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-OATO_CUDA_INCLUDE="$(dirname "$FP16")" \
+LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+OATO_CUDA_INCLUDE="$CUDA_FP16_DIR" \
     "$ROOT/target/release/oato" selftest --compile-only --arch "$ARCH" --source "$SRC" \
     --cubin-dir "$OUT" >&2
 CUBIN="$OUT/${SRC%.cu}-sm$ARCH.cubin"
