@@ -244,7 +244,7 @@ s_perf() {
 # keeps the whole forwards (each ends with the output head, the largest grid) and prints a line per
 # kernel kind and the forward's kernel time: against the kernels stage's tg figures, the rest of a
 # step is the gaps between kernels. An oato decode forward is about 290 launches (9 a layer; the
-# stand-in driver counts them), so 700 from launch 300 hold two or more; llama.cpp's more.
+# stand-in driver counts them), so 600 from launch 300 hold one or more; llama.cpp's more.
 NCU_STEP_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread
 ncu_step_run() { # name, launches to skip, launches to profile, command...
     local name=$1 skip=$2 count=$3
@@ -259,11 +259,11 @@ s_ncu_step() {
     NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     [ -x "$NCU_BIN" ] || { echo "no ncu on this machine"; return 0; }
     local run=(run "$MODEL8" --device gpu -p hello -n 6 --temp 0 --ignore-eos -t "$THREADS")
-    OATO_CUDA_GRAPHS=0 ncu_step_run oato 300 700 "$OATO" "${run[@]}"
-    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 ncu_step_run oato-split 300 700 "$OATO" "${run[@]}"
+    OATO_CUDA_GRAPHS=0 ncu_step_run oato 300 600 "$OATO" "${run[@]}"
+    OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 ncu_step_run oato-split 300 600 "$OATO" "${run[@]}"
     if peer_ready; then
         peer_env
-        GGML_CUDA_DISABLE_GRAPHS=1 ncu_step_run llamacpp 100 1300 \
+        GGML_CUDA_DISABLE_GRAPHS=1 ncu_step_run llamacpp 100 1000 \
             "$LLAMA/llama-bench" -m "$MODEL8" -p 0 -n 8 -r 1 -ngl 99
     fi
     python3 experiments/ncu_step.py "$RES"/ncu-step-*.csv

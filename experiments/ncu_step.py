@@ -62,21 +62,19 @@ def launches(text):
     return [by_id[i] for i in sorted(by_id, key=lambda i: int(i))]
 
 
-def grid_size(g):
-    n = 1
-    for part in g.strip("()").split(","):
-        part = part.strip()
-        if part:
-            n *= int(part)
-    return n
+def grid_x(g):
+    part = g.strip("()").split(",")[0].strip()
+    return int(part) if part else 0
 
 
 def whole_forwards(ks):
-    """The launches of the whole forwards in ks, and how many forwards that is."""
+    """The launches of the whole forwards in ks, and how many forwards that is. The head is the
+    launch with the widest grid in x (its rows; a prefill's head of several tokens has more
+    blocks in y, oato's staged kernels one grid row a token, but the same x)."""
     if not ks:
         return [], 0
-    top = max(grid_size(k["grid"]) for k in ks)
-    heads = [i for i, k in enumerate(ks) if grid_size(k["grid"]) == top]
+    top = max(grid_x(k["grid"]) for k in ks)
+    heads = [i for i, k in enumerate(ks) if grid_x(k["grid"]) == top]
     if len(heads) < 2:
         return [], 0
     return ks[heads[0] + 1:heads[-1] + 1], len(heads) - 1
@@ -86,13 +84,19 @@ def summary(ks):
     """Lines of the summary of one report."""
     window, forwards = whole_forwards(ks)
     if forwards == 0:
-        return [f"{len(ks)} kernels profiled, fewer than two output-head launches: no whole forward"]
+        if not ks:
+            return ["no kernels in the report"]
+        # Fewer than two heads: the whole window, counted as one "forward" (not a whole one).
+        lines = [f"{len(ks)} kernels profiled, fewer than two output-head launches: figures for "
+                 "the whole window, not per forward"]
+        window, forwards = ks, 1
+    else:
+        lines = [f"{len(ks)} kernels profiled; {forwards} whole forward(s) of "
+                 f"{len(window) // forwards} launches each"]
     kinds = collections.OrderedDict()
     for k in window:
         kinds.setdefault((k["name"], k["grid"], k["block"]), []).append(k)
-    lines = [
-        f"{len(ks)} kernels profiled; {forwards} whole forward(s) of {len(window) // forwards} "
-        "launches each",
+    lines += [
         f"{'kernel':<32} {'grid':<16} {'block':<12} {'per fwd':>7} {'median us':>10} "
         f"{'us/fwd':>9} {'MB/launch':>10} {'GB/s':>8} {'regs':>5}",
     ]
@@ -117,8 +121,9 @@ def summary(ks):
 
 
 def check():
-    """A made-up report: a startup kernel, then three forwards of (norm, matvec, head), the last
-    one cut off; ncu log lines and a repeated header between."""
+    """A made-up report: a startup kernel, a prefill's head (8 grid rows, one a token), then
+    three forwards of (norm, matvec, head), the last one cut off; ncu log lines and a repeated
+    header between."""
     out = io.StringIO()
     w = csv.writer(out, quoting=csv.QUOTE_ALL)
     cols = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
@@ -126,7 +131,8 @@ def check():
             "Metric Unit", "Metric Value"]
     out.write("==PROF== Connected to process 1 (oato)\n")
     w.writerow(cols)
-    seq = [("mmq_check", "(1, 1, 1)", 5000, 0)]
+    seq = [("mmq_check", "(1, 1, 1)", 5000, 0),
+           ("mmvq_q6_K(const void *, int)", "(32064, 8, 1)", 150000, 400_000_000)]  # a prefill's head
     for _ in range(3):
         seq += [("rms_norm_q8_1", "(1, 1, 1)", 2000, 32768), ("mmvq_q4_0", "(1024, 1, 1)", 6000, 9437184),
                 ("mmvq_q6_K(const void *, int)", "(32064, 1, 1)", 100000, 400_000_000)]
@@ -136,18 +142,21 @@ def check():
                                 (WRITE, "byte", "0"), (REGS, "register/thread", "40")):
             w.writerow([str(i), "1", "oato", "h", name, "1", "7", "(32, 4, 1)", grid, "0", "9.0",
                         "Command line profiler metrics", metric, unit, v])
-        if i == 3:
+        if i == 4:
             w.writerow(cols)
     ks = launches(out.getvalue())
-    assert len(ks) == 8, ks
-    assert ks[3]["name"] == "mmvq_q6_K" and ks[1][DURATION] == 2000.0, ks
+    assert len(ks) == 9, ks
+    assert ks[4]["name"] == "mmvq_q6_K" and ks[2][DURATION] == 2000.0, ks
     window, forwards = whole_forwards(ks)
-    assert forwards == 1 and [k["name"] for k in window] == ["rms_norm_q8_1", "mmvq_q4_0", "mmvq_q6_K"], window
+    assert forwards == 2 and [k["name"] for k in window] == ["rms_norm_q8_1", "mmvq_q4_0", "mmvq_q6_K"] * 2, window
     text = "\n".join(summary(ks))
-    assert "1 whole forward(s) of 3 launches each" in text, text
+    assert "2 whole forward(s) of 3 launches each" in text, text
     assert "kernel time a forward: 108.0 us for 409.5 MB" in text, text
     # mmvq_q4_0: 9437184 bytes in 6 us = 1572.9 GB/s.
     assert any(l.startswith("mmvq_q4_0") and " 1572.9 " in l for l in text.splitlines()), text
+    # Fewer than two heads: the window's figures, said to be no forward's.
+    text = "\n".join(summary(ks[:3]))
+    assert "fewer than two output-head launches" in text and "kernel time a forward: 157.0 us" in text, text
     print("ncu_step.py --check: OK")
 
 
