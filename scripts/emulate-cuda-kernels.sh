@@ -5,7 +5,8 @@
 # compares it with references that share no code with it (gguf-py's dequantisation, numpy).
 # One line per check group, then "cuda-emu: N passed, N failed"; exits non-zero on a failure.
 #
-# Usage:  scripts/emulate-cuda-kernels.sh [-v]      (-v: one line per check)
+# Usage:  scripts/emulate-cuda-kernels.sh [-v] [--only REGEX]   (-v: one line per check;
+#             --only: the check groups whose names match, e.g. --only 'qkv_rope|^rope')
 #         scripts/emulate-cuda-kernels.sh --build-only  (just the libraries, for scripts/fake-gpu.sh)
 # Env:    OATO_CUDA_EMU_VENV   Python venv (default ~/.cache/oato/cuda-emu-venv), made on demand
 #         OATO_CUDA_EMU_SAN=1  build with AddressSanitizer + UBSan and exact-size buffers (slower)

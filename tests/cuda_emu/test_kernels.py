@@ -598,6 +598,10 @@ def check_mmvq_split_qkv_rope(g, t):
         (0, False, 1, 4, 2, 64, 64, 0, 0),
         (1, True, 3, 2, 1, 128, 128, 37, 0),
         (1, False, 8, 3, 1, 64, 32, 500, 32),
+        # rope_head_warp's widest heads (four pairs a lane), then past them (rope_head's loop),
+        # and store_head_f16's widest (eight values a lane), then past it (its loop).
+        (0, True, 1, 1, 1, 256, 256, 9, 0),
+        (1, False, 2, 1, 1, 288, 288, 3000, 0),
     ]
     for neox, use_ff, n_tok, nh, nkv, hd, n_dims, pos0, off in cases:
         label = (f"{t} neox={neox} ff={int(use_ff)} n_tok={n_tok} heads={nh}/{nkv} hd={hd} "
@@ -1323,11 +1327,12 @@ def main():
     ap.add_argument("--src", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--only", help="run the check groups whose names match this regex")
     args = ap.parse_args()
     E = Emu(args.lib)
     load_golden(args.data)
     np.seterr(over="ignore")  # f32 -> f16 overflows to inf in the reference conversions
-    r = Report(args.verbose)
+    r = Report(args.verbose, args.only)
     r.run("emulator", check_emulator)
     r.run("quantize_q8_1", check_quantize)
     r.run("round_q8_f16", check_round_q8_f16)

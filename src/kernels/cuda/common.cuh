@@ -666,14 +666,43 @@ __device__ __forceinline__ float q6k_unit_sum(u32 la0, u32 la1, u32 lb0, u32 lb1
     return sum;
 }
 
+// A device function kept out of line, so that its registers stay apart from its caller's. The
+// emulator's host compiler takes GCC's spelling (defining __noinline__ there would break
+// libstdc++'s own __attribute__((__noinline__))).
+#if defined(__CUDACC__)
+#define OATO_NOINLINE __noinline__
+#else
+#define OATO_NOINLINE __attribute__((noinline))
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // RoPE of one head (ops.cu's RoPE comment has the meaning)
 
+// Pair i of a head rotated by angle theta (theta_0 * theta_scale^i, divided by freq_factors[i]
+// when given): (x0, x1) -> (y0, y1), written to head (and as f16 to cache, when not null) at
+// the pair's offsets i0, i1.
+static __device__ __forceinline__ void rope_pair(float* head, __half* cache, int i0, int i1,
+                                                 float x0, float x1, float theta, int i,
+                                                 const float* __restrict__ freq_factors) {
+    const float a = freq_factors ? __fdiv_rn(theta, freq_factors[i]) : theta;
+    double sd, cd;
+    sincos((double)a, &sd, &cd);
+    const float s = (float)sd, c = (float)cd;
+    const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    head[i0] = y0;
+    head[i1] = y1;
+    if (cache) {
+        cache[i0] = __float2half_rn(y0);
+        cache[i1] = __float2half_rn(y1);
+    }
+}
+
 // One head's rotation (head points at its first rotated dimension), at position pos; when cache
 // is not null the rotated values are also written there as f16 (round to nearest even), at the
-// same offsets. Shared by rope_f32, rope_store_kv_f16 (ops.cu) and mmvq_split_qkv_rope (split.cu),
-// so all round alike; the loop over pairs is the block's threads in x (a warp's lanes in
-// split.cu), which any count serves.
+// same offsets. Shared by rope_f32 and rope_store_kv_f16 (ops.cu), and by rope_head_warp for
+// split.cu's fused q / k / v kernels, so all round alike; the loop over pairs is the block's
+// threads in x, which any count serves.
 static __device__ __forceinline__ void rope_head(float* head, __half* cache, int pos, int n_dims,
                                                  float freq_base, float freq_scale, int neox,
                                                  const float* __restrict__ freq_factors) {
@@ -683,20 +712,50 @@ static __device__ __forceinline__ void rope_head(float* head, __half* cache, int
     int at = 0; // theta == theta_0 * theta_scale^at
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         for (; at < i; ++at) theta *= theta_scale;
-        const float a = freq_factors ? __fdiv_rn(theta, freq_factors[i]) : theta;
-        double sd, cd;
-        sincos((double)a, &sd, &cd);
-        const float s = (float)sd, c = (float)cd;
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
-        const float x0 = head[i0], x1 = head[i1];
-        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-        head[i0] = y0;
-        head[i1] = y1;
-        if (cache) {
-            cache[i0] = __float2half_rn(y0);
-            cache[i1] = __float2half_rn(y1);
+        rope_pair(head, cache, i0, i1, head[i0], head[i1], theta, i, freq_factors);
+    }
+}
+
+// rope_head for one warp (blockDim.x 32) and heads of up to 64 * ROPE_WARP_PAIRS dimensions
+// rotated: each lane's pairs all loaded before the first is rotated and stored, where
+// rope_head's loop waits for a pair's loads, stores it, then loads the next (its stores may
+// alias the next loads as far as the compiler knows: in split.cu's fused q / k / v kernel, one
+// round trip to L2 a pair, two a lane for a head of 128, on the kernel's last warp). The loads
+// go through L2 (__ldcg), as the values come from other warps of the launch. theta is built by
+// the same successive multiplies and each pair rotated by rope_pair, as in rope_head, so the
+// same bits; rope_head for more dimensions.
+#define ROPE_WARP_PAIRS 4
+static __device__ __forceinline__ void rope_head_warp(float* head, __half* cache, int pos,
+                                                      int n_dims, float freq_base,
+                                                      float freq_scale, int neox,
+                                                      const float* __restrict__ freq_factors) {
+    const int half = n_dims / 2;
+    if (half > 32 * ROPE_WARP_PAIRS) {
+        rope_head(head, cache, pos, n_dims, freq_base, freq_scale, neox, freq_factors);
+        return;
+    }
+    const float theta_scale = (float)pow((double)freq_base, -2.0 / (double)n_dims);
+    float theta = (float)pos * freq_scale;
+    int at = 0; // theta == theta_0 * theta_scale^at
+    float th[ROPE_WARP_PAIRS], x0[ROPE_WARP_PAIRS], x1[ROPE_WARP_PAIRS];
+#pragma unroll
+    for (int j = 0; j < ROPE_WARP_PAIRS; ++j) {
+        const int i = (int)threadIdx.x + 32 * j;
+        if (i < half) {
+            for (; at < i; ++at) theta *= theta_scale;
+            th[j] = theta;
+            x0[j] = __ldcg(head + (neox ? i : 2 * i));
+            x1[j] = __ldcg(head + (neox ? i + half : 2 * i + 1));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ROPE_WARP_PAIRS; ++j) {
+        const int i = (int)threadIdx.x + 32 * j;
+        if (i < half) {
+            rope_pair(head, cache, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, x0[j], x1[j],
+                      th[j], i, freq_factors);
         }
     }
 }

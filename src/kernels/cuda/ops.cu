@@ -154,7 +154,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 // paths lose digits). The rotated dimensions start at dim_offset in each head (latent attention
 // rotates a head's trailing dimensions); the others are untouched.
 // launch: grid (n_heads, n_tok, 1), block (128, 1, 1) (any size works: a loop over pairs).
-// rope_head and rope_shape_ok: common.cuh (split.cu's fused q/k/v kernels use them too).
+// rope_head and rope_shape_ok: common.cuh (split.cu's fused q/k/v kernels use them too, through
+// rope_head_warp, which loads a lane's pairs before it rotates them: the same bits).
 
 extern "C" __global__ void rope_f32(float* x, int n_tok, int n_heads, int head_dim, int n_dims,
                                     int pos0, float freq_base, float freq_scale, int neox,

@@ -352,6 +352,63 @@ __device__ __forceinline__ void mmvq_split_impl(const u8* w0, const u8* w1, cons
         mmvq_split_impl<T, MAXT>(w0, w1, w2, aq, ads, y0, y1, y2, k, n0, n1, n2, n_tok);        \
     }
 
+// cv[d] = f16(v[d]) for d < head_dim by one warp, v through L2 (other warps wrote it): for heads
+// of up to 256, a lane's loads all out before its stores (a loop of load then store waited for
+// each in turn: four round trips a lane for a head of 128); a loop beyond.
+__device__ __forceinline__ void store_head_f16(const float* v, __half* __restrict__ cv,
+                                               int head_dim) {
+    constexpr int MAXJ = 8;
+    if (head_dim > 32 * MAXJ) {
+        for (int d = threadIdx.x; d < head_dim; d += 32) cv[d] = __float2half_rn(__ldcg(v + d));
+        return;
+    }
+    float x[MAXJ];
+#pragma unroll
+    for (int j = 0; j < MAXJ; ++j) {
+        const int d = (int)threadIdx.x + 32 * j;
+        if (d < head_dim) x[j] = __ldcg(v + d);
+    }
+#pragma unroll
+    for (int j = 0; j < MAXJ; ++j) {
+        const int d = (int)threadIdx.x + 32 * j;
+        if (d < head_dim) cv[d] = __float2half_rn(x[j]);
+    }
+}
+
+// The last warp of a head in mmvq_split_qkv_rope: the head's RoPE and KV store for every token
+// (which: 0 q, 1 k, 2 v; n the weight's rows). Not inlined: its registers (the double-precision
+// sincos, the pairs in flight) stay out of the matrix-vector loop every warp runs.
+__device__ OATO_NOINLINE void qkv_rope_finish(int which, int head, int n, float* q, float* kk,
+                                              const float* v, __half* __restrict__ ck,
+                                              __half* __restrict__ cv, int head_dim, int n_tok,
+                                              int n_dims, int pos0, float freq_base,
+                                              float freq_scale, int neox,
+                                              const float* __restrict__ freq_factors,
+                                              int dim_offset) {
+    const bool ok = rope_shape_ok(head_dim, n_dims, dim_offset);
+    for (int t = 0; t < n_tok; ++t) {
+        const i64 at = ((i64)t * (n / head_dim) + head) * head_dim;
+        if (which == 0) {
+            if (ok) {
+                rope_head_warp(q + at + dim_offset, nullptr, pos0 + t, n_dims, freq_base,
+                               freq_scale, neox, freq_factors);
+            }
+        } else if (which == 1) {
+            if (ok) {
+                rope_head_warp(kk + at + dim_offset, ck + at + dim_offset, pos0 + t, n_dims,
+                               freq_base, freq_scale, neox, freq_factors);
+            }
+            for (int d = threadIdx.x; d < head_dim; d += 32) {
+                if (!ok || d < dim_offset || d >= dim_offset + n_dims) {
+                    ck[at + d] = __float2half_rn(__ldcg(kk + at + d));
+                }
+            }
+        } else {
+            store_head_f16(v + at, cv + at, head_dim);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // q, k and v, their RoPE and the KV store in one launch: decode's attention input when the three
 // are split weights of one type (one mmvq_split launch) and RoPE runs with the store, one launch
@@ -382,28 +439,8 @@ __device__ __forceinline__ void mmvq_split_qkv_rope_impl(
     const int head = row / head_dim;
     const int c = which == 0 ? head : n_head + (which - 1) * n_head_kv + head;
     if (!split_last_warp(counters + c, head_dim)) return; // whole warp
-    const bool ok = rope_shape_ok(head_dim, n_dims, dim_offset);
-    for (int t = 0; t < n_tok; ++t) {
-        const i64 at = ((i64)t * (n / head_dim) + head) * head_dim;
-        if (which == 0) {
-            if (ok) {
-                rope_head(q + at + dim_offset, nullptr, pos0 + t, n_dims, freq_base, freq_scale,
-                          neox, freq_factors);
-            }
-        } else if (which == 1) {
-            if (ok) {
-                rope_head(kk + at + dim_offset, ck + at + dim_offset, pos0 + t, n_dims, freq_base,
-                          freq_scale, neox, freq_factors);
-            }
-            for (int d = threadIdx.x; d < head_dim; d += 32) {
-                if (!ok || d < dim_offset || d >= dim_offset + n_dims) {
-                    ck[at + d] = __float2half_rn(kk[at + d]);
-                }
-            }
-        } else {
-            for (int d = threadIdx.x; d < head_dim; d += 32) cv[at + d] = __float2half_rn(v[at + d]);
-        }
-    }
+    qkv_rope_finish(which, head, n, q, kk, v, ck, cv, head_dim, n_tok, n_dims, pos0, freq_base,
+                    freq_scale, neox, freq_factors, dim_offset);
     if (threadIdx.x == 0) counters[c] = 0u;
 }
 
