@@ -900,7 +900,7 @@ struct PerfSizes {
     /// Decode attention's cached positions (and whether split attention is forced).
     ctxs: Vec<(usize, Option<bool>)>,
     /// Activation copies' f32 lengths, and the pinned copy's bytes.
-    copies: Vec<usize>,
+    act_copies: Vec<usize>,
     pinned: usize,
 }
 
@@ -917,7 +917,7 @@ impl PerfSizes {
                 reps: 1,
                 max_copies: 3,
                 ctxs: vec![(8, Some(false)), (8, Some(true)), (24, None)],
-                copies: vec![4096, 64 << 10],
+                act_copies: vec![4096, 64 << 10],
                 pinned: 1 << 20,
             };
         }
@@ -946,7 +946,7 @@ impl PerfSizes {
             } else {
                 vec![(1024, None)]
             },
-            copies: vec![4096, 256 << 10, 16 << 20],
+            act_copies: vec![4096, 256 << 10, 16 << 20],
             pinned: 64 << 20,
         }
     }
@@ -1516,7 +1516,7 @@ fn link_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
         );
     }
     let mem = be.host_memory();
-    for &n in &sz.copies {
+    for &n in &sz.act_copies {
         let mut t = be.alloc(DType::F32, n, Category::Workspace)?;
         let gb = |us: f64| (n * 4) as f64 / us / 1e3;
         let mut time = |how: &str, host: &mut [f32]| -> Result<()> {

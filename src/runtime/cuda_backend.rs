@@ -418,16 +418,27 @@ pub fn mmvq_max_tokens() -> usize {
 
 /// `OATO_CUDA_MMVQ_MAX_TOKENS`'s value: 0 to `MMVQ_MAX_TOKENS`.
 pub fn parse_mmvq_max_tokens(v: &str) -> Result<usize> {
+    parse_env_count(
+        "OATO_CUDA_MMVQ_MAX_TOKENS",
+        v,
+        |n| n <= MMVQ_MAX_TOKENS,
+        &format!("the largest batch the matrix-vector kernels take, 0 to {MMVQ_MAX_TOKENS}"),
+    )
+}
+
+/// Environment variable `name`'s value `v` as a whole number that `ok` accepts (surrounding
+/// spaces allowed), else an error naming the variable, the value and what was `expected`.
+fn parse_env_count(
+    name: &str,
+    v: &str,
+    ok: impl Fn(usize) -> bool,
+    expected: &str,
+) -> Result<usize> {
     v.trim()
         .parse::<usize>()
         .ok()
-        .filter(|n| *n <= MMVQ_MAX_TOKENS)
-        .ok_or_else(|| {
-            Error::Msg(format!(
-                "OATO_CUDA_MMVQ_MAX_TOKENS={v:?}: expected the largest batch the matrix-vector \
-                 kernels take, 0 to {MMVQ_MAX_TOKENS}"
-            ))
-        })
+        .filter(|&n| ok(n))
+        .ok_or_else(|| Error::Msg(format!("{name}={v:?}: expected {expected}")))
 }
 
 /// Whether prefill attention (more than `MMVQ_MAX_TOKENS` tokens) runs as the tiled kernel of
@@ -984,16 +995,13 @@ pub fn norm_threads() -> usize {
 
 /// `OATO_CUDA_NORM_THREADS`'s value: 0, or a multiple of 32 from 32 to 1024.
 pub fn parse_norm_threads(v: &str) -> Result<usize> {
-    v.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&t| t <= 1024 && t.is_multiple_of(32))
-        .ok_or_else(|| {
-            Error::Msg(format!(
-                "OATO_CUDA_NORM_THREADS={v:?}: expected the RMSNorm kernels' threads a block, a \
-                 multiple of 32 up to 1024 (0: four values a thread, the default)"
-            ))
-        })
+    parse_env_count(
+        "OATO_CUDA_NORM_THREADS",
+        v,
+        |t| t <= 1024 && t.is_multiple_of(32),
+        "the RMSNorm kernels' threads a block, a multiple of 32 up to 1024 (0: four values a \
+         thread, the default)",
+    )
 }
 
 /// How one weight is multiplied by a prefill batch.
@@ -1236,14 +1244,12 @@ impl CudaBackend {
             set_mmvq_mode(MmvqMode::parse(&v)?);
         }
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_PIPE_BLOCKS") {
-            let b = v.parse::<usize>().ok().filter(|b| (1..=64).contains(b));
-            let b = b.ok_or_else(|| {
-                Error::Msg(format!(
-                    "OATO_CUDA_MMVQ_PIPE_BLOCKS={v:?}: expected thread blocks per \
-                     multiprocessor, 1 to 64"
-                ))
-            })?;
-            set_pipe_blocks(b);
+            set_pipe_blocks(parse_env_count(
+                "OATO_CUDA_MMVQ_PIPE_BLOCKS",
+                &v,
+                |b| (1..=64).contains(&b),
+                "thread blocks per multiprocessor, 1 to 64",
+            )?);
         }
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_MAX_TOKENS") {
             set_mmvq_max_tokens(parse_mmvq_max_tokens(&v)?);
@@ -3281,6 +3287,31 @@ mod tests {
             assert!(
                 e.contains("OATO_CUDA_MMVQ") && e.contains("staged, direct or pipe"),
                 "{e}"
+            );
+        }
+    }
+
+    /// The environment's whole numbers: surrounding spaces allowed; a value the rule refuses,
+    /// or no number, is an error naming the variable, the value and what it should be.
+    #[test]
+    fn env_counts_name_the_variable_and_the_rule() {
+        let pipe = |v: &str| {
+            parse_env_count(
+                "OATO_CUDA_MMVQ_PIPE_BLOCKS",
+                v,
+                |b| (1..=64).contains(&b),
+                "thread blocks per multiprocessor, 1 to 64",
+            )
+        };
+        assert_eq!(pipe(" 5 ").unwrap(), 5);
+        for bad in ["0", "65", "", "four", "-1"] {
+            let e = pipe(bad).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "OATO_CUDA_MMVQ_PIPE_BLOCKS={bad:?}: expected thread blocks per \
+                     multiprocessor, 1 to 64"
+                )
             );
         }
     }
