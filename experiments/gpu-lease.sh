@@ -21,7 +21,8 @@
 #   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), the
 #   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1 (with
-#   its fused kernels), OATO_CUDA_MMA=0 (the int8 prefill GEMM on __dp4a, not tensor cores),
+#   its fused kernels; also with OATO_CUDA_ATTN_SPLIT=1, split decode attention below its 256
+#   positions, and that alone), OATO_CUDA_MMA=0 (the int8 prefill GEMM on __dp4a, not tensor cores),
 #   OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores),
 #   OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM, on tensor cores), the
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
@@ -228,7 +229,7 @@ s_kernels() {
     peer_env
     clocks_start kernels
     OATO_BIN=$OATO MODEL=$MODEL8 LLAMA_BIN=$LLAMA REPS=$REPS THREADS=$THREADS OUT="$RES/gpu-vs-llamacpp" \
-        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split mma-off flash-mma-off gemm-decode split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
+        RAW_DIR="$RES/gpu-vs-llamacpp-raw" VARIANTS="default split split-attn-split attn-split-on mma-off flash-mma-off gemm-decode split-fused-off mmvq-pipe graph-split-off graphs-off mmvq-direct multi-off fuse-off" \
         experiments/gpu-vs-llamacpp.sh
     clocks_stop
 }

@@ -2,14 +2,15 @@
 # Issue 12's all-GPU comparison on a borrowed GPU machine: llama-bench's pp64, pp512, tg32 and
 # tg128 on one synth file (default: LLaMA3-8B shape, Q4_0), every layer on the GPU, for
 # llama.cpp (CUDA build from experiments/build-llamacpp-cuda.sh, -ngl 99, its defaults: flash
-# attention as llama-bench sets it, CUDA graphs on) and for oato sixteen ways: its default
+# attention as llama-bench sets it, CUDA graphs on) and for oato eighteen ways: its default
 # kernels, the weights it keeps in the split layout of split.cu with its matrix-vector kernels
 # (OATO_CUDA_SPLIT=1; gate, up and SwiGLU one kernel, q, k, v, RoPE and the KV store one
 # kernel), the same with those as the launches they replace (split-fused-off: OATO_CUDA_SPLIT=1
 # OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), the direct matrix-vector kernels (OATO_CUDA_MMVQ=direct), the pipelined ones
 # (OATO_CUDA_MMVQ=pipe), q/k/v and gate/up as a launch per
 # weight rather than one (OATO_CUDA_MMVQ_MULTI=0), split-K decode attention forced off
-# (OATO_CUDA_ATTN_SPLIT=0), RMSNorm / SwiGLU without their fused Q8_1 quantisation and the
+# (OATO_CUDA_ATTN_SPLIT=0) or on below its 256 positions (attn-split-on: OATO_CUDA_ATTN_SPLIT=1;
+# split-attn-split: that with the split layout), RMSNorm / SwiGLU without their fused Q8_1 quantisation and the
 # residual add apart from the RMSNorm after it (OATO_CUDA_FUSE=0), decode without CUDA graphs
 # (OATO_CUDA_GRAPHS=0: every kernel launched on its own), a decode step as one graph rather than
 # one per 64 launches (OATO_CUDA_GRAPH_SPLIT=0), prefill attention by the old one-block-per-(head, token) kernel instead of the
@@ -28,7 +29,7 @@
 # Env: OATO_BIN (target/release/oato), MODEL (/tmp/m/llama3-8b-q4_0.gguf; made with `oato synth`
 #      when missing), LLAMA_BIN (default: the build script's bin directory), REPS (3), THREADS
 #      (nproc), OUT, RAW_DIR (default: a temporary folder), PROMPTS (64,512), GENS (32,128),
-#      VARIANTS (the oato variants above to run, by name; default all sixteen).
+#      VARIANTS (the oato variants above to run, by name; default all eighteen).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 oato=${OATO_BIN:-target/release/oato}
@@ -56,7 +57,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
-for variant in ${VARIANTS:-default split mma-off flash-mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
+for variant in ${VARIANTS:-default split split-attn-split attn-split-on mma-off flash-mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
     split) env=(OATO_CUDA_SPLIT=1) ;;
@@ -65,6 +66,8 @@ for variant in ${VARIANTS:-default split mma-off flash-mma-off gemm-decode split
     mmvq-pipe) env=(OATO_CUDA_MMVQ=pipe) ;;
     multi-off) env=(OATO_CUDA_MMVQ_MULTI=0) ;;
     attn-split-off) env=(OATO_CUDA_ATTN_SPLIT=0) ;;
+    attn-split-on) env=(OATO_CUDA_ATTN_SPLIT=1) ;;
+    split-attn-split) env=(OATO_CUDA_SPLIT=1 OATO_CUDA_ATTN_SPLIT=1) ;;
     fuse-off) env=(OATO_CUDA_FUSE=0) ;;
     graphs-off) env=(OATO_CUDA_GRAPHS=0) ;;
     graph-split-off) env=(OATO_CUDA_GRAPH_SPLIT=0) ;;
@@ -89,7 +92,7 @@ python3 experiments/bench_merge.py --csv "$out.csv" --md "$out.md" \
   --title "oato vs llama.cpp all on the GPU (llama-bench's tests)" \
   --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$commit" --threads "$threads" --reps "$reps" \
   --llamacpp "$(basename "$(dirname "$(dirname "$bin")")") (CUDA, $gpu)" \
-  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0, OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores), OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores), OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM)" \
+  --note "all layers on the GPU ($gpu); variants run: ${VARIANTS:-all}; oato variants: default kernels, OATO_CUDA_MMVQ=direct, OATO_CUDA_MMVQ=pipe, OATO_CUDA_MMVQ_MULTI=0 (a matrix-vector launch per weight), OATO_CUDA_ATTN_SPLIT=0 / 1 (split decode attention never / always; split-attn-split: 1 with OATO_CUDA_SPLIT=1), OATO_CUDA_FUSE=0 (RMSNorm / SwiGLU / attention without their Q8_1 blocks, the residual add apart), OATO_CUDA_GRAPHS=0 (decode without CUDA graphs), OATO_CUDA_GRAPH_SPLIT=0 (a decode step one graph, not one per 64 launches), OATO_CUDA_FLASH_PREFILL=0 (per-token prefill attention), OATO_CUDA_MMQ=1 / 0 (prefill GEMMs by the int8 kernels / by dequantisation + cuBLAS; the default times both per shape), OATO_CUDA_MMA=0 (the int8 kernels on __dp4a, not tensor cores), OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores), OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM)" \
   "${runs[@]}"
 echo "wrote $out.csv and $out.md" >&2
 cat "$out.md"
