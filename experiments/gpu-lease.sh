@@ -248,12 +248,19 @@ s_perf() {
 # stand-in driver counts them), so 600 from launch 300 hold one or more; llama.cpp's more.
 NCU_STEP_METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread
 ncu_step_run() { # name, launches to skip, launches to profile, command...
-    local name=$1 skip=$2 count=$3
+    local name=$1 skip=$2 count=$3 units
     shift 3
-    timeout 150 "$NCU_BIN" --metrics "$NCU_STEP_METRICS" --cache-control none --clock-control none \
-        --launch-skip "$skip" --launch-count "$count" --csv --print-units base \
-        --log-file "$RES/ncu-step-$name.csv" "$@" > "$RES/ncu-step-$name.out" 2>&1 ||
-        echo "ncu on $name: exit $?"
+    # Base units (ns, bytes) where this ncu takes --print-units; ncu_step.py converts scaled
+    # ones too, so an ncu that refuses the flag is asked again without it.
+    for units in "--print-units base" ""; do
+        # shellcheck disable=SC2086  # $units: the flag and its value, or nothing
+        timeout 150 "$NCU_BIN" --metrics "$NCU_STEP_METRICS" --cache-control none \
+            --clock-control none --launch-skip "$skip" --launch-count "$count" --csv $units \
+            --log-file "$RES/ncu-step-$name.csv" "$@" > "$RES/ncu-step-$name.out" 2>&1 ||
+            echo "ncu on $name ($units): exit $?"
+        grep -q '"Metric Name"' "$RES/ncu-step-$name.csv" 2> /dev/null && return 0
+        grep -qi 'print-units' "$RES/ncu-step-$name.out" || return 0
+    done
 }
 s_ncu_step() {
     header
