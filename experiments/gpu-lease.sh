@@ -172,7 +172,14 @@ LLAMA=$LEASE/lease-bin/llama-cuda-bin
 export OATO_CACHE_DIR=$LEASE/cache
 
 # The stages.
-s_selftest() { header; "$OATO" selftest --device gpu; }
+# Also with weights in split.cu's layout (the split matrix-vector kernels of every split format):
+# the likely next default has never run on a GPU.
+s_selftest() {
+    header
+    "$OATO" selftest --device gpu
+    echo "== OATO_CUDA_SPLIT=1"
+    OATO_CUDA_SPLIT=1 "$OATO" selftest --device gpu
+}
 s_synth() {
     # shellcheck disable=SC2086  # flags
     "$OATO" synth ${SYNTH_ARGS:---shape llama3-8b --type Q4_0 --seed 42} -o "$MODEL8.tmp" && mv "$MODEL8.tmp" "$MODEL8"
@@ -435,7 +442,7 @@ peer_bg_wait() {
 }
 stages_8b() {
     peer_bg_start
-    stage selftest 60 s_selftest
+    stage selftest 90 s_selftest
     stage synth 30 s_synth
     peer_bg_wait || return 0
     [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
