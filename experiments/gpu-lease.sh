@@ -16,8 +16,8 @@
 # Every call stashes what it carried under /tmp/lease (kept while the machine stays warm), then
 # runs the stages not yet done, in this order, for as long as its clock allows:
 #   on the 8B synth file (LLaMA3-8B shape Q4_0, P=64, G=32, all cores), in this order:
-#   selftest --device gpu (every operator and type against the references: the GPU code written
-#   since the last GPU session has never run on a GPU), synth, profile (link: weight uploads,
+#   selftest --device gpu, also with split weights (every operator and type against the
+#   references: the GPU code written since the last GPU session has never run on a GPU), synth, profile (link: weight uploads,
 #   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), the
 #   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
 #   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1 (with
