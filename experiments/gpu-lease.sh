@@ -61,8 +61,10 @@
 # Env: DEADLINE, REPS (2), THREADS (nproc), RES, SYNTH_ARGS (the big file's `oato synth` flags,
 #      default "--shape llama3-8b --type Q4_0 --seed 42"), PEER (1; 0 skips llama.cpp).
 # A dry run without a GPU (the CPU-backed test device for the GPU, a 2-layer file, no peer):
-#   prep, then for each call: OATO_TEST_DEVICE=4000000000 PEER=0 \
+#   prep, then for each call: OATO_TEST_DEVICE=4000000000 PEER=0 OATO_SELFTEST_PERF_SMALL=1 \
 #       SYNTH_ARGS="--shape llama3.2-1b --type Q4_0 --layers 2" experiments/gpu-lease.sh next
+#   (OATO_SELFTEST_PERF_SMALL=1: the perf stage's tables at small sizes; at LLaMA3-8B's the
+#   test device ran past a 480 s deadline in that stage alone on the 2-core VM)
 set -euo pipefail
 self=$(realpath "$0")
 cd "$(dirname "$0")/.."
