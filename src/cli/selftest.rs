@@ -1240,6 +1240,24 @@ fn cold_copies(be: &dyn Backend, bytes: usize, sz: &PerfSizes) -> usize {
         .clamp(1, sz.max_copies)
 }
 
+/// Products a back-to-back timing queues: at least 8, and every one of `copies` copies once.
+const BACK_TO_BACK: usize = 8;
+
+/// Median microseconds of one product in timings of `BACK_TO_BACK.max(copies)` products queued
+/// back to back, product i by `product(i % copies)` (the copy it reads).
+fn cycled_us(
+    be: &dyn Backend,
+    reps: usize,
+    copies: usize,
+    mut product: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let n = BACK_TO_BACK.max(copies);
+    let t = median_us(be, reps, || {
+        (0..n).try_for_each(|i| product(i % copies.max(1)))
+    })?;
+    Ok(t / n as f64)
+}
+
 /// The staged matrix-vector kernels, split.cu's (`OATO_CUDA_SPLIT`: Q4_0, Q8_0, Q4_K, Q6_K), then the
 /// pipelined ones at 1 to 16 thread blocks per
 /// multiprocessor (`OATO_CUDA_MMVQ_PIPE_BLOCKS`), 1 token, GB/s of weight bytes; on the shapes
@@ -1252,7 +1270,6 @@ fn cold_copies(be: &dyn Backend, bytes: usize, sz: &PerfSizes) -> usize {
 /// memory's, not the cache's (the table above times one weight again and again).
 fn pipe_blocks_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
     let reps = sz.reps;
-    const BACK_TO_BACK: usize = 8;
     let counts = [1usize, 2, 4, 5, 8, 16];
     println!();
     println!(
@@ -1288,17 +1305,13 @@ fn pipe_blocks_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
             let x = put(be, &pattern(k, 0.0))?;
             let mut y = be.alloc(DType::F32, n, Category::Workspace)?;
             print!("{:<6} {:<12} {copies:>6}", ty.name(), format!("{k}x{n}"));
-            let products = BACK_TO_BACK.max(copies);
             let mut time = |ws: &[Weight], m: MmvqMode, b: usize| -> Result<f64> {
                 set_mmvq_mode(m);
                 set_pipe_blocks(b);
-                let t = median_us(be, reps, || {
-                    for i in 0..products {
-                        be.matmul(&[&ws[i % ws.len()]], &x, 1, &mut [&mut y])?;
-                    }
-                    Ok(())
+                let t = cycled_us(be, reps, ws.len(), |c| {
+                    be.matmul(&[&ws[c]], &x, 1, &mut [&mut y])
                 })?;
-                Ok((products * bytes.len()) as f64 / t / 1e3)
+                Ok(bytes.len() as f64 / t / 1e3)
             };
             print!(" {:>9.1}", time(&ws, MmvqMode::Staged, blocks)?);
             // The same weight held for split.cu's kernels, read by mmvq_split1_*.
@@ -1328,8 +1341,8 @@ fn pipe_blocks_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
 /// Decode matmuls of weights that read one input (LLaMA3-8B's q/k/v and gate/up), one token:
 /// a launch per weight against one launch for all (`mmvq_multi`), the pipelined kernels' one
 /// launch, and split.cu's one launch; GB/s of weight bytes, each time with the activations'
-/// quantisation. As in [`pipe_blocks_perf`], a timing runs at least 8 such products back to
-/// back, each on the next of [`cold_copies`] copies of the weights.
+/// quantisation. As in [`pipe_blocks_perf`], a timing runs products back to back
+/// ([`cycled_us`]), each on the next of [`cold_copies`] copies of the weights.
 fn shared_input_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
     let reps = sz.reps;
     println!();
@@ -1379,20 +1392,15 @@ fn shared_input_perf(be: &dyn Backend, sz: &PerfSizes) -> Result<()> {
                 .iter()
                 .map(|&r| be.alloc(DType::F32, r, Category::Workspace))
                 .collect::<Result<Vec<_>>>()?;
-            let products = copies.max(8);
             // Microseconds a product of all the weights.
             let mut time = |sets: &[Vec<Weight>], multi: bool, m: MmvqMode| -> Result<f64> {
                 set_mmvq_multi(multi);
                 set_mmvq_mode(m);
-                let t = median_us(be, reps, || {
-                    for i in 0..products {
-                        let wr: Vec<&Weight> = sets[i % sets.len()].iter().collect();
-                        let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
-                        be.matmul(&wr, &x, 1, &mut yr)?;
-                    }
-                    Ok(())
-                })?;
-                Ok(t / products as f64)
+                let refs: Vec<Vec<&Weight>> = sets.iter().map(|s| s.iter().collect()).collect();
+                cycled_us(be, reps, refs.len(), |c| {
+                    let mut yr: Vec<&mut Tensor> = ys.iter_mut().collect();
+                    be.matmul(&refs[c], &x, 1, &mut yr)
+                })
             };
             let (apart, one) = (
                 time(&ws, false, MmvqMode::Staged)?,

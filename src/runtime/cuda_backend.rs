@@ -426,6 +426,16 @@ pub fn parse_mmvq_max_tokens(v: &str) -> Result<usize> {
     )
 }
 
+/// `OATO_CUDA_MMVQ_PIPE_BLOCKS`'s value: 1 to 64.
+fn parse_pipe_blocks(v: &str) -> Result<usize> {
+    parse_env_count(
+        "OATO_CUDA_MMVQ_PIPE_BLOCKS",
+        v,
+        |b| (1..=64).contains(&b),
+        "thread blocks per multiprocessor, 1 to 64",
+    )
+}
+
 /// Environment variable `name`'s value `v` as a whole number that `ok` accepts (surrounding
 /// spaces allowed), else an error naming the variable, the value and what was `expected`.
 fn parse_env_count(
@@ -1244,12 +1254,7 @@ impl CudaBackend {
             set_mmvq_mode(MmvqMode::parse(&v)?);
         }
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_PIPE_BLOCKS") {
-            set_pipe_blocks(parse_env_count(
-                "OATO_CUDA_MMVQ_PIPE_BLOCKS",
-                &v,
-                |b| (1..=64).contains(&b),
-                "thread blocks per multiprocessor, 1 to 64",
-            )?);
+            set_pipe_blocks(parse_pipe_blocks(&v)?);
         }
         if let Ok(v) = std::env::var("OATO_CUDA_MMVQ_MAX_TOKENS") {
             set_mmvq_max_tokens(parse_mmvq_max_tokens(&v)?);
@@ -3295,17 +3300,10 @@ mod tests {
     /// or no number, is an error naming the variable, the value and what it should be.
     #[test]
     fn env_counts_name_the_variable_and_the_rule() {
-        let pipe = |v: &str| {
-            parse_env_count(
-                "OATO_CUDA_MMVQ_PIPE_BLOCKS",
-                v,
-                |b| (1..=64).contains(&b),
-                "thread blocks per multiprocessor, 1 to 64",
-            )
-        };
-        assert_eq!(pipe(" 5 ").unwrap(), 5);
+        assert_eq!(parse_pipe_blocks(" 5 ").unwrap(), 5);
+        assert_eq!(parse_pipe_blocks("64").unwrap(), 64);
         for bad in ["0", "65", "", "four", "-1"] {
-            let e = pipe(bad).unwrap_err().to_string();
+            let e = parse_pipe_blocks(bad).unwrap_err().to_string();
             assert_eq!(
                 e,
                 format!(

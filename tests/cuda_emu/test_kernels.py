@@ -1376,6 +1376,9 @@ def main():
     r.run("attention_flash_f16kv", check_flash_prefill)
     r.run("attention_flash_mma_f16kv", check_flash_mma)
     r.run("coverage", check_coverage, args.src)
+    if not r.groups:
+        print(f"cuda-emu: --only {args.only!r} matches no check group")
+        return 1
     return 0 if r.summary() else 1
 
 
