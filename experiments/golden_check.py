@@ -6,9 +6,10 @@ runs `oato run --json` per prompt with the given extra flags, e.g. `--device gpu
 
 Usage: golden_check.py [--oato target/release/oato] [--golden tests/data/golden/smollm2-q4_1.json]
                        [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--out FILE.json]
-                       [--prompts N] [--max-tokens N] -- [oato run flags]
---prompts N checks the first N prompts only, --max-tokens N the first N tokens of each (for the
-slow CPU-emulated GPU of scripts/fake-gpu.sh).
+                       [--prompts N] [--skip N] [--max-tokens N] -- [oato run flags]
+--prompts N checks the first N prompts only, --skip N not the first N of those (--prompts 3
+--skip 2: the third alone), --max-tokens N the first N tokens of each (for the slow CPU-emulated
+GPU of scripts/fake-gpu.sh).
 Exit status 1 when any prompt breaks the rule. Standard library only.
 """
 
@@ -44,12 +45,16 @@ def main():
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out")
     ap.add_argument("--prompts", type=int, default=0, help="only the first N prompts")
+    ap.add_argument("--skip", type=int, default=0, help="not the first N of those")
     ap.add_argument("--max-tokens", type=int, default=0, help="only the first N tokens of each")
     ap.add_argument("flags", nargs="*")
     a = ap.parse_args()
     g = json.load(open(a.golden))
     results, ok_all = [], True
-    for p in g["prompts"][: a.prompts or None]:
+    chosen = g["prompts"][: a.prompts or None][a.skip:]
+    if not chosen:
+        sys.exit(f"golden_check: --prompts {a.prompts} --skip {a.skip} leaves no prompt to check")
+    for p in chosen:
         want = p["output_ids"][: a.max_tokens or None]
         cmd = [a.oato, "run", a.model, "-p", p["prompt"], "-n", str(len(want)), "--temp", "0",
                "--ignore-eos", "--json", *a.flags]

@@ -138,9 +138,17 @@ fn run_takes_the_model_with_dash_m() {
     );
 }
 
+/// `--no-warmup` skips the untimed first run of the prompt and says so; the tokens are the same
+/// (the warm-up's reset leaves nothing behind).
+#[test]
+fn run_without_warmup_gives_the_golden_ids() {
+    assert_eq!(run_golden_json(&["--no-warmup"])["warmup"], false);
+}
+
 #[test]
 fn run_json_gives_ids_text_and_timings() {
     let v = run_golden_json(&[]);
+    assert_eq!(v["warmup"], true);
     for key in ["load_ms", "ttft_ms", "tpot_ms", "e2e_ms"] {
         assert!(v[key].as_f64().unwrap() > 0.0, "{key} = {}", v[key]);
     }

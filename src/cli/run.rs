@@ -58,6 +58,11 @@ pub struct RunArgs {
     /// whole prompt as one batch). Each micro-batch streams the prefill weights again (rule 5).
     #[arg(long = "ubatch", default_value_t = 0, value_name = "N")]
     pub ubatch: usize,
+    /// Skip the warm-up run of the whole prompt before the timed one (llama.cpp's
+    /// --no-warmup): the first token's time then includes first-use costs (page faults, buffer
+    /// growth, the first GEMM's set-up).
+    #[arg(long = "no-warmup")]
+    pub no_warmup: bool,
 }
 
 /// The model's weight type as results name it: the most common type among its target weights.
@@ -152,8 +157,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     // Warm-up: the whole prompt, so the timed prefill pays no page faults, buffer growth or
     // first-GEMM set-up (DESIGN.md: TTFT starts with the engine warmed up).
-    session.forward(&prompt_ids, Logits::Last)?;
-    session.reset();
+    if !a.no_warmup {
+        session.forward(&prompt_ids, Logits::Last)?;
+        session.reset();
+    }
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
 
     let mut sampler = Sampler::new(sampling);
@@ -208,6 +215,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "text": g.text,
             "stopped_on_eog": g.stopped_on_eog,
             "load_ms": load_ms,
+            "warmup": !a.no_warmup,
             "ttft_ms": g.ttft_ms,
             "tpot_ms": g.tpot_ms,
             "e2e_ms": g.e2e_ms,

@@ -40,7 +40,8 @@ pub struct SelftestArgs {
     /// Also time the kernels on large shapes and print GB/s and TFLOP/s.
     #[arg(long)]
     pub perf: bool,
-    /// Only compile every CUDA kernel source with NVRTC (works without a GPU).
+    /// Only compile every CUDA kernel source with NVRTC (works without a GPU); each CUBIN also
+    /// goes into the kernel cache, where a start on a GPU of that architecture looks.
     #[arg(long = "compile-only")]
     pub compile_only: bool,
     /// Architectures for --compile-only, as compute capabilities (sm_XY → XY).
@@ -137,48 +138,34 @@ fn compile_only(archs: &[u32], only: &[String], cubin_dir: Option<&std::path::Pa
         kc::include_dirs()
     );
     // Every (architecture, source) on its own thread of a few (NVRTC compiles programs
-    // concurrently): one at a time, the seven architectures took about 4 minutes of CI's 2-core
-    // machine, mmvq.cu alone 20-26 s each. Reported in order when all are done.
+    // concurrently), the longest sources first so that no long one is left for the end: one at
+    // a time, the seven architectures took about 4 minutes of CI's 2-core machine, mmvq.cu
+    // alone 20-26 s each. Reported in order when all are done.
     let jobs: Vec<(u32, &kc::Source)> = archs
         .iter()
         .flat_map(|&a| kc::SOURCES.iter().map(move |s| (a, s)))
         .filter(|(_, s)| only.is_empty() || only.iter().any(|n| n == s.name))
         .collect();
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(jobs.len())
-        .max(1);
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].1.code.len()));
+    let workers = kc::compile_threads().min(jobs.len()).max(1);
     let wall = Instant::now();
-    // Each worker's (job, CUBIN or error, milliseconds); a worker's panic reaches this thread
-    // when the scope ends.
-    let mut done: Vec<(usize, Result<Vec<u8>>, f64)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(arch, src)) = jobs.get(i) else {
-                            break mine;
-                        };
-                        let t = Instant::now();
-                        let r = kc::compile(src, arch);
-                        mine.push((i, r, t.elapsed().as_secs_f64() * 1e3));
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    // Each job's CUBIN or error, and its milliseconds; a worker's panic reaches this thread.
+    let mut done = kc::parallel_map(order.len(), workers, |j| {
+        let (arch, src) = jobs[order[j]];
+        let t = Instant::now();
+        let r = kc::compile(src, arch);
+        (order[j], r, t.elapsed().as_secs_f64() * 1e3)
     });
     done.sort_by_key(|d| d.0);
     let mut failures = Vec::new();
     for ((arch, src), (_, r, ms)) in jobs.iter().copied().zip(done) {
         match r {
             Ok(bin) => {
+                // Into the kernel cache too, as a start on a GPU of that architecture would put
+                // it (the same options): the stand-in driver's runs (scripts/fake-gpu.sh, an
+                // sm_90 device) then load it instead of compiling it again.
+                kc::store_cached(src, arch, &bin)?;
                 if let Some(d) = cubin_dir {
                     let stem = src.name.trim_end_matches(".cu");
                     let f = d.join(format!("{stem}-sm{arch}.cubin"));

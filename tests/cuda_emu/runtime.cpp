@@ -137,6 +137,7 @@ thread_local Fiber* cur = nullptr;
 #if EMU_FAST_SWITCH
 thread_local void* sched_sp = nullptr;
 #endif
+thread_local bool run_reverse = false; // the block's fiber order (run_block's)
 thread_local void (*body_fn)(void*) = nullptr;
 thread_local void* body_ctx = nullptr;
 #if defined(__SANITIZE_ADDRESS__)
@@ -154,6 +155,54 @@ std::string where(const Fiber& f) {
     char b[96];
     snprintf(b, sizeof b, "thread (%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
     return b;
+}
+
+// The lanes of f's warp: the first and how many.
+Fiber* warp_of(const Fiber& f, int& n) {
+    Fiber* fibers = H().fibers;
+    const int w0 = (int)(&f - fibers) / 32 * 32;
+    n = n_threads - w0 < 32 ? n_threads - w0 : 32;
+    return fibers + w0;
+}
+
+// The next lane of f's warp after f in the block's order (cyclically) that is ready to run,
+// or null. A warp's lanes run one after another from one synchronisation point to the next in
+// the block's order, as under the scheduler's rounds, but hand the OS thread to each other
+// directly (one switch a lane, not two, and no round over the whole block); the scheduler takes
+// over at a barrier, at the warp's end, and where the warp cannot go on (an error, reported by
+// release()).
+Fiber* next_ready_lane(const Fiber& f) {
+    int n;
+    Fiber* lanes = warp_of(f, n);
+    const int l = (int)(&f - lanes);
+    if (!run_reverse) {
+        for (int j = l + 1; j < n; ++j) {
+            if (lanes[j].st == St::Ready) return lanes + j;
+        }
+        for (int j = 0; j < l; ++j) {
+            if (lanes[j].st == St::Ready) return lanes + j;
+        }
+    } else {
+        for (int j = l - 1; j >= 0; --j) {
+            if (lanes[j].st == St::Ready) return lanes + j;
+        }
+        for (int j = n - 1; j > l; --j) {
+            if (lanes[j].st == St::Ready) return lanes + j;
+        }
+    }
+    return nullptr;
+}
+
+// Fiber -> fiber g of the same block, which resumes where it stopped (or starts).
+void switch_to(Fiber& g) {
+#if EMU_FAST_SWITCH
+    Fiber* me = cur;
+    cur = &g;
+    thread_idx = g.tid;
+    emu_switch(&me->sp, g.sp); // back here when a fiber or the scheduler resumes `me`
+#else
+    (void)g;
+#endif
 }
 
 // Fiber -> scheduler.
@@ -176,6 +225,14 @@ void fiber_main() {
 #endif
     body_fn(body_ctx);
     cur->st = St::Done;
+#if EMU_FAST_SWITCH
+    if (Fiber* g = next_ready_lane(*cur)) {
+        void* unused;
+        cur = g;
+        thread_idx = g->tid;
+        emu_switch(&unused, g->sp); // a finished fiber never resumes
+    }
+#endif
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_start_switch_fiber(nullptr, sched_stack_bottom, sched_stack_size);
 #endif
@@ -217,6 +274,47 @@ bool map_stacks(int n) {
     return true;
 }
 
+// The exchange every one of the n lanes of the warp starting at `lanes` waits in: each lane's
+// result, and every lane ready; false with the block error set on a misuse.
+bool complete_warp(Fiber* lanes, int n) {
+    Held& h = H();
+    const int w = (int)(lanes - h.fibers) / 32;
+    const Fiber& a = lanes[0];
+    const unsigned full = n == 32 ? 0xffffffffu : (1u << n) - 1;
+    for (int l = 0; l < n; ++l) {
+        const Fiber& f = lanes[l];
+        if (f.mask != full) {
+            char b[128];
+            snprintf(b, sizeof b, " with mask %#x in warp %d of %d lanes: only masks naming "
+                     "exactly the warp's lanes are emulated", f.mask, w, n);
+            h.block_error = kind_name(f.kind) + std::string(b);
+            return false;
+        }
+        if (f.kind != a.kind || f.width != a.width) { // the offset may differ per lane
+            h.block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
+                          kind_name(a.kind) + " (width " + std::to_string(a.width) +
+                          "), lane " + std::to_string(l) + " in " + kind_name(f.kind) +
+                          " (width " + std::to_string(f.width) + ")";
+            return false;
+        }
+    }
+    for (int l = 0; l < n; ++l) {
+        Fiber& f = lanes[l];
+        const int seg = l / f.width * f.width;
+        int src = l;
+        switch (f.kind) {
+        case 0: src = seg + ((f.arg % f.width) + f.width) % f.width; break;
+        case 1: src = l - seg >= f.arg ? l - f.arg : l; break;
+        case 2: src = l - seg + f.arg < f.width ? l + f.arg : l; break;
+        case 3: src = (l ^ f.arg) < seg + f.width ? l ^ f.arg : l; break;
+        default: break; // __syncwarp
+        }
+        f.out = src < n ? lanes[src].in : f.in;
+    }
+    for (int l = 0; l < n; ++l) lanes[l].st = St::Ready;
+    return true;
+}
+
 // Completes the warp exchanges and barriers that every participant has reached; returns whether
 // any fiber became ready. Sets the block error (Held::block_error) on a misuse or a deadlock.
 bool release() {
@@ -242,38 +340,7 @@ bool release() {
             return false;
         }
         if (waiting < n) continue; // the rest are at a barrier: a deadlock, reported below
-        const unsigned full = n == 32 ? 0xffffffffu : (1u << n) - 1;
-        for (int l = 0; l < n; ++l) {
-            const Fiber& f = lanes[l];
-            if (f.mask != full) {
-                char b[128];
-                snprintf(b, sizeof b, " with mask %#x in warp %d of %d lanes: only masks naming "
-                         "exactly the warp's lanes are emulated", f.mask, w, n);
-                h.block_error = kind_name(f.kind) + std::string(b);
-                return false;
-            }
-            if (f.kind != a.kind || f.width != a.width) { // the offset may differ per lane
-                h.block_error = "warp " + std::to_string(w) + " diverged: a lane in " +
-                              kind_name(a.kind) + " (width " + std::to_string(a.width) +
-                              "), lane " + std::to_string(l) + " in " + kind_name(f.kind) +
-                              " (width " + std::to_string(f.width) + ")";
-                return false;
-            }
-        }
-        for (int l = 0; l < n; ++l) {
-            Fiber& f = lanes[l];
-            const int seg = l / f.width * f.width;
-            int src = l;
-            switch (f.kind) {
-            case 0: src = seg + ((f.arg % f.width) + f.width) % f.width; break;
-            case 1: src = l - seg >= f.arg ? l - f.arg : l; break;
-            case 2: src = l - seg + f.arg < f.width ? l + f.arg : l; break;
-            case 3: src = (l ^ f.arg) < seg + f.width ? l ^ f.arg : l; break;
-            default: break; // __syncwarp
-            }
-            f.out = src < n ? lanes[src].in : f.in;
-            f.st = St::Ready;
-        }
+        if (!complete_warp(lanes, n)) return false;
         any = true;
     }
     if (any) return true;
@@ -347,6 +414,7 @@ void init_fiber(int i) {
 // Runs one thread block to the end; false with the block error set when it went wrong.
 bool run_block(bool reverse) {
     Held& h = H();
+    run_reverse = reverse;
     for (int i = 0; i < n_threads; ++i) init_fiber(i);
     for (;;) {
         for (int k = 0; k < n_threads; ++k) {
@@ -453,7 +521,10 @@ void sync_block(const char* file, int line) {
     cur->st = St::AtBarrier;
     cur->file = file;
     cur->line = line;
-    yield_to_scheduler();
+#if EMU_FAST_SWITCH
+    if (Fiber* g = next_ready_lane(*cur)) return switch_to(*g);
+#endif
+    yield_to_scheduler(); // the warp's last lane here: the scheduler's next warp
 }
 
 unsigned long long warp_exchange(unsigned mask, unsigned long long bits, int kind, int arg,
@@ -469,7 +540,24 @@ unsigned long long warp_exchange(unsigned mask, unsigned long long bits, int kin
     cur->arg = arg;
     cur->width = width;
     cur->in = bits;
-    yield_to_scheduler();
+#if EMU_FAST_SWITCH
+    if (Fiber* g = next_ready_lane(*cur)) {
+        switch_to(*g);
+        return cur->out;
+    }
+    // The warp's last lane to arrive: if every lane waits here, the exchange completes now and
+    // the warp goes on from its first lane in the block's order.
+    int n, waiting = 0;
+    Fiber* lanes = warp_of(*cur, n);
+    for (int l = 0; l < n; ++l) waiting += lanes[l].st == St::AtWarp;
+    if (waiting == n) {
+        if (!complete_warp(lanes, n)) yield_to_scheduler(); // never resumed
+        Fiber& first = lanes[run_reverse ? n - 1 : 0];
+        if (&first != cur) switch_to(first);
+        return cur->out;
+    }
+#endif
+    yield_to_scheduler(); // some lane is at a barrier or done: release() reports it
     return cur->out;
 }
 

@@ -232,17 +232,64 @@ pub fn compile_cached(src: &Source, arch: u32) -> Result<(Vec<u8>, bool)> {
 /// (also a damaged entry the driver refused).
 pub fn compile_fresh(src: &Source, arch: u32) -> Result<Vec<u8>> {
     let bin = compile(src, arch)?;
+    store_cached(src, arch, &bin)?;
+    Ok(bin)
+}
+
+/// Puts `bin`, the CUBIN `compile(src, arch)` made, in the cache where `compile_cached` looks
+/// (written aside, then renamed, so a reader never sees half a file). A cache that cannot be
+/// written only costs a recompile next time: only NVRTC's absence is an error.
+pub fn store_cached(src: &Source, arch: u32, bin: &[u8]) -> Result<()> {
     if let Some(f) = cache_file(src, arch)? {
-        // A cache that cannot be written only costs a recompile next time.
         if let Some(dir) = f.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &bin).is_ok() {
-            let _ = std::fs::rename(&tmp, &f);
+        let tmp = f.with_extension(format!(
+            "tmp{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        if std::fs::write(&tmp, bin).is_ok() && std::fs::rename(&tmp, &f).is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
     }
-    Ok(bin)
+    Ok(())
+}
+
+/// `job(i)` for every i < n on up to `threads` threads (at least one), the results in order of
+/// i. NVRTC compiles programs concurrently, and a compilation is one thread's work, so this is
+/// how several sources (or architectures) compile at once; jobs are handed out in order, so put
+/// the longest first.
+pub fn parallel_map<T: Send>(n: usize, threads: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = threads.clamp(1, n.max(1));
+    let mut done: Vec<(usize, T)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            break mine;
+                        }
+                        mine.push((i, job(i)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_by_key(|d| d.0);
+    done.into_iter().map(|d| d.1).collect()
+}
+
+/// Threads for compiling: one per core.
+pub fn compile_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The cache entry for `src` on `sm_<arch>`: named by a hash of the source, the header and the
