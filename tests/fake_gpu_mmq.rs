@@ -50,6 +50,8 @@ fn run(mode: &str, mma: &str, splitk: &str, prompt: &str, n: usize) -> (Vec<u32>
             "--json",
             "-c",
             "256",
+            // One prefill a run, not two: the emulator's prefill is most of a run's time.
+            "--no-warmup",
         ])
         .args(["--device", "gpu"])
         .current_dir(repo())

@@ -9,7 +9,9 @@
 //   core, at most 8; 1 runs them one after another on the caller's thread), each thread taking
 //   the next block in order. Each CUDA thread of a block is a fiber (a coroutine with its own
 //   stack) on the OS thread running the block; a fiber runs until it reaches a synchronisation
-//   point (__syncthreads, a warp shuffle, __syncwarp) or returns, then the next one runs.
+//   point (__syncthreads, a warp shuffle, __syncwarp) or returns, then the next lane of its warp
+//   runs: a warp goes on, shuffle after shuffle, until its lanes reach a barrier or return, then
+//   the next warp runs (lanes hand over to each other directly; runtime.cpp).
 //   Blocks alternate the fibers' order (forward, then reverse; OATO_CUDA_EMU_ORDER= forward /
 //   reverse fixes it), so code that reads another thread's shared-memory writes without a
 //   barrier sees stale data in one order or the other and fails its check. A launch that goes
