@@ -188,11 +188,7 @@ for policy in layer-split flexgen oato; do
     step "$policy at 50%"
     fake "$OATO" plan --profile "$W/profile.json" --vram-budget 50% --policy "$policy" \
         -o "$W/$policy.json" | tail -2
-    if [ "$policy" = layer-split ]; then
-        WARMUP=1 golden --placement "$W/$policy.json"
-    else
-        golden --placement "$W/$policy.json"
-    fi
+    WARMUP=$([ "$policy" = layer-split ] && echo 1 || echo 0) golden --placement "$W/$policy.json"
 done
 step "layer-split at 50%, the GPU's weights in the split layout"
 OATO_CUDA_SPLIT=1 golden --placement "$W/layer-split.json"

@@ -8,7 +8,7 @@ use std::process::Output;
 use oato::gguf::{GgufWriter, Value};
 use oato::quant::GgmlType;
 
-use common::{golden, golden_dir, ids, model_path, oato, repo, text, tmp_dir};
+use common::{golden, golden_dir, ids, model_path, oato, oato_env, repo, text, tmp_dir};
 
 /// Asserts a clean failure: exit code 1 or 2, `want` in stderr, no panic.
 fn assert_fails(out: &Output, want: &str) {
@@ -139,10 +139,38 @@ fn run_takes_the_model_with_dash_m() {
 }
 
 /// `--no-warmup` skips the untimed first run of the prompt and says so; the tokens are the same
-/// (the warm-up's reset leaves nothing behind).
+/// (the warm-up's reset leaves nothing behind). The step trace counts the prompt's forward calls:
+/// two with the warm-up, one without.
 #[test]
 fn run_without_warmup_gives_the_golden_ids() {
     assert_eq!(run_golden_json(&["--no-warmup"])["warmup"], false);
+    let g = golden();
+    let p = &g["prompts"][1];
+    let n_prompt = ids(&p["prompt_ids"]).len();
+    let prefills = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-p",
+            p["prompt"].as_str().unwrap(),
+            "-n",
+            "2",
+            "--temp",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let out = oato_env(&args, &repo(), &[("OATO_TRACE_STEPS", "1")]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        let head = format!("n={n_prompt} ");
+        err.lines()
+            .find(|l| l.contains("(whole forward)") && l.trim_start().starts_with(&head))
+            .unwrap_or_else(|| panic!("no whole-forward line for {n_prompt} tokens:\n{err}"))
+            .to_string()
+    };
+    let twice = prefills(&[]);
+    assert!(twice.ends_with("(2 calls)"), "{twice}");
+    let once = prefills(&["--no-warmup"]);
+    assert!(once.ends_with("(1 calls)"), "{once}");
 }
 
 #[test]

@@ -146,20 +146,21 @@ fn compile_only(archs: &[u32], only: &[String], cubin_dir: Option<&std::path::Pa
         .flat_map(|&a| kc::SOURCES.iter().map(move |s| (a, s)))
         .filter(|(_, s)| only.is_empty() || only.iter().any(|n| n == s.name))
         .collect();
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].1.code.len()));
     let workers = kc::compile_threads().min(jobs.len()).max(1);
     let wall = Instant::now();
     // Each job's CUBIN or error, and its milliseconds; a worker's panic reaches this thread.
-    let mut done = kc::parallel_map(order.len(), workers, |j| {
-        let (arch, src) = jobs[order[j]];
-        let t = Instant::now();
-        let r = kc::compile(src, arch);
-        (order[j], r, t.elapsed().as_secs_f64() * 1e3)
-    });
-    done.sort_by_key(|d| d.0);
+    let done = kc::parallel_map(
+        jobs.len(),
+        workers,
+        |i| jobs[i].1.code.len(),
+        |i| {
+            let (arch, src) = jobs[i];
+            let t = Instant::now();
+            (kc::compile(src, arch), t.elapsed().as_secs_f64() * 1e3)
+        },
+    );
     let mut failures = Vec::new();
-    for ((arch, src), (_, r, ms)) in jobs.iter().copied().zip(done) {
+    for ((arch, src), (r, ms)) in jobs.iter().copied().zip(done) {
         match r {
             Ok(bin) => {
                 // Into the kernel cache too, as a start on a GPU of that architecture would put

@@ -1270,14 +1270,13 @@ impl CudaBackend {
         // Every source's CUBIN first, on a thread a source (the longest first): a first start
         // compiles them all, and one after the other they took 23 s of an H200 machine's host
         // (2026-11-28), mmvq.cu and split.cu most of it. Then the modules load in order.
-        let mut order: Vec<usize> = (0..SOURCES.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(SOURCES[i].code.len()));
-        let bins = kc::parallel_map(order.len(), kc::compile_threads(), |j| {
-            kc::compile_cached(&SOURCES[order[j]], arch)
-        });
-        let mut bins: Vec<_> = order.into_iter().zip(bins).collect();
-        bins.sort_by_key(|b| b.0);
-        for (src, (_, bin)) in SOURCES.iter().zip(bins) {
+        let bins = kc::parallel_map(
+            SOURCES.len(),
+            kc::compile_threads(),
+            |i| SOURCES[i].code.len(),
+            |i| kc::compile_cached(&SOURCES[i], arch),
+        );
+        for (src, bin) in SOURCES.iter().zip(bins) {
             let (bin, cached) = bin?;
             from_cache += cached as usize;
             let module = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {

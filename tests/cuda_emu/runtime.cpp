@@ -157,6 +157,7 @@ std::string where(const Fiber& f) {
     return b;
 }
 
+#if EMU_FAST_SWITCH
 // The lanes of f's warp: the first and how many.
 Fiber* warp_of(const Fiber& f, int& n) {
     Fiber* fibers = H().fibers;
@@ -195,15 +196,12 @@ Fiber* next_ready_lane(const Fiber& f) {
 
 // Fiber -> fiber g of the same block, which resumes where it stopped (or starts).
 void switch_to(Fiber& g) {
-#if EMU_FAST_SWITCH
     Fiber* me = cur;
     cur = &g;
     thread_idx = g.tid;
     emu_switch(&me->sp, g.sp); // back here when a fiber or the scheduler resumes `me`
-#else
-    (void)g;
-#endif
 }
+#endif // EMU_FAST_SWITCH: the hand-over needs the fast switch (not ASan's swapcontext path)
 
 // Fiber -> scheduler.
 void yield_to_scheduler() {
@@ -226,12 +224,7 @@ void fiber_main() {
     body_fn(body_ctx);
     cur->st = St::Done;
 #if EMU_FAST_SWITCH
-    if (Fiber* g = next_ready_lane(*cur)) {
-        void* unused;
-        cur = g;
-        thread_idx = g->tid;
-        emu_switch(&unused, g->sp); // a finished fiber never resumes
-    }
+    if (Fiber* g = next_ready_lane(*cur)) switch_to(*g); // a finished fiber never resumes
 #endif
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_start_switch_fiber(nullptr, sched_stack_bottom, sched_stack_size);

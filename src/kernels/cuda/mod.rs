@@ -256,25 +256,30 @@ pub fn store_cached(src: &Source, arch: u32, bin: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// `job(i)` for every i < n on up to `threads` threads (at least one), the results in order of
-/// i. NVRTC compiles programs concurrently, and a compilation is one thread's work, so this is
-/// how several sources (or architectures) compile at once; jobs are handed out in order, so put
-/// the longest first.
-pub fn parallel_map<T: Send>(n: usize, threads: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
+/// `job(i)` for every i < n on up to `threads` threads (at least one), handed out longest
+/// first by `cost(i)` so that no long job is left for the end; the results in order of i. NVRTC
+/// compiles programs concurrently and a compilation is one thread's work, so this is how several
+/// sources (or architectures) compile at once.
+pub fn parallel_map<T: Send>(
+    n: usize,
+    threads: usize,
+    cost: impl Fn(usize) -> usize,
+    job: impl Fn(usize) -> T + Sync,
+) -> Vec<T> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(cost(i)));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = threads.clamp(1, n.max(1));
     let mut done: Vec<(usize, T)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
+        let handles: Vec<_> = (0..threads.clamp(1, n.max(1)))
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= n {
-                            break mine;
-                        }
+                    while let Some(&i) =
+                        order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
                         mine.push((i, job(i)));
                     }
+                    mine
                 })
             })
             .collect();
