@@ -11,8 +11,10 @@ nvrtc_env() {
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     for try in 1 2; do
-        nvrtc=$(find "$site/nvidia" -name 'libnvrtc.so*' 2> /dev/null | sort | head -1)
-        fp16=$(find "$site/nvidia" -name 'cuda_fp16.h' 2> /dev/null | sort | head -1)
+        # `|| true`: before the first install there is no $site/nvidia, find fails, and under the
+        # callers' `set -e -o pipefail` the assignment would end the script without a word.
+        nvrtc=$(find "$site/nvidia" -name 'libnvrtc.so*' 2> /dev/null | sort | head -1 || true)
+        fp16=$(find "$site/nvidia" -name 'cuda_fp16.h' 2> /dev/null | sort | head -1 || true)
         if [ -n "$nvrtc" ] && [ -n "$fp16" ]; then
             NVRTC_DIR=$(dirname "$nvrtc")
             CUDA_FP16_DIR=$(dirname "$fp16")
