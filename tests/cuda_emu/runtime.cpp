@@ -96,6 +96,13 @@ int fail(const std::string& msg) {
 
 namespace {
 constexpr size_t kStack = 256 * 1024; // per CUDA thread; the lowest page is a guard
+// Fiber i's stack starts kColour * (i % kColours) bytes below its mapping's top. The mappings are
+// kStack apart, so without it every fiber's frames would sit at the same offset in a page and in
+// a 256 KiB span: the same sets of the L1 and L2 caches, which the 128 fibers of a block thrash
+// at every switch. With it their tops fall in different sets (576 bytes: nine cache lines, prime
+// to the 64 sets of an L1's 4 KiB way).
+constexpr size_t kColour = 576;
+constexpr int kColours = 128;
 constexpr int kMaxThreads = 1024;
 
 enum class St { Ready, AtBarrier, AtWarp, Done };
@@ -133,6 +140,7 @@ Held& H() {
     return *held;
 }
 thread_local int n_threads = 0;
+thread_local Fiber* fibers = nullptr; // H().fibers, set by run_block: no check of `held` per use
 thread_local Fiber* cur = nullptr;
 #if EMU_FAST_SWITCH
 thread_local void* sched_sp = nullptr;
@@ -160,7 +168,6 @@ std::string where(const Fiber& f) {
 #if EMU_FAST_SWITCH
 // The lanes of f's warp: the first and how many.
 Fiber* warp_of(const Fiber& f, int& n) {
-    Fiber* fibers = H().fibers;
     const int w0 = (int)(&f - fibers) / 32 * 32;
     n = n_threads - w0 < 32 ? n_threads - w0 : 32;
     return fibers + w0;
@@ -173,6 +180,15 @@ Fiber* warp_of(const Fiber& f, int& n) {
 // over at a barrier, at the warp's end, and where the warp cannot go on (an error, reported by
 // release()).
 Fiber* next_ready_lane(const Fiber& f) {
+    // The usual case first: the lane after f, in the block's order, has not run yet.
+    const int i = (int)(&f - fibers);
+    if (!run_reverse) {
+        if ((i & 31) != 31 && i + 1 < n_threads && fibers[i + 1].st == St::Ready) {
+            return fibers + i + 1;
+        }
+    } else if ((i & 31) != 0 && fibers[i - 1].st == St::Ready) {
+        return fibers + i - 1;
+    }
     int n;
     Fiber* lanes = warp_of(f, n);
     const int l = (int)(&f - lanes);
@@ -271,7 +287,7 @@ bool map_stacks(int n) {
 // result, and every lane ready; false with the block error set on a misuse.
 bool complete_warp(Fiber* lanes, int n) {
     Held& h = H();
-    const int w = (int)(lanes - h.fibers) / 32;
+    const int w = (int)(lanes - fibers) / 32;
     const Fiber& a = lanes[0];
     const unsigned full = n == 32 ? 0xffffffffu : (1u << n) - 1;
     for (int l = 0; l < n; ++l) {
@@ -291,20 +307,23 @@ bool complete_warp(Fiber* lanes, int n) {
             return false;
         }
     }
+    // Every lane's kind and width are a's (checked above); the width is a power of two
+    // (warp_exchange checked), so segments and the index's modulo are masks.
+    const int width = a.width, wm = width - 1;
     for (int l = 0; l < n; ++l) {
         Fiber& f = lanes[l];
-        const int seg = l / f.width * f.width;
+        const int seg = l & ~wm;
         int src = l;
-        switch (f.kind) {
-        case 0: src = seg + ((f.arg % f.width) + f.width) % f.width; break;
+        switch (a.kind) {
+        case 0: src = seg + (f.arg & wm); break; // the index modulo the width, as CUDA takes it
         case 1: src = l - seg >= f.arg ? l - f.arg : l; break;
-        case 2: src = l - seg + f.arg < f.width ? l + f.arg : l; break;
-        case 3: src = (l ^ f.arg) < seg + f.width ? l ^ f.arg : l; break;
+        case 2: src = l - seg + f.arg < width ? l + f.arg : l; break;
+        case 3: src = (l ^ f.arg) < seg + width ? l ^ f.arg : l; break;
         default: break; // __syncwarp
         }
-        f.out = src < n ? lanes[src].in : f.in;
+        f.out = src < n ? lanes[src].in : f.in; // `in` is not written here: any order will do
+        f.st = St::Ready;
     }
-    for (int l = 0; l < n; ++l) lanes[l].st = St::Ready;
     return true;
 }
 
@@ -368,7 +387,7 @@ bool release() {
     }
     for (int i = 0; i < n_threads; ++i) {
         const Fiber& f = h.fibers[i];
-        if (f.line != first->line || strcmp(f.file, first->file) != 0) {
+        if (f.line != first->line || (f.file != first->file && strcmp(f.file, first->file) != 0)) {
             h.block_error = "divergent __syncthreads: " + where(*first) + " at " + first->file +
                           ":" + std::to_string(first->line) + ", " + where(f) + " at " + f.file +
                           ":" + std::to_string(f.line);
@@ -380,17 +399,27 @@ bool release() {
 }
 
 // Thread i of the block, ready to start the kernel on its own stack.
+// Every fiber's threadIdx, for the launch's block shape (the same in each of its blocks: set once
+// a launch, not once a block).
+void set_thread_ids() {
+    Held& h = H();
+    for (int i = 0; i < n_threads; ++i) {
+        h.fibers[i].tid = uint3{(unsigned)(i % block_dim.x),
+                                (unsigned)(i / block_dim.x % block_dim.y),
+                                (unsigned)(i / (block_dim.x * block_dim.y))};
+    }
+}
+
+// Thread i of the block (its threadIdx set by set_thread_ids), ready to start the kernel on its
+// own stack. The exchange and barrier fields are written before they are read.
 void init_fiber(int i) {
     Held& h = H();
     Fiber& f = h.fibers[i];
-    f = Fiber{};
-    f.tid = uint3{(unsigned)(i % block_dim.x), (unsigned)(i / block_dim.x % block_dim.y),
-                  (unsigned)(i / (block_dim.x * block_dim.y))};
     f.st = St::Ready;
 #if EMU_FAST_SWITCH
     // The frame emu_switch pops: six registers, then it returns into fiber_main with the stack
     // aligned as after a call (a zero return address above).
-    auto* top = (uint64_t*)((char*)h.stacks[i] + kStack);
+    auto* top = (uint64_t*)((char*)h.stacks[i] + kStack - kColour * (i % kColours));
     top[-1] = 0;
     top[-2] = (uint64_t)(uintptr_t)&fiber_main;
     for (int r = 3; r <= 8; ++r) top[-r] = 0;
@@ -398,7 +427,7 @@ void init_fiber(int i) {
 #else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = h.stacks[i];
-    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_stack.ss_size = kStack - kColour * (i % kColours);
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
 #endif
@@ -407,6 +436,7 @@ void init_fiber(int i) {
 // Runs one thread block to the end; false with the block error set when it went wrong.
 bool run_block(bool reverse) {
     Held& h = H();
+    fibers = h.fibers;
     run_reverse = reverse;
     for (int i = 0; i < n_threads; ++i) init_fiber(i);
     for (;;) {
@@ -520,13 +550,18 @@ void sync_block(const char* file, int line) {
     yield_to_scheduler(); // the warp's last lane here: the scheduler's next warp
 }
 
+namespace {
+// Out of line, so that warp_exchange's frame holds no strings.
+[[gnu::cold, gnu::noinline]] void bad_width(int kind, int width) {
+    H().block_error = std::string(kind_name(kind)) + " with width " + std::to_string(width) +
+                      " (a power of two up to 32)";
+    yield_to_scheduler(); // never resumed
+}
+} // namespace
+
 unsigned long long warp_exchange(unsigned mask, unsigned long long bits, int kind, int arg,
                                  int width) {
-    if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
-        H().block_error = std::string(kind_name(kind)) + " with width " + std::to_string(width) +
-                      " (a power of two up to 32)";
-        yield_to_scheduler(); // never resumed
-    }
+    if (width <= 0 || width > 32 || (width & (width - 1)) != 0) bad_width(kind, width);
     cur->st = St::AtWarp;
     cur->mask = mask;
     cur->kind = kind;
@@ -572,6 +607,7 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
         return fail(b);
     }
     const std::string order = order_env();
+    const bool all_reverse = order == "reverse", alternate = order == "alternate";
     const unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
     // Blocks are taken in grid order (x fastest) from `next`. The first failing block in grid
     // order is `stop` (with its error in `err`): the others take no blocks after it, so the
@@ -592,6 +628,7 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
         n_threads = (int)nt;
         grid_dim = dim3(grid[0], grid[1], grid[2]);
         block_dim = dim3(block[0], block[1], block[2]);
+        set_thread_ids();
         body_fn = body;
         body_ctx = ctx;
         DenormalsFlushed ftz;
@@ -602,7 +639,7 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
                            y = (unsigned)(linear / grid[0] % grid[1]),
                            z = (unsigned)(linear / grid[0] / grid[1]);
             block_idx = uint3{x, y, z};
-            const bool reverse = order == "reverse" || (order == "alternate" && (linear & 1));
+            const bool reverse = all_reverse || (alternate && (linear & 1));
             H().block_error.clear();
             if (!run_block(reverse)) {
                 char b[128];
