@@ -56,8 +56,10 @@ echo "cuda-emu: venv ready ($(elapsed))"
 # Each build adds -ftls-model=initial-exec (see emu.h: thread-local state); the loaders raise
 # glibc's static TLS room to the size recorded in $BUILD/static-tls (tunables, below and in
 # fake-gpu.sh), and where that fails to load, general-dynamic.
-FLAGS=(-std=c++20 -fPIC -pthread -ffp-contract=fast -Wall -Wextra -Wno-unused-parameter
-    -Wno-unknown-pragmas -isystem "$CUDA_INC" -iquote . -include "$EMU/emu.h")
+# -fvisibility=hidden: the libraries export only their C ABI (runtime.cpp and fake_cuda.cpp mark
+# it), so the kernels' calls into the scheduler are direct calls.
+FLAGS=(-std=c++20 -fPIC -pthread -fvisibility=hidden -ffp-contract=fast -Wall -Wextra
+    -Wno-unused-parameter -Wno-unknown-pragmas -isystem "$CUDA_INC" -iquote . -include "$EMU/emu.h")
 if grep -qw fma /proc/cpuinfo 2>/dev/null; then
     FLAGS+=(-mfma) # so that a * b + c may fuse, as nvcc's default --fmad=true does
 fi
@@ -123,7 +125,7 @@ key=$({
         for f in "${FLAGS[@]}"; do
             case "$f" in "-include" | "$EMU/emu.h") ;; *) FAKE_FLAGS+=("$f") ;; esac
         done
-        "$CXX" "${FAKE_FLAGS[@]}" -fvisibility=hidden -c "$EMU/fake_cuda.cpp" -o "$BUILD/fake_cuda.o" &
+        "$CXX" "${FAKE_FLAGS[@]}" -c "$EMU/fake_cuda.cpp" -o "$BUILD/fake_cuda.o" &
         pids+=($!)
         for p in "${pids[@]}"; do wait "$p" || status=1; done
         if [ "$status" != 0 ]; then

@@ -29,6 +29,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 // On x86-64 (without AddressSanitizer) fibers switch with a few instructions instead of
@@ -663,6 +664,9 @@ int run_grid(const char* name, const unsigned* grid, const unsigned* block, void
 // ---------------------------------------------------------------------------------------------
 // C ABI for the tests
 
+// The library's only exported symbols (the build hides the rest: calls between its files then go
+// straight to their targets, not through the PLT).
+#pragma GCC visibility push(default)
 extern "C" {
 int emu_kernel_count() { return (int)emu::registry().size(); }
 const char* emu_kernel_name(int i) { return emu::registry().at(i).name.c_str(); }
@@ -673,9 +677,17 @@ const char* emu_last_error() { return emu::last_error.c_str(); }
 int emu_launch(const char* name, const unsigned* grid, const unsigned* block, const char* sig,
                void** params) {
     emu::last_error.clear();
-    for (const auto& k : emu::registry()) {
-        if (k.name == name) return k.launch(grid, block, sig, params);
+    // Every kernel registered itself when the library was loaded, before any launch: the index
+    // by name is built once (a launch used to compare names with every kernel's in turn).
+    static const std::unordered_map<std::string, size_t> by_name = [] {
+        std::unordered_map<std::string, size_t> m;
+        for (size_t i = 0; i < emu::registry().size(); ++i) m.emplace(emu::registry()[i].name, i);
+        return m;
+    }();
+    if (const auto it = by_name.find(name); it != by_name.end()) {
+        return emu::registry()[it->second].launch(grid, block, sig, params);
     }
     return emu::fail(std::string("no kernel named ") + name);
 }
 }
+#pragma GCC visibility pop
