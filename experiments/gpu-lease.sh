@@ -207,6 +207,16 @@ s_split_sweep() {
         THREADS=$THREADS BUDGETS="50% 75%" POLICIES="oato oato-paper layer-split" REPS=$REPS \
         experiments/placement-sweep.sh
 }
+# The CPU pool kept awake through a hybrid forward pass (the default since 2026-12-02; on a
+# 2-core VM a job after a wait of 0.5 ms or more took 50-90 us longer, a parked worker's
+# wake-up; examples/job_gap) against OATO_CPU_AWAKE=0, in the same rounds, the sweep's profile
+# (cached) and budgets.
+s_awake_ab() {
+    header
+    OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-awake" PLAIN="" THREADS=$THREADS \
+        POLICIES="oato layer-split" VARIANTS="awake0:OATO_CPU_AWAKE=0" REPS=$REPS \
+        experiments/placement-sweep.sh
+}
 s_build_peer() { # only without the prebuilt peer
     JOBS=16 PREFIX=$LEASE/llamacpp TARBALL=$LEASE/lease-bin/llamacpp-src.tar.xz experiments/build-llamacpp-cuda.sh
     rm -rf "$LLAMA" && mkdir -p "$LLAMA" && cp -a "$LEASE"/llamacpp/llama.cpp/build/bin/. "$LLAMA/"
@@ -451,6 +461,7 @@ stages_8b() {
     stage profile 30 s_profile
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     peer_ready && stage kernels 150 s_kernels
+    [ -f "$RES/profile-8b.json" ] && stage awake_ab 110 s_awake_ab
     stage perf 50 s_perf
     stage ncu_step 150 s_ncu_step
     [ -f "$MODEL8" ] && stage split_sweep 120 s_split_sweep

@@ -12,7 +12,10 @@
 # them, e.g. for a model larger than the GPU), WARMUP (1: untimed runs before each policy and budget's
 # REPS), ALTERNATE (1: the repetitions round by round, every run once a round; 0: each run's
 # back to back). The table shows the plan's predicted TTFT/TPOT beside the measured medians (and
-# the TPOT range), and the activation copies per prefill and per decode step.
+# the TPOT range), and the activation copies per prefill and per decode step. VARIANTS (""): extra
+# runs of every policy and budget under environment settings, space-separated LABEL:VAR=VALUE[,VAR=
+# VALUE...] (e.g. "awake0:OATO_CPU_AWAKE=0"), named and, in the CSV's policy, suffixed +LABEL; they
+# take their turns in the same rounds as the plain runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO_BIN=${OATO_BIN:-target/release/oato}
@@ -41,13 +44,21 @@ for d in $PLAIN; do configs+=("$d --device $d"); done
 for policy in $POLICIES; do
     for b in $BUDGETS; do
         configs+=("$policy-${b%\%}pct --vram-budget $b --policy $policy")
+        for v in ${VARIANTS:-}; do
+            configs+=("$policy-${b%\%}pct-${v%%:*} ${v#*:} --vram-budget $b --policy $policy")
+        done
     done
 done
-go() { # output file, flags...
-    local out=$1
+go() { # output file, [VAR=VALUE,...], flags...
+    local out=$1 vars=()
     shift
-    "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" -c "${CTX:-1024}" --temp 0 \
-        --ignore-eos -t "$THREADS" --json "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; return 1; }
+    if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+        IFS=, read -r -a vars <<< "$1"
+        shift
+    fi
+    env ${vars[@]+"${vars[@]}"} "$OATO_BIN" run "$MODEL" -f "$PROMPT_FILE" -n "$GEN" --prompt-tokens "$P" \
+        -c "${CTX:-1024}" --temp 0 --ignore-eos -t "$THREADS" --json "$@" > "$out" 2> "$out.err" \
+        || { cat "$out.err" >&2; return 1; }
 }
 # Untimed warm-ups of every run first; then the repetitions round by round, every run once a round
 # (ALTERNATE=1, the default), so that a drift of the machine (the host CPU's share of a hybrid
@@ -71,9 +82,11 @@ for o in "${order[@]}"; do
     runs+=("$name" "$r" "$work/$name.$r.json")
     echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
 done
+VARIANT_LABELS="$(for v in ${VARIANTS:-}; do printf '%s ' "${v%%:*}"; done)" \
 python3 - "$OUT" "$date" "$commit" "$THREADS" "${runs[@]}" <<'PY'
-import csv, json, statistics, sys
+import csv, json, os, statistics, sys
 out, date, commit, threads = sys.argv[1:5]
+labels = os.environ.get("VARIANT_LABELS", "").split()
 rest = sys.argv[5:]
 fields = ["date", "commit", "device", "host_cpu", "threads", "model", "model_dtype", "policy",
           "vram_budget_bytes", "gpu_weight_fraction", "prompt_tokens", "gen_tokens", "rep", "load_ms",
@@ -83,10 +96,11 @@ rows, groups = [], {}
 for i in range(0, len(rest), 3):
     name, rep, path = rest[i], int(rest[i + 1]), rest[i + 2]
     d = json.load(open(path))
+    label = next((l for l in labels if name.endswith("pct-" + l)), None)
     row = {
         "date": date, "commit": commit, "device": d["device"], "host_cpu": d["host_cpu"],
         "threads": threads, "model": d["model"], "model_dtype": d["model_dtype"],
-        "policy": d["policy"], "vram_budget_bytes": d["vram_budget_bytes"],
+        "policy": d["policy"] + ("+" + label if label else ""), "vram_budget_bytes": d["vram_budget_bytes"],
         "gpu_weight_fraction": round(d["gpu_weight_bytes"] / d["target_weight_bytes"], 4),
         "prompt_tokens": len(d["prompt_ids"]), "gen_tokens": len(d["output_ids"]), "rep": rep,
         "load_ms": round(d["load_ms"], 3), "ttft_ms": round(d["ttft_ms"], 3),

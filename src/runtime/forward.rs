@@ -481,11 +481,21 @@ impl Drop for Session<'_> {
     }
 }
 
+/// Whether a hybrid forward pass keeps the CPU pool awake (`Pool::stay_awake`): unless
+/// `OATO_CPU_AWAKE=0` (for timing both ways); read once.
+fn keep_pool_awake() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::kernels::cpu::matmul::env_on("OATO_CPU_AWAKE"))
+}
+
 /// A forward call's steps: each layer's, then the head's; and where the logits are made.
 struct Lowered {
     layers: Vec<Vec<Step>>,
     head: Vec<Step>,
     head_out: usize,
+    /// Steps on the CPU and on another device ([`plan::hybrid`]): the pass keeps the CPU
+    /// pool awake (`Pool::stay_awake`), its jobs coming between waits for the other device.
+    hybrid: bool,
 }
 
 fn vector_on(be: &dyn Backend, v: &[f32]) -> Result<Tensor> {
@@ -740,13 +750,16 @@ impl<'m> Session<'m> {
             cpu,
             cpu,
         );
+        let layers: Vec<Vec<Step>> = targets
+            .iter()
+            .zip(&devs)
+            .map(|(t, d)| layer_steps(t, d, cpu))
+            .collect();
+        let head = head_steps(norm, head_out, cpu);
         let l = Arc::new(Lowered {
-            layers: targets
-                .iter()
-                .zip(&devs)
-                .map(|(t, d)| layer_steps(t, d, cpu))
-                .collect(),
-            head: head_steps(norm, head_out, cpu),
+            hybrid: crate::runtime::plan::hybrid(layers.iter().flatten().chain(&head), cpu),
+            layers,
+            head,
             head_out,
         });
         if self.lowered.len() > 64 {
@@ -842,6 +855,10 @@ impl<'m> Session<'m> {
             }
         };
         let plan = self.lowered(n);
+        // A hybrid pass's CPU jobs come between waits for the GPU, often longer than the pool's
+        // spin: kept awake, its workers need no wake-up a job (`OATO_CPU_AWAKE=0`: not kept).
+        let _awake = (plan.hybrid && keep_pool_awake())
+            .then(|| crate::kernels::cpu::pool::global().stay_awake());
         let started = std::time::Instant::now();
         if let Some(t) = self.trace.as_mut() {
             *t.forwards.entry(n).or_default() += 1;

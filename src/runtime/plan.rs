@@ -351,6 +351,28 @@ pub fn head_steps(norm: Dev, out: Dev, cpu: Dev) -> Vec<Step> {
     ]
 }
 
+/// Whether `steps` compute both on the CPU `cpu` (the embedding's rows aside: a copy, not a
+/// pool job) and on another device: a hybrid forward pass, whose CPU jobs come between waits for
+/// the other device.
+pub fn hybrid<'a>(steps: impl IntoIterator<Item = &'a Step>, cpu: Dev) -> bool {
+    let (mut on_cpu, mut elsewhere) = (false, false);
+    for s in steps {
+        let devs: Vec<Dev> = match &s.op {
+            OpKind::Embed => continue,
+            OpKind::Matmul { parts } => parts.iter().map(|p| p.0).collect(),
+            _ => vec![s.dev],
+        };
+        for d in devs {
+            if d == cpu {
+                on_cpu = true;
+            } else {
+                elsewhere = true;
+            }
+        }
+    }
+    on_cpu && elsewhere
+}
+
 /// A copy the plan implies: value, rows' width, from, to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Copy {
@@ -627,6 +649,27 @@ mod tests {
             "{c:?}"
         );
         assert_eq!(c.iter().filter(|c| c.to == 0).count(), 4, "{c:?}");
+    }
+
+    /// Only a plan that computes on the CPU (the embedding aside) and elsewhere is hybrid: all
+    /// on the GPU, all on the CPU, and the GPU with only the embedding on the CPU are not.
+    #[test]
+    fn hybrid_needs_work_on_both() {
+        let at = |w7: [Dev; 7], attn: Dev, out: Dev| {
+            let layers = vec![LayerTargets { attn, ..layer(w7) }; 3];
+            let (devs, norm) = place_non_target(&layers, out, &W, 1, &CrossCost::default(), 0, 0);
+            hybrid(&forward_steps(&layers, &devs, norm, out, 0), 0)
+        };
+        assert!(!at([0; 7], 0, 0));
+        assert!(!at([1; 7], 1, 1));
+        assert!(at([0; 7], 1, 0), "attention on the GPU");
+        assert!(at([1; 7], 1, 0), "the head on the CPU");
+        assert!(at([1, 1, 1, 1, 0, 0, 0], 1, 1));
+        let embed_only = [
+            step(0, OpKind::Embed, &[], &[Val::X]),
+            step(1, OpKind::AttnNorm, &[Val::X], &[Val::H]),
+        ];
+        assert!(!hybrid(&embed_only, 0));
     }
 
     #[test]
