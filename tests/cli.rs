@@ -350,6 +350,11 @@ fn bad_files_and_flags_fail_cleanly() {
         &oato(&["run", m, "-p", "hi", "-n", "100", "--ctx", "50"], &dir),
         "exceed --ctx 50",
     );
+    // -c 0 is the model's training context (llama.cpp's reading): the test model's 8192.
+    assert_fails(
+        &oato(&["run", m, "-p", "hi", "-n", "9000", "-c", "0"], &dir),
+        "exceed --ctx 8192",
+    );
     assert_fails(&oato(&["run", "--bogus"], &dir), "--bogus");
     assert_fails(&oato(&["inspect"], &dir), "FILE");
 }

@@ -24,7 +24,7 @@ pub struct ChatArgs {
     /// Most tokens per answer (0: until the context is full).
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     pub n_predict: usize,
-    /// Context size in tokens: the whole conversation must fit.
+    /// Context size in tokens: the whole conversation must fit (0: the model's training context).
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
     /// Threads (0: all cores).
@@ -76,8 +76,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
     let sampling = a.sampling.config()?;
-    let ctx = a.ctx.max(2);
     let opened = Opened::open(&path, a.place.device)?;
+    let ctx = super::ctx_or_model(a.ctx, &opened.model.hp).max(2);
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s.clone()));

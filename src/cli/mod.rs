@@ -93,6 +93,12 @@ impl LoadArgs {
     }
 }
 
+/// `-c/--ctx` as llama.cpp reads it: 0 is the model's training context (its
+/// `{arch}.context_length`, 2048 where the file has none), any other value itself.
+pub fn ctx_or_model(ctx: usize, hp: &oato::model::hparams::HParams) -> usize {
+    if ctx == 0 { hp.n_ctx_train.max(1) } else { ctx }
+}
+
 /// Sets up the CPU thread pool: `threads` threads, or every core when 0. Also checks
 /// `OATO_CPU_ISA`, so a bad value is an error before any work.
 pub fn init_threads(threads: usize) -> Result<usize> {

@@ -17,7 +17,8 @@ pub struct PerplexityArgs {
     /// Text file to score.
     #[arg(short = 'f', long)]
     pub file: PathBuf,
-    /// Window size in tokens; the second half of each window is scored.
+    /// Window size in tokens; the second half of each window is scored (0: the model's training
+    /// context).
     #[arg(short = 'c', long = "ctx", default_value_t = 512)]
     pub ctx: usize,
     /// Threads (0: all cores).
@@ -43,9 +44,10 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     } else {
         None
     };
-    let mut session = Session::new(&model, a.ctx)?;
+    let ctx = super::ctx_or_model(a.ctx, &model.hp);
+    let mut session = Session::new(&model, ctx)?;
     let t0 = std::time::Instant::now();
-    let p = perplexity(&mut session, &tokens, a.ctx, bos)?;
+    let p = perplexity(&mut session, &tokens, ctx, bos)?;
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let mut v = serde_json::to_value(&p).expect("JSON values serialise");

@@ -28,7 +28,7 @@ pub struct RunArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
-    /// Context size in tokens (prompt + generated).
+    /// Context size in tokens (prompt + generated; 0: the model's training context).
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
     /// Threads (0: all cores).
@@ -121,7 +121,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         prompt_ids.truncate(want);
     }
-    let ctx = a.ctx.max(1);
+    let ctx = super::ctx_or_model(a.ctx, &model.hp);
     if prompt_ids.len() + a.n_predict > ctx {
         return Err(Error::Usage(format!(
             "prompt ({} tokens) + -n {} exceed --ctx {ctx}",

@@ -16,7 +16,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: a free one; the address is printed on stdout).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Context size in tokens (prompt + generated) of each request.
+    /// Context size in tokens (prompt + generated) of each request (0: the model's training
+    /// context).
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: usize,
     /// Requests that generate at once, decoding together in one batch (llama-server's -np,
@@ -49,21 +50,26 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let path = a.model.path()?;
     let threads = super::init_threads(a.threads)?;
     a.place.load.apply();
-    if a.ctx < 2 {
-        return Err(Error::Usage(format!(
-            "--ctx {}: give at least 2 tokens",
-            a.ctx
-        )));
+    // 0: the model's training context, read from the file's metadata (the workers load it).
+    let ctx = match a.ctx {
+        0 => super::ctx_or_model(
+            0,
+            &oato::model::HParams::from_gguf(&oato::gguf::GgufFile::open(&path)?)?,
+        ),
+        c => c,
+    };
+    if ctx < 2 {
+        return Err(Error::Usage(format!("--ctx {ctx}: give at least 2 tokens")));
     }
     if a.parallel == 0 {
         return Err(Error::Usage(
             "--parallel 0: give at least 1 request at a time".into(),
         ));
     }
-    let prompt = a.plan_prompt_tokens.clamp(1, a.ctx - 1);
+    let prompt = a.plan_prompt_tokens.clamp(1, ctx - 1);
     let mut place = a
         .place
-        .options(threads, a.ctx, prompt, (a.ctx - prompt).min(128));
+        .options(threads, ctx, prompt, (ctx - prompt).min(128));
     place.seqs = a.parallel;
     let engine = EngineSpec {
         ubatch: a.ubatch,
