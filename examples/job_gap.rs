@@ -6,8 +6,9 @@
 //! the caller spins that long, then times one product; copies of the weight fill 256 MiB and
 //! the products go round them (so each reads DRAM). Gaps alternate within a round, so a drifting
 //! machine moves all alike. Prints per gap the median and mean job time and their excess over the
-//! back-to-back (gap 0) median. `AWAKE=1` holds the pool's `stay_awake` guard throughout, as a
-//! hybrid forward pass does; `AWAKE=both` runs without, then with it.
+//! back-to-back (gap 0) median. `AWAKE=1` takes the pool's `stay_awake` guard before each wait
+//! (as a hybrid forward pass takes it before its steps); `AWAKE=both` runs each gap both ways in
+//! turn.
 
 use std::time::{Duration, Instant};
 
@@ -79,60 +80,53 @@ fn main() {
         "both" => &[false, true],
         _ => &[false],
     };
-    for &hold in modes {
-        let _guard = hold.then(|| oato::kernels::cpu::pool::global().stay_awake());
-        gap_table(&gaps, &mats, &acts, &mut y, rounds, threads, hold);
-    }
-}
-
-fn gap_table(
-    gaps: &[u64],
-    mats: &[MatRef],
-    acts: &QuantizedActs,
-    y: &mut [f32],
-    rounds: usize,
-    threads: usize,
-    hold: bool,
-) {
+    // times[mode][gap]: each round takes every gap, and at each gap every mode in turn.
+    let mut times = vec![vec![Vec::new(); gaps.len()]; modes.len()];
     let copies = mats.len();
-    let m0 = &mats[0];
-    let mut times = vec![Vec::new(); gaps.len()];
     let mut at = 0;
     for _ in 0..rounds {
         for (i, &g) in gaps.iter().enumerate() {
-            spin(Duration::from_micros(g));
-            let t0 = Instant::now();
-            matmul_quantized(&mats[at % copies], acts, y).expect("a product");
-            times[i].push(t0.elapsed().as_secs_f64() * 1e6);
-            at += 1;
+            for (m, &hold) in modes.iter().enumerate() {
+                // Taken before the wait, as a forward pass takes it before its first step.
+                let guard = hold.then(|| oato::kernels::cpu::pool::global().stay_awake());
+                spin(Duration::from_micros(g));
+                let t0 = Instant::now();
+                matmul_quantized(&mats[at % copies], &acts, &mut y).expect("a product");
+                times[m][i].push(t0.elapsed().as_secs_f64() * 1e6);
+                drop(guard);
+                at += 1;
+            }
         }
     }
     let median = |t: &mut Vec<f64>| {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     };
-    let base = median(&mut times[0].clone());
-    println!(
-        "{} {}x{} ({:?}), {threads} threads, {rounds} rounds, {} MiB a product, {}",
-        m0.ty,
-        m0.n,
-        m0.k,
-        m0.layout,
-        m0.data.len() >> 20,
-        if hold {
-            "pool kept awake"
-        } else {
-            "pool free to park"
-        }
-    );
-    for (g, t) in gaps.iter().zip(&mut times) {
-        let mean = t.iter().sum::<f64>() / t.len() as f64;
-        let med = median(t);
+    let m0 = &mats[0];
+    for (m, &hold) in modes.iter().enumerate() {
+        let base = median(&mut times[m][0].clone());
         println!(
-            "gap {g:>6} us: median {med:8.1} us (+{:6.1}), mean {mean:8.1} us (+{:6.1}), max {:8.1} us",
-            med - base,
-            mean - base,
-            t[t.len() - 1]
+            "{} {}x{} ({:?}), {threads} threads, {rounds} rounds, {} MiB a product, {}",
+            m0.ty,
+            m0.n,
+            m0.k,
+            m0.layout,
+            m0.data.len() >> 20,
+            if hold {
+                "pool kept awake"
+            } else {
+                "pool free to park"
+            }
         );
+        for (g, t) in gaps.iter().zip(&mut times[m]) {
+            let mean = t.iter().sum::<f64>() / t.len() as f64;
+            let med = median(t);
+            println!(
+                "gap {g:>6} us: median {med:8.1} us (+{:6.1}), mean {mean:8.1} us (+{:6.1}), max {:8.1} us",
+                med - base,
+                mean - base,
+                t[t.len() - 1]
+            );
+        }
     }
 }

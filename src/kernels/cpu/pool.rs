@@ -95,8 +95,9 @@ impl Pool {
     /// so a job finds them running), and wakes any parked now, so they are up before the first
     /// job. For a caller whose jobs come between waits longer than the spin: a hybrid forward
     /// pass, whose CPU jobs sit between the GPU's parts of a layer. Measured on a 2-core VM
-    /// (`examples/job_gap`, Q4_0 4096 x 14336 decode, 2 threads): after a wait of 0.5-20 ms the
-    /// job took 50-90 us longer (median) than back to back, a parked worker's wake-up.
+    /// (`examples/job_gap`, Q4_0 4096 x 14336 decode, 2 threads; `results/cpu-pool-awake.md`):
+    /// after a wait of 0.5-20 ms a job took 30-100 us longer (median) free to park than kept
+    /// awake, a parked worker's wake-up.
     pub fn stay_awake(&self) -> Awake {
         let s = &*self.shared;
         s.awake.fetch_add(1, Ordering::SeqCst);
