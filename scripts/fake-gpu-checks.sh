@@ -4,7 +4,8 @@
 # allocations): the GPU selftest (with its --perf tables at small sizes), then greedy generation checked against llama.cpp's golden ids
 # under their parity rule (experiments/golden_check.py) with the whole model on the "GPU", and
 # hybrid under layer-split, flexgen (streamed weights on the copy stream), a hand-made mixed
-# placement, layer-split with its CPU weights streamed in prefill (rule 5), and the oato policy from a profile of the stand-in device (which rightly puts nothing
+# placement, layer-split with its CPU weights streamed in prefill (rule 5), llama.cpp's -ngl (no plan;
+# its CPU weights streamed for the prompt), and the oato policy from a profile of the stand-in device (which rightly puts nothing
 # on a "GPU" this slow); the mixed placement also with the activations staged rather than in
 # page-locked memory (OATO_CUDA_HOST_PINNED=0). Then MiniCPM3 (latent attention) on a tiny synthetic file: its greedy ids on
 # the stand-in GPU, whole and under layer-split and flexgen, equal the CPU's. The all-GPU run goes twice: as configured by default, and with
@@ -247,6 +248,8 @@ p["stream_min_tokens"] = 2
 json.dump(p, open(sys.argv[2], "w"))
 PY
 golden --placement "$W/stream.json"
+step "llama.cpp's -ngl 20 (no profile or plan; the CPU's weights streamed for prompt batches from 2 tokens)"
+golden -ngl 20 --stream-min-tokens 2
 
 # MiniCPM3's multi-head latent attention (synthetic tiny-minicpm3, Q4_K_M: head size 96, values
 # padded to it, the kernels of the key/value assembly): greedy ids on the stand-in GPU, whole and

@@ -103,17 +103,37 @@ pub fn fits_whole(
     prompt_tokens: usize,
     be: &dyn Backend,
 ) -> std::result::Result<(), String> {
+    fits_layers(model, model.hp.n_layer + 1, ctx, prompt_tokens, be)
+}
+
+/// [`fits_whole`] for llama.cpp's `-ngl n`: the last `n` layers (their tensors and KV cache), and
+/// the head when `n` exceeds the layers (the output matrix and norm), with the workspace.
+pub fn fits_layers(
+    model: &Model,
+    n: usize,
+    ctx: usize,
+    prompt_tokens: usize,
+    be: &dyn Backend,
+) -> std::result::Result<(), String> {
     let hp = &model.hp;
+    let first = hp.n_layer.saturating_sub(n);
+    let head = n > hp.n_layer;
     let targets = target_weights(model);
     let tied = model.output.name == "token_embd.weight";
+    let on_gpu = |name: &str| match crate::profiler::layer_of(name) {
+        Some(l) => l >= first,
+        None if name == "token_embd.weight" => head && tied,
+        None => head,
+    };
     let weights: usize = model
         .file
         .tensors
         .iter()
-        .filter(|t| tied || t.name != "token_embd.weight")
+        .filter(|t| on_gpu(&t.name))
         .map(|t| t.n_bytes as usize)
         .sum();
-    let kv = crate::runtime::kv_cache::bytes_per_token(hp.n_layer, hp.kv_dim()) * ctx;
+    let n_gpu = hp.n_layer - first;
+    let kv = crate::runtime::kv_cache::bytes_per_token(n_gpu, hp.kv_dim()) * ctx;
     let largest = targets
         .iter()
         .map(|w| (w.k * w.n) as u64)
@@ -132,8 +152,13 @@ pub fn fits_whole(
     let free = be.memory().map_err(|e| e.to_string())?.free;
     if need > free {
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        let what = if head {
+            "the model needs".to_string()
+        } else {
+            format!("its last {n_gpu} layers need")
+        };
         return Err(format!(
-            "the model needs {:.0} MiB on {} ({:.0} MiB of weights + {:.0} MiB of KV cache for \
+            "{what} {:.0} MiB on {} ({:.0} MiB of weights + {:.0} MiB of KV cache for \
              {ctx} tokens + {:.0} MiB workspace), {:.0} MiB are free",
             mib(need),
             be.device_name(),
@@ -164,7 +189,18 @@ pub enum Split {
     },
     /// A placement file (`oato.placement/v1`).
     File(PathBuf),
+    /// llama.cpp's `-ngl n`: the last `n` layers on the GPU (and the head when `n` exceeds the
+    /// layers), with no profile or plan; prefill batches of at least `stream_min_tokens` (llama.cpp's
+    /// op offload: 32; `None`: never) copy the CPU's weights to the GPU and multiply them there.
+    Layers {
+        n: usize,
+        stream_min_tokens: Option<usize>,
+    },
 }
+
+/// The batch from which llama.cpp's op offload computes a CPU weight's product on the GPU, and
+/// `-ngl`'s prefill streaming with it.
+pub const OP_OFFLOAD_MIN_BATCH: usize = 32;
 
 /// What [`Opened::place`] needs besides the split.
 #[derive(Clone, Debug)]
@@ -206,9 +242,23 @@ pub struct Engine<'a> {
     /// Index in `backends` of the device that computes (0: the CPU).
     pub dev: usize,
     pub map: DeviceMap,
-    /// The placement, when the model is split.
+    /// The placement, when the model is split by a plan or a placement file.
     pub placement: Option<Placement>,
+    /// The layers on the GPU, when `-ngl` split the model.
+    pub gpu_layers: Option<usize>,
     pub session: Session<'a>,
+}
+
+impl Engine<'_> {
+    /// What placed the model, as `run --json` and the server's metrics report it: the plan's
+    /// policy, `ngl` for `-ngl`, else `cpu` or `gpu`.
+    pub fn policy_name(&self) -> String {
+        match (&self.placement, self.gpu_layers) {
+            (Some(p), _) => p.policy.to_string(),
+            (None, Some(_)) => "ngl".to_string(),
+            (None, None) => if self.dev == 0 { "cpu" } else { "gpu" }.to_string(),
+        }
+    }
 }
 
 impl Opened {
@@ -268,11 +318,32 @@ impl Opened {
             backends.truncate(1);
             dev = 0;
         }
-        let (map, placement) = if whole {
-            (DeviceMap::uniform(&self.model, dev), None)
-        } else {
-            let (m, p) = self.placed_map(opts)?;
-            (m, Some(p))
+        let mut gpu_layers = None;
+        let (map, placement) = match &opts.split {
+            Split::Whole => (DeviceMap::uniform(&self.model, dev), None),
+            // Without a usable GPU (said above) everything runs on the CPU, as llama.cpp's -ngl
+            // does in a build without GPU support.
+            Split::Layers { .. } if dev == 0 => (DeviceMap::uniform(&self.model, 0), None),
+            &Split::Layers {
+                n,
+                stream_min_tokens,
+            } => {
+                fits_layers(
+                    &self.model,
+                    n,
+                    opts.ctx * opts.seqs.max(1),
+                    opts.prompt_tokens,
+                    &*backends[dev],
+                )
+                .map_err(|why| Error::Usage(format!("-ngl {n}: {why}; give fewer layers")))?;
+                gpu_layers = Some(n.min(self.model.hp.n_layer + 1));
+                let s = opts.stream_min_tokens.or(stream_min_tokens);
+                (DeviceMap::last_layers(&self.model, n, dev, s), None)
+            }
+            _ => {
+                let (m, p) = self.placed_map(opts)?;
+                (m, Some(p))
+            }
         };
         let mut session = Session::with_devices(&self.model, opts.ctx, backends.clone(), &map)?;
         session.set_slots(opts.seqs)?;
@@ -281,6 +352,7 @@ impl Opened {
             dev,
             map,
             placement,
+            gpu_layers,
             session,
         })
     }
@@ -327,7 +399,9 @@ impl Opened {
                 );
                 plan(&prof, &req)?
             }
-            Split::Whole => return Err(Error::Usage("no placement to apply".into())),
+            Split::Whole | Split::Layers { .. } => {
+                return Err(Error::Usage("no placement to apply".into()));
+            }
         };
         let free = match gpu {
             Some(g) => Ok(g.memory()?.free as u64),

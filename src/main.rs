@@ -58,12 +58,18 @@ fn quiet_on_closed_pipe() {
 }
 
 fn main() {
-    // llama-bench spells its prompt+generation flag `-pg`; `oato bench` takes it as `--pg`.
+    // llama-bench spells its prompt+generation flag `-pg`; `oato bench` takes it as `--pg`. And
+    // llama.cpp's `-ngl` (its layers on the GPU) is `--ngl` for run, chat and serve.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == "bench") {
+    let (short, long) = match args.get(1).and_then(|a| a.to_str()) {
+        Some("bench") => ("-pg", "--pg"),
+        Some("run" | "chat" | "serve") => ("-ngl", "--ngl"),
+        _ => ("", ""),
+    };
+    if !short.is_empty() {
         for a in args.iter_mut().skip(2) {
-            if a == "-pg" {
-                *a = "--pg".into();
+            if a == short {
+                *a = long.into();
             }
         }
     }

@@ -18,25 +18,27 @@ fn fails(out: &Output, want: &str) {
     assert!(err.contains(want), "stderr lacks {want:?}: {err}");
 }
 
-/// output_ids of a greedy `oato run --json` with extra flags.
-fn run_ids(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<u64> {
+/// A greedy `oato run --json` of the test model on two threads: `prompt` (its flags) and `extra`;
+/// the JSON and the standard error.
+fn run_json(
+    dir: &Path,
+    prompt: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (serde_json::Value, String) {
     let model = model_path();
-    let mut args = vec![
-        "run",
-        model.to_str().unwrap(),
-        "-p",
-        "The capital of France is",
-        "-n",
-        "8",
-        "--temp",
-        "0",
-        "-t",
-        "2",
-        "--json",
-    ];
+    let mut args = vec!["run", model.to_str().unwrap()];
+    args.extend_from_slice(prompt);
+    args.extend_from_slice(&["--temp", "0", "-t", "2", "--json"]);
     args.extend_from_slice(extra);
     let out = oato_env(&args, dir, env);
-    let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    (serde_json::from_str(&ok(&out)).unwrap(), text(&out.stderr))
+}
+
+/// output_ids of a greedy `oato run --json` with extra flags.
+fn run_ids(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<u64> {
+    let prompt = ["-p", "The capital of France is", "-n", "8"];
+    let (v, _) = run_json(dir, &prompt, extra, env);
     v["output_ids"]
         .as_array()
         .unwrap()
@@ -184,12 +186,17 @@ fn profile_plan_run_matches_the_cpu_under_every_policy_and_budget() {
     }
 }
 
+/// A test's folder, its profile cache inside it, and the test model.
+fn setup(name: &str) -> (std::path::PathBuf, String, std::path::PathBuf) {
+    let dir = tmp_dir("pipeline", name);
+    let cache = dir.join("cache").to_str().unwrap().to_string();
+    (dir, cache, model_path())
+}
+
 #[test]
 fn bad_placements_and_budgets_fail_cleanly() {
-    let dir = tmp_dir("pipeline", "bad");
-    let cache = dir.join("cache");
-    let env = [DEVICE, ("OATO_CACHE_DIR", cache.to_str().unwrap())];
-    let model = model_path();
+    let (dir, cache, model) = setup("bad");
+    let env = [DEVICE, ("OATO_CACHE_DIR", cache.as_str())];
     let m = model.to_str().unwrap();
     ok(&oato_env(
         &["profile", m, "--reps", "1", "-t", "2", "-o", "p.json"],
@@ -386,5 +393,95 @@ fn long_prompt_batches_are_sampled_per_group() {
     for dev in ["cpu", "gpu"] {
         let att = &prof["non_target_us"][dev]["attention"];
         assert!(att["96"].as_f64().unwrap() > 0.0, "{dev}: {att}");
+    }
+}
+
+/// llama.cpp's `-ngl N` on the test device: no profile, the last N layers there (the head too
+/// past the layers), the CPU's tokens for every N, with a 40-token prompt (op-offload streaming of
+/// the CPU's weights from 32 tokens) and without streaming; the JSON says `ngl` and the bytes
+/// placed; too many layers for the device's memory fail cleanly; without a GPU it runs on the CPU.
+#[test]
+fn ngl_puts_the_last_layers_on_the_device() {
+    let (dir, cache, model) = setup("ngl");
+    let env = [DEVICE, ("OATO_CACHE_DIR", cache.as_str())];
+    let m = model.to_str().unwrap();
+    let long = ["-f", "README.md", "--prompt-tokens", "40", "-n", "6"];
+    let run = |extra: &[&str], env: &[(&str, &str)]| run_json(&common::repo(), &long, extra, env);
+    let (cpu, _) = run(&["--device", "cpu"], &[]);
+    let info = oato(&["inspect", m, "--json"], &dir);
+    let info: serde_json::Value = serde_json::from_str(&ok(&info)).unwrap();
+    let n_layer = info["hparams"]["n_layer"].as_u64().unwrap() as usize;
+    let layer_bytes = |layers: std::ops::Range<usize>| -> u64 {
+        info["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| {
+                let name = t["name"].as_str().unwrap();
+                let target = [
+                    "attn_q.",
+                    "attn_k.",
+                    "attn_v.",
+                    "attn_output.",
+                    "ffn_gate.",
+                    "ffn_up.",
+                    "ffn_down.",
+                ]
+                .iter()
+                .any(|k| name.contains(k));
+                target && oato::profiler::layer_of(name).is_some_and(|l| layers.contains(&l))
+            })
+            .map(|t| t["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    for (flags, n) in [
+        (&["-ngl", "0"][..], 0),
+        (&["-ngl", "10"][..], 10),
+        (&["--n-gpu-layers", "10", "--no-stream"][..], 10),
+        (&["--ngl", "30"][..], 30),
+        (&["-ngl", "99"][..], 99),
+    ] {
+        let (v, err) = run(flags, &env);
+        assert_eq!(v["output_ids"], cpu["output_ids"], "{flags:?}: {err}");
+        assert_eq!(v["policy"], "ngl", "{flags:?}");
+        assert!(!err.contains("profile"), "{flags:?} profiled: {err}");
+        let gpu = v["gpu_weight_bytes"].as_u64().unwrap();
+        if n > n_layer {
+            assert_eq!(gpu, v["target_weight_bytes"].as_u64().unwrap(), "{flags:?}");
+        } else {
+            assert_eq!(gpu, layer_bytes(n_layer - n..n_layer), "{flags:?}");
+        }
+        // 40 tokens stream the CPU's weights (llama.cpp's op offload from 32): the activations
+        // of the CPU's layers cross for each streamed product.
+        let prefill = v["crossings_prefill"].as_u64().unwrap();
+        let streams = n < n_layer && !flags.contains(&"--no-stream");
+        assert_eq!(
+            prefill > 2,
+            streams,
+            "{flags:?}: {prefill} prefill crossings"
+        );
+    }
+    let small = [("OATO_TEST_DEVICE", "30000000")];
+    let out = oato_env(
+        &["run", m, "-p", "hi", "-n", "2", "-ngl", "99"],
+        &dir,
+        &small,
+    );
+    fails(&out, "-ngl 99: the model needs");
+    let out = oato_env(
+        &["run", m, "-p", "hi", "-n", "2", "-ngl", "10"],
+        &dir,
+        &small,
+    );
+    fails(&out, "give fewer layers");
+    let out = oato(
+        &["run", m, "-p", "hi", "-ngl", "3", "--vram-budget", "50%"],
+        &dir,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    if oato::runtime::cuda_backend::probe().is_err() {
+        let (v, err) = run(&["-ngl", "10"], &[]);
+        assert_eq!(v["output_ids"], cpu["output_ids"]);
+        assert!(err.contains("running on the CPU"), "{err}");
     }
 }

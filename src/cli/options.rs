@@ -20,17 +20,29 @@ pub struct PlaceArgs {
     /// Split the model between the CPU and the GPU under this much GPU memory (bytes with a
     /// binary unit, 12G, or a share of the target weights, 75%): profile (or reuse the cached
     /// profile), plan, place, run.
-    #[arg(long = "vram-budget", conflicts_with = "placement")]
+    #[arg(long = "vram-budget", conflicts_with = "placement", group = "split_by")]
     pub vram_budget: Option<String>,
+    /// llama.cpp's -ngl: the last N layers on the GPU (and the output head when N exceeds the
+    /// layers; 99: everything), the rest on the CPU, without a profile or plan. Prefill batches of
+    /// 32 tokens or more multiply the CPU's weights on the GPU, as llama.cpp's op offload does
+    /// (--no-stream: never; --stream-min-tokens: from another batch size).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "ngl",
+        value_name = "N",
+        conflicts_with_all = ["placement", "vram_budget"],
+        group = "split_by"
+    )]
+    pub n_gpu_layers: Option<usize>,
     /// Placement policy for --vram-budget.
     #[arg(long, value_enum, default_value = "oato", requires = "vram_budget")]
     pub policy: Policy,
     /// Run with this placement file (oato.placement/v1) instead of planning one.
     #[arg(long)]
     pub placement: Option<PathBuf>,
-    /// No prefill streaming (rule 5) with --vram-budget: CPU-resident weights compute on the
-    /// CPU in prefill too.
-    #[arg(long = "no-stream", requires = "vram_budget")]
+    /// No prefill streaming (rule 5) with --vram-budget or -ngl: CPU-resident weights compute on
+    /// the CPU in prefill too.
+    #[arg(long = "no-stream", requires = "split_by")]
     pub no_stream: bool,
     /// Stream the placement's prefill operators (rule 5) for batches of at least this many
     /// tokens (default: the placement's, derived from the profile).
@@ -46,6 +58,12 @@ pub struct PlaceArgs {
 impl PlaceArgs {
     /// The split these flags ask for.
     pub fn split(&self) -> Split {
+        if let Some(n) = self.n_gpu_layers {
+            return Split::Layers {
+                n,
+                stream_min_tokens: (!self.no_stream).then_some(oato::engine::OP_OFFLOAD_MIN_BATCH),
+            };
+        }
         match (&self.placement, &self.vram_budget) {
             (Some(f), _) => Split::File(f.clone()),
             (None, Some(budget)) => Split::Budget {

@@ -130,16 +130,18 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
     let engine = opened.place(&a.place.options(threads, ctx, prompt_ids.len(), a.n_predict))?;
+    let policy = engine.policy_name();
     let Engine {
         backends,
         dev,
         map,
         placement,
+        gpu_layers,
         mut session,
     } = engine;
     let device = backends[dev].describe();
     session.ubatch = a.ubatch;
-    if placement.is_some() {
+    if placement.is_some() || gpu_layers.is_some() {
         let u = backends[dev].usage();
         eprintln!(
             "placement: {:.1} MiB of weights on {}, {}/{} operators there, {} crossings in the \
@@ -203,10 +205,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "device": device,
             "host_cpu": oato::kernels::cpu::cpu_name(),
             "model_dtype": model_dtype(model),
-            "policy": placement.as_ref().map_or(
-                if dev == 0 { "cpu" } else { "gpu" }.to_string(),
-                |p| p.policy.to_string()
-            ),
+            "policy": policy,
             "vram_budget_bytes": placement.as_ref().map_or(0, |p| p.budget.vram_budget_bytes),
             "gpu_weight_bytes": gpu_weight_bytes,
             "target_weight_bytes": target_bytes,

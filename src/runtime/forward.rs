@@ -77,6 +77,46 @@ impl DeviceMap {
         }
     }
 
+    /// llama.cpp's `-ngl n`: the last `n` layers on backend `dev` (their weights, KV cache and
+    /// attention), the head too when `n` exceeds the layers, the rest on the CPU (backend 0).
+    /// With `stream_min_tokens` (llama.cpp's op offload: 32), a forward call of at least that many
+    /// tokens copies the CPU's target weights to `dev` and multiplies them there (rule 5).
+    pub fn last_layers(
+        model: &Model,
+        n: usize,
+        dev: usize,
+        stream_min_tokens: Option<usize>,
+    ) -> Self {
+        let n_layer = model.hp.n_layer;
+        let first = n_layer.saturating_sub(n);
+        let at = |layer: Option<usize>| match layer {
+            Some(l) if l >= first => dev,
+            None if n > n_layer => dev,
+            _ => 0,
+        };
+        let weights: HashMap<String, usize> = target_slots(model)
+            .into_iter()
+            .map(|(l, _, w)| (w.name.clone(), at(l)))
+            .collect();
+        let prefill_stream = match stream_min_tokens {
+            Some(_) if dev != 0 => weights
+                .iter()
+                .filter(|(_, d)| **d == 0)
+                .map(|(w, _)| w.clone())
+                .collect(),
+            _ => HashSet::new(),
+        };
+        DeviceMap {
+            weights,
+            layer_home: (0..n_layer).map(|l| at(Some(l))).collect(),
+            streamed: HashSet::new(),
+            link: CrossCost::default(),
+            prefill_stream,
+            stream_dev: dev,
+            stream_min_tokens: stream_min_tokens.unwrap_or(usize::MAX),
+        }
+    }
+
     /// The smallest forward call (at least 2 tokens: decode never streams) that streams the
     /// `prefill_stream` weights, when there are any.
     pub fn stream_from(&self) -> Option<usize> {

@@ -154,17 +154,13 @@ pub fn run(
 ) -> Result<()> {
     let opened = Opened::open(&spec.path, spec.device)?;
     let engine = opened.place(&spec.place)?;
+    let policy = engine.policy_name();
     let session = engine.session;
     let dev = engine.dev;
     let gpu = (dev != 0).then(|| engine.backends[dev].clone());
     let placement = PlacementSummary {
         device: engine.backends[dev].describe(),
-        policy: engine
-            .placement
-            .as_ref()
-            .map_or(if dev == 0 { "cpu" } else { "gpu" }.to_string(), |p| {
-                p.policy.to_string()
-            }),
+        policy,
         gpu_weights: engine
             .map
             .weights
