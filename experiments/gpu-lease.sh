@@ -26,7 +26,9 @@
 #   OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores),
 #   OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM, on tensor cores), the
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
-#   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), selftest --perf (kernel bandwidths, the split
+#   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), the sweep again with the CPU pool free to park
+#   between jobs (OATO_CPU_AWAKE=0) in the same rounds, and oato's -ngl 8/16/24 (awake_ab),
+#   selftest --perf (kernel bandwidths, the split
 #   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
 #   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill
 #   GEMMs on __dp4a, on tensor cores with and without split-K, and by cuBLAS, also at
@@ -211,10 +213,12 @@ s_split_sweep() {
 # 2-core VM a job after a wait of 0.5 ms or more took 50-90 us longer, a parked worker's
 # wake-up; examples/job_gap) against OATO_CPU_AWAKE=0, in the same rounds, the sweep's profile
 # (cached) and budgets.
+# Also oato's -ngl 8 / 16 / 24 (no plan: llama.cpp's split of the same layers, its op offload's
+# prefill streaming from 32 tokens), to set beside peer_hybrid's llama.cpp -ngl.
 s_awake_ab() {
     header
     OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-awake" PLAIN="" THREADS=$THREADS \
-        POLICIES="oato layer-split" VARIANTS="awake0:OATO_CPU_AWAKE=0" REPS=$REPS \
+        POLICIES="oato layer-split" VARIANTS="awake0:OATO_CPU_AWAKE=0" NGL="8 16 24" REPS=$REPS \
         experiments/placement-sweep.sh
 }
 s_build_peer() { # only without the prebuilt peer
@@ -461,7 +465,7 @@ stages_8b() {
     stage profile 30 s_profile
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     peer_ready && stage kernels 150 s_kernels
-    [ -f "$RES/profile-8b.json" ] && stage awake_ab 110 s_awake_ab
+    [ -f "$RES/profile-8b.json" ] && stage awake_ab 150 s_awake_ab
     stage perf 50 s_perf
     stage ncu_step 150 s_ncu_step
     [ -f "$MODEL8" ] && stage split_sweep 120 s_split_sweep

@@ -15,7 +15,8 @@
 # the TPOT range), and the activation copies per prefill and per decode step. VARIANTS (""): extra
 # runs of every policy and budget under environment settings, space-separated LABEL:VAR=VALUE[,VAR=
 # VALUE...] (e.g. "awake0:OATO_CPU_AWAKE=0"), named and, in the CSV's policy, suffixed +LABEL; they
-# take their turns in the same rounds as the plain runs.
+# take their turns in the same rounds as the plain runs. NGL (""): also llama.cpp-style `-ngl N` runs
+# (the last N layers on the GPU, no plan), one per N, space-separated, as llama.cpp's -ngl takes them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO_BIN=${OATO_BIN:-target/release/oato}
@@ -41,6 +42,7 @@ runs=()
 # The runs: name and flags, one line each.
 configs=()
 for d in $PLAIN; do configs+=("$d --device $d"); done
+for n in ${NGL:-}; do configs+=("ngl-$n -ngl $n"); done
 for policy in $POLICIES; do
     for b in $BUDGETS; do
         configs+=("$policy-${b%\%}pct --vram-budget $b --policy $policy")
