@@ -106,8 +106,9 @@ pub fn fits_whole(
     fits_layers(model, model.hp.n_layer + 1, ctx, prompt_tokens, be)
 }
 
-/// [`fits_whole`] for llama.cpp's `-ngl n`: the last `n` layers (their tensors and KV cache), and
-/// the head when `n` exceeds the layers (the output matrix and norm), with the workspace.
+/// [`fits_whole`] for llama.cpp's `-ngl n` ([`DeviceMap::last_layers`]): the head (the output
+/// matrix and norm) for `n` >= 1 and the last `n - 1` layers (their tensors and KV cache), with
+/// the workspace.
 pub fn fits_layers(
     model: &Model,
     n: usize,
@@ -116,8 +117,8 @@ pub fn fits_layers(
     be: &dyn Backend,
 ) -> std::result::Result<(), String> {
     let hp = &model.hp;
-    let first = hp.n_layer.saturating_sub(n);
-    let head = n > hp.n_layer;
+    let first = (hp.n_layer + 1).saturating_sub(n);
+    let head = n >= 1;
     let targets = target_weights(model);
     let tied = model.output.name == "token_embd.weight";
     let on_gpu = |name: &str| match crate::profiler::layer_of(name) {
@@ -152,10 +153,10 @@ pub fn fits_layers(
     let free = be.memory().map_err(|e| e.to_string())?.free;
     if need > free {
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-        let what = if head {
+        let what = if n_gpu == hp.n_layer && head {
             "the model needs".to_string()
         } else {
-            format!("its last {n_gpu} layers need")
+            format!("the output head and the last {n_gpu} layers need")
         };
         return Err(format!(
             "{what} {:.0} MiB on {} ({:.0} MiB of weights + {:.0} MiB of KV cache for \
@@ -189,8 +190,8 @@ pub enum Split {
     },
     /// A placement file (`oato.placement/v1`).
     File(PathBuf),
-    /// llama.cpp's `-ngl n`: the last `n` layers on the GPU (and the head when `n` exceeds the
-    /// layers), with no profile or plan; prefill batches of at least `stream_min_tokens` (llama.cpp's
+    /// llama.cpp's `-ngl n` ([`DeviceMap::last_layers`]: the output head and the last `n - 1`
+    /// layers on the GPU), with no profile or plan; prefill batches of at least `stream_min_tokens` (llama.cpp's
     /// op offload: 32; `None`: never) copy the CPU's weights to the GPU and multiply them there.
     Layers {
         n: usize,

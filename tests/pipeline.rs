@@ -396,8 +396,8 @@ fn long_prompt_batches_are_sampled_per_group() {
     }
 }
 
-/// llama.cpp's `-ngl N` on the test device: no profile, the last N layers there (the head too
-/// past the layers), the CPU's tokens for every N, with a 40-token prompt (op-offload streaming of
+/// llama.cpp's `-ngl N` on the test device, counted as llama.cpp counts it (the output head, then
+/// the last N - 1 layers): no profile, the CPU's tokens for every N, with a 40-token prompt (op-offload streaming of
 /// the CPU's weights from 32 tokens) and without streaming; the JSON says `ngl` and the bytes
 /// placed; too many layers for the device's memory fail cleanly; without a GPU it runs on the CPU.
 #[test]
@@ -439,6 +439,7 @@ fn ngl_puts_the_last_layers_on_the_device() {
         (&["-ngl", "10"][..], 10),
         (&["--n-gpu-layers", "10", "--no-stream"][..], 10),
         (&["--ngl", "30"][..], 30),
+        (&["-ngl", "31"][..], 31),
         (&["-ngl", "99"][..], 99),
     ] {
         let (v, err) = run(flags, &env);
@@ -446,15 +447,18 @@ fn ngl_puts_the_last_layers_on_the_device() {
         assert_eq!(v["policy"], "ngl", "{flags:?}");
         assert!(!err.contains("profile"), "{flags:?} profiled: {err}");
         let gpu = v["gpu_weight_bytes"].as_u64().unwrap();
-        if n > n_layer {
-            assert_eq!(gpu, v["target_weight_bytes"].as_u64().unwrap(), "{flags:?}");
-        } else {
-            assert_eq!(gpu, layer_bytes(n_layer - n..n_layer), "{flags:?}");
-        }
+        let all = v["target_weight_bytes"].as_u64().unwrap();
+        let head = all - layer_bytes(0..n_layer);
+        let want = match n {
+            0 => 0,
+            _ => head + layer_bytes((n_layer + 1).saturating_sub(n)..n_layer),
+        };
+        assert_eq!(gpu, want, "{flags:?}");
+        assert_eq!(n > n_layer, gpu == all, "{flags:?}");
         // 40 tokens stream the CPU's weights (llama.cpp's op offload from 32): the activations
         // of the CPU's layers cross for each streamed product.
         let prefill = v["crossings_prefill"].as_u64().unwrap();
-        let streams = n < n_layer && !flags.contains(&"--no-stream");
+        let streams = n <= n_layer && !flags.contains(&"--no-stream");
         assert_eq!(
             prefill > 2,
             streams,

@@ -22,8 +22,8 @@ pub struct PlaceArgs {
     /// profile), plan, place, run.
     #[arg(long = "vram-budget", conflicts_with = "placement", group = "split_by")]
     pub vram_budget: Option<String>,
-    /// llama.cpp's -ngl: the last N layers on the GPU (and the output head when N exceeds the
-    /// layers; 99: everything), the rest on the CPU, without a profile or plan. Prefill batches of
+    /// llama.cpp's -ngl, counted as llama.cpp counts it: the output head and the last N-1 layers on
+    /// the GPU (99: everything), the rest on the CPU, without a profile or plan. Prefill batches of
     /// 32 tokens or more multiply the CPU's weights on the GPU, as llama.cpp's op offload does
     /// (--no-stream: never; --stream-min-tokens: from another batch size).
     #[arg(

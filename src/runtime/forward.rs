@@ -77,8 +77,9 @@ impl DeviceMap {
         }
     }
 
-    /// llama.cpp's `-ngl n`: the last `n` layers on backend `dev` (their weights, KV cache and
-    /// attention), the head too when `n` exceeds the layers, the rest on the CPU (backend 0).
+    /// llama.cpp's `-ngl n` on backend `dev`, counted as its `load_tensors` counts (the output
+    /// layer first, then repeating layers from the last down): the head for `n` >= 1 and the last
+    /// `n - 1` layers (their weights, KV cache and attention), the rest on the CPU (backend 0).
     /// With `stream_min_tokens` (llama.cpp's op offload: 32), a forward call of at least that many
     /// tokens copies the CPU's target weights to `dev` and multiplies them there (rule 5).
     pub fn last_layers(
@@ -88,10 +89,11 @@ impl DeviceMap {
         stream_min_tokens: Option<usize>,
     ) -> Self {
         let n_layer = model.hp.n_layer;
-        let first = n_layer.saturating_sub(n);
+        // llama.cpp's i_gpu_start: layers (the output being layer n_layer) from here on.
+        let first = (n_layer + 1).saturating_sub(n);
         let at = |layer: Option<usize>| match layer {
             Some(l) if l >= first => dev,
-            None if n > n_layer => dev,
+            None if n >= 1 => dev,
             _ => 0,
         };
         let weights: HashMap<String, usize> = target_slots(model)
