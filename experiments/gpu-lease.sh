@@ -27,7 +27,8 @@
 #   OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM, on tensor cores), the
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
 #   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), the sweep again with the CPU pool free to park
-#   between jobs (OATO_CPU_AWAKE=0) in the same rounds, and oato's -ngl 8/16/24 (awake_ab),
+#   between jobs (OATO_CPU_AWAKE=0) in the same rounds, and oato's -ngl 8/16/24 (awake_ab; and
+#   by oato bench as llama-bench times them, bench_ngl),
 #   selftest --perf (kernel bandwidths, the split
 #   layout's and the pipelined kernels at 1-16 thread blocks a multiprocessor, copies staged
 #   and direct; prefill attention on tensor cores, on the f32 lanes and per token; the prefill
@@ -220,6 +221,18 @@ s_awake_ab() {
     OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-awake" PLAIN="" THREADS=$THREADS \
         POLICIES="oato layer-split" VARIANTS="awake0:OATO_CPU_AWAKE=0" NGL="8 16 24" REPS=$REPS \
         experiments/placement-sweep.sh
+}
+# oato bench -ngl 8,16,24 (llama-bench's tests and its count of -ngl: the head and N-1 layers;
+# prefill streaming as its op offload) on the 8B file, to set beside peer_hybrid's llama-bench
+# -ngl at the same values: the same method for both engines.
+s_bench_ngl() {
+    header
+    "$OATO" bench "$MODEL8" -ngl 8,16,24 -p 64 -n 32 -r "$REPS" -t "$THREADS" --json \
+        > "$RES/bench-ngl-8b.json"
+    python3 -c 'import json,sys
+for t in json.load(open(sys.argv[1])):
+    kind = "pp%d" % t["n_prompt"] if t["n_prompt"] else "tg%d" % t["n_gen"]
+    print("ngl %2d %-5s %9.2f t/s" % (t["n_gpu_layers"], kind, t["avg_ts"]))' "$RES/bench-ngl-8b.json"
 }
 s_build_peer() { # only without the prebuilt peer
     JOBS=16 PREFIX=$LEASE/llamacpp TARBALL=$LEASE/lease-bin/llamacpp-src.tar.xz experiments/build-llamacpp-cuda.sh
@@ -466,6 +479,7 @@ stages_8b() {
     [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
     peer_ready && stage kernels 150 s_kernels
     [ -f "$RES/profile-8b.json" ] && stage awake_ab 150 s_awake_ab
+    stage bench_ngl 60 s_bench_ngl
     stage perf 50 s_perf
     stage ncu_step 150 s_ncu_step
     [ -f "$MODEL8" ] && stage split_sweep 120 s_split_sweep

@@ -59,18 +59,16 @@ fn quiet_on_closed_pipe() {
 
 fn main() {
     // llama-bench spells its prompt+generation flag `-pg`; `oato bench` takes it as `--pg`. And
-    // llama.cpp's `-ngl` (its layers on the GPU) is `--ngl` for run, chat and serve.
+    // llama.cpp's `-ngl` (its layers on the GPU) is `--ngl` for bench, run, chat and serve.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let (short, long) = match args.get(1).and_then(|a| a.to_str()) {
-        Some("bench") => ("-pg", "--pg"),
-        Some("run" | "chat" | "serve") => ("-ngl", "--ngl"),
-        _ => ("", ""),
+    let flags: &[(&str, &str)] = match args.get(1).and_then(|a| a.to_str()) {
+        Some("bench") => &[("-pg", "--pg"), ("-ngl", "--ngl")],
+        Some("run" | "chat" | "serve") => &[("-ngl", "--ngl")],
+        _ => &[],
     };
-    if !short.is_empty() {
-        for a in args.iter_mut().skip(2) {
-            if a == short {
-                *a = long.into();
-            }
+    for a in args.iter_mut().skip(2) {
+        if let Some(&(_, long)) = flags.iter().find(|(short, _)| a == *short) {
+            *a = long.into();
         }
     }
     let cli = Cli::parse_from(args);

@@ -41,6 +41,11 @@ fn markdown_table_has_one_row_per_test() {
         assert!(rows[0].contains(col), "header lacks {col}: {}", rows[0]);
     }
     assert!(
+        !rows[0].contains("ngl"),
+        "an ngl column without -ngl: {}",
+        rows[0]
+    );
+    assert!(
         rows[2].contains("llama 135M Q4_1") && rows[2].contains(" pp8 "),
         "{}",
         rows[2]
@@ -135,6 +140,7 @@ fn json_uses_llama_bench_fields_and_arithmetic() {
             "model_size",
             "model_n_params",
             "n_threads",
+            "n_gpu_layers",
             "n_prompt",
             "n_gen",
             "n_depth",
@@ -157,6 +163,7 @@ fn json_uses_llama_bench_fields_and_arithmetic() {
         );
         assert_eq!(t["model_n_params"], 134_515_008);
         assert_eq!(t["n_threads"], 1);
+        assert_eq!(t["n_gpu_layers"], 0, "the whole model on the CPU");
         assert_eq!(t["backends"], "CPU");
         assert_eq!(t["device"], "cpu");
         let n = (t["n_prompt"].as_u64().unwrap() + t["n_gen"].as_u64().unwrap()) as f64;
@@ -237,6 +244,7 @@ fn bad_flags_fail_cleanly() {
         (&["-pg", "0,0"], "both lengths are 0"),
         (&["-pg", "8,x"], "\"x\" is not a whole number"),
         (&["-d", "16,x"], "-d \"16,x\""),
+        (&["-ngl", "1,y"], "-ngl \"1,y\""),
     ] {
         let out = bench(args);
         let err = text(&out.stderr);
@@ -347,4 +355,67 @@ fn prompt_plus_generation_and_depth() {
     assert_eq!(rows.len(), 4, "header, rule, two tests:\n{md}");
     assert!(rows[2].contains(" pp4 @ d8 "), "{}", rows[2]);
     assert!(rows[3].contains(" pp4+tg1 @ d8 "), "{}", rows[3]);
+}
+
+/// llama-bench's `-ngl` list on the test device: each value's tests in turn, its `ngl` column and
+/// `n_gpu_layers` field; the weights placed as `oato run -ngl` places them (its tests check the
+/// tokens); a split too big for the device fails before any timing.
+#[test]
+fn ngl_runs_each_split_in_turn() {
+    let run = |args: &[&str], device: &str| {
+        Command::new(env!("CARGO_BIN_EXE_oato"))
+            .arg("bench")
+            .args(args)
+            .current_dir(repo())
+            .env_remove("OATO_MODEL")
+            .env("OATO_TEST_DEVICE", device)
+            .output()
+            .expect("the oato binary runs")
+    };
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    let s = ok(&run(
+        &[
+            m, "-ngl", "0,10", "-p", "40", "-n", "2", "-r", "1", "-t", "1",
+        ],
+        "4000000000",
+    ));
+    let rows: Vec<&str> = s.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows.len(), 6, "header, rule, 2 x (pp40, tg2):\n{s}");
+    assert!(rows[0].contains(" ngl "), "{}", rows[0]);
+    let ngl: Vec<&str> = rows[2..]
+        .iter()
+        .map(|r| r.split('|').nth(5).unwrap().trim())
+        .collect();
+    assert_eq!(ngl, ["0", "0", "10", "10"], "{s}");
+    let j = ok(&run(
+        &[
+            m,
+            "--n-gpu-layers",
+            "3",
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "-t",
+            "1",
+            "--json",
+        ],
+        "4000000000",
+    ));
+    let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+    assert_eq!(v[0]["n_gpu_layers"], 3);
+    let out = run(
+        &[m, "-ngl", "99", "-p", "8", "-n", "0", "-r", "1"],
+        "30000000",
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("-ngl 99: the model needs"), "{err}");
+    assert!(
+        out.stdout.iter().filter(|&&b| b == b'\n').count() <= 2,
+        "timed before failing"
+    );
 }

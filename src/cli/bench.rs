@@ -80,6 +80,12 @@ pub struct BenchArgs {
     /// Run the whole model on the CPU, the GPU, or the GPU when there is one (auto).
     #[arg(long, value_enum, default_value = "auto")]
     pub device: super::DeviceArg,
+    /// Layers on the GPU as llama-bench's -ngl counts them (the output head, then the last N-1
+    /// layers; `oato run -ngl`), comma-separated (repeatable); prompt batches of 32+ tokens
+    /// multiply the CPU's weights on the GPU, as llama.cpp's op offload does [default: the whole
+    /// model on the device].
+    #[arg(long = "ngl", visible_alias = "n-gpu-layers", value_name = "N,…")]
+    pub ngl: Vec<String>,
     #[command(flatten)]
     pub load: super::LoadArgs,
     /// Measure this machine's memory read bandwidth at each -t thread count (a buffer of the given
@@ -98,6 +104,8 @@ struct Plan {
     depths: Vec<usize>,
     reps: usize,
     threads: Vec<usize>,
+    /// -ngl's values; `[None]`: the whole model on the device.
+    ngl: Vec<Option<usize>>,
 }
 
 /// Parses `--pg 512,128` values: each exactly two whole numbers, not both 0.
@@ -171,6 +179,13 @@ impl Plan {
         let pg = parse_pg(&a.pg)?;
         let depths = parse_list("-d", &a.depth, 0)?;
         let threads = parse_list("-t", &a.threads, 0)?;
+        let ngl = match a.ngl.is_empty() {
+            true => vec![None],
+            false => parse_list("-ngl", &a.ngl, 0)?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
         let reps: usize = a.reps.trim().parse().map_err(|_| {
             Error::Usage(format!(
                 "-r {:?}: not a whole number of repetitions",
@@ -212,6 +227,7 @@ impl Plan {
             depths,
             reps,
             threads,
+            ngl,
         })
     }
 }
@@ -374,6 +390,9 @@ impl TokenRng {
 struct TestResult<'a> {
     model: &'a ModelInfo,
     n_threads: usize,
+    /// Layers on the GPU as llama-bench counts them: -ngl's value, else the model's layers and
+    /// its head (n_layer + 1) on a GPU, 0 on the CPU.
+    n_gpu_layers: usize,
     n_prompt: usize,
     n_gen: usize,
     /// Tokens in the cache before the timed part (-d).
@@ -447,6 +466,7 @@ impl TestResult<'_> {
             ("model_size", json!(self.model.size)),
             ("model_n_params", json!(self.model.n_params)),
             ("n_threads", json!(self.n_threads)),
+            ("n_gpu_layers", json!(self.n_gpu_layers)),
             ("n_prompt", json!(self.n_prompt)),
             ("n_gen", json!(self.n_gen)),
             ("n_depth", json!(self.n_depth)),
@@ -492,12 +512,37 @@ fn now_rfc3339() -> String {
     )
 }
 
+/// Where a test runs the model, and its `n_gpu_layers` as llama-bench reports it: with -ngl `n`,
+/// llama.cpp's split ([`DeviceMap::last_layers`], its op offload's prefill streaming from 32 tokens;
+/// all on the CPU without a GPU), checked against the GPU's free memory; else the whole model on
+/// `dev` (n_layer + 1 on a GPU, 0 on the CPU).
+fn bench_map(
+    model: &Model,
+    backends: &[Arc<dyn Backend>],
+    dev: usize,
+    ngl: Option<usize>,
+    n_ctx: usize,
+    n_prompt: usize,
+) -> Result<(DeviceMap, usize)> {
+    let whole = if dev == 0 { 0 } else { model.hp.n_layer + 1 };
+    match ngl {
+        None => Ok((DeviceMap::uniform(model, dev), whole)),
+        Some(n) if dev == 0 => Ok((DeviceMap::uniform(model, 0), n)),
+        Some(n) => {
+            oato::engine::fits_layers(model, n, n_ctx, n_prompt.max(1), &*backends[dev])
+                .map_err(|why| Error::Usage(format!("-ngl {n}: {why}; give fewer layers")))?;
+            let stream = Some(oato::engine::OP_OFFLOAD_MIN_BATCH);
+            Ok((DeviceMap::last_layers(model, n, dev, stream), n))
+        }
+    }
+}
+
 /// Runs one test on the kernels' thread pool as it is set, the model on backend `dev`: a
 /// warm-up, then `reps` timed runs.
 #[allow(clippy::too_many_arguments)]
 fn time_test(
     backends: &[Arc<dyn Backend>],
-    dev: usize,
+    map: &DeviceMap,
     model: &Model,
     n_depth: usize,
     n_prompt: usize,
@@ -509,9 +554,8 @@ fn time_test(
     paired: Option<&mut Paired>,
 ) -> Result<Vec<u64>> {
     let n_vocab = model.hp.n_vocab;
-    let map = DeviceMap::uniform(model, dev);
     let n_ctx = n_depth + n_prompt + n_gen;
-    let mut session = Session::with_devices(model, n_ctx, backends.to_vec(), &map)?;
+    let mut session = Session::with_devices(model, n_ctx, backends.to_vec(), map)?;
     let mut run = |session: &mut Session, n_prompt: usize, n_gen: usize| -> Result<u64> {
         // Each part starts with BOS, as each of llama-bench's does.
         let depth = rng.tokens(n_depth, n_vocab, bos);
@@ -649,8 +693,13 @@ fn paired_line(fractions: &[f64], read: usize) -> String {
 
 /// Where the results go: a markdown table or CSV row by row, or one JSON array at the end.
 enum Printer {
-    Markdown,
-    Csv { header_done: bool },
+    /// With an `ngl` column when -ngl was given.
+    Markdown {
+        ngl: bool,
+    },
+    Csv {
+        header_done: bool,
+    },
     Json(Vec<String>),
 }
 
@@ -665,6 +714,16 @@ const MD_COLUMNS: &[(&str, i32)] = &[
     ("test", 15),
     ("t/s", 20),
 ];
+
+/// The markdown table's columns: [`MD_COLUMNS`], with llama-bench's `ngl` after the backend when
+/// -ngl was given.
+fn md_columns(ngl: bool) -> Vec<(&'static str, i32)> {
+    let mut c = MD_COLUMNS.to_vec();
+    if ngl {
+        c.insert(4, ("ngl", 5));
+    }
+    c
+}
 
 fn pad(s: &str, width: i32) -> String {
     let w = width.unsigned_abs() as usize;
@@ -689,9 +748,10 @@ fn csv_text(v: &Value) -> String {
 
 impl Printer {
     fn header(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if let Printer::Markdown = self {
-            let names: Vec<String> = MD_COLUMNS.iter().map(|&(c, w)| pad(c, w)).collect();
-            let rules: Vec<String> = MD_COLUMNS
+        if let &mut Printer::Markdown { ngl } = self {
+            let columns = md_columns(ngl);
+            let names: Vec<String> = columns.iter().map(|&(c, w)| pad(c, w)).collect();
+            let rules: Vec<String> = columns
                 .iter()
                 .map(|&(_, w)| {
                     let dashes = "-".repeat(w.unsigned_abs() as usize - 1);
@@ -706,7 +766,7 @@ impl Printer {
 
     fn row(&mut self, out: &mut impl Write, t: &TestResult, host: &Host) -> std::io::Result<()> {
         match self {
-            Printer::Markdown => {
+            &mut Printer::Markdown { ngl } => {
                 let size = if t.model.size < 1 << 30 {
                     format!("{:.2} MiB", t.model.size as f64 / (1u64 << 20) as f64)
                 } else {
@@ -718,20 +778,25 @@ impl Printer {
                     format!("{:.2} B", t.model.n_params as f64 / 1e9)
                 };
                 let ts = t.samples_ts();
-                let cells = [
+                let mut cells = vec![
                     t.model.model_type.clone(),
                     size,
                     params,
                     host.backend().0.into(),
+                ];
+                if ngl {
+                    cells.push(t.n_gpu_layers.to_string());
+                }
+                cells.extend([
                     host.isa.into(),
                     t.n_threads.to_string(),
                     t.name(),
                     format!("{:.2} ± {:.2}", mean(&ts), stdev(&ts)),
-                ];
+                ]);
                 let cells: Vec<String> = cells
                     .iter()
-                    .zip(MD_COLUMNS)
-                    .map(|(c, &(_, w))| pad(c, w))
+                    .zip(md_columns(ngl))
+                    .map(|(c, (_, w))| pad(c, w))
                     .collect();
                 writeln!(out, "| {} |", cells.join(" | "))?;
             }
@@ -772,7 +837,7 @@ impl Printer {
 
     fn footer(&mut self, out: &mut impl Write, host: &Host) -> std::io::Result<()> {
         match self {
-            Printer::Markdown => writeln!(
+            Printer::Markdown { .. } => writeln!(
                 out,
                 "\nbuild: {} ({})",
                 host.build_commit, host.build_number
@@ -808,7 +873,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else if a.csv {
         Printer::Csv { header_done: false }
     } else {
-        Printer::Markdown
+        Printer::Markdown {
+            ngl: !a.ngl.is_empty(),
+        }
     };
     let stdout_err = |e: std::io::Error| Error::Msg(format!("writing the results: {e}"));
 
@@ -818,7 +885,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .filter(|&(p, g)| p + g > 0)
         .flat_map(|(p, g)| plan.depths.iter().map(move |&d| (d, p, g)))
         .collect();
-    let total = plan.models.len() * plan.threads.len() * tests.len();
+    let total = plan.models.len() * plan.threads.len() * plan.ngl.len() * tests.len();
     let mut rng = TokenRng(SplitMix64::new(a.seed));
     let mut done = 0;
     // Open every model first, so a bad file fails before any timing (read in or mapped, as
@@ -840,11 +907,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         for &n_threads in &plan.threads {
             // The kernels' thread pool, resized for this thread count.
             let n_threads = super::init_threads(n_threads)?;
-            for &(n_depth, n_prompt, n_gen) in &tests {
+            // llama-bench's order: each -ngl value's tests in turn.
+            let runs = plan
+                .ngl
+                .iter()
+                .flat_map(|&n| tests.iter().map(move |&t| (n, t)));
+            for (ngl, (n_depth, n_prompt, n_gen)) in runs {
                 done += 1;
+                let (map, n_gpu_layers) = bench_map(
+                    model,
+                    &backends,
+                    dev,
+                    ngl,
+                    n_depth + n_prompt + n_gen,
+                    n_prompt,
+                )?;
                 let mut t = TestResult {
                     model: info,
                     n_threads,
+                    n_gpu_layers,
                     n_prompt,
                     n_gen,
                     n_depth,
@@ -884,7 +965,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 };
                 t.samples_ns = time_test(
                     &backends,
-                    dev,
+                    &map,
                     model,
                     n_depth,
                     n_prompt,
