@@ -133,7 +133,7 @@ pub fn fits_layers(
         .filter(|t| on_gpu(&t.name))
         .map(|t| t.n_bytes as usize)
         .sum();
-    let n_gpu = hp.n_layer - first;
+    let n_gpu = hp.n_layer.saturating_sub(first);
     let kv = crate::runtime::kv_cache::bytes_per_token(n_gpu, hp.kv_dim()) * ctx;
     let largest = targets
         .iter()
@@ -191,8 +191,9 @@ pub enum Split {
     /// A placement file (`oato.placement/v1`).
     File(PathBuf),
     /// llama.cpp's `-ngl n` ([`DeviceMap::last_layers`]: the output head and the last `n - 1`
-    /// layers on the GPU), with no profile or plan; prefill batches of at least `stream_min_tokens` (llama.cpp's
-    /// op offload: 32; `None`: never) copy the CPU's weights to the GPU and multiply them there.
+    /// layers on the GPU), with no profile or plan; prefill batches of at least
+    /// `stream_min_tokens` (llama.cpp's op offload: 32; `None`: never) copy the CPU's weights to
+    /// the GPU and multiply them there.
     Layers {
         n: usize,
         stream_min_tokens: Option<usize>,

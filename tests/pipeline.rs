@@ -397,11 +397,12 @@ fn long_prompt_batches_are_sampled_per_group() {
 }
 
 /// llama.cpp's `-ngl N` on the test device, counted as llama.cpp counts it (the output head, then
-/// the last N - 1 layers): no profile, the CPU's tokens for every N, with a 40-token prompt (op-offload streaming of
-/// the CPU's weights from 32 tokens) and without streaming; the JSON says `ngl` and the bytes
-/// placed; too many layers for the device's memory fail cleanly; without a GPU it runs on the CPU.
+/// the last N - 1 layers): no profile, the CPU's tokens for every N, with a 40-token prompt
+/// (op-offload streaming of the CPU's weights from 32 tokens) and without streaming; the JSON
+/// says `ngl` and the bytes placed; too many layers for the device's memory fail cleanly; without
+/// a GPU it runs on the CPU.
 #[test]
-fn ngl_puts_the_last_layers_on_the_device() {
+fn ngl_puts_the_head_and_the_last_layers_on_the_device() {
     let (dir, cache, model) = setup("ngl");
     let env = [DEVICE, ("OATO_CACHE_DIR", cache.as_str())];
     let m = model.to_str().unwrap();
@@ -488,4 +489,47 @@ fn ngl_puts_the_last_layers_on_the_device() {
         assert_eq!(v["output_ids"], cpu["output_ids"]);
         assert!(err.contains("running on the CPU"), "{err}");
     }
+}
+
+/// `fits_layers` (llama.cpp's -ngl count) on a device too small for anything: the weights and KV
+/// cache it names grow with N from none at 0, reach the whole model's at n_layer + 1, and stay
+/// there past it.
+#[test]
+fn ngl_memory_grows_with_the_layers() {
+    let model = oato::model::Model::open(model_path()).unwrap();
+    let tiny = oato::runtime::test_device::TestDevice::new(1 << 20);
+    let n_layer = model.hp.n_layer;
+    // (weights MiB, KV MiB) from the refusal's text.
+    let parts = |n: usize| -> (f64, f64) {
+        let why = oato::engine::fits_layers(&model, n, 256, 8, &tiny).unwrap_err();
+        let num = |unit: &str| -> f64 {
+            let end = why
+                .find(unit)
+                .unwrap_or_else(|| panic!("{unit:?} in {why}"));
+            why[..end]
+                .rsplit(['(', '+'])
+                .next()
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        (num(" MiB of weights"), num(" MiB of KV cache"))
+    };
+    let all: Vec<(f64, f64)> = (0..=n_layer + 3).map(parts).collect();
+    assert_eq!(all[0], (0.0, 0.0), "-ngl 0 puts nothing on the device");
+    assert!(
+        all[1].0 > 0.0 && all[1].1 == 0.0,
+        "-ngl 1: the head only: {:?}",
+        all[1]
+    );
+    for w in all.windows(2) {
+        assert!(w[1].0 >= w[0].0 && w[1].1 >= w[0].1, "{all:?}");
+    }
+    assert_eq!(all[n_layer + 1], all[n_layer + 3]);
+    // The whole model's check is the same count at n_layer + 1.
+    let whole = oato::engine::fits_whole(&model, 256, 8, &tiny).unwrap_err();
+    let at = oato::engine::fits_layers(&model, n_layer + 1, 256, 8, &tiny).unwrap_err();
+    assert_eq!(whole, at);
+    assert!(whole.starts_with("the model needs"), "{whole}");
 }

@@ -513,9 +513,9 @@ fn now_rfc3339() -> String {
 }
 
 /// Where a test runs the model, and its `n_gpu_layers` as llama-bench reports it: with -ngl `n`,
-/// llama.cpp's split ([`DeviceMap::last_layers`], its op offload's prefill streaming from 32 tokens;
-/// all on the CPU without a GPU), checked against the GPU's free memory; else the whole model on
-/// `dev` (n_layer + 1 on a GPU, 0 on the CPU).
+/// llama.cpp's split ([`DeviceMap::last_layers`], its op offload's prefill streaming from 32
+/// tokens; all on the CPU without a GPU), checked against the GPU's free memory; else the whole
+/// model on `dev` (n_layer + 1 on a GPU, 0 on the CPU).
 fn bench_map(
     model: &Model,
     backends: &[Arc<dyn Backend>],
