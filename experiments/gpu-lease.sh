@@ -211,15 +211,19 @@ s_split_sweep() {
         experiments/placement-sweep.sh
 }
 # The CPU pool kept awake through a hybrid forward pass (the default since 2026-12-02; on a
-# 2-core VM a job after a wait of 0.5 ms or more took 50-90 us longer, a parked worker's
-# wake-up; examples/job_gap) against OATO_CPU_AWAKE=0, in the same rounds, the sweep's profile
-# (cached) and budgets.
+# 2-core VM a job after a wait of 0.5 ms or more took 30-100 us longer free to park, a parked
+# worker's wake-up; results/cpu-pool-awake.md) against OATO_CPU_AWAKE=0, in the same rounds, the
+# sweep's profile (cached) and budgets. oato and oato-paper: on 2026-11-28 oato's 75% plan (20
+# lone ffn_up jobs on the CPU a token) trailed oato-paper's (8 gate + up pairs, 4 singles) by 2.9
+# ms of TPOT, and its traces showed a fixed cost of about 145 us a CPU job at 16 threads that
+# back-to-back jobs (the 2-core VM's host.job_us: 0-4 us) did not: wake-ups would explain it
+# (results/gpu-2026-11-28-h200/analysis-75.md).
 # Also oato's -ngl 8 / 16 / 24 (no plan: llama.cpp's split of the same layers, its op offload's
 # prefill streaming from 32 tokens), to set beside peer_hybrid's llama.cpp -ngl.
 s_awake_ab() {
     header
     OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-awake" PLAIN="" THREADS=$THREADS \
-        POLICIES="oato layer-split" VARIANTS="awake0:OATO_CPU_AWAKE=0" NGL="8 16 24" REPS=$REPS \
+        POLICIES="oato oato-paper" VARIANTS="awake0:OATO_CPU_AWAKE=0" NGL="8 16 24" REPS=$REPS \
         experiments/placement-sweep.sh
 }
 # oato bench -ngl 8,16,24 (llama-bench's tests and its count of -ngl: the head and N-1 layers;
