@@ -16,7 +16,7 @@
 # runs of every policy and budget under environment settings, space-separated LABEL:VAR=VALUE[,VAR=
 # VALUE...] (e.g. "awake0:OATO_CPU_AWAKE=0"), named and, in the CSV's policy, suffixed +LABEL; they
 # take their turns in the same rounds as the plain runs. NGL (""): also llama.cpp-style `-ngl N` runs
-# (the last N layers on the GPU, no plan), one per N, space-separated, as llama.cpp's -ngl takes them.
+# (the output head and the last N-1 layers on the GPU, no plan), one per N, space-separated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OATO_BIN=${OATO_BIN:-target/release/oato}
@@ -47,7 +47,7 @@ for policy in $POLICIES; do
     for b in $BUDGETS; do
         configs+=("$policy-${b%\%}pct --vram-budget $b --policy $policy")
         for v in ${VARIANTS:-}; do
-            configs+=("$policy-${b%\%}pct-${v%%:*} ${v#*:} --vram-budget $b --policy $policy")
+            configs+=("$policy-${b%\%}pct+${v%%:*} ${v#*:} --vram-budget $b --policy $policy")
         done
     done
 done
@@ -84,11 +84,9 @@ for o in "${order[@]}"; do
     runs+=("$name" "$r" "$work/$name.$r.json")
     echo "== $name rep $r: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("TTFT %.2f ms, TPOT %.3f ms" % (d["ttft_ms"], d["tpot_ms"]))' "$work/$name.$r.json")" >&2
 done
-VARIANT_LABELS="$(for v in ${VARIANTS:-}; do printf '%s ' "${v%%:*}"; done)" \
 python3 - "$OUT" "$date" "$commit" "$THREADS" "${runs[@]}" <<'PY'
-import csv, json, os, statistics, sys
+import csv, json, statistics, sys
 out, date, commit, threads = sys.argv[1:5]
-labels = os.environ.get("VARIANT_LABELS", "").split()
 rest = sys.argv[5:]
 fields = ["date", "commit", "device", "host_cpu", "threads", "model", "model_dtype", "policy",
           "vram_budget_bytes", "gpu_weight_fraction", "prompt_tokens", "gen_tokens", "rep", "load_ms",
@@ -98,11 +96,11 @@ rows, groups = [], {}
 for i in range(0, len(rest), 3):
     name, rep, path = rest[i], int(rest[i + 1]), rest[i + 2]
     d = json.load(open(path))
-    label = next((l for l in labels if name.endswith("pct-" + l)), None)
+    variant = name.partition("+")[2]  # a VARIANTS run's label
     row = {
         "date": date, "commit": commit, "device": d["device"], "host_cpu": d["host_cpu"],
         "threads": threads, "model": d["model"], "model_dtype": d["model_dtype"],
-        "policy": d["policy"] + ("+" + label if label else ""), "vram_budget_bytes": d["vram_budget_bytes"],
+        "policy": d["policy"] + ("+" + variant if variant else ""), "vram_budget_bytes": d["vram_budget_bytes"],
         "gpu_weight_fraction": round(d["gpu_weight_bytes"] / d["target_weight_bytes"], 4),
         "prompt_tokens": len(d["prompt_ids"]), "gen_tokens": len(d["output_ids"]), "rep": rep,
         "load_ms": round(d["load_ms"], 3), "ttft_ms": round(d["ttft_ms"], 3),

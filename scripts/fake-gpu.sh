@@ -24,7 +24,8 @@ export LD_LIBRARY_PATH="$FAKE:$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OATO_CUDA_INCLUDE="$CUDA_FP16_DIR"
 # Room in the static TLS for the library's thread-local state (tests/cuda_emu/emu.h).
 export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.rtld.optional_static_tls=$(cat "$ROOT/target/cuda-emu/release/static-tls")"
-# The emulator's kernels run with alignment checks (UBSan); a report should stop the run.
+# The CPU pool parks between hybrid jobs here (the stand-in's "GPU" is the same cores).
 export OATO_CPU_AWAKE="${OATO_CPU_AWAKE:-0}"
+# The emulator's kernels run with alignment checks (UBSan); a report should stop the run.
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-abort_on_error=1:print_stacktrace=1}"
 exec "$@"

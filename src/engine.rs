@@ -204,6 +204,26 @@ pub enum Split {
 /// `-ngl`'s prefill streaming with it.
 pub const OP_OFFLOAD_MIN_BATCH: usize = 32;
 
+/// The device map of llama.cpp's `-ngl n` ([`DeviceMap::last_layers`]) on backend `dev`, checked
+/// against its free memory ([`fits_layers`]: a refusal names the bytes); without a GPU (`dev` 0)
+/// the whole model on the CPU, as llama.cpp's -ngl in a build without GPU support.
+pub fn ngl_map(
+    model: &Model,
+    n: usize,
+    backends: &[Arc<dyn Backend>],
+    dev: usize,
+    ctx: usize,
+    prompt_tokens: usize,
+    stream_min_tokens: Option<usize>,
+) -> Result<DeviceMap> {
+    if dev == 0 {
+        return Ok(DeviceMap::uniform(model, 0));
+    }
+    fits_layers(model, n, ctx, prompt_tokens, &*backends[dev])
+        .map_err(|why| Error::Usage(format!("-ngl {n}: {why}; give fewer layers")))?;
+    Ok(DeviceMap::last_layers(model, n, dev, stream_min_tokens))
+}
+
 /// What [`Opened::place`] needs besides the split.
 #[derive(Clone, Debug)]
 pub struct PlaceOptions {
@@ -323,24 +343,21 @@ impl Opened {
         let mut gpu_layers = None;
         let (map, placement) = match &opts.split {
             Split::Whole => (DeviceMap::uniform(&self.model, dev), None),
-            // Without a usable GPU (said above) everything runs on the CPU, as llama.cpp's -ngl
-            // does in a build without GPU support.
-            Split::Layers { .. } if dev == 0 => (DeviceMap::uniform(&self.model, 0), None),
             &Split::Layers {
                 n,
                 stream_min_tokens,
             } => {
-                fits_layers(
+                let map = ngl_map(
                     &self.model,
                     n,
+                    &backends,
+                    dev,
                     opts.ctx * opts.seqs.max(1),
                     opts.prompt_tokens,
-                    &*backends[dev],
-                )
-                .map_err(|why| Error::Usage(format!("-ngl {n}: {why}; give fewer layers")))?;
-                gpu_layers = Some(n.min(self.model.hp.n_layer + 1));
-                let s = opts.stream_min_tokens.or(stream_min_tokens);
-                (DeviceMap::last_layers(&self.model, n, dev, s), None)
+                    opts.stream_min_tokens.or(stream_min_tokens),
+                )?;
+                gpu_layers = (dev != 0).then_some(n.min(self.model.hp.n_layer + 1));
+                (map, None)
             }
             _ => {
                 let (m, p) = self.placed_map(opts)?;

@@ -524,15 +524,16 @@ fn bench_map(
     n_ctx: usize,
     n_prompt: usize,
 ) -> Result<(DeviceMap, usize)> {
-    let whole = if dev == 0 { 0 } else { model.hp.n_layer + 1 };
     match ngl {
-        None => Ok((DeviceMap::uniform(model, dev), whole)),
-        Some(n) if dev == 0 => Ok((DeviceMap::uniform(model, 0), n)),
+        None => Ok((
+            DeviceMap::uniform(model, dev),
+            if dev == 0 { 0 } else { model.hp.n_layer + 1 },
+        )),
         Some(n) => {
-            oato::engine::fits_layers(model, n, n_ctx, n_prompt.max(1), &*backends[dev])
-                .map_err(|why| Error::Usage(format!("-ngl {n}: {why}; give fewer layers")))?;
             let stream = Some(oato::engine::OP_OFFLOAD_MIN_BATCH);
-            Ok((DeviceMap::last_layers(model, n, dev, stream), n))
+            let map =
+                oato::engine::ngl_map(model, n, backends, dev, n_ctx, n_prompt.max(1), stream)?;
+            Ok((map, n))
         }
     }
 }

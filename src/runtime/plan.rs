@@ -356,18 +356,18 @@ pub fn head_steps(norm: Dev, out: Dev, cpu: Dev) -> Vec<Step> {
 /// the other device.
 pub fn hybrid<'a>(steps: impl IntoIterator<Item = &'a Step>, cpu: Dev) -> bool {
     let (mut on_cpu, mut elsewhere) = (false, false);
+    let mut mark = |d: Dev| {
+        *(if d == cpu {
+            &mut on_cpu
+        } else {
+            &mut elsewhere
+        }) = true
+    };
     for s in steps {
-        let devs: Vec<Dev> = match &s.op {
-            OpKind::Embed => continue,
-            OpKind::Matmul { parts } => parts.iter().map(|p| p.0).collect(),
-            _ => vec![s.dev],
-        };
-        for d in devs {
-            if d == cpu {
-                on_cpu = true;
-            } else {
-                elsewhere = true;
-            }
+        match &s.op {
+            OpKind::Embed => {}
+            OpKind::Matmul { parts } => parts.iter().for_each(|p| mark(p.0)),
+            _ => mark(s.dev),
         }
     }
     on_cpu && elsewhere

@@ -34,7 +34,7 @@ struct Shared {
     job: AtomicPtr<()>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
-    /// Live [`Awake`] guards: while any, idle workers go on spinning and yielding, never park.
+    /// Live [`Awake`] guards: while any, idle workers go on yielding, never park.
     awake: AtomicUsize,
     sleeping: Vec<AtomicBool>,
     threads: Mutex<Vec<Thread>>,
@@ -91,8 +91,8 @@ impl Pool {
         self.n_threads
     }
 
-    /// Keeps the workers from parking while the guard lives (they spin and yield between jobs,
-    /// so a job finds them running), and wakes any parked now, so they are up before the first
+    /// Keeps the workers from parking while the guard lives (past their spin they go on
+    /// yielding, so a job finds them running), and wakes any parked now, so they are up before the first
     /// job. For a caller whose jobs come between waits longer than the spin: a hybrid forward
     /// pass, whose CPU jobs sit between the GPU's parts of a layer. Measured on a 2-core VM
     /// (`examples/job_gap`, Q4_0 4096 x 14336 decode, 2 threads; `results/cpu-pool-awake.md`):
@@ -101,11 +101,7 @@ impl Pool {
     pub fn stay_awake(&self) -> Awake {
         let s = &*self.shared;
         s.awake.fetch_add(1, Ordering::SeqCst);
-        for (i, t) in s.threads.lock().unwrap().iter().enumerate() {
-            if s.sleeping[i + 1].load(Ordering::SeqCst) {
-                t.unpark();
-            }
-        }
+        s.unpark_sleepers();
         Awake {
             shared: self.shared.clone(),
         }
@@ -145,11 +141,7 @@ impl Pool {
             .store(&fat as *const &Job<'_> as *mut (), Ordering::Relaxed);
         let g = generation(s.state.load(Ordering::Relaxed)) + 1;
         s.state.store(g << 32, Ordering::Release);
-        for (i, t) in s.threads.lock().unwrap().iter().enumerate() {
-            if s.sleeping[i + 1].load(Ordering::Acquire) {
-                t.unpark();
-            }
-        }
+        s.unpark_sleepers();
         IN_JOB.with(|j| j.set(true));
         let mine = catch_unwind(AssertUnwindSafe(body));
         IN_JOB.with(|j| j.set(false));
@@ -170,6 +162,18 @@ impl Pool {
         }
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a CPU pool worker panicked");
+        }
+    }
+}
+
+impl Shared {
+    /// Unparks every worker that announced it sleeps (after a new job or guard is published: a
+    /// worker announces, then re-checks both, so none sleeps through either).
+    fn unpark_sleepers(&self) {
+        for (i, t) in self.threads.lock().unwrap().iter().enumerate() {
+            if self.sleeping[i + 1].load(Ordering::SeqCst) {
+                t.unpark();
+            }
         }
     }
 }
