@@ -18,15 +18,18 @@
 #   on the 8B synth file (LLaMA3-8B shape Q4_0, P=64, G=32, all cores), in this order:
 #   selftest --device gpu, also with split weights (every operator and type against the
 #   references: the GPU code written since the last GPU session has never run on a GPU), synth, profile (link: weight uploads,
-#   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), the
-#   placement sweep (oato, oato-paper, layer-split at 25/50/75%, predicted beside measured), all
-#   on the GPU against llama.cpp (pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1 (with
+#   activation copies both ways against a pinned copy, crossing, the CPU job's fixed cost), all
+#   on the GPU against llama.cpp (kernels: pp64/pp512/tg32/tg128; oato default, OATO_CUDA_SPLIT=1 (with
 #   its fused kernels; also with OATO_CUDA_ATTN_SPLIT=1, split decode attention below its 256
 #   positions, and that alone), OATO_CUDA_MMA=0 (the int8 prefill GEMM on __dp4a, not tensor cores),
 #   OATO_CUDA_FLASH_MMA=0 (the tiled prefill attention on the f32 lanes, not tensor cores),
 #   OATO_CUDA_MMVQ_MAX_TOKENS=0 (decode through the prefill GEMM, on tensor cores), the
 #   split layout without its fused kernels (OATO_CUDA_GLU=0 OATO_CUDA_QKV_ROPE=0), OATO_CUDA_MMVQ=pipe, OATO_CUDA_GRAPH_SPLIT=0, OATO_CUDA_GRAPHS=0, OATO_CUDA_MMVQ=direct,
-#   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), the sweep again with the CPU pool free to park
+#   OATO_CUDA_MMVQ_MULTI=0, OATO_CUDA_FUSE=0), then the settings the later stages run under
+#   (pick_best, experiments/pick_variant.py: the variant that decodes fastest without losing
+#   prefill speed, by 3% or more, else the defaults; $RES/best.env, best-variant.txt), the
+#   placement sweep under them (oato, oato-paper, layer-split at 25/50/75%, predicted beside
+#   measured; their own profile when they are not the defaults), the sweep again with the CPU pool free to park
 #   between jobs (OATO_CPU_AWAKE=0) in the same rounds, and oato's -ngl 8/16/24 (awake_ab; and
 #   by oato bench as llama-bench times them, bench_ngl),
 #   selftest --perf (kernel bandwidths, the split
@@ -190,21 +193,64 @@ s_synth() {
     "$OATO" synth ${SYNTH_ARGS:---shape llama3-8b --type Q4_0 --seed 42} -o "$MODEL8.tmp" && mv "$MODEL8.tmp" "$MODEL8"
 }
 s_profile() { header; "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b.json"; }
+# The CUDA settings the kernels stage's figures chose (pick_best, experiments/pick_variant.py:
+# the variant that decodes fastest all on the GPU without losing prefill speed; none: the
+# defaults) for the stages that measure the engine as the next commit would ship it: exported
+# into the stage's process and named in its log.
+use_best() {
+    local v
+    if [ ! -f "$RES/best.env" ]; then
+        echo "# CUDA settings: the defaults (the kernels stage has not picked any)"
+        return 0
+    fi
+    for v in $(cat "$RES/best.env"); do export "${v?}"; done
+    echo "# CUDA settings: $(cat "$RES/best.env" | grep . || echo the defaults) (picked from the kernels stage's figures: best-variant.txt)"
+}
+# The profile the plans of the stages under use_best come from: their own when the settings
+# differ from the defaults (the profile cache keys the split layout apart, and kernel times move).
+best_profile() {
+    if [ -s "$RES/best.env" ] && [ -n "$(tr -d ' \n' < "$RES/best.env")" ]; then
+        [ -f "$RES/profile-8b-best.json" ] ||
+            "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b-best.json" > "$RES/profile-best.log" 2>&1
+        echo "$RES/profile-8b-best.json"
+    else
+        echo "$RES/profile-8b.json"
+    fi
+}
+# After the kernels stage: best.env from its raw figures (once; its reasons in best-variant.txt).
+pick_best() {
+    [ -f "$RES/best.env" ] && return 0
+    [ -f "$RES/gpu-vs-llamacpp-raw/variants.tsv" ] || return 0
+    if python3 experiments/pick_variant.py "$RES/gpu-vs-llamacpp-raw" > "$RES/best.env.tmp" 2> "$RES/best-variant.txt"; then
+        mv "$RES/best.env.tmp" "$RES/best.env"
+        log "picked CUDA settings: $(grep -o '^picked: .*' "$RES/best-variant.txt" | cut -c 9- | cut -d: -f1)"
+    else
+        rm -f "$RES/best.env.tmp"
+        log "pick_variant failed (the defaults stay): $(tail -n 1 "$RES/best-variant.txt")"
+    fi
+}
 s_sweep() {
+    use_best
+    local prof
+    prof=$(best_profile)
     for pol in oato oato-paper layer-split; do
         for b in 25% 50% 75%; do
-            "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget "$b" --policy "$pol" \
+            "$OATO" plan --profile "$prof" --vram-budget "$b" --policy "$pol" \
                 -o "$RES/plan-$pol-${b%\%}.json" > "$RES/plan-$pol-${b%\%}.txt" 2>&1 || true
         done
     done
     OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b" PLAIN="" THREADS=$THREADS \
         POLICIES="oato oato-paper layer-split" REPS=$REPS experiments/placement-sweep.sh
-    { header; cat "$RES/placement-sweep-8b.md"; } > "$RES/placement-sweep-8b.header.md"
+    { header; use_best; cat "$RES/placement-sweep-8b.md"; } > "$RES/placement-sweep-8b.header.md"
 }
 # Issues 10 and 12 with the weights in split.cu's layout (OATO_CUDA_SPLIT=1): a profile of its
 # own (the profile cache keys the layout apart) and the 50% / 75% sweep of the three policies.
 s_split_sweep() {
     header
+    if grep -q OATO_CUDA_SPLIT=1 "$RES/best.env" 2> /dev/null; then
+        echo "the split layout is the picked setting: the sweep stage ran with it"
+        return 0
+    fi
     OATO_CUDA_SPLIT=1 "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b-split.json"
     OATO_CUDA_SPLIT=1 OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-split" PLAIN="" \
         THREADS=$THREADS BUDGETS="50% 75%" POLICIES="oato oato-paper layer-split" REPS=$REPS \
@@ -222,6 +268,7 @@ s_split_sweep() {
 # prefill streaming from 32 tokens), to set beside peer_hybrid's llama.cpp -ngl.
 s_awake_ab() {
     header
+    use_best
     OATO_BIN=$OATO MODEL=$MODEL8 OUT="$RES/placement-sweep-8b-awake" PLAIN="" THREADS=$THREADS \
         POLICIES="oato oato-paper" VARIANTS="awake0:OATO_CPU_AWAKE=0" NGL="8 16 24" REPS=$REPS \
         experiments/placement-sweep.sh
@@ -231,6 +278,7 @@ s_awake_ab() {
 # -ngl at the same values: the same method for both engines.
 s_bench_ngl() {
     header
+    use_best
     "$OATO" bench "$MODEL8" -ngl 8,16,24 -p 64 -n 32 -r "$REPS" -t "$THREADS" --json \
         > "$RES/bench-ngl-8b.json"
     python3 -c 'import json,sys
@@ -322,9 +370,11 @@ s_ncu_step() {
 # vocabulary splits a word into about eight), as the plans assume.
 s_diag75() {
     header
-    local pol
+    use_best
+    local pol prof
+    prof=$(best_profile)
     for pol in oato oato-paper; do
-        "$OATO" plan --profile "$RES/profile-8b.json" --vram-budget 75% --policy "$pol" \
+        "$OATO" plan --profile "$prof" --vram-budget 75% --policy "$pol" \
             -o "$RES/diag75-$pol.json" > /dev/null
         echo "== $pol"
         OATO_TRACE_STEPS=1 "$OATO" run "$MODEL8" --placement "$RES/diag75-$pol.json" \
@@ -421,6 +471,13 @@ s_golden_split() { OATO_CUDA_SPLIT=1 golden gpu-split --device gpu; }
 s_golden_hybrid() { # policy, budget
     golden "$1-${2%\%}" --vram-budget "$2" --policy "$1"
 }
+# The picked settings' tokens (when they are not the defaults): all on the GPU and oato at 50%.
+s_golden_best() {
+    [ -n "$(tr -d ' \n' < "$RES/best.env" 2> /dev/null)" ] || { echo "the defaults: checked above"; return 0; }
+    use_best
+    golden best-gpu --device gpu
+    golden best-oato-50 --vram-budget 50% --policy oato
+}
 # Issue 14: the paper's figures from this machine, if a call has time left after everything above
 # (experiments/figN.sh, configs/figN.toml; llama.cpp's -ngl rows where the peer is here). The
 # lease's synth file stands in for the configs' llama3-8b model (the same `oato synth` flags by
@@ -430,6 +487,7 @@ s_paper() { # figure, experiments/figN.sh flags...
     local fig=$1
     shift
     header
+    use_best
     # Without the peer, a folder with no llama-bench: paper.py then skips llama.cpp's rows
     # rather than looking for another build.
     local llama=$LEASE/no-peer
@@ -480,8 +538,10 @@ stages_8b() {
     peer_bg_wait || return 0
     [ -f "$MODEL8" ] || { log "no 8B file yet: its stages wait"; return 0; }
     stage profile 30 s_profile
-    [ -f "$RES/profile-8b.json" ] && stage sweep 160 s_sweep
+    # The kernels first: their figures pick the settings the sweep and the later stages run under.
     peer_ready && stage kernels 150 s_kernels
+    pick_best
+    [ -f "$RES/profile-8b.json" ] && stage sweep 200 s_sweep
     [ -f "$RES/profile-8b.json" ] && stage awake_ab 150 s_awake_ab
     stage bench_ngl 60 s_bench_ngl
     stage perf 50 s_perf
@@ -498,6 +558,7 @@ stages_8b() {
 stages_golden() {
     stage golden_gpu 60 s_golden_gpu
     stage golden_split 30 s_golden_split
+    stage golden_best 40 s_golden_best
     stage golden_oato_50 20 s_golden_hybrid oato 50%
     stage golden_layer_split_25 20 s_golden_hybrid layer-split 25%
     stage golden_graphs_off 20 s_golden_graphs_off

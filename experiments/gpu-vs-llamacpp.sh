@@ -24,7 +24,9 @@
 # timing chooses). One run, one machine, one after the other.
 #
 # Writes $OUT.csv and $OUT.md (default results/gpu-vs-llamacpp) through bench_merge.py: one table
-# per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp.
+# per oato variant against the same llama.cpp figures, ratio = oato / llama.cpp; and, in RAW_DIR,
+# each engine's JSON and variants.tsv (each variant's name, a tab, its settings), which
+# experiments/pick_variant.py reads.
 #
 # Env: OATO_BIN (target/release/oato), MODEL (/tmp/m/llama3-8b-q4_0.gguf; made with `oato synth`
 #      when missing), LLAMA_BIN (default: the build script's bin directory), REPS (3), THREADS
@@ -57,6 +59,7 @@ echo "== llama-bench -ngl 99" >&2
 "$bin/llama-bench" -m "$model" -ngl 99 -t "$threads" -p "$prompts" -n "$gens" -r "$reps" -o json \
   >"$raw/llamacpp.json" 2>"$raw/llamacpp.log" || { cat "$raw/llamacpp.log" >&2; exit 1; }
 runs=()
+: >"$raw/variants.tsv"
 for variant in ${VARIANTS:-default split split-attn-split attn-split-on mma-off flash-mma-off gemm-decode split-fused-off mmvq-direct mmvq-pipe multi-off attn-split-off fuse-off graphs-off graph-split-off flash-prefill-off mmq-on mmq-off}; do
   case $variant in
     default) env=() ;;
@@ -79,6 +82,8 @@ for variant in ${VARIANTS:-default split split-attn-split attn-split-on mma-off 
     gemm-decode) env=(OATO_CUDA_MMVQ_MAX_TOKENS=0) ;;
     *) echo "error: unknown variant $variant in VARIANTS" >&2; exit 2 ;;
   esac
+  # The variants and their settings, for experiments/pick_variant.py (the lease's later stages).
+  printf '%s\t%s\n' "$variant" "${env[*]+${env[*]}}" >>"$raw/variants.tsv"
   echo "== oato bench --device gpu ($variant)" >&2
   env "${env[@]}" "$oato" bench "$model" --device gpu -t "$threads" -p "$prompts" -n "$gens" -r "$reps" \
     --json >"$raw/oato-$variant.json" 2>"$raw/oato-$variant.log" \
