@@ -198,19 +198,22 @@ s_profile() { header; "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/p
 # the variant that decodes fastest all on the GPU without losing prefill speed; none: the
 # defaults) for the stages that measure the engine as the next commit would ship it: exported
 # into the stage's process and named in its log.
+# The picked settings (VAR=VALUE words; nothing for the defaults or before a pick).
+best_settings() { xargs 2> /dev/null < "$RES/best.env" || true; }
 use_best() {
-    local v
+    local v set
     if [ ! -f "$RES/best.env" ]; then
         echo "# CUDA settings: the defaults (the kernels stage has not picked any)"
         return 0
     fi
-    for v in $(cat "$RES/best.env"); do export "${v?}"; done
-    echo "# CUDA settings: $(cat "$RES/best.env" | grep . || echo the defaults) (picked from the kernels stage's figures: best-variant.txt)"
+    set=$(best_settings)
+    for v in $set; do export "${v?}"; done
+    echo "# CUDA settings: ${set:-the defaults} (picked from the kernels stage's figures: best-variant.txt)"
 }
 # The profile the plans of the stages under use_best come from: their own when the settings
 # differ from the defaults (the profile cache keys the split layout apart, and kernel times move).
 best_profile() {
-    if [ -s "$RES/best.env" ] && [ -n "$(tr -d ' \n' < "$RES/best.env")" ]; then
+    if [ -n "$(best_settings)" ]; then
         [ -f "$RES/profile-8b-best.json" ] ||
             "$OATO" profile "$MODEL8" --force -t "$THREADS" -o "$RES/profile-8b-best.json" > "$RES/profile-best.log" 2>&1
         echo "$RES/profile-8b-best.json"
@@ -248,7 +251,7 @@ s_sweep() {
 # own (the profile cache keys the layout apart) and the 50% / 75% sweep of the three policies.
 s_split_sweep() {
     header
-    if grep -q OATO_CUDA_SPLIT=1 "$RES/best.env" 2> /dev/null; then
+    if [[ " $(best_settings) " == *" OATO_CUDA_SPLIT=1 "* ]]; then
         echo "the split layout is the picked setting: the sweep stage ran with it"
         return 0
     fi
@@ -351,10 +354,14 @@ ncu_step_run() { # name, launches to skip, launches to profile, command...
         grep -qi 'print-units' "$RES/ncu-step-$name.out" || return 0
     done
 }
+# Nsight Compute's binary in NCU_BIN; false (and a line saying so) on a machine without it.
+find_ncu() {
+    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    [ -x "$NCU_BIN" ] || { echo "no ncu on this machine"; return 1; }
+}
 s_ncu_step() {
     header
-    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    [ -x "$NCU_BIN" ] || { echo "no ncu on this machine"; return 0; }
+    find_ncu || return 0
     local run=(run "$MODEL8" --device gpu -p hello -n 6 --temp 0 --ignore-eos -t "$THREADS")
     OATO_CUDA_GRAPHS=0 ncu_step_run oato 300 600 "$OATO" "${run[@]}"
     OATO_CUDA_SPLIT=1 OATO_CUDA_GRAPHS=0 ncu_step_run oato-split 300 600 "$OATO" "${run[@]}"
@@ -363,8 +370,7 @@ s_ncu_step() {
 # llama.cpp's decode step the same way (a stage of its own: ncu_step may run while the peer builds).
 s_ncu_step_peer() {
     header
-    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    [ -x "$NCU_BIN" ] || { echo "no ncu on this machine"; return 0; }
+    find_ncu || return 0
     peer_env
     GGML_CUDA_DISABLE_GRAPHS=1 ncu_step_run llamacpp 100 1000 \
         "$LLAMA/llama-bench" -m "$MODEL8" -p 0 -n 8 -r 1 -ngl 99
@@ -479,7 +485,7 @@ s_golden_hybrid() { # policy, budget
 }
 # The picked settings' tokens (when they are not the defaults): all on the GPU and oato at 50%.
 s_golden_best() {
-    [ -n "$(tr -d ' \n' < "$RES/best.env" 2> /dev/null)" ] || { echo "the defaults: checked above"; return 0; }
+    [ -n "$(best_settings)" ] || { echo "the defaults: checked above"; return 0; }
     use_best
     golden best-gpu --device gpu
     golden best-oato-50 --vram-budget 50% --policy oato
@@ -517,7 +523,7 @@ peer_ready() { [ "${PEER:-1}" = 1 ] && [ -x "$LLAMA/llama-bench" ]; }
 peer_bg_start() {
     [ "${PEER:-1}" = 1 ] && ! peer_ready && [ -f "$LEASE/lease-bin/llamacpp-src.tar.xz" ] || return 0
     [ -f "$RES/done.build_peer" ] && return 0
-    if [ -f "$RES/build_peer.pid" ] && kill -0 "$(cat "$RES/build_peer.pid")" 2>/dev/null; then return 0; fi
+    peer_building && return 0
     log "start build_peer in the background"
     setsid nice -n 19 "$self" run-stage s_build_peer > "$RES/build_peer.log" 2>&1 < /dev/null &
     echo $! > "$RES/build_peer.pid"
